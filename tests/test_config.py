@@ -1,0 +1,477 @@
+"""The strict DeepSpeed-style config: one-line errors, "auto", batch arithmetic, seed configs, fuzzing."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel
+
+from zero_core.config import ConfigError, ZeroConfig, describe, load_config, resolve_batch
+from zero_core.config_errors import _section_model
+
+SEEDS = Path(__file__).parent / "data" / "seed_configs"
+MB = {"train_micro_batch_size_per_gpu": 4}
+
+
+def error(config: Any, world_size: int = 2, **kw: Any) -> str:
+    """The ConfigError message for `config`; it must be exactly one line."""
+    with pytest.raises(ConfigError) as info:
+        load_config(config, world_size, **kw)
+    msg = str(info.value)
+    assert "\n" not in msg and msg.strip() == msg and msg
+    return msg
+
+
+# -- unknown keys ---------------------------------------------------------------------------------
+def test_top_level_typo_suggests_the_key():
+    msg = error({**MB, "zero_optimizaton": {"stage": 2}})
+    assert msg == "unknown key 'zero_optimizaton'; did you mean 'zero_optimization'?"
+
+
+def test_nested_typo_names_the_full_path():
+    assert error({**MB, "zero_optimization": {"stgae": 2}}) == "unknown key 'zero_optimization.stgae'; did you mean 'stage'?"
+
+
+def test_deeply_nested_typo():
+    msg = error({**MB, "zero_optimization": {"offload_optimizer": {"pin_memroy": True}}})
+    assert "'zero_optimization.offload_optimizer.pin_memroy'" in msg and "did you mean 'pin_memory'?" in msg
+
+
+def test_unknown_key_without_close_match_lists_valid_keys():
+    msg = error({**MB, "fp16": {"zzz": 1}})
+    assert "unknown key 'fp16.zzz'" in msg and "hysteresis" in msg and "min_loss_scale" in msg
+
+
+@pytest.mark.parametrize("config, needle", [
+    ({**MB, "amp": {"enabled": True}}, "use 'fp16' or 'bf16'"),
+    ({**MB, "optimizer": {"type": "AdamW", "params": {"max_grad_norm": 1.0}}}, "'gradient_clipping'"),
+    ({**MB, "activation_checkpointing": {}}, "torch.utils.checkpoint"),
+])
+def test_known_deepspeed_keys_we_lack_say_why(config, needle):
+    msg = error(config)
+    assert "not supported by zero_core" in msg and needle in msg
+
+
+def test_key_in_the_wrong_section_says_where_it_belongs():
+    msg = error({**MB, "round_robin_gradients": True})
+    assert msg == ("unknown key 'round_robin_gradients'; it belongs under "
+                   "'zero_optimization.round_robin_gradients', move it there")
+
+
+def test_non_string_key():
+    assert "not a string" in error({**MB, "zero_optimization": {3: 1}})
+
+
+# -- types and values -----------------------------------------------------------------------------
+def test_wrong_type_message():
+    assert error({**MB, "zero_optimization": {"stage": "two"}}) == "zero_optimization.stage must be an integer 0-3, got 'two'"
+
+
+@pytest.mark.parametrize("config, path", [
+    ({**MB, "zero_optimization": {"stage": 2.0}}, "zero_optimization.stage"),
+    ({**MB, "zero_optimization": {"stage": True}}, "zero_optimization.stage"),
+    ({**MB, "zero_optimization": {"stage": 4}}, "zero_optimization.stage"),
+    ({**MB, "optimizer": {"type": "AdamW", "params": {"lr": "1e-4"}}}, "optimizer.params.lr"),
+    ({**MB, "optimizer": {"type": "AdamW", "params": {"lr": -1e-4}}}, "optimizer.params.lr"),
+    ({**MB, "optimizer": {"type": "AdamW", "params": {"betas": [0.9, 1.0]}}}, "optimizer.params.betas"),
+    ({**MB, "optimizer": {"type": "AdamW", "params": {"betas": [0.9]}}}, "optimizer.params.betas"),
+    ({**MB, "optimizer": {"type": "AdamW", "params": {"eps": 0}}}, "optimizer.params.eps"),
+    ({**MB, "optimizer": {"type": "AdamW", "params": {"weight_decay": float("nan")}}}, "optimizer.params.weight_decay"),
+    ({**MB, "gradient_accumulation_steps": 0}, "gradient_accumulation_steps"),
+    ({"train_micro_batch_size_per_gpu": "4"}, "train_micro_batch_size_per_gpu"),
+    ({**MB, "zero_optimization": {"reduce_bucket_size": 5.5}}, "zero_optimization.reduce_bucket_size"),
+    ({**MB, "zero_optimization": {"reduce_bucket_size": -1}}, "zero_optimization.reduce_bucket_size"),
+    ({**MB, "fp16": {"enabled": "yes"}}, "fp16.enabled"),
+    ({**MB, "fp16": {"hysteresis": 0}}, "fp16.hysteresis"),
+    ({**MB, "fp16": {"min_loss_scale": 0}}, "fp16.min_loss_scale"),
+    ({**MB, "gradient_clipping": -1.0}, "gradient_clipping"),
+    ({**MB, "communication_data_type": "int8"}, "communication_data_type"),
+    ({**MB, "scheduler": {"type": "WarmupLR", "params": {"warmup_type": "cosine"}}}, "scheduler.params.warmup_type"),
+    ({**MB, "zero_optimization": 2}, "zero_optimization must be an object"),
+    ({**MB, "optimizer": {"params": {}}}, "optimizer.type is required"),
+])
+def test_bad_values_name_the_path(config, path):
+    msg = error(config)
+    assert msg.startswith(path), msg
+
+
+def test_unknown_optimizer_lists_supported():
+    msg = error({**MB, "optimizer": {"type": "Lamb"}})
+    assert "optimizer.type" in msg and "'AdamW'" in msg and "'Adam'" in msg and "'Lamb'" in msg
+
+
+def test_unknown_scheduler_lists_supported():
+    msg = error({**MB, "scheduler": {"type": "OneCycle"}})
+    assert "scheduler.type" in msg and "'WarmupLR'" in msg and "'WarmupDecayLR'" in msg
+
+
+def test_lenient_where_deepspeed_is():
+    cfg = load_config({**MB, "gradient_clipping": 1, "fp16": {"enabled": "true", "loss_scale": 128},
+                       "zero_optimization": {"reduce_bucket_size": 5e8, "allgather_bucket_size": 2e8}}, 1)
+    assert cfg.gradient_clipping == 1.0 and isinstance(cfg.gradient_clipping, float)
+    assert cfg.fp16.enabled is True and cfg.fp16.loss_scale == 128.0
+    assert cfg.zero_optimization.reduce_bucket_size == 500_000_000
+    assert type(cfg.zero_optimization.allgather_bucket_size) is int
+
+
+# -- contradictions -------------------------------------------------------------------------------
+def test_fp16_and_bf16_both_enabled():
+    msg = error({**MB, "fp16": {"enabled": True}, "bf16": {"enabled": True}})
+    assert "fp16.enabled" in msg and "bf16.enabled" in msg and "only one" in msg
+
+
+def test_offload_not_supported_yet():
+    for name, device in [("offload_optimizer", "cpu"), ("offload_optimizer", "nvme"), ("offload_param", "cpu")]:
+        msg = error({**MB, "zero_optimization": {"stage": 3, name: {"device": device}}})
+        assert msg == (f"zero_optimization.{name}.device='{device}' is not supported yet "
+                       "(offload lands with the offload issue); set it to 'none'")
+
+
+def test_offload_param_needs_stage_3():
+    msg = error({**MB, "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})
+    assert "zero_optimization.offload_param" in msg and "stage 3" in msg and "stage is 2" in msg
+    load_config({**MB, "zero_optimization": {"stage": 2, "offload_param": {"device": "none"}}}, 2)
+
+
+def test_stage3_keys_are_fine_at_other_stages():
+    cfg = load_config({**MB, "zero_optimization": {"stage": 1, "stage3_max_live_parameters": 1e9}}, 2)
+    assert cfg.stage == 1
+
+
+def test_scheduler_total_steps_rules():
+    assert "total_num_steps is required for WarmupDecayLR" in error({**MB, "scheduler": {"type": "WarmupDecayLR"}})
+    msg = error({**MB, "scheduler": {"type": "WarmupLR", "params": {"total_num_steps": 10}}})
+    assert "scheduler.params.total_num_steps is only used by WarmupDecayLR" in msg
+
+
+def test_adamw_with_adam_w_mode_false_is_a_contradiction():
+    msg = error({**MB, "optimizer": {"type": "AdamW", "params": {"adam_w_mode": False}}})
+    assert "optimizer.params.adam_w_mode" in msg and "'Adam'" in msg
+
+
+def test_both_bf16_spellings():
+    assert "'bfloat16'" in error({**MB, "bf16": {"enabled": True}, "bfloat16": {"enabled": True}})
+
+
+def test_both_gather_spellings_disagree():
+    msg = error({**MB, "zero_optimization": {"stage3_gather_fp16_weights_on_model_save": True,
+                                             "stage3_gather_16bit_weights_on_model_save": False}})
+    assert "stage3_gather_16bit_weights_on_model_save" in msg
+
+
+# -- batch sizes ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("given, ws, want", [
+    ((32, 4, 2), 4, (32, 4, 2)),
+    ((32, 4, None), 4, (32, 4, 2)),
+    ((32, None, 2), 4, (32, 4, 2)),
+    ((None, 4, 2), 4, (32, 4, 2)),
+    ((32, None, None), 4, (32, 8, 1)),
+    ((None, 4, None), 4, (16, 4, 1)),
+    (("auto", 4, "auto"), 2, (8, 4, 1)),
+])
+def test_batch_resolution(given, ws, want):
+    keys = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+    cfg = load_config({k: v for k, v in zip(keys, given) if v is not None}, ws)
+    got = tuple(getattr(cfg, k) for k in keys)
+    assert got == want and all(type(v) is int for v in got)
+
+
+def test_batch_mismatch_shows_the_arithmetic():
+    msg = error({"train_batch_size": 12, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}, 2)
+    assert "train_batch_size (12)" in msg and "4 * 2 * 2 = 16" in msg
+
+
+@pytest.mark.parametrize("config, needle", [
+    ({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 4}, "4 * 2 = 8"),
+    ({"train_batch_size": 10, "gradient_accumulation_steps": 3}, "3 * 2 = 6"),
+    ({"train_batch_size": 9}, "world_size = 1 * 2 = 2"),
+])
+def test_batch_not_divisible(config, needle):
+    msg = error(config, 2)
+    assert needle in msg and "cannot be derived" in msg
+
+
+def test_missing_batch_size():
+    assert "no batch size" in error({}) and "train_micro_batch_size_per_gpu" in error({})
+    assert "no batch size" in error({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto"})
+    assert "gradient_accumulation_steps alone" in error({"gradient_accumulation_steps": 4})
+
+
+def test_resolve_batch_directly():
+    assert resolve_batch(None, 2, 3, world_size=5) == (30, 2, 3)
+
+
+# -- files and inputs -----------------------------------------------------------------------------
+def test_path_inputs(tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({**MB, "zero_optimization": {"stage": 2}}))
+    assert load_config(path, 2).stage == 2 and load_config(str(path), 2).train_batch_size == 8
+
+
+def test_bad_json_file(tmp_path):
+    path = tmp_path / "broken.json"
+    path.write_text('{"train_micro_batch_size_per_gpu": 4,}')
+    msg = error(path)
+    assert str(path) in msg and "not valid JSON" in msg and "line 1" in msg
+
+
+def test_missing_file(tmp_path):
+    path = tmp_path / "nope.json"
+    msg = error(str(path))
+    assert str(path) in msg and "does not exist" in msg
+
+
+def test_duplicate_key_in_file(tmp_path):
+    path = tmp_path / "dup.json"
+    path.write_text('{"train_micro_batch_size_per_gpu": 4, "train_micro_batch_size_per_gpu": 8}')
+    assert "twice" in error(path)
+
+
+def test_non_mapping_configs():
+    assert "config must be" in error([1, 2])
+    assert "config must be" in error(42)
+
+
+def test_user_dict_is_not_mutated():
+    raw = {**MB, "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": "auto"}},
+           "zero_optimization": {"stage": 3, "stage3_gather_fp16_weights_on_model_save": True}, "bfloat16": {"enabled": True}}
+    before = copy.deepcopy(raw)
+    load_config(raw, 2, fill_auto={"scheduler.params.warmup_max_lr": 1.0})
+    assert raw == before
+
+
+# -- defaults, "auto", aliases, properties --------------------------------------------------------
+def test_defaults_follow_deepspeed():
+    cfg = load_config(MB, 1)
+    z = cfg.zero_optimization
+    assert (z.stage, z.overlap_comm, z.contiguous_gradients, z.reduce_scatter) == (0, False, True, True)
+    assert (z.reduce_bucket_size, z.allgather_bucket_size) == (500_000_000, 500_000_000)
+    assert (z.stage3_prefetch_bucket_size, z.stage3_param_persistence_threshold) == (50_000_000, 100_000)
+    assert cfg.fp16.initial_scale_power == 16 and cfg.fp16.loss_scale_window == 1000 and cfg.fp16.hysteresis == 2
+    assert cfg.optimizer.type == "AdamW" and cfg.optimizer.params.lr == 1e-3  # our documented default
+    assert cfg.optimizer.params.betas == (0.9, 0.999) and cfg.optimizer.params.weight_decay == 0.0
+    assert cfg.scheduler is None and cfg.gradient_clipping == 0.0
+
+
+def test_overlap_comm_default_depends_on_stage():
+    assert load_config({**MB, "zero_optimization": {"stage": 3}}, 1).zero_optimization.overlap_comm is True
+    assert load_config({**MB, "zero_optimization": {"stage": 2}}, 1).zero_optimization.overlap_comm is False
+    cfg = load_config({**MB, "zero_optimization": {"stage": 3, "overlap_comm": False}}, 1)
+    assert cfg.zero_optimization.overlap_comm is False
+
+
+def test_auto_resolutions():
+    cfg = load_config({
+        **MB, "gradient_clipping": "auto", "fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"},
+        "optimizer": {"type": "adamw", "params": {"lr": 2e-5, "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+        "scheduler": {"type": "warmuplr", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto", "warmup_num_steps": 10}},
+        "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+                              "stage3_param_persistence_threshold": "auto"},
+    }, 1)
+    assert cfg.gradient_clipping == 1.0 and not cfg.fp16.enabled and not cfg.bf16.enabled
+    assert cfg.optimizer.type == "AdamW" and cfg.scheduler.type == "WarmupLR"
+    p = cfg.optimizer.params
+    assert (p.betas, p.eps, p.weight_decay) == ((0.9, 0.999), 1e-8, 0.0)
+    assert (cfg.scheduler.params.warmup_min_lr, cfg.scheduler.params.warmup_max_lr) == (0.0, 2e-5)
+    z = cfg.zero_optimization
+    assert (z.reduce_bucket_size, z.stage3_prefetch_bucket_size, z.stage3_param_persistence_threshold) == (
+        500_000_000, 50_000_000, 100_000)
+
+
+@pytest.mark.parametrize("config, path", [
+    ({**MB, "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}}, "optimizer.params.lr"),
+    ({**MB, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": "auto"}}}, "scheduler.params.warmup_num_steps"),
+    ({**MB, "scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": "auto"}}}, "scheduler.params.total_num_steps"),
+    ({**MB, "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
+      "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": "auto"}}}, "optimizer.params.lr"),
+])
+def test_unresolvable_auto_asks_for_a_number(config, path):
+    msg = error(config)
+    assert msg.startswith(path) and "'auto'" in msg and "set a number" in msg
+
+
+def test_fill_auto_plays_the_trainer():
+    raw = json.loads((SEEDS / "002_kaggle_longformer_ds_config.json").read_text())
+    raw["optimizer"]["params"]["lr"] = "auto"
+    raw["zero_optimization"]["offload_optimizer"]["device"] = "none"
+    cfg = load_config(raw, 2, fill_auto={"optimizer.params.lr": 5e-5, "fp16.enabled": True, "absent.key": 1})
+    assert cfg.optimizer.params.lr == 5e-5 and cfg.scheduler.params.warmup_max_lr == 5e-5 and cfg.fp16.enabled
+
+
+def test_optimizer_modes():
+    adam = load_config({**MB, "optimizer": {"type": "ADAM"}}, 1).optimizer
+    assert adam.type == "Adam" and adam.decoupled  # DeepSpeed: adam_w_mode defaults to True
+    l2 = load_config({**MB, "optimizer": {"type": "Adam", "params": {"adam_w_mode": False}}}, 1).optimizer
+    assert not l2.decoupled
+    torch_adamw = load_config({**MB, "optimizer": {"type": "AdamW", "params": {"torch_adam": True}}}, 1).optimizer
+    assert torch_adamw.params.weight_decay == 0.01  # torch.optim.AdamW's default
+
+
+def test_legacy_aliases():
+    cfg = load_config({**MB, "bfloat16": {"enabled": True},
+                       "zero_optimization": {"stage": 3, "stage3_gather_fp16_weights_on_model_save": True}}, 1)
+    assert cfg.bf16.enabled and cfg.zero_optimization.stage3_gather_16bit_weights_on_model_save
+
+
+def test_properties():
+    fp16 = load_config({**MB, "fp16": {"enabled": True}, "zero_optimization": {"stage": 2}}, 1)
+    assert (fp16.stage, fp16.dtype, fp16.comm_dtype, fp16.dynamic_loss_scale) == (2, torch.float16, torch.float16, True)
+    static = load_config({**MB, "fp16": {"enabled": True, "loss_scale": 1024}}, 1)
+    assert not static.dynamic_loss_scale
+    bf16 = load_config({**MB, "bf16": {"enabled": True}, "communication_data_type": "fp32"}, 1)
+    assert (bf16.dtype, bf16.comm_dtype, bf16.dynamic_loss_scale) == (torch.bfloat16, torch.float32, False)
+    fp32 = load_config(MB, 1)
+    assert (fp32.dtype, fp32.comm_dtype) == (torch.float32, torch.float32)
+
+
+def test_config_is_frozen():
+    cfg = load_config(MB, 1)
+    with pytest.raises(Exception):
+        cfg.gradient_clipping = 2.0  # type: ignore[misc]
+
+
+def test_describe_round_trips():
+    cfg = load_config(json.loads((SEEDS / "000_zero2_config_accelerate.json").read_text()), 2)
+    text = describe(cfg)
+    assert text == cfg.describe() and json.loads(text)["zero_optimization"]["reduce_bucket_size"] == 200_000_000
+    assert load_config(json.loads(text), 2).model_dump() == cfg.model_dump()
+
+
+def test_zero_config_is_revalidated_for_the_world_size():
+    cfg = load_config({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}, 2)
+    assert cfg.train_batch_size == 16
+    assert load_config(cfg, 4).train_batch_size == 32  # derived again from what the user gave
+    direct = ZeroConfig(train_batch_size=12, train_micro_batch_size_per_gpu=3)
+    assert load_config(direct, 2).gradient_accumulation_steps == 2
+    assert "4 * 1 * 2 = 8" in error(ZeroConfig(train_batch_size=12, train_micro_batch_size_per_gpu=4,
+                                               gradient_accumulation_steps=1), 2)
+
+
+def test_world_size_is_checked():
+    with pytest.raises(ValueError):
+        load_config(MB, 0)
+
+
+# -- the seed articles' configs -------------------------------------------------------------------
+def _seed_configs() -> list[tuple[str, dict]]:
+    out = []
+    for path in sorted(SEEDS.glob("*.json")):
+        data = json.loads(path.read_text())
+        if isinstance(data, list):  # documentation snippets: partial configs, given a batch size
+            out += [(f"{path.stem}[{i}]", {"train_micro_batch_size_per_gpu": 1, **s}) for i, s in enumerate(data)]
+        else:
+            out.append((path.stem, data))
+    return out
+
+
+SEED_CONFIGS = _seed_configs()
+
+
+def _offload_devices(raw: dict) -> list[str]:
+    zero = raw.get("zero_optimization", {})
+    return [zero[k]["device"] for k in ("offload_optimizer", "offload_param") if k in zero]
+
+
+@pytest.mark.parametrize("name, raw", SEED_CONFIGS, ids=[n for n, _ in SEED_CONFIGS])
+def test_seed_config_parses(name, raw):
+    raw = copy.deepcopy(raw)
+    if any(d != "none" for d in _offload_devices(raw)):
+        assert "is not supported yet" in error(raw)  # every key was accepted; only offload itself is refused
+        for k in ("offload_optimizer", "offload_param"):
+            if k in raw["zero_optimization"]:
+                raw["zero_optimization"][k]["device"] = "none"
+    cfg = load_config(raw, 2)
+    assert all(isinstance(getattr(cfg, k), int) for k in
+               ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"))
+    json.loads(describe(cfg))
+
+
+def test_seed_configs_cover_the_articles():
+    assert len(SEED_CONFIGS) >= 15
+    keys = set()
+    for _, raw in SEED_CONFIGS:
+        keys |= _paths(raw)
+    for must in ("fp16.enabled", "optimizer.params.torch_adam", "zero_optimization.aio.block_size",
+                 "zero_optimization.offload_param.max_in_cpu", "checkpoint.load_universal", "zero_force_ds_cpu_optimizer"):
+        assert must in keys
+
+
+def test_seed_lr_auto_is_an_error():
+    raw = json.loads((SEEDS / "000_zero2_config_accelerate.json").read_text())
+    raw["optimizer"]["params"]["lr"] = "auto"
+    assert error(raw).startswith("optimizer.params.lr cannot be 'auto'")
+
+
+# -- fuzzing --------------------------------------------------------------------------------------
+def _paths(d: Any, prefix: str = "") -> set[str]:
+    out: set[str] = set()
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.add(prefix + str(k))
+            out |= _paths(v, prefix + str(k) + ".")
+    return out
+
+
+def _model_keys(model: type[BaseModel]) -> set[str]:
+    keys = set(model.model_fields)
+    for field in model.model_fields.values():
+        sub = _section_model(field.annotation)
+        if sub is not None:
+            keys |= _model_keys(sub)
+    return keys
+
+
+KEYS = sorted(_model_keys(ZeroConfig) | {"type", "params", "bfloat16", "stgae", "amp", "max_grad_norm", ""})
+leaves = (st.none() | st.booleans() | st.integers(-3, 2**40) | st.integers() | st.just(10**400) | st.floats(allow_nan=True, allow_infinity=True)
+          | st.text(max_size=6) | st.sampled_from(["auto", "true", "cpu", "none", "nvme", "AdamW", "Adam",
+                                                   "WarmupLR", "WarmupDecayLR", "linear", "fp32", "bf16"]))
+values = st.recursive(leaves, lambda kids: st.lists(kids, max_size=3)
+                      | st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=5), kids, max_size=4), max_leaves=12)
+
+
+@st.composite
+def mutated_seed(draw: st.DrawFn) -> dict:
+    """A seed config with one value somewhere replaced by garbage (or a key added)."""
+    raw = copy.deepcopy(draw(st.sampled_from([r for _, r in SEED_CONFIGS])))
+    node = raw
+    while True:
+        key = draw(st.sampled_from(sorted(node) + [draw(st.sampled_from(KEYS))]))
+        if isinstance(node.get(key), dict) and draw(st.booleans()):
+            node = node[key]
+            continue
+        node[key] = draw(values)
+        return raw
+
+
+def _check_outcome(config: Any, world_size: int) -> None:
+    try:
+        cfg = load_config(config, world_size)
+    except ConfigError as e:
+        assert "\n" not in str(e) and str(e)
+        return
+    assert isinstance(cfg, ZeroConfig)
+    tb, mb, gas = cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps
+    assert tb == mb * gas * world_size
+    assert math.isfinite(cfg.optimizer.params.lr)
+    json.loads(describe(cfg))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(config=st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=5), values, max_size=6) | values,
+       world_size=st.integers(1, 8))
+def test_fuzz_random_configs_only_raise_config_error(config, world_size):
+    _check_outcome(config, world_size)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(config=mutated_seed(), world_size=st.integers(1, 8))
+def test_fuzz_mutated_seed_configs_only_raise_config_error(config, world_size):
+    _check_outcome(config, world_size)

@@ -1,0 +1,95 @@
+"""The `zbench` command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from .train_demo import PRESETS, TrainJob, default_ds_config, launch
+
+
+def _fail(message: str) -> "click.ClickException":
+    return click.ClickException(message)
+
+
+@click.group()
+@click.version_option(package_name="zbench")
+def main() -> None:
+    """zbench: ZeRO training engine, scenario runner and checkpoint tools."""
+
+
+@main.command()
+@click.option("--gpus", "nproc", default=2, show_default=True, type=click.IntRange(1), help="Local ranks (GPUs, or CPU processes without GPUs).")
+@click.option("--stage", default=2, show_default=True, type=click.IntRange(0, 3), help="ZeRO stage when no --config is given.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="DeepSpeed-style JSON config (overrides --stage/--micro-batch/--precision).")
+@click.option("--steps", default=30, show_default=True, type=click.IntRange(1))
+@click.option("--micro-batch", default=4, show_default=True, type=click.IntRange(1))
+@click.option("--seq-len", default=32, show_default=True, type=click.IntRange(1))
+@click.option("--precision", default="fp32", show_default=True, type=click.Choice(["fp32", "bf16", "fp16"]))
+@click.option("--model", "preset", default="tiny", show_default=True, type=click.Choice(sorted(PRESETS)), help="GPT shape (random init).")
+@click.option("--warmup", default=0, show_default=True, type=click.IntRange(0), help="Untimed steps before the timed ones.")
+def train(nproc: int, stage: int, config_path: str | None, steps: int, micro_batch: int, seq_len: int, precision: str,
+          preset: str, warmup: int) -> None:
+    """Train a tiny GPT on synthetic tokens with zero_core (CPU-friendly default)."""
+    from zero_core import ConfigError, load_config
+
+    if config_path:
+        try:
+            with open(config_path, encoding="utf-8") as f:
+                ds_config = json.load(f)
+        except OSError as e:
+            raise _fail(f"cannot read --config {config_path}: {e.strerror}; pass an existing DeepSpeed JSON file")
+        except json.JSONDecodeError as e:
+            raise _fail(f"--config {config_path} is not valid JSON (line {e.lineno}: {e.msg}); fix the file")
+    else:
+        ds_config = default_ds_config(stage, micro_batch, precision)
+    try:
+        load_config(ds_config, nproc)  # fail here, before any process starts
+    except ConfigError as e:
+        raise _fail(str(e))
+    arch = PRESETS[preset]
+    if seq_len > arch.block_size:
+        raise _fail(f"--seq-len {seq_len} exceeds the {preset} block size {arch.block_size}; use a smaller --seq-len")
+    from dataclasses import asdict
+
+    job = TrainJob(ds_config=ds_config, model=asdict(arch), steps=steps, seq_len=seq_len, warmup=warmup)
+    summary = launch(job, nproc)
+    click.echo(
+        f"done: stage {summary['stage']} on {summary['world_size']} ranks, {summary['steps']} steps, "
+        f"loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}, "
+        f"{summary['tokens_per_s']:.0f} tokens/s, {summary['step_ms']:.1f} ms/step, "
+        + (f"peak {summary['peak_gib']:.1f} GiB/GPU, " if summary["peak_gib"] == summary["peak_gib"] else "")
+        + f"{summary['trainable_params']:,} trainable params"
+    )
+
+
+@main.group()
+def bench() -> None:
+    """Micro-benchmarks."""
+
+
+@bench.command("kernels")
+@click.option("--numel", default="1e9", show_default=True, help="Elements in the fp32 partition.")
+@click.option("--device", default=None, help="cuda or cpu (default: cuda if available).")
+def bench_kernels_cmd(numel: str, device: str | None) -> None:
+    """Achieved GB/s of the reduce-epilogue and AdamW kernels next to the device's copy bandwidth."""
+    import torch
+
+    from zero_core.kernels.bench import bench_kernels, format_rows
+
+    try:
+        n = int(float(numel))
+    except ValueError:
+        raise _fail(f"--numel {numel!r} is not a number; write e.g. 1e9 or 1000000")
+    if n < 1:
+        raise _fail(f"--numel must be positive, got {numel}")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise _fail("--device cuda but no GPU is visible; use --device cpu")
+    click.echo(format_rows(bench_kernels(numel=n, device=device)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Model definitions (no parallelism in here: the engines wrap any nn.Module)."""

@@ -1,0 +1,110 @@
+"""Process-group set-up and the few collectives the engine uses.
+
+A world of one needs no process group, so a single-process run (a notebook, a unit test) works with
+no launcher. Every collective takes tensors already on the right device and returns nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager, nullcontext
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+
+def ensure_process_group(device: torch.device) -> None:
+    """Use the default process group, or create it from torchrun's environment if there is none."""
+    if dist.is_initialized() or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return
+    missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    if missing:
+        raise ValueError(
+            f"WORLD_SIZE is set but {', '.join(missing)} is not; launch with torchrun (or zbench run) "
+            "or call torch.distributed.init_process_group before zero_core.initialize"
+        )
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
+
+
+def world_size() -> int:
+    """Data-parallel world size (1 without a process group)."""
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def rank() -> int:
+    """This process's rank (0 without a process group)."""
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def pick_device() -> torch.device:
+    """The device this rank trains on: its local GPU if there is one, else the CPU."""
+    if torch.cuda.is_available():
+        index = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    return torch.device("cpu")
+
+
+# torch 2.13 renamed the flat collectives; older releases (>= 2.5) only have the *_tensor names.
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def all_reduce_sum(t: torch.Tensor) -> None:
+    """In-place sum across ranks."""
+    if world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+
+
+def reduce_scatter_sum(out: torch.Tensor, full: torch.Tensor) -> None:
+    """Sum `full` across ranks and keep this rank's equal slice in `out`."""
+    if world_size() > 1:
+        _reduce_scatter(out, full, op=dist.ReduceOp.SUM)
+    else:
+        out.copy_(full)
+
+
+def all_gather_flat(full: torch.Tensor, shard: torch.Tensor) -> None:
+    """Concatenate every rank's `shard` into `full` (rank order)."""
+    if world_size() > 1:
+        # .data: writing through an alias with its own version counter keeps autograd's saved views
+        # of these parameters valid after the re-gather (stage 3 re-gathers between forward and backward).
+        _all_gather(full.data, shard)
+    else:
+        full.data.copy_(shard)
+
+
+def broadcast_(t: torch.Tensor, src: int = 0) -> None:
+    """Overwrite `t` with rank `src`'s value."""
+    if world_size() > 1:
+        dist.broadcast(t, src)
+
+
+class SideStream:
+    """A CUDA stream for communication overlapped with compute; a no-op on the CPU."""
+
+    def __init__(self, device: torch.device, enabled: bool = True) -> None:
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" and enabled else None
+
+    @contextmanager
+    def after_current(self) -> Iterator[None]:
+        """Run the block on the side stream, ordered after work queued so far on the current stream."""
+        if self.stream is None:
+            with nullcontext():
+                yield
+            return
+        self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
+        with torch.cuda.stream(self.stream):
+            yield
+
+    def keep_alive(self, t: torch.Tensor) -> None:
+        """Tell the allocator `t` is in use on the side stream, so freeing it elsewhere waits."""
+        if self.stream is not None:
+            t.record_stream(self.stream)
+
+    def join(self) -> None:
+        """Make the current stream wait for everything queued on the side stream."""
+        if self.stream is not None:
+            torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)

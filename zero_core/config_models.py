@@ -1,0 +1,236 @@
+"""The typed config: pydantic models whose field names are DeepSpeed's JSON keys.
+
+Defaults are DeepSpeed's (deepspeed/runtime/config.py, zero/config.py, zero/offload_config.py,
+precision_config.py) unless a comment says otherwise. Every section forbids unknown keys.
+Cross-field checks and the batch-size arithmetic live in `config.py`, which needs the world size.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, PrivateAttr, model_validator
+
+from .config_errors import full_error
+from .config_types import AS_LIST, Bool, Text, beta_pair, boolean, choice, count, integer, number
+
+_STEPS_AUTO = "it depends on the training length; set a number of optimizer steps"
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AdamParams(Section):
+    # "auto" for betas/eps/weight_decay resolves to HF TrainingArguments' defaults, which are also
+    # DeepSpeed FusedAdam's; lr "auto" needs a trainer's --learning_rate, so it is an error here.
+    lr: Annotated[float, number(0.0, auto="set a number such as 1e-4")] = 1e-3
+    betas: Annotated[tuple[float, float], beta_pair(auto=(0.9, 0.999)), AS_LIST] = (0.9, 0.999)
+    eps: Annotated[float, number(0.0, lo_open=True, auto=1e-8)] = 1e-8
+    weight_decay: Annotated[float, number(0.0, auto=0.0)] = 0.0
+    adam_w_mode: Bool = True  # DeepSpeed's ADAM_W_MODE_DEFAULT: type "Adam" means AdamW unless set false
+    torch_adam: Bool = False  # accepted for compatibility; zero_core always uses its own fused kernel
+
+
+class OptimizerConfig(Section):
+    type: Annotated[str, choice({"adamw": "AdamW", "adam": "Adam"}, note="(the optimizers zero_core implements)")]
+    params: AdamParams = AdamParams()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _torch_adamw_weight_decay(cls, data: Any) -> Any:
+        # With torch_adam DeepSpeed builds torch.optim.AdamW, whose default weight_decay is 0.01.
+        params = data.get("params") if isinstance(data, dict) else None
+        if isinstance(params, dict) and "weight_decay" not in params and params.get("torch_adam") is True:
+            decoupled = str(data.get("type", "")).lower() == "adamw" or params.get("adam_w_mode", True) is True
+            if decoupled:
+                data = {**data, "params": {**params, "weight_decay": 0.01}}
+        return data
+
+    @property
+    def decoupled(self) -> bool:
+        """AdamW-style decoupled weight decay (DeepSpeed: type AdamW, or Adam with adam_w_mode)."""
+        return self.type == "AdamW" or self.params.adam_w_mode
+
+
+class WarmupParams(Section):
+    warmup_min_lr: Annotated[float, number(0.0, auto=0.0)] = 0.0  # HF fills "auto" with 0
+    warmup_max_lr: Annotated[float, number(0.0, auto="set a number, or a numeric optimizer.params.lr")] = 0.001
+    warmup_num_steps: Annotated[int, integer(0, counts=True, auto=_STEPS_AUTO)] = 1000
+    warmup_type: Annotated[str, choice({"log": "log", "linear": "linear"})] = "log"
+    total_num_steps: Annotated[int | None, integer(1, counts=True, auto=_STEPS_AUTO, optional=True)] = None
+    last_batch_iteration: Annotated[int, integer(-1)] = -1
+
+
+class SchedulerConfig(Section):
+    type: Annotated[str, choice({"warmuplr": "WarmupLR", "warmupdecaylr": "WarmupDecayLR"},
+                                note="(the schedules zero_core implements)")]
+    params: WarmupParams = WarmupParams()
+
+
+class FP16Config(Section):
+    enabled: Annotated[bool, boolean(auto=False)] = False  # "auto" (HF: from --fp16) -> off without a trainer
+    auto_cast: Bool = False
+    loss_scale: Annotated[float, number(0.0)] = 0.0  # 0 = dynamic
+    initial_scale_power: Annotated[int, integer(0, 127)] = 16  # the scale is an fp32: 2**127 is its limit
+    loss_scale_window: Annotated[int, integer(1)] = 1000
+    hysteresis: Annotated[int, integer(1)] = 2
+    consecutive_hysteresis: Bool = False
+    min_loss_scale: Annotated[float, number(0.0, lo_open=True)] = 1.0
+
+
+class BF16Config(Section):
+    enabled: Annotated[bool, boolean(auto=False)] = False
+
+
+_DEVICES = choice({"none": "none", "cpu": "cpu", "nvme": "nvme"})
+
+
+class OffloadOptimizerConfig(Section):
+    device: Annotated[str, _DEVICES] = "none"
+    pin_memory: Bool = False
+    nvme_path: Text = None
+    buffer_count: Annotated[int, integer(0)] = 4
+    fast_init: Bool = False
+    ratio: Annotated[float, number(0.0, 1.0)] = 1.0
+
+
+class OffloadParamConfig(Section):
+    device: Annotated[str, _DEVICES] = "none"
+    pin_memory: Bool = False
+    nvme_path: Text = None
+    buffer_count: Annotated[int, integer(0)] = 5
+    buffer_size: Annotated[int, count(100_000_000)] = 100_000_000
+    max_in_cpu: Annotated[int, count(1_000_000_000)] = 1_000_000_000
+
+
+class AioConfig(Section):
+    """Async I/O for NVMe offload; accepted (HF's docs nest it in zero_optimization) but unused yet."""
+
+    block_size: Annotated[int, count(1_048_576)] = 1_048_576
+    queue_depth: Annotated[int, integer(1)] = 8
+    thread_count: Annotated[int, integer(1)] = 1
+    intra_op_parallelism: Annotated[int, integer(1)] = 1
+    single_submit: Bool = False
+    overlap_events: Bool = True
+    use_gds: Bool = False
+
+
+class CheckpointConfig(Section):
+    tag_validation: Annotated[str, choice({"ignore": "Ignore", "warn": "Warn", "fail": "Fail"})] = "Warn"
+    load_universal: Bool = False
+    use_node_local_storage: Bool = False
+
+
+class ZeroOptimizationConfig(Section):
+    stage: Annotated[int, integer(0, 3)] = 0
+    overlap_comm: Bool = False  # absent -> stage == 3, as DeepSpeed
+    contiguous_gradients: Bool = True
+    reduce_scatter: Bool = True
+    reduce_bucket_size: Annotated[int, count(500_000_000)] = 500_000_000
+    allgather_partitions: Bool = True
+    allgather_bucket_size: Annotated[int, count(500_000_000)] = 500_000_000
+    stage3_prefetch_bucket_size: Annotated[int, count(50_000_000)] = 50_000_000
+    stage3_param_persistence_threshold: Annotated[int, count(100_000)] = 100_000
+    stage3_max_live_parameters: Annotated[int, count(1_000_000_000)] = 1_000_000_000
+    stage3_max_reuse_distance: Annotated[int, count(1_000_000_000)] = 1_000_000_000
+    stage3_gather_16bit_weights_on_model_save: Bool = False
+    sub_group_size: Annotated[int, count(1_000_000_000)] = 1_000_000_000
+    round_robin_gradients: Bool = False
+    offload_optimizer: OffloadOptimizerConfig | None = None
+    offload_param: OffloadParamConfig | None = None
+    aio: AioConfig | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _aliases_and_dynamic_defaults(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        old, new = "stage3_gather_fp16_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save"
+        if old in data:
+            if new in data and data[new] != data[old]:
+                raise full_error(f"zero_optimization.{old} (the old name) and zero_optimization.{new} disagree; "
+                                 f"keep only '{new}'")
+            data[new] = data.pop(old)
+        if "overlap_comm" not in data and data.get("stage") in (0, 1, 2, 3) and not isinstance(data.get("stage"), bool):
+            data["overlap_comm"] = data["stage"] == 3
+        return data
+
+
+_MONITOR = dict[str, Any] | None  # logging sections: carried through, not used by the engine
+
+
+class ZeroConfig(Section):
+    """The whole config. Build it with `load_config`, which also resolves the batch sizes."""
+
+    train_batch_size: Annotated[int | None, integer(1, auto=None, optional=True)] = None
+    train_micro_batch_size_per_gpu: Annotated[int | None, integer(1, auto=None, optional=True)] = None
+    gradient_accumulation_steps: Annotated[int | None, integer(1, auto=None, optional=True)] = None
+    gradient_clipping: Annotated[float, number(0.0, auto=1.0)] = 0.0  # "auto" = HF's max_grad_norm default
+    # None: no periodic log (newer DeepSpeed's default; older versions used 10)
+    steps_per_print: Annotated[int | None, integer(1, optional=True)] = None
+    wall_clock_breakdown: Bool = False
+    communication_data_type: Annotated[str | None, choice({"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"},
+                                                          allow_none=True)] = None
+    prescale_gradients: Bool = False
+    gradient_predivide_factor: Annotated[float, number(0.0, lo_open=True)] = 1.0
+    zero_allow_untested_optimizer: Bool = False
+    zero_force_ds_cpu_optimizer: Bool = True
+    dump_state: Bool = False
+    memory_breakdown: Bool = False
+    # Not in DeepSpeed's defaults (it needs a client optimizer): zero_core uses AdamW with lr 1e-3.
+    optimizer: OptimizerConfig = OptimizerConfig(type="AdamW")
+    scheduler: SchedulerConfig | None = None
+    fp16: FP16Config = FP16Config()
+    bf16: BF16Config = BF16Config()
+    zero_optimization: ZeroOptimizationConfig = ZeroOptimizationConfig()
+    aio: AioConfig | None = None
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    tensorboard: _MONITOR = None
+    wandb: _MONITOR = None
+    csv_monitor: _MONITOR = None
+    comet: _MONITOR = None
+    flops_profiler: _MONITOR = None
+    comms_logger: _MONITOR = None
+
+    # The batch sizes as the user gave them (None = absent or "auto"), so that re-validating a resolved
+    # config against another world size derives the missing ones again instead of failing.
+    _given_batch: tuple[int | None, int | None, int | None] = PrivateAttr(default=(None, None, None))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bfloat16_alias(cls, data: Any) -> Any:
+        # DeepSpeed still reads the legacy top-level "bfloat16" key when "bf16" is absent.
+        if isinstance(data, dict) and "bfloat16" in data:
+            if "bf16" in data:
+                raise full_error("both 'bf16' and its legacy alias 'bfloat16' are set; keep only 'bf16'")
+            data = {("bf16" if k == "bfloat16" else k): v for k, v in data.items()}
+        return data
+
+    @property
+    def stage(self) -> int:
+        return self.zero_optimization.stage
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Working precision of parameters, activations and gradients."""
+        if self.fp16.enabled:
+            return torch.float16
+        return torch.bfloat16 if self.bf16.enabled else torch.float32
+
+    @property
+    def comm_dtype(self) -> torch.dtype:
+        """Gradient reduction dtype: communication_data_type, else the working precision."""
+        named = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+        return named[self.communication_data_type] if self.communication_data_type else self.dtype
+
+    @property
+    def dynamic_loss_scale(self) -> bool:
+        return self.fp16.enabled and self.fp16.loss_scale == 0
+
+    def describe(self) -> str:
+        from .config import describe
+
+        return describe(self)

@@ -1,0 +1,157 @@
+"""Strict leaf types for the config models.
+
+No silent coercion: a string is never turned into a number and a bool is never a number. The few
+leniencies are DeepSpeed's own: ints are fine where a float is expected, whole floats such as 5e8
+are fine for element counts, and "true"/"false" strings are fine for booleans (the seed configs have
+`"enabled": "true"`). `"auto"` is accepted only where a field declares what it resolves to.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any
+
+from pydantic import PlainSerializer, PlainValidator
+
+from .config_errors import leaf, leaf_error
+
+_NO = object()  # "auto" is not allowed
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _auto(v: Any, auto: Any) -> tuple[bool, Any]:
+    """(True, resolved) when `v` is "auto" and this field resolves it; raises when it cannot."""
+    if not (isinstance(v, str) and v.strip().lower() == "auto") or auto is _NO:
+        return False, None
+    if isinstance(auto, str):  # a reason why it cannot be resolved here
+        raise leaf(f"cannot be 'auto' without a trainer to fill it in; {auto}")
+    return True, auto
+
+
+def boolean(auto: Any = _NO) -> PlainValidator:
+    def check(v: Any) -> bool:
+        hit, value = _auto(v, auto)
+        if hit:
+            return value
+        if isinstance(v, bool):
+            return v
+        if isinstance(v, str) and v.strip().lower() in ("true", "false"):
+            return v.strip().lower() == "true"
+        raise leaf_error("true or false", v)
+
+    return PlainValidator(check)
+
+
+def integer(lo: int | None = None, hi: int | None = None, *, auto: Any = _NO, counts: bool = False,
+            optional: bool = False) -> PlainValidator:
+    """An int in [lo, hi]; `counts` also takes whole floats (element counts written as 5e8)."""
+    if lo is not None and hi is not None:
+        what = f"an integer {lo}-{hi}"
+    else:
+        what = f"an integer >= {lo}" if lo is not None else "an integer"
+    if counts:
+        what += " (5e8-style whole numbers are fine)"
+    if optional:
+        what += " or null"
+
+    def check(v: Any) -> int | None:
+        hit, value = _auto(v, auto)
+        if hit:
+            return value
+        if v is None and optional:
+            return None
+        if counts and isinstance(v, float) and math.isfinite(v) and v.is_integer():
+            v = int(v)
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise leaf_error(what, v)
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            raise leaf_error(what, v)
+        return v
+
+    return PlainValidator(check)
+
+
+def number(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False, hi_open: bool = False,
+           auto: Any = _NO) -> PlainValidator:
+    """A finite float in the given (closed or open) interval; ints are accepted."""
+    parts = []
+    if lo is not None:
+        parts.append(f"{'>' if lo_open else '>='} {lo:g}")
+    if hi is not None:
+        parts.append(f"{'<' if hi_open else '<='} {hi:g}")
+    what = "a number" + (" " + " and ".join(parts) if parts else "")
+
+    def check(v: Any) -> float:
+        hit, value = _auto(v, auto)
+        if hit:
+            return value
+        try:
+            f = float(v) if _is_number(v) else math.nan
+        except OverflowError:  # an int beyond float range
+            f = math.nan
+        if not math.isfinite(f):
+            raise leaf_error(what, v)
+        v = f
+        if lo is not None and (v < lo or (lo_open and v == lo)):
+            raise leaf_error(what, v)
+        if hi is not None and (v > hi or (hi_open and v == hi)):
+            raise leaf_error(what, v)
+        return v
+
+    return PlainValidator(check)
+
+
+def choice(options: dict[str, Any], *, auto: Any = _NO, allow_none: bool = False, note: str = "") -> PlainValidator:
+    """One of `options` (keys are matched case-insensitively; values are what gets stored)."""
+    what = "one of " + ", ".join(repr(v) for v in dict.fromkeys(options.values()))
+    what += " or null" if allow_none else ""
+    what += f" {note}" if note else ""
+
+    def check(v: Any) -> Any:
+        hit, value = _auto(v, auto)
+        if hit:
+            return value
+        if v is None and allow_none:
+            return None
+        if isinstance(v, str) and v.strip().lower() in options:
+            return options[v.strip().lower()]
+        raise leaf_error(what, v)
+
+    return PlainValidator(check)
+
+
+def beta_pair(auto: Any = _NO) -> PlainValidator:
+    def check(v: Any) -> tuple[float, float]:
+        hit, value = _auto(v, auto)
+        if hit:
+            return value
+        if not isinstance(v, (list, tuple)) or len(v) != 2:
+            raise leaf_error("a list of two numbers in [0, 1), e.g. [0.9, 0.999]", v)
+        if not all(_is_number(b) and 0.0 <= b < 1.0 for b in v):
+            raise leaf_error("two numbers in [0, 1), e.g. [0.9, 0.999]", v)
+        return (float(v[0]), float(v[1]))
+
+    return PlainValidator(check)
+
+
+# Needed next to a PlainValidator on a tuple field: pydantic otherwise warns when dumping it to JSON.
+AS_LIST = PlainSerializer(lambda v: [float(x) for x in v], return_type=list[float], when_used="json")
+
+
+def optional_text(v: Any) -> str | None:
+    if v is None or isinstance(v, str):
+        return v
+    raise leaf_error("a string path or null", v)
+
+
+Bool = Annotated[bool, boolean()]
+Text = Annotated[str | None, PlainValidator(optional_text)]
+
+
+def count(default: int) -> PlainValidator:
+    """An element count (bucket sizes, thresholds); "auto" means DeepSpeed's default."""
+    return integer(0, counts=True, auto=default)
+

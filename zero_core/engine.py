@@ -1,0 +1,236 @@
+"""The Engine: one object that trains any nn.Module at ZeRO stage 0, 1, 2 or 3.
+
+The stages differ only in what each rank keeps and which collective moves gradients and weights;
+the pieces (flat layout, gradient reducer, sharded optimizer, stage-3 gatherer) are shared.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from . import comm
+from .config import ZeroConfig, describe, load_config
+from .grad_reducer import GradReducer
+from .layout import FlatLayout, build_layout
+from .loss_scaler import LossScaler
+from .lr_schedules import make_lr_schedule
+from .overflow_log import OverflowLog
+from .param_gather import ParamGatherer
+from .sharded_optimizer import ShardedAdamW
+
+log = logging.getLogger("zero_core")
+
+
+def _stage3_units(model: torch.nn.Module, trainable: set[int]) -> tuple[list[torch.nn.Parameter], list[int], list]:
+    """Order parameters by owning module; each module with its own trainable parameters is a unit.
+
+    A module that reuses a parameter owned elsewhere (tied embeddings) needs the owner's unit too.
+    """
+    owner: dict[int, int] = {}
+    ordered: list[torch.nn.Parameter] = []
+    bounds: list[int] = []
+    units: list[tuple[torch.nn.Module, tuple[int, ...]]] = []
+    for module in model.modules():
+        direct = [p for p in module._parameters.values() if p is not None and id(p) in trainable]
+        own = [p for p in dict.fromkeys(direct) if id(p) not in owner]
+        if own:
+            bounds.append(len(ordered))
+            for p in own:
+                owner[id(p)] = len(bounds) - 1
+                ordered.append(p)
+        needed = tuple(dict.fromkeys(owner[id(p)] for p in direct))
+        if needed:
+            units.append((module, needed))
+    return ordered, bounds, units
+
+
+class Engine:
+    """Wraps a model for ZeRO data-parallel training; build it with `zero_core.initialize`."""
+
+    def __init__(self, model: torch.nn.Module, config: dict | str | ZeroConfig) -> None:
+        self.device = comm.pick_device()
+        comm.ensure_process_group(self.device)
+        self.world_size, self.rank = comm.world_size(), comm.rank()
+        self.config: ZeroConfig = load_config(config, self.world_size)
+        cfg = self.config
+        if self.rank == 0:
+            print(f"zero_core: resolved config (world size {self.world_size}):\n{describe(cfg)}", flush=True)
+        self.stage = cfg.stage
+        self.dtype = cfg.dtype
+        self.gradient_accumulation_steps = cfg.gradient_accumulation_steps
+        self.global_step = 0
+        self.micro_steps = 0
+        self.module = model.to(self.device)
+        zero = cfg.zero_optimization
+
+        named = {id(p): n for n, p in model.named_parameters()}
+        trainable_params = [p for p in dict.fromkeys(model.parameters()) if p.requires_grad]
+        if not trainable_params:
+            raise ValueError("the model has no trainable parameters; unfreeze some (requires_grad=True) before initialize")
+        units: list = []
+        if self.stage == 3:
+            params, bounds, units = _stage3_units(model, {id(p) for p in trainable_params})
+            layout = build_layout([(named[id(p)], p.shape) for p in params], self.world_size, group_bounds=bounds)
+        else:
+            params = trainable_params
+            layout_world = 1 if self.stage == 0 else self.world_size  # stage 0: every rank holds everything
+            layout = build_layout([(named[id(p)], p.shape) for p in params], layout_world, bucket_numel=zero.reduce_bucket_size)
+        self.layout: FlatLayout = layout
+        self.params = params
+        self._cast_frozen_and_buffers(model, {id(p) for p in params})
+
+        master, full = self._flatten(params, layout)
+        self.scaler = LossScaler(cfg, self.device)
+        opt = cfg.optimizer
+        self.optimizer = ShardedAdamW(
+            master, betas=tuple(opt.params.betas), eps=opt.params.eps, weight_decay=opt.params.weight_decay,
+            decoupled=opt.decoupled, clip=float(cfg.gradient_clipping or 0.0), lr_at=make_lr_schedule(cfg),
+            shard_stats=self.stage > 0,
+        )
+        self._full = full
+        self.side = comm.SideStream(self.device, enabled=zero.overlap_comm or self.stage == 3)
+        self.gatherer: ParamGatherer | None = None
+        if self.stage == 0:
+            self._local = self._flat_working  # the whole flat buffer is this rank's partition
+        else:
+            self._local = torch.empty(layout.partition_numel, dtype=self.dtype, device=self.device)
+            for g in layout.groups:
+                lo, hi = layout.shard_range(g.index, self.rank)
+                self._local[g.partition_offset : g.partition_offset + g.shard_numel].copy_(full[g.index][lo:hi])
+        if self.stage == 3:
+            self.gatherer = ParamGatherer(
+                units, layout, full, self._local,
+                persistence_threshold=zero.stage3_param_persistence_threshold,
+                prefetch_numel=zero.stage3_prefetch_bucket_size, max_live_numel=zero.stage3_max_live_parameters,
+                side=self.side,
+            )
+        self.reducer = GradReducer(
+            params, layout, self.optimizer, stage=self.stage, comm_dtype=cfg.comm_dtype, side=self.side,
+            on_group_reduced=self.gatherer.on_group_reduced if self.gatherer else None,
+        )
+        self.overflow_log = OverflowLog(self.optimizer.skipped, self.scaler)
+
+    # -- set-up -----------------------------------------------------------------------------------
+    def _cast_frozen_and_buffers(self, model: torch.nn.Module, trainable: set[int]) -> None:
+        """Frozen parameters and floating buffers run in the working precision, replicated, as rank 0 has them."""
+        with torch.no_grad():
+            for p in model.parameters():
+                if id(p) not in trainable:
+                    if p.is_floating_point():
+                        p.data = p.data.to(self.dtype)
+                    comm.broadcast_(p.data)
+            for b in model.buffers():
+                if b.is_floating_point():
+                    b.data = b.data.to(self.dtype)
+                comm.broadcast_(b.data)
+
+    def _flatten(self, params: list[torch.nn.Parameter], layout: FlatLayout) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Move parameters into flat buffers: fp32 master shards, working-precision full buffers.
+
+        Masters come from the original fp32 values (broadcast from rank 0), not from their 16-bit cast.
+        Stages 0-2 keep one contiguous working buffer; stage 3 needs one storage per unit to free it.
+        """
+        master = torch.empty(layout.partition_numel, dtype=torch.float32, device=self.device)
+        if self.stage < 3:
+            self._flat_working = torch.empty(sum(g.padded_numel for g in layout.groups), dtype=self.dtype, device=self.device)
+        full: list[torch.Tensor] = []
+        start = 0
+        with torch.no_grad():
+            for g in layout.groups:
+                staging = torch.zeros(g.padded_numel, dtype=torch.float32, device=self.device)
+                for s in g.slots:
+                    staging[s.offset : s.offset + s.numel].copy_(params[s.index].detach().reshape(-1))
+                comm.broadcast_(staging)
+                lo, hi = layout.shard_range(g.index, self.rank if layout.world_size > 1 else 0)
+                master[g.partition_offset : g.partition_offset + g.shard_numel].copy_(staging[lo:hi])
+                if self.stage < 3:
+                    buf = self._flat_working[start : start + g.padded_numel]
+                    start += g.padded_numel
+                else:
+                    buf = torch.empty(g.padded_numel, dtype=self.dtype, device=self.device)
+                buf.copy_(staging)
+                full.append(buf)
+                for s in g.slots:
+                    params[s.index].data = buf[s.offset : s.offset + s.numel].view(s.shape)
+        return master, full
+
+    # -- training ---------------------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    forward = __call__
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        """True when the next `step()` applies an update."""
+        return (self.micro_steps + 1) % self.gradient_accumulation_steps == 0
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of `loss` scaled by the loss scale and 1/accumulation steps; reduces gradients."""
+        boundary = self.is_gradient_accumulation_boundary()
+        window_pos = self.micro_steps % self.gradient_accumulation_steps
+        scale = self.scaler.inv_scale / self.world_size
+        self.reducer.begin(reduce_now=self.stage >= 2 or boundary, accumulate=self.stage >= 2 and window_pos > 0, scale=scale)
+        (loss * (self.scaler.scale.squeeze() / self.gradient_accumulation_steps)).backward()
+        self.reducer.finish()
+        if self.gatherer is not None:
+            self.gatherer.end_backward()
+
+    def step(self) -> None:
+        """At an accumulation boundary: clip, update, refresh the working weights; otherwise only count."""
+        if self.is_gradient_accumulation_boundary():
+            self.optimizer.step(out=self._local)
+            self.scaler.update(self.optimizer.overflow)
+            if self.stage in (1, 2):
+                for g in self.layout.groups:
+                    comm.all_gather_flat(self._full[g.index], self._local[g.partition_offset : g.partition_offset + g.shard_numel])
+            elif self.gatherer is not None:
+                self.gatherer.after_step()
+            self.global_step += 1
+            self.overflow_log.poll(self.global_step)
+        self.micro_steps += 1
+
+    # -- state ------------------------------------------------------------------------------------
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Collective: the full fp32 state dict on CPU on every rank, keys as in `module.state_dict()`."""
+        by_param: dict[int, torch.Tensor] = {}
+        for g in self.layout.groups:
+            shard = self.optimizer.master[g.partition_offset : g.partition_offset + g.shard_numel]
+            if self.layout.world_size > 1:
+                full = torch.empty(g.padded_numel, dtype=torch.float32, device=self.device)
+                comm.all_gather_flat(full, shard)
+            else:
+                full = shard
+            for s in g.slots:
+                by_param[id(self.params[s.index])] = full[s.offset : s.offset + s.numel].view(s.shape).cpu().clone()
+        out: dict[str, torch.Tensor] = {}
+        for name, t in self.module.state_dict(keep_vars=True).items():
+            if id(t) in by_param:
+                out[name] = by_param[id(t)]
+            else:
+                t = t.detach().cpu()
+                out[name] = t.float() if t.is_floating_point() else t.clone()
+        return out
+
+    @property
+    def loss_scale(self) -> float:
+        """Current loss scale (reads the device: a host sync)."""
+        return float(self.scaler.scale.item())
+
+    @property
+    def skipped_steps(self) -> int:
+        """Updates skipped for non-finite gradients so far (a host sync)."""
+        return int(self.optimizer.skipped.item())
+
+    def get_lr(self) -> float:
+        """Learning rate of the last update (a host sync)."""
+        return float(self.optimizer.lr.item())
+
+    def train(self, mode: bool = True) -> "Engine":
+        self.module.train(mode)
+        return self
+
+    def eval(self) -> "Engine":
+        return self.train(False)

@@ -1,0 +1,116 @@
+"""Gradient hooks and bucketed reduction into the fp32 gradient partition.
+
+Each trainable parameter's gradient is copied, as soon as autograd has accumulated it, into its
+group's flat buffer and freed. When a group has all its gradients and this pass reduces (every
+micro-step for stages 2-3, only at the accumulation boundary for 0-1) the group is reduced on the
+side stream while backward goes on: all-reduce for stage 0, reduce-scatter otherwise, then the
+epilogue kernel scales and folds the result into the fp32 partition.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+
+from . import comm
+from .layout import FlatLayout
+from .sharded_optimizer import ShardedAdamW
+
+
+class GradReducer:
+    def __init__(
+        self,
+        params: Sequence[torch.nn.Parameter],
+        layout: FlatLayout,
+        optimizer: ShardedAdamW,
+        *,
+        stage: int,
+        comm_dtype: torch.dtype,
+        side: comm.SideStream,
+        on_group_reduced: Callable[[int], None] | None = None,
+    ) -> None:
+        self.params = list(params)
+        self.layout = layout
+        self.opt = optimizer
+        self.stage = stage
+        self.comm_dtype = comm_dtype
+        self.side = side
+        self.on_group_reduced = on_group_reduced
+        self.keep_buffers = stage <= 1  # stages 0-1 accumulate full gradients across micro-steps
+        device = optimizer.master.device
+        self.buffers: list[torch.Tensor | None] = [
+            torch.zeros(g.padded_numel, dtype=comm_dtype, device=device) if self.keep_buffers else None
+            for g in layout.groups
+        ]
+        self.arrived = [0] * len(layout.groups)
+        self.reduced = [False] * len(layout.groups)
+        self.reduce_now = False
+        self.accumulate = False
+        self.scale: torch.Tensor | None = None
+        self._handles = [p.register_post_accumulate_grad_hook(self._make_hook(i)) for i, p in enumerate(self.params)]
+
+    def begin(self, reduce_now: bool, accumulate: bool, scale: torch.Tensor) -> None:
+        """Called before each backward. `scale` multiplies reduced sums (1 / (world * loss scale))."""
+        self.reduce_now, self.accumulate, self.scale = reduce_now, accumulate, scale
+        self.arrived = [0] * len(self.layout.groups)
+        self.reduced = [False] * len(self.layout.groups)
+        if reduce_now:
+            self.opt.reset_stats()
+
+    def finish(self) -> None:
+        """After backward: reduce groups some of whose parameters got no gradient, then join the side stream."""
+        if self.reduce_now:
+            for g in range(len(self.layout.groups)):
+                if not self.reduced[g]:
+                    self._reduce(g)
+        self.side.join()
+
+    def _buffer(self, g: int) -> torch.Tensor:
+        buf = self.buffers[g]
+        if buf is None:
+            buf = torch.zeros(self.layout.groups[g].padded_numel, dtype=self.comm_dtype, device=self.opt.master.device)
+            self.buffers[g] = buf
+        return buf
+
+    def _make_hook(self, index: int) -> Callable[[torch.Tensor], None]:
+        slot = self.layout.slots[index]
+
+        def hook(p: torch.Tensor) -> None:
+            grad = p.grad
+            if grad is None:
+                return
+            view = self._buffer(slot.group)[slot.offset : slot.offset + slot.numel].view_as(grad)
+            view.add_(grad)  # add, not copy: stages 0-1 accumulate micro-steps here
+            p.grad = None
+            self.arrived[slot.group] += 1
+            if self.reduce_now and self.arrived[slot.group] == len(self.layout.groups[slot.group].slots):
+                self._reduce(slot.group)
+
+        return hook
+
+    def _reduce(self, g: int) -> None:
+        group = self.layout.groups[g]
+        buf = self._buffer(g)
+        assert self.scale is not None
+        with self.side.after_current():
+            if self.stage == 0:
+                comm.all_reduce_sum(buf)
+                reduced = buf
+            else:
+                reduced = torch.empty(group.shard_numel, dtype=self.comm_dtype, device=buf.device)
+                comm.reduce_scatter_sum(reduced, buf)
+            self.opt.accumulate(reduced, group.partition_offset, self.scale, self.accumulate)
+            if self.keep_buffers:
+                buf.zero_()
+            else:
+                self.side.keep_alive(buf)
+                self.buffers[g] = None
+        self.reduced[g] = True
+        if self.on_group_reduced is not None:
+            self.on_group_reduced(g)
+
+    def remove(self) -> None:
+        """Detach the hooks from the parameters."""
+        for h in self._handles:
+            h.remove()

@@ -1,0 +1,201 @@
+"""Stage 3: parameters live sharded; each module's parameters are gathered just before it runs.
+
+Every module that owns trainable parameters is a *unit* (one layout group). Its parameters are
+views of one flat working-precision buffer whose storage is resized to zero when released, so the
+views (and autograd's saved references to them) stay valid across a release/re-gather cycle.
+Forward: gather in a pre-hook, release in a post-hook, and prefetch the next units in the order
+recorded on the first step. Backward: a pass-through autograd node on the module's outputs
+re-gathers the unit before its gradients are computed; the gradient reducer releases it once its
+gradients are reduced. Units under the persistence threshold are never released.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from . import comm
+from .layout import FlatLayout
+
+
+class _PreBackward(torch.autograd.Function):
+    """Identity whose backward gathers the owning units before the module's own backward runs."""
+
+    @staticmethod
+    def forward(ctx: Any, gatherer: "ParamGatherer", units: tuple[int, ...], t: torch.Tensor) -> torch.Tensor:
+        ctx.gatherer, ctx.units = gatherer, units
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        ctx.gatherer.gather_for_backward(ctx.units)
+        return None, None, grad
+
+
+def _map_tensors(obj: Any, fn: Any) -> Any:
+    """Apply fn to every tensor in a nested output (tensor, tuple, list, dict or dataclass-like)."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(_map_tensors(o, fn) for o in obj))
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_map_tensors(o, fn) for o in obj)
+    if isinstance(obj, dict):
+        for k in list(obj.keys()):
+            obj[k] = _map_tensors(obj[k], fn)
+        return obj
+    if hasattr(obj, "__dict__") and not isinstance(obj, torch.nn.Module):
+        for k, v in list(vars(obj).items()):
+            if isinstance(v, (torch.Tensor, tuple, list, dict)):
+                setattr(obj, k, _map_tensors(v, fn))
+    return obj
+
+
+class ParamGatherer:
+    def __init__(
+        self,
+        units: Sequence[tuple[torch.nn.Module, tuple[int, ...]]],
+        layout: FlatLayout,
+        full: Sequence[torch.Tensor],
+        local: torch.Tensor,
+        *,
+        persistence_threshold: int,
+        prefetch_numel: int,
+        max_live_numel: int,
+        side: comm.SideStream,
+    ) -> None:
+        self.layout = layout
+        self.full = list(full)  # per-group full buffers; parameters are views of these
+        self.local = local  # this rank's working-precision partition (written by the optimizer)
+        self.persistent = [g.numel < persistence_threshold for g in layout.groups]
+        self.prefetch_numel, self.max_live_numel = prefetch_numel, max_live_numel
+        self.side = side
+        self.refs = [0] * len(self.full)
+        self.held_for_backward = [False] * len(self.full)
+        self.fresh = [False] * len(self.full)  # gathered since the last optimizer step
+        self.pending: dict[int, torch.cuda.Event] = {}
+        self.order: list[int] = []  # forward order of units, recorded on the first step
+        self.recording = True
+        self._handles = []
+        for module, needed in units:
+            self._handles.append(module.register_forward_pre_hook(self._pre_hook(needed)))
+            self._handles.append(module.register_forward_hook(self._post_hook(needed)))
+        for g in range(len(self.full)):
+            self._free(g)
+
+    # -- storage ----------------------------------------------------------------------------------
+    def _nbytes(self, g: int) -> int:
+        return self.layout.groups[g].padded_numel * self.full[g].element_size()
+
+    def _free(self, g: int) -> None:
+        self.full[g].untyped_storage().resize_(0)
+        self.fresh[g] = False
+
+    def _is_allocated(self, g: int) -> bool:
+        return self.full[g].untyped_storage().size() > 0
+
+    def _issue_gather(self, g: int, asynchronous: bool) -> None:
+        """Allocate (on the compute stream) and all-gather unit g, on the side stream if asynchronous."""
+        if not self._is_allocated(g):
+            self.full[g].untyped_storage().resize_(self._nbytes(g))
+        group = self.layout.groups[g]
+        shard = self.local[group.partition_offset : group.partition_offset + group.shard_numel]
+        if asynchronous and self.side.stream is not None:
+            with self.side.after_current():
+                comm.all_gather_flat(self.full[g], shard)
+                ev = torch.cuda.Event()
+                ev.record()
+            self.pending[g] = ev
+        else:
+            comm.all_gather_flat(self.full[g], shard)
+        self.fresh[g] = True
+
+    def _ensure(self, g: int) -> None:
+        if not self.fresh[g] and g not in self.pending:
+            self._issue_gather(g, asynchronous=False)
+        ev = self.pending.pop(g, None)
+        if ev is not None:
+            torch.cuda.current_stream().wait_event(ev)
+
+    def _release(self, g: int) -> None:
+        if self.refs[g] == 0 and not self.held_for_backward[g] and not self.persistent[g] and g not in self.pending:
+            self._free(g)
+
+    def _prefetch(self, after: int, backward: bool) -> None:
+        """Start gathering the units that run after unit `after`, up to the prefetch budget."""
+        if self.side.stream is None or self.recording or after not in self.order:
+            return
+        seq = self.order[::-1] if backward else self.order
+        pos = seq.index(after)
+        budget = self.prefetch_numel
+        live = sum(self.layout.groups[g].padded_numel for g in range(len(self.full)) if self._is_allocated(g))
+        for g in seq[pos + 1 :]:
+            size = self.layout.groups[g].padded_numel
+            if budget < size or live + size > self.max_live_numel:
+                break
+            if not self.fresh[g] and g not in self.pending:
+                self._issue_gather(g, asynchronous=True)
+                live += size
+            budget -= size
+
+    # -- hooks ------------------------------------------------------------------------------------
+    def _pre_hook(self, needed: tuple[int, ...]) -> Any:
+        def hook(module: torch.nn.Module, args: Any) -> None:
+            for g in needed:
+                self._ensure(g)
+                self.refs[g] += 1
+                if self.recording and g not in self.order:
+                    self.order.append(g)
+            self._prefetch(needed[0], backward=False)
+
+        return hook
+
+    def _post_hook(self, needed: tuple[int, ...]) -> Any:
+        def hook(module: torch.nn.Module, args: Any, output: Any) -> Any:
+            for g in needed:
+                self.refs[g] -= 1
+                self._release(g)
+            if not torch.is_grad_enabled():
+                return output
+            wrap = lambda t: _PreBackward.apply(self, needed, t) if t.requires_grad else t  # noqa: E731
+            return _map_tensors(output, wrap)
+
+        return hook
+
+    def gather_for_backward(self, units: tuple[int, ...]) -> None:
+        for g in units:
+            self._ensure(g)
+            self.held_for_backward[g] = True
+        self._prefetch(units[0], backward=True)
+
+    def on_group_reduced(self, g: int) -> None:
+        """Gradients of unit g are reduced: its full parameters are no longer needed."""
+        self.held_for_backward[g] = False
+        self._release(g)
+
+    def end_backward(self) -> None:
+        """Release units held by a backward whose gradients never arrived (e.g. unused outputs)."""
+        for g in range(len(self.full)):
+            self.held_for_backward[g] = False
+            self._release(g)
+
+    def after_step(self) -> None:
+        """The optimizer rewrote the local shards: every gathered copy is stale."""
+        self.recording = False
+        for ev in self.pending.values():
+            torch.cuda.current_stream().wait_event(ev)
+        self.pending.clear()
+        for g in range(len(self.full)):
+            self.fresh[g] = False
+            if not self.persistent[g]:
+                self._free(g)
+
+    def gather_all(self) -> None:
+        """Materialise every unit (for evaluation helpers that bypass module hooks)."""
+        for g in range(len(self.full)):
+            self._ensure(g)
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()

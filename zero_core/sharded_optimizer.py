@@ -1,0 +1,81 @@
+"""This rank's optimizer partition: fp32 master weights, Adam moments and the fp32 gradient partition.
+
+The whole update runs on the device with no host synchronisation: the reduce epilogue leaves a sum of
+squares and a non-finite flag in device memory, one small all-reduce makes them global, and the
+AdamW kernel reads the clip coefficient, the learning rate, the step count and the skip flag from
+device tensors.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from . import comm
+from .kernels import adamw_step, reduce_epilogue
+
+
+class ShardedAdamW:
+    """AdamW over one contiguous fp32 partition of `numel` elements."""
+
+    def __init__(
+        self,
+        master: torch.Tensor,
+        *,
+        betas: tuple[float, float],
+        eps: float,
+        weight_decay: float,
+        decoupled: bool,
+        clip: float,
+        lr_at: Callable[[torch.Tensor], torch.Tensor],
+        shard_stats: bool,
+    ) -> None:
+        dev = master.device
+        self.master = master
+        self.exp_avg = torch.zeros_like(master)
+        self.exp_avg_sq = torch.zeros_like(master)
+        self.grad = torch.zeros_like(master)
+        self.beta1, self.beta2 = betas
+        self.eps, self.weight_decay, self.decoupled, self.clip = eps, weight_decay, decoupled, clip
+        self.lr_at = lr_at
+        self.shard_stats = shard_stats  # False when every rank holds the whole gradient (stage 0)
+        self.sumsq = torch.zeros(1, dtype=torch.float32, device=dev)
+        self.nonfinite = torch.zeros(1, dtype=torch.int32, device=dev)
+        self.applied = torch.zeros(1, dtype=torch.float32, device=dev)  # updates actually applied
+        self.skipped = torch.zeros(1, dtype=torch.float32, device=dev)
+        self.lr = lr_at(self.applied)
+        self.grad_norm = torch.zeros(1, dtype=torch.float32, device=dev)
+        self.overflow = torch.zeros(1, dtype=torch.int32, device=dev)
+
+    def reset_stats(self) -> None:
+        """Start a new reduction pass: only the last pass before a step counts for norm and overflow."""
+        self.sumsq.zero_()
+        self.nonfinite.zero_()
+
+    def accumulate(self, reduced: torch.Tensor, start: int, scale: torch.Tensor, accumulate: bool) -> None:
+        """Fold a reduced gradient shard into partition elements [start, start + numel)."""
+        acc = self.grad[start : start + reduced.numel()]
+        reduce_epilogue(reduced, acc, scale, accumulate, self.sumsq, self.nonfinite)
+
+    def step(self, out: torch.Tensor | None) -> None:
+        """Clip, update and write the working-precision copy into `out`; skipped on a non-finite gradient."""
+        stats = torch.cat([self.sumsq, self.nonfinite.float()])
+        if self.shard_stats:
+            comm.all_reduce_sum(stats)
+        self.grad_norm = stats[:1].sqrt()
+        self.overflow = (stats[1:] > 0).to(torch.int32)
+        if self.clip > 0:
+            coef = (self.clip / (self.grad_norm + 1e-6)).clamp(max=1.0)
+        else:
+            coef = torch.ones_like(self.grad_norm)
+        self.lr = self.lr_at(self.applied)
+        ok = 1.0 - self.overflow.float()
+        self.applied += ok
+        self.skipped += 1.0 - ok
+        adamw_step(
+            self.master, self.grad, self.exp_avg, self.exp_avg_sq, out,
+            lr=self.lr, step=self.applied, coef=coef, skip=self.overflow,
+            beta1=self.beta1, beta2=self.beta2, eps=self.eps,
+            weight_decay=self.weight_decay, decoupled=self.decoupled,
+        )
