@@ -22,7 +22,11 @@ def _entry(rank: int, world: int, port: int, out: str, fn: Callable[..., Any], a
     torch.set_num_threads(1)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # ZB_TEST_DEVICE=cuda runs the same tests on GPUs over NCCL (one rank per GPU)
+    cuda = os.environ.get("ZB_TEST_DEVICE") == "cuda"
+    if cuda:
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
     try:
         result = fn(rank, world, *args)
         if rank == 0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 from typing import Any
 
 import torch
@@ -12,6 +13,7 @@ from zbench.models.gpt import GPT, GPTConfig
 
 TINY = GPTConfig(vocab_size=37, block_size=16, n_layer=2, n_head=2, n_embd=20)
 SEQ = 9
+DEVICE = torch.device("cuda" if os.environ.get("ZB_TEST_DEVICE") == "cuda" else "cpu")
 LR, BETAS, EPS, WD = 1e-3, (0.9, 0.95), 1e-8, 0.1
 
 
@@ -56,7 +58,7 @@ def zero_train(rank: int, world: int, cases: list[dict]) -> list[dict]:
         engine = zero_core.initialize(make_model(), ds_config(case["stage"], case["dtype"], micro, gas, case.get("clip", 0.0), **case.get("zero", {})))
         losses, master_sums = [], []
         for i, (x, y) in enumerate(batches):
-            xs, ys = x[rank * micro : (rank + 1) * micro], y[rank * micro : (rank + 1) * micro]
+            xs, ys = (t[rank * micro : (rank + 1) * micro].to(engine.device) for t in (x, y))
             if case.get("inject_inf_at") == i:
                 # poison one rank's gradient: every rank must skip this step together
                 hook = engine.module.ln_f.weight.register_hook(lambda g: g * float("inf") if rank == 0 else g)
@@ -81,7 +83,7 @@ def reference_train(case: dict, world: int) -> dict:
     """Single process, whole global batch per step, torch AdamW on fp32 masters."""
     micro, gas, steps = case["micro"], case.get("gas", 1), case["steps"]
     batches = make_batches(steps * gas, micro * world)
-    model = make_model()
+    model = make_model().to(DEVICE)
     master = copy.deepcopy(model)
     params = [p for p in master.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
@@ -95,7 +97,7 @@ def reference_train(case: dict, world: int) -> dict:
         work.zero_grad()
         loss_sum = 0.0
         for k in range(gas):
-            x, y = batches[s * gas + k]
+            x, y = (t.to(DEVICE) for t in batches[s * gas + k])
             loss = work(x, y).loss
             (loss / gas).backward()
             loss_sum += float(loss.detach())
@@ -105,4 +107,4 @@ def reference_train(case: dict, world: int) -> dict:
             torch.nn.utils.clip_grad_norm_(params, case["clip"])
         opt.step()
         losses.append(loss_sum / gas)
-    return {"losses": losses, "state": {k: v.float() for k, v in master.state_dict().items()}}
+    return {"losses": losses, "state": {k: v.float().cpu() for k, v in master.state_dict().items()}}

@@ -29,9 +29,10 @@ def main() -> None:
 @click.option("--seq-len", default=32, show_default=True, type=click.IntRange(1))
 @click.option("--precision", default="fp32", show_default=True, type=click.Choice(["fp32", "bf16", "fp16"]))
 @click.option("--model", "preset", default="tiny", show_default=True, type=click.Choice(sorted(PRESETS)), help="GPT shape (random init).")
+@click.option("--lr", default=3e-3, show_default=True, type=click.FloatRange(min=0, min_open=True), help="AdamW learning rate when no --config is given.")
 @click.option("--warmup", default=0, show_default=True, type=click.IntRange(0), help="Untimed steps before the timed ones.")
 def train(nproc: int, stage: int, config_path: str | None, steps: int, micro_batch: int, seq_len: int, precision: str,
-          preset: str, warmup: int) -> None:
+          preset: str, lr: float, warmup: int) -> None:
     """Train a tiny GPT on synthetic tokens with zero_core (CPU-friendly default)."""
     from zero_core import ConfigError, load_config
 
@@ -44,7 +45,7 @@ def train(nproc: int, stage: int, config_path: str | None, steps: int, micro_bat
         except json.JSONDecodeError as e:
             raise _fail(f"--config {config_path} is not valid JSON (line {e.lineno}: {e.msg}); fix the file")
     else:
-        ds_config = default_ds_config(stage, micro_batch, precision)
+        ds_config = default_ds_config(stage, micro_batch, precision, lr)
     try:
         load_config(ds_config, nproc)  # fail here, before any process starts
     except ConfigError as e:
@@ -57,7 +58,8 @@ def train(nproc: int, stage: int, config_path: str | None, steps: int, micro_bat
     job = TrainJob(ds_config=ds_config, model=asdict(arch), steps=steps, seq_len=seq_len, warmup=warmup)
     summary = launch(job, nproc)
     click.echo(
-        f"done: stage {summary['stage']} on {summary['world_size']} ranks, {summary['steps']} steps, "
+        f"done: stage {summary['stage']} on {summary['world_size']} ranks, {summary['steps']} timed steps "
+        f"(+{summary['warmup']} warm-up), "
         f"loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}, "
         f"{summary['tokens_per_s']:.0f} tokens/s, {summary['step_ms']:.1f} ms/step, "
         + (f"peak {summary['peak_gib']:.1f} GiB/GPU, " if summary["peak_gib"] == summary["peak_gib"] else "")

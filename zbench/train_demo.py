@@ -37,13 +37,13 @@ class TrainJob:
     warmup: int = 0
 
 
-def default_ds_config(stage: int, micro_batch: int, precision: str) -> dict:
+def default_ds_config(stage: int, micro_batch: int, precision: str, lr: float = 3e-3) -> dict:
     """The DeepSpeed-style config `zbench train` uses when no --config file is given."""
     cfg: dict = {
         "train_micro_batch_size_per_gpu": micro_batch,
         "gradient_accumulation_steps": 1,
         "gradient_clipping": 1.0,
-        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}},
+        "optimizer": {"type": "AdamW", "params": {"lr": lr, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}},
         "zero_optimization": {"stage": stage},
     }
     if precision in ("bf16", "fp16"):
@@ -94,7 +94,7 @@ def run_rank(job: TrainJob) -> dict:
     peak = torch.cuda.max_memory_allocated() / 2**30 if engine.device.type == "cuda" else float("nan")
     return {
         "peak_gib": peak, "step_ms": 1e3 * elapsed / job.steps,
-        "stage": engine.stage, "world_size": engine.world_size, "steps": engine.global_step,
+        "stage": engine.stage, "world_size": engine.world_size, "steps": job.steps, "warmup": job.warmup,
         "first_loss": float(losses[0]), "final_loss": float(losses[-1]), "tokens_per_s": tokens / elapsed,
         "trainable_params": engine.layout.numel,
     }

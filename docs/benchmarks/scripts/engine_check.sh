@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# GPU check of the engine (issue 2): the CPU parity suite on CUDA/NCCL, the kernel benchmark, and
+# GPT throughput per stage. Usage (from the repo root, on a 2-GPU machine):
+#   bash docs/benchmarks/scripts/engine_check.sh [quick|full]
+set -uo pipefail
+source docs/benchmarks/scripts/gpu_env.sh
+mode=${1:-quick}
+if [ "$mode" = quick ]; then
+  ZB_TEST_DEVICE=cuda python3 -m pytest tests/test_engine_parity.py -q -p no:cacheprovider 2>&1 | tail -15 | tee "$OUT/parity_cuda.txt"
+  python3 -m zero_core.kernels.bench --numel 1e9 2>&1 | tee "$OUT/kernels.txt"
+  for stage in 0 1 2 3; do
+    python3 -m zbench.cli train --model gpt2 --gpus 2 --stage $stage --precision bf16 --seq-len 1024 --micro-batch 8 --steps 10 --warmup 3 --lr 3e-4 2>&1 | grep -E "^(done|step|Traceback|Error|error)|Error" | tee -a "$OUT/train_gpt2.txt"
+  done
+else
+  for stage in 0 1 2 3; do
+    python3 -m zbench.cli train --model gpt2-xl --gpus 2 --stage $stage --precision bf16 --seq-len 1024 --micro-batch 8 --steps 8 --warmup 3 --lr 1e-4 2>&1 | grep -E "^(done|step|Traceback)|Error" | tee -a "$OUT/train_gpt2xl.txt"
+  done
+fi
