@@ -1,0 +1,61 @@
+"""The logical, per-parameter view every checkpoint kind offers to converters and to resume.
+
+A source lists its parameters (frozen ones included, tied names included) and loads one full fp32
+tensor at a time, reading only the fragments that hold it, so memory stays near the largest tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+
+class CheckpointError(ValueError):
+    """A user-facing problem with a checkpoint path or its files; the message is one line with the fix."""
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    """One entry of the model state dict as stored in a checkpoint."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # dtype the training run used for this tensor, e.g. "bfloat16" ("float32" for masters)
+    trainable: bool = True
+    tied_to: str | None = None  # another name holding the same storage (one stored copy)
+
+
+@dataclass
+class SourceSummary:
+    """What `zbench inspect` prints."""
+
+    kind: str  # "zbench" | "deepspeed" | "deepspeed-universal" | "dcp"
+    path: str
+    step: int | None
+    stage: int | None
+    world_size: int | None
+    num_params: int  # elements, tied counted once
+    dtypes: dict[str, int] = field(default_factory=dict)  # dtype -> element count
+    bytes_on_disk: int = 0
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+class CheckpointSource(Protocol):
+    """Implemented by each reader (zbench, DeepSpeed ZeRO 1/2/3, DeepSpeed universal, DCP)."""
+
+    def params(self) -> list[ParamInfo]:
+        """Every state-dict entry in model order, frozen and tied ones included."""
+        ...
+
+    def load(self, name: str) -> torch.Tensor:
+        """The full fp32 tensor `name` (CPU), reading only the fragments that hold it."""
+        ...
+
+    def summary(self) -> SourceSummary:
+        ...
+
+    def verify(self) -> list[str]:
+        """Integrity problems (checksum mismatch, truncated or missing file), each naming the file; [] if sound."""
+        ...
