@@ -7,6 +7,8 @@ the pieces (flat layout, gradient reducer, sharded optimizer, stage-3 gatherer) 
 from __future__ import annotations
 
 import logging
+import os
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -14,7 +16,7 @@ import torch
 from . import comm
 from .config import ZeroConfig, describe, load_config
 from .grad_reducer import GradReducer
-from .layout import FlatLayout, build_layout
+from checkpoints.layout import FlatLayout, build_layout
 from .loss_scaler import LossScaler
 from .lr_schedules import make_lr_schedule
 from .overflow_log import OverflowLog
@@ -184,15 +186,44 @@ class Engine:
             self.optimizer.step(out=self._local)
             self.scaler.update(self.optimizer.overflow)
             if self.stage in (1, 2):
-                for g in self.layout.groups:
-                    comm.all_gather_flat(self._full[g.index], self._local[g.partition_offset : g.partition_offset + g.shard_numel])
+                self._all_gather_weights()
             elif self.gatherer is not None:
                 self.gatherer.after_step()
             self.global_step += 1
             self.overflow_log.poll(self.global_step)
         self.micro_steps += 1
 
+    def refresh_working_weights(self) -> None:
+        """Rewrite the working-precision weights from the fp32 masters (after loading a checkpoint)."""
+        with torch.no_grad():
+            self._local.copy_(self.optimizer.master)
+            if self.stage in (1, 2):
+                self._all_gather_weights()
+            elif self.gatherer is not None:
+                self.gatherer.after_step()
+
+    def _all_gather_weights(self) -> None:
+        for g in self.layout.groups:
+            comm.all_gather_flat(self._full[g.index], self._local[g.partition_offset : g.partition_offset + g.shard_numel])
+
     # -- state ------------------------------------------------------------------------------------
+    def save_checkpoint(self, save_dir: str | os.PathLike, tag: str | None = None,
+                        client_state: dict[str, Any] | None = None, keep_last: int | None = None) -> Path:
+        """Collective: every rank writes its own partition; committed atomically; `latest` moves last.
+
+        `client_state` (JSON-serialisable: data position, epoch, ...) comes back from `load_checkpoint`.
+        `keep_last=k` prunes older complete checkpoints, never the newest.
+        """
+        from .checkpointing import save
+
+        return save(self, save_dir, tag, client_state, keep_last)
+
+    def load_checkpoint(self, load_dir: str | os.PathLike, tag: str | None = None) -> dict[str, Any]:
+        """Collective: load any zbench checkpoint (any world size, any stage) into this engine; returns client_state."""
+        from .checkpointing import load
+
+        return load(self, load_dir, tag)
+
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Collective: the full fp32 state dict on CPU on every rank, keys as in `module.state_dict()`."""
         by_param: dict[int, torch.Tensor] = {}

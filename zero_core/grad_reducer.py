@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 import torch
 
 from . import comm
-from .layout import FlatLayout
+from checkpoints.layout import FlatLayout
 from .sharded_optimizer import ShardedAdamW
 
 

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import torch
 
 from . import comm
-from .layout import FlatLayout
+from checkpoints.layout import FlatLayout
 
 
 class _PreBackward(torch.autograd.Function):

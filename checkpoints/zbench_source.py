@@ -1,0 +1,98 @@
+"""Reading zbench checkpoints by parameter: the fragment index and the converter-facing source."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from . import zbench_format as fmt
+from .source import CheckpointError, ParamInfo, SourceSummary
+
+
+class FragmentReader:
+    """Reads any element range of any saved parameter, opening only the rank files that hold it."""
+
+    def __init__(self, folder: Path, manifest: dict[str, Any]) -> None:
+        self.folder, self.manifest = folder, manifest
+        self.by_param: dict[int, list[tuple[str, int, int, int]]] = defaultdict(list)
+        for fname, frags in manifest["fragments"].items():
+            for index, param_start, offset, numel in frags:
+                self.by_param[index].append((fname, param_start, offset, numel))
+        self.index_of = {p["name"]: i for i, p in enumerate(manifest["params"]) if p.get("slot") is not None}
+        self._stack = ExitStack()
+        self._handles: dict[str, Any] = {}
+
+    def _handle(self, fname: str) -> Any:
+        if fname not in self._handles:
+            try:
+                self._handles[fname] = self._stack.enter_context(safe_open(str(self.folder / fname), "pt", device="cpu"))
+            except Exception as e:  # safetensors raises its own error types for damaged headers
+                raise CheckpointError(f"{self.folder / fname} cannot be read ({e}); restore it or load an earlier checkpoint")
+        return self._handles[fname]
+
+    def files_for(self, names: list[str]) -> list[str]:
+        """Rank files that hold any element of these parameters."""
+        return sorted({f for n in names for f, *_ in self.by_param[self.manifest["params"][self.index_of[n]]["slot"]]})
+
+    def read_into(self, out: torch.Tensor, name: str, key: str, start: int) -> None:
+        """Fill `out` (flat) with elements [start, start + out.numel()) of parameter `name`'s `key` partition."""
+        slot = self.manifest["params"][self.index_of[name]]["slot"]
+        end = start + out.numel()
+        covered = 0
+        for fname, p_start, offset, numel in self.by_param[slot]:
+            lo, hi = max(start, p_start), min(end, p_start + numel)
+            if lo >= hi:
+                continue
+            sl = self._handle(fname).get_slice(key)
+            out[lo - start : hi - start].copy_(sl[offset + lo - p_start : offset + hi - p_start])
+            covered += hi - lo
+        if covered != out.numel():
+            raise CheckpointError(f"{self.folder}: fragments of {name} cover {covered} of {out.numel()} elements; the manifest is damaged")
+
+    def close(self) -> None:
+        self._stack.close()
+        self._handles.clear()
+
+
+class ZbenchSource:
+    """`CheckpointSource` over a zbench checkpoint folder (fp32 masters, frozen tensors as stored)."""
+
+    def __init__(self, path: str | Path, tag: str | None = None) -> None:
+        self.folder = fmt.resolve(path, tag)
+        self.manifest = fmt.read_manifest(self.folder)
+        self.reader = FragmentReader(self.folder, self.manifest)
+
+    def params(self) -> list[ParamInfo]:
+        return [ParamInfo(p["name"], tuple(p["shape"]), p["dtype"], p["trainable"], p.get("tied_to")) for p in self.manifest["params"]]
+
+    def load(self, name: str) -> torch.Tensor:
+        entry = next((p for p in self.manifest["params"] if p["name"] == name), None)
+        if entry is None:
+            raise CheckpointError(f"{name!r} is not in {self.folder}; `zbench inspect` lists the parameters")
+        if entry.get("tied_to"):
+            return self.load(entry["tied_to"])
+        if not entry["trainable"]:
+            with safe_open(str(self.folder / fmt.FROZEN_FILE), "pt", device="cpu") as f:
+                t = f.get_tensor(name)
+            return t.float() if t.is_floating_point() else t
+        out = torch.empty(int(torch.Size(entry["shape"]).numel()), dtype=torch.float32)
+        self.reader.read_into(out, name, "master", 0)
+        return out.view(entry["shape"])
+
+    def summary(self) -> SourceSummary:
+        m = self.manifest
+        dtypes: dict[str, int] = defaultdict(int)
+        for p in m["params"]:
+            if not p.get("tied_to"):
+                dtypes[p["dtype"]] += int(torch.Size(p["shape"]).numel())
+        size = sum(meta["bytes"] for meta in m["files"].values())
+        return SourceSummary("zbench", str(self.folder), m["step"], m["stage"], m["world_size"], sum(dtypes.values()),
+                             dict(dtypes), size, {"tag": m["tag"], "format_version": m["version"]})
+
+    def verify(self) -> list[str]:
+        return fmt.verify_files(self.folder, self.manifest)

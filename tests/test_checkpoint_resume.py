@@ -1,0 +1,143 @@
+"""zbench checkpoints: reshard-and-resume across world sizes and stages, atomic saves, integrity checks."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import zero_core
+from checkpoints import zbench_format as fmt
+from checkpoints.source import CheckpointError
+from checkpoints.zbench_source import ZbenchSource
+from ckpt_workers import STEPS, config, crash_during_second_save, resume, uninterrupted_and_save
+from dist_harness import run_ranks
+from parity_workers import make_model
+
+TOL = 1e-6
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> tuple[Path, dict]:
+    """2 ranks at stage 3: 6 steps straight, and 3 steps saved."""
+    ckpt = tmp_path_factory.mktemp("ckpt")
+    return ckpt, run_ranks(uninterrupted_and_save, 2, 3, str(ckpt), 3)
+
+
+@pytest.mark.parametrize("world,stage", [(3, 2), (2, 0)])
+def test_resume_on_other_world_size_and_stage(saved, world, stage):
+    ckpt, base = saved
+    got = run_ranks(resume, world, stage, str(ckpt))
+    assert got["global_step"] == STEPS
+    assert got["losses"] == pytest.approx(base["losses"][3:], abs=TOL)
+    assert _max_diff(got["state"], base["state"]) < TOL
+
+
+def test_resume_on_one_rank_at_stage_1(saved):
+    ckpt, base = saved
+    got = resume(0, 1, 1, str(ckpt))  # a world of one needs no process group
+    assert got["losses"] == pytest.approx(base["losses"][3:], abs=TOL)
+    assert _max_diff(got["state"], base["state"]) < TOL
+
+
+def test_layout_and_manifest(saved):
+    ckpt, base = saved
+    folder = fmt.resolve(ckpt)
+    assert folder.name == "global_step3" and fmt.read_latest(ckpt) == "global_step3"
+    manifest = fmt.read_manifest(folder)
+    assert manifest["world_size"] == 2 and manifest["stage"] == 3 and manifest["step"] == 3
+    assert sorted(manifest["files"]) == ["frozen.safetensors", "rank_00000.safetensors", "rank_00001.safetensors"]
+    assert fmt.verify_files(folder, manifest) == []
+    tied = {p["name"]: p["tied_to"] for p in manifest["params"] if p["tied_to"]}
+    assert tied == {"head.weight": "wte.weight"}
+    frozen = [p["name"] for p in manifest["params"] if not p["trainable"]]
+    assert frozen == ["blocks.0.ln1.bias"]
+
+
+def test_source_reads_the_saved_weights(saved):
+    ckpt, base = saved
+    src = ZbenchSource(ckpt)
+    names = [p.name for p in src.params()]
+    assert names == list(base["saved_state"].keys())
+    for name in names:
+        assert torch.equal(src.load(name), base["saved_state"][name].float()), name
+    summary = src.summary()
+    assert (summary.kind, summary.stage, summary.world_size, summary.step) == ("zbench", 3, 2, 3)
+
+
+def test_crash_mid_save_keeps_previous_checkpoint(tmp_path):
+    with pytest.raises(mp.ProcessExitedException):
+        run_ranks(crash_during_second_save, 2, 2, str(tmp_path))
+    assert fmt.read_latest(tmp_path) == "global_step2"
+    assert (tmp_path / ".global_step3.partial").exists() and not (tmp_path / "global_step3").exists()
+    expected = torch.load(tmp_path / "expected_rank0.pt")
+    engine = zero_core.initialize(make_model(), config(1, 1))
+    assert engine.load_checkpoint(tmp_path) == {"next_batch": 2}
+    assert _max_diff(engine.full_state_dict(), expected) == 0.0
+
+
+def _flip_byte(path: Path, offset: int = -9) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete"])
+def test_damaged_rank_file_is_named(saved, tmp_path, damage):
+    ckpt, _ = saved
+    import shutil
+
+    copy = tmp_path / "ck"
+    shutil.copytree(ckpt, copy)
+    victim = copy / "global_step3" / "rank_00001.safetensors"
+    if damage == "flip":
+        _flip_byte(victim)
+    elif damage == "truncate":
+        victim.write_bytes(victim.read_bytes()[:-100])
+    else:
+        victim.unlink()
+    engine = zero_core.initialize(make_model(), config(1, 1))
+    with pytest.raises(CheckpointError, match="rank_00001.safetensors") as e:
+        engine.load_checkpoint(copy)
+    assert "\n" not in str(e.value)
+    problems = ZbenchSource(copy).verify()
+    assert len(problems) == 1 and "rank_00001.safetensors" in problems[0]
+
+
+def test_bad_paths_and_other_model(saved, tmp_path):
+    ckpt, _ = saved
+    engine = zero_core.initialize(make_model(), config(1, 1))
+    with pytest.raises(CheckpointError, match="tags present: global_step3"):
+        engine.load_checkpoint(ckpt, tag="global_step99")
+    with pytest.raises(CheckpointError, match="does not exist"):
+        engine.load_checkpoint(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="no 'latest' file"):
+        engine.load_checkpoint(tmp_path / "empty")
+    from zbench.models.gpt import GPT, GPTConfig
+
+    other = zero_core.initialize(GPT(GPTConfig(vocab_size=37, block_size=16, n_layer=1, n_head=2, n_embd=20)), config(1, 1))
+    with pytest.raises(CheckpointError, match="another model"):
+        other.load_checkpoint(ckpt)
+
+
+def test_keep_last_prunes_older_never_latest(tmp_path):
+    engine = zero_core.initialize(make_model(), config(2, 1))
+    from ckpt_workers import _train
+
+    for step in range(4):
+        _train(engine, 0, 1, range(step, step + 1))
+        engine.save_checkpoint(tmp_path, keep_last=2)
+    assert [t for _, t in fmt.complete_tags(tmp_path)] == ["global_step3", "global_step4"]
+    assert fmt.read_latest(tmp_path) == "global_step4"
+    manifest = json.loads((tmp_path / "global_step4" / "manifest.json").read_text())
+    assert manifest["step"] == 4 and os.listdir(tmp_path).count(".global_step4.partial") == 0
