@@ -1,0 +1,71 @@
+"""Offline reshard of a zbench checkpoint for M ranks (`zbench convert SRC --to zbench --world-size M`).
+
+Resuming never needs this (load reshards on the fly); it exists to hand a run to a machine where
+reading N files per rank is unwanted. Each new rank file is streamed element range by element range,
+so memory stays near one fragment, not one partition.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+
+from . import zbench_format as fmt
+from .layout import build_layout
+from .safetensors_stream import StreamingWriter
+from .source import CheckpointError
+from .zbench_source import FragmentReader, ZbenchSource
+
+_CHUNK = 1 << 24  # elements per read: bounds memory for very large fragments
+
+
+def reshard_to_zbench(source: object, out: str | Path, world_size: int) -> Path:
+    """Write `source` (a zbench checkpoint) as a checkpoint laid out for `world_size` ranks under `out`."""
+    if not isinstance(source, ZbenchSource):
+        raise CheckpointError("--to zbench reshards zbench checkpoints only; convert other kinds with --to fp32")
+    if world_size < 1:
+        raise CheckpointError(f"--world-size must be >= 1, got {world_size}")
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise CheckpointError(f"output folder {out} already holds files; pass an empty or new --out")
+    m = source.manifest
+    trainable = sorted((p for p in m["params"] if p.get("slot") is not None), key=lambda p: p["slot"])
+    bounds = [group[0] for group in m["layout"]["groups"]]
+    new_world = 1 if m["layout"]["world_size"] == 1 else world_size  # stage 0 keeps one replicated copy
+    layout = build_layout([(p["name"], p["shape"]) for p in trainable], new_world, group_bounds=bounds, align=m["layout"]["align"])
+    tag = m["tag"]
+    staged = fmt.partial_dir(out, tag)
+    staged.mkdir(parents=True)
+    reader = FragmentReader(source.folder, m)
+    files = {}
+    try:
+        for r in range(new_world):
+            name = fmt.rank_file(r)
+            frags = layout.fragments(r)
+            w = StreamingWriter(staged / name, [(k, torch.float32, [layout.partition_numel]) for k in fmt.PARTITION_KEYS])
+            for key in fmt.PARTITION_KEYS:
+                pos = 0
+                for f in frags:
+                    if f.partition_offset > pos:  # alignment padding between fragments
+                        w.write(torch.zeros(f.partition_offset - pos))
+                    for lo in range(0, f.numel, _CHUNK):
+                        piece = torch.empty(min(_CHUNK, f.numel - lo))
+                        reader.read_into(piece, f.name, key, f.param_start + lo)
+                        w.write(piece)
+                    pos = f.partition_offset + f.numel
+                w.write(torch.zeros(layout.partition_numel - pos))
+            w.close()
+            files[name] = {"sha256": fmt.sha256_file(staged / name), "bytes": (staged / name).stat().st_size}
+    finally:
+        reader.close()
+    shutil.copy2(source.folder / fmt.FROZEN_FILE, staged / fmt.FROZEN_FILE)
+    files[fmt.FROZEN_FILE] = m["files"][fmt.FROZEN_FILE]
+    manifest = {**m, "world_size": world_size, "rng": {}, "files": files,
+                "layout": {**m["layout"], "world_size": new_world, "partition_numel": layout.partition_numel},
+                "fragments": {fmt.rank_file(r): [[f.param_index, f.param_start, f.partition_offset, f.numel]
+                                                 for f in layout.fragments(r)] for r in range(new_world)}}
+    fmt.write_json_atomic(staged / fmt.MANIFEST, manifest)
+    fmt.commit(out, tag)
+    return out / tag
