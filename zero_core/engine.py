@@ -27,25 +27,38 @@ log = logging.getLogger("zero_core")
 
 
 def _stage3_units(model: torch.nn.Module, trainable: set[int]) -> tuple[list[torch.nn.Parameter], list[int], list]:
-    """Order parameters by owning module; each module with its own trainable parameters is a unit.
+    """Order parameters by unit: each child of an nn.ModuleList (a transformer block) is one unit with
+    its whole subtree; elsewhere each module with its own parameters is a unit.
 
-    A module that reuses a parameter owned elsewhere (tied embeddings) needs the owner's unit too.
+    Block-sized units keep all-gathers and reduce-scatters large; a module that reuses a parameter
+    owned by another unit (tied embeddings) needs that unit gathered too.
     """
     owner: dict[int, int] = {}
     ordered: list[torch.nn.Parameter] = []
     bounds: list[int] = []
     units: list[tuple[torch.nn.Module, tuple[int, ...]]] = []
-    for module in model.modules():
-        direct = [p for p in module._parameters.values() if p is not None and id(p) in trainable]
-        own = [p for p in dict.fromkeys(direct) if id(p) not in owner]
+
+    def add_unit(module: torch.nn.Module, params: list[torch.nn.Parameter]) -> None:
+        params = [p for p in dict.fromkeys(params) if id(p) in trainable]
+        own = [p for p in params if id(p) not in owner]
         if own:
             bounds.append(len(ordered))
             for p in own:
                 owner[id(p)] = len(bounds) - 1
                 ordered.append(p)
-        needed = tuple(dict.fromkeys(owner[id(p)] for p in direct))
+        needed = tuple(dict.fromkeys(owner[id(p)] for p in params))
         if needed:
             units.append((module, needed))
+
+    def visit(module: torch.nn.Module, is_block: bool) -> None:
+        if is_block:
+            add_unit(module, list(module.parameters()))
+            return
+        add_unit(module, [p for p in module._parameters.values() if p is not None])
+        for child in module.children():
+            visit(child, isinstance(module, torch.nn.ModuleList))
+
+    visit(model, False)
     return ordered, bounds, units
 
 
@@ -107,7 +120,7 @@ class Engine:
                 units, layout, full, self._local,
                 persistence_threshold=zero.stage3_param_persistence_threshold,
                 prefetch_numel=zero.stage3_prefetch_bucket_size, max_live_numel=zero.stage3_max_live_parameters,
-                side=self.side,
+                side=comm.SideStream(self.device),  # its own stream: prefetches must not queue behind reductions
             )
         self.reducer = GradReducer(
             params, layout, self.optimizer, stage=self.stage, comm_dtype=cfg.comm_dtype, side=self.side,

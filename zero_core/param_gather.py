@@ -75,6 +75,7 @@ class ParamGatherer:
         self.held_for_backward = [False] * len(self.full)
         self.fresh = [False] * len(self.full)  # gathered since the last optimizer step
         self.pending: dict[int, torch.cuda.Event] = {}
+        self.live_numel = sum(g.padded_numel for g in layout.groups)  # full buffers allocated (all, until freed below)
         self.order: list[int] = []  # forward order of units, recorded on the first step
         self.recording = True
         self._handles = []
@@ -89,7 +90,9 @@ class ParamGatherer:
         return self.layout.groups[g].padded_numel * self.full[g].element_size()
 
     def _free(self, g: int) -> None:
-        self.full[g].untyped_storage().resize_(0)
+        if self._is_allocated(g):
+            self.full[g].untyped_storage().resize_(0)
+            self.live_numel -= self.layout.groups[g].padded_numel
         self.fresh[g] = False
 
     def _is_allocated(self, g: int) -> bool:
@@ -99,6 +102,7 @@ class ParamGatherer:
         """Allocate (on the compute stream) and all-gather unit g, on the side stream if asynchronous."""
         if not self._is_allocated(g):
             self.full[g].untyped_storage().resize_(self._nbytes(g))
+            self.live_numel += self.layout.groups[g].padded_numel
         group = self.layout.groups[g]
         shard = self.local[group.partition_offset : group.partition_offset + group.shard_numel]
         if asynchronous and self.side.stream is not None:
@@ -129,14 +133,12 @@ class ParamGatherer:
         seq = self.order[::-1] if backward else self.order
         pos = seq.index(after)
         budget = self.prefetch_numel
-        live = sum(self.layout.groups[g].padded_numel for g in range(len(self.full)) if self._is_allocated(g))
         for g in seq[pos + 1 :]:
             size = self.layout.groups[g].padded_numel
-            if budget < size or live + size > self.max_live_numel:
+            if budget <= 0 or self.live_numel + size > self.max_live_numel:
                 break
             if not self.fresh[g] and g not in self.pending:
                 self._issue_gather(g, asynchronous=True)
-                live += size
             budget -= size
 
     # -- hooks ------------------------------------------------------------------------------------

@@ -11,6 +11,11 @@ if [ "$mode" = quick ]; then
   for stage in 0 1 2 3; do
     python3 -m zbench.cli train --model gpt2 --gpus 2 --stage $stage --precision bf16 --seq-len 1024 --micro-batch 8 --steps 10 --warmup 3 --lr 3e-4 2>&1 | grep -E "^(done|step|Traceback|Error|error)|Error" | tee -a "$OUT/train_gpt2.txt"
   done
+elif [ "$mode" = overlap ]; then
+  python3 docs/benchmarks/scripts/fwd_bwd_floor.py --model gpt2-xl 2>&1 | tee "$OUT/floor.txt"
+  for stage in 1 2 3; do
+    python3 -m zbench.cli train --model gpt2-xl --gpus 2 --config docs/benchmarks/scripts/gpt2xl_stage$stage.json --seq-len 1024 --steps 8 --warmup 3 2>&1 | grep -E "^(done|Traceback)|Error" | tee -a "$OUT/train_gpt2xl_overlap.txt"
+  done
 else
   for stage in 0 1 2 3; do
     python3 -m zbench.cli train --model gpt2-xl --gpus 2 --stage $stage --precision bf16 --seq-len 1024 --micro-batch 8 --steps 8 --warmup 3 --lr 1e-4 2>&1 | grep -E "^(done|step|Traceback)|Error" | tee -a "$OUT/train_gpt2xl.txt"
