@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
-
 from . import zbench_format as fmt
+from .safetensors_read import SafetensorsFile
 from .source import CheckpointError, ParamInfo, SourceSummary
 
 
@@ -24,15 +22,11 @@ class FragmentReader:
             for index, param_start, offset, numel in frags:
                 self.by_param[index].append((fname, param_start, offset, numel))
         self.index_of = {p["name"]: i for i, p in enumerate(manifest["params"]) if p.get("slot") is not None}
-        self._stack = ExitStack()
-        self._handles: dict[str, Any] = {}
+        self._handles: dict[str, SafetensorsFile] = {}
 
-    def _handle(self, fname: str) -> Any:
+    def _handle(self, fname: str) -> SafetensorsFile:
         if fname not in self._handles:
-            try:
-                self._handles[fname] = self._stack.enter_context(safe_open(str(self.folder / fname), "pt", device="cpu"))
-            except Exception as e:  # safetensors raises its own error types for damaged headers
-                raise CheckpointError(f"{self.folder / fname} cannot be read ({e}); restore it or load an earlier checkpoint")
+            self._handles[fname] = SafetensorsFile(self.folder / fname)
         return self._handles[fname]
 
     def files_for(self, names: list[str]) -> list[str]:
@@ -48,14 +42,14 @@ class FragmentReader:
             lo, hi = max(start, p_start), min(end, p_start + numel)
             if lo >= hi:
                 continue
-            sl = self._handle(fname).get_slice(key)
-            out[lo - start : hi - start].copy_(sl[offset + lo - p_start : offset + hi - p_start])
+            self._handle(fname).read_into(key, offset + lo - p_start, out[lo - start : hi - start])
             covered += hi - lo
         if covered != out.numel():
             raise CheckpointError(f"{self.folder}: fragments of {name} cover {covered} of {out.numel()} elements; the manifest is damaged")
 
     def close(self) -> None:
-        self._stack.close()
+        for h in self._handles.values():
+            h.close()
         self._handles.clear()
 
 
@@ -77,8 +71,8 @@ class ZbenchSource:
         if entry.get("tied_to"):
             return self.load(entry["tied_to"])
         if not entry["trainable"]:
-            with safe_open(str(self.folder / fmt.FROZEN_FILE), "pt", device="cpu") as f:
-                t = f.get_tensor(name)
+            with SafetensorsFile(self.folder / fmt.FROZEN_FILE) as f:
+                t = f.read(name)
             return t.float() if t.is_floating_point() else t
         out = torch.empty(int(torch.Size(entry["shape"]).numel()), dtype=torch.float32)
         self.reader.read_into(out, name, "master", 0)

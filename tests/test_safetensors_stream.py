@@ -36,3 +36,27 @@ def test_misuse_is_reported(tmp_path):
     w.write(torch.zeros(3))
     with pytest.raises(ValueError, match="closed before"):
         w.close()
+
+
+def test_positioned_reads_match_safetensors(tmp_path):
+    from safetensors.torch import save_file
+
+    from checkpoints.safetensors_read import SafetensorsFile
+    from checkpoints.source import CheckpointError
+
+    t = {"a": torch.randn(1000), "b": torch.randn(3, 5).to(torch.float16)}
+    save_file(t, str(tmp_path / "z.safetensors"))
+    with SafetensorsFile(tmp_path / "z.safetensors") as f:
+        out = torch.empty(17)
+        f.read_into("a", 400, out)
+        assert torch.equal(out, t["a"][400:417])
+        assert torch.equal(f.read("b"), t["b"])
+        with pytest.raises(ValueError, match="outside"):
+            f.read_into("a", 990, torch.empty(17))
+    data = (tmp_path / "z.safetensors").read_bytes()
+    (tmp_path / "short.safetensors").write_bytes(data[:-10])
+    with pytest.raises(CheckpointError, match="truncated"):
+        SafetensorsFile(tmp_path / "short.safetensors")
+    (tmp_path / "junk.safetensors").write_bytes(b"\xff" * 64)
+    with pytest.raises(CheckpointError, match="not a readable safetensors"):
+        SafetensorsFile(tmp_path / "junk.safetensors")

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 
 from checkpoints import zbench_format as fmt
+from checkpoints.safetensors_read import SafetensorsFile
 from checkpoints.source import CheckpointError
 from checkpoints.zbench_source import FragmentReader
 
@@ -159,12 +160,10 @@ def load(engine: "Engine", load_dir: str | os.PathLike, tag: str | None = None) 
         finally:
             reader.close()
         state = engine.module.state_dict(keep_vars=True)
-        from safetensors import safe_open
-
-        with safe_open(str(folder / fmt.FROZEN_FILE), "pt", device="cpu") as fz:
+        with SafetensorsFile(folder / fmt.FROZEN_FILE) as fz:
             for e in current:
                 if not e["trainable"] and not e["tied_to"]:
-                    state[e["name"]].data.copy_(fz.get_tensor(e["name"]))
+                    state[e["name"]].data.copy_(fz.read(e["name"]))
         engine.refresh_working_weights()
         o = manifest["optimizer"]
         opt.applied.fill_(o["applied"])
