@@ -14,8 +14,10 @@ STEPS = 6
 CKPT_LR = 1e-4  # small steps keep Adam's amplification of reduction-order noise far under 1e-6
 
 
-def config(stage: int, world: int) -> dict:
+def config(stage: int, world: int, offload: bool = False) -> dict:
     cfg = ds_config(stage, "fp32", GLOBAL_BATCH // world)
+    if offload:
+        cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     cfg["optimizer"]["params"]["lr"] = CKPT_LR
     return cfg
 
@@ -49,11 +51,11 @@ def uninterrupted_and_save(rank: int, world: int, stage: int, ckpt: str, save_at
     return {"losses": losses, "state": state, "saved_state": part.full_state_dict()}
 
 
-def resume(rank: int, world: int, stage: int, ckpt: str) -> dict:
+def resume(rank: int, world: int, stage: int, ckpt: str, offload: bool = False) -> dict:
     """Load the latest checkpoint into a fresh engine and train to STEPS."""
     import zero_core
 
-    engine = zero_core.initialize(make_model(), config(stage, world))
+    engine = zero_core.initialize(make_model(), config(stage, world, offload))
     client = engine.load_checkpoint(ckpt)
     start = client["next_batch"]
     assert engine.global_step == start

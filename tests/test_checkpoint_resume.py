@@ -42,9 +42,10 @@ def test_resume_on_other_world_size_and_stage(saved, world, stage):
     assert _max_diff(got["state"], base["state"]) < TOL
 
 
-def test_resume_on_one_rank_at_stage_1(saved):
+@pytest.mark.parametrize("offload", [False, True])
+def test_resume_on_one_rank_at_stage_1(saved, offload):
     ckpt, base = saved
-    got = resume(0, 1, 1, str(ckpt))  # a world of one needs no process group
+    got = resume(0, 1, 1, str(ckpt), offload)  # a world of one needs no process group
     assert got["losses"] == pytest.approx(base["losses"][3:], abs=TOL)
     assert _max_diff(got["state"], base["state"]) < TOL
 

@@ -128,11 +128,18 @@ def test_fp16_and_bf16_both_enabled():
     assert "fp16.enabled" in msg and "bf16.enabled" in msg and "only one" in msg
 
 
-def test_offload_not_supported_yet():
-    for name, device in [("offload_optimizer", "cpu"), ("offload_optimizer", "nvme"), ("offload_param", "cpu")]:
-        msg = error({**MB, "zero_optimization": {"stage": 3, name: {"device": device}}})
-        assert msg == (f"zero_optimization.{name}.device='{device}' is not supported yet "
-                       "(offload lands with the offload issue); set it to 'none'")
+def test_nvme_offload_not_supported_yet():
+    for name in ("offload_optimizer", "offload_param"):
+        msg = error({**MB, "zero_optimization": {"stage": 3, name: {"device": "nvme", "nvme_path": "/tmp"}}})
+        assert msg == f"zero_optimization.{name}.device='nvme' is not supported yet; use 'cpu' or 'none'"
+
+
+def test_cpu_offload_accepted_at_stages_1_to_3_only():
+    for stage in (1, 2, 3):
+        cfg = load_config({**MB, "zero_optimization": {"stage": stage, "offload_optimizer": {"device": "cpu"}}}, 2)
+        assert cfg.zero_optimization.offload_optimizer.device == "cpu"
+    msg = error({**MB, "zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}})
+    assert "offload_optimizer needs stage 1, 2 or 3" in msg
 
 
 def test_offload_param_needs_stage_3():
@@ -383,11 +390,11 @@ def _offload_devices(raw: dict) -> list[str]:
 @pytest.mark.parametrize("name, raw", SEED_CONFIGS, ids=[n for n, _ in SEED_CONFIGS])
 def test_seed_config_parses(name, raw):
     raw = copy.deepcopy(raw)
-    if any(d != "none" for d in _offload_devices(raw)):
-        assert "is not supported yet" in error(raw)  # every key was accepted; only offload itself is refused
+    if any(d == "nvme" for d in _offload_devices(raw)):
+        assert "is not supported yet" in error(raw)  # every key was accepted; only NVMe offload itself is refused
         for k in ("offload_optimizer", "offload_param"):
             if k in raw["zero_optimization"]:
-                raw["zero_optimization"][k]["device"] = "none"
+                raw["zero_optimization"][k]["device"] = "cpu"
     cfg = load_config(raw, 2)
     assert all(isinstance(getattr(cfg, k), int) for k in
                ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"))

@@ -16,7 +16,14 @@ CASES_W2 = (
     + [{"stage": s, "dtype": "bf16", "micro": 2, "steps": STEPS} for s in range(4)]
     + [{"stage": s, "dtype": "fp32", "micro": 1, "gas": 4, "steps": 3} for s in (0, 1, 2, 3)]
     + [{"stage": s, "dtype": "fp32", "micro": 2, "steps": STEPS, "clip": 0.05} for s in (0, 2, 3)]
+    + [{"stage": 2, "dtype": "fp32", "micro": 1, "gas": 4, "steps": 3, "clip": 0.05}]
     + [{"stage": s, "dtype": "fp16", "micro": 2, "steps": 4, "inject_inf_at": 2} for s in (1, 3)]
+    + [{"stage": s, "dtype": "fp32", "micro": 2, "steps": STEPS, "zero": {"offload_optimizer": {"device": "cpu"}}} for s in (1, 2, 3)]
+    + [{"stage": 3, "dtype": "fp32", "micro": 2, "steps": STEPS,
+        "zero": {"offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}},
+       {"stage": 3, "dtype": "fp32", "micro": 2, "steps": STEPS, "zero": {"offload_param": {"device": "cpu"}}},
+       {"stage": 2, "dtype": "bf16", "micro": 2, "steps": STEPS, "zero": {"offload_optimizer": {"device": "cpu"}}},
+       {"stage": 2, "dtype": "fp32", "micro": 1, "gas": 4, "steps": 3, "clip": 0.05, "zero": {"offload_optimizer": {"device": "cpu"}}}]
 )
 CASES_W3 = [{"stage": s, "dtype": "fp32", "micro": 1, "steps": STEPS} for s in range(4)] + [
     {"stage": 3, "dtype": "bf16", "micro": 1, "steps": STEPS},
@@ -42,6 +49,7 @@ def _needs_ranks(request, results):
 
 def _case_id(c: dict) -> str:
     extra = "".join(f"-{k}{c[k]}" for k in ("gas", "clip", "inject_inf_at") if k in c)
+    extra += "".join(f"-{k.split('_')[1]}" for k in c.get("zero", {}) if k.startswith("offload"))
     return f"stage{c['stage']}-{c['dtype']}{extra}"
 
 
@@ -99,3 +107,15 @@ def test_fp16_overflow_skips_exactly_that_step(results, world, i, case):
     assert sums[k] == sums[k - 1]
     assert all(sums[j] != sums[j - 1] for j in range(1, len(sums)) if j != k)
     assert got["frozen_grad"] is False
+
+
+OFFLOAD = [(w, i, c) for w, i, c in ALL if any(k.startswith("offload") for k in c.get("zero", {}))]
+
+
+@pytest.mark.parametrize("world,i,case", OFFLOAD, ids=[f"w{w}-{_case_id(c)}" for w, _, c in OFFLOAD])
+def test_offload_equals_no_offload(results, world, i, case):
+    """Moving optimizer state or stage-3 weights to the host changes where, not what, is computed."""
+    twin = next(j for j, c in enumerate(CASES_W2) if {**c, "zero": {}} == {**case, "zero": {}} and not c.get("zero"))
+    got, ref = results[world][i], results[world][twin]
+    assert got["losses"] == pytest.approx(ref["losses"], abs=1e-6)
+    assert _max_state_diff(got["state"], ref["state"]) < 1e-6

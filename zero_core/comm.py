@@ -76,6 +76,30 @@ def all_gather_flat(full: torch.Tensor, shard: torch.Tensor) -> None:
         full.data.copy_(shard)
 
 
+def host_buffer(numel: int, dtype: torch.dtype, pin: bool) -> torch.Tensor:
+    """A CPU buffer, page-locked when a GPU will copy to or from it (async copies need pinned memory)."""
+    pinned = pin and torch.cuda.is_available()
+    try:
+        return torch.zeros(numel, dtype=dtype, pin_memory=pinned)
+    except RuntimeError as e:
+        gib = numel * torch.empty((), dtype=dtype).element_size() / 2**30
+        raise MemoryError(f"cannot allocate {gib:.2f} GiB of {'pinned ' if pinned else ''}host memory for offload "
+                          f"({str(e).splitlines()[0]}); free host memory, use more ranks, or turn offload off") from None
+
+
+def all_reduce_sum_on(t: torch.Tensor, device: torch.device) -> None:
+    """In-place sum of `t` across ranks, hopping to `device` when the backend cannot reach t's device
+    (NCCL only sees GPU memory; offloaded optimizer statistics live on the CPU)."""
+    if world_size() == 1:
+        return
+    if t.device == device:
+        dist.all_reduce(t)
+    else:
+        tmp = t.to(device)
+        dist.all_reduce(tmp)
+        t.copy_(tmp)
+
+
 def broadcast_(t: torch.Tensor, src: int = 0) -> None:
     """Overwrite `t` with rank `src`'s value."""
     if world_size() > 1:

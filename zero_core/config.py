@@ -197,6 +197,9 @@ def _check_consistency(cfg: ZeroConfig) -> None:
                           "remove offload_param or set the stage to 3")
     for name in ("offload_optimizer", "offload_param"):
         section = getattr(zero, name)
-        if section is not None and section.device != "none":
-            raise ConfigError(f"zero_optimization.{name}.device={section.device!r} is not supported yet "
-                              "(offload lands with the offload issue); set it to 'none'")
+        if section is not None and section.device == "nvme":
+            raise ConfigError(f"zero_optimization.{name}.device='nvme' is not supported yet; "
+                              "use 'cpu' or 'none'")
+    if zero.offload_optimizer is not None and zero.offload_optimizer.device == "cpu" and zero.stage == 0:
+        raise ConfigError("zero_optimization.offload_optimizer needs stage 1, 2 or 3 but zero_optimization.stage is 0; "
+                          "set the stage to 1-3 or the offload device to 'none'")

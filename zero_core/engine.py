@@ -97,13 +97,19 @@ class Engine:
         self.params = params
         self._cast_frozen_and_buffers(model, {id(p) for p in params})
 
-        master, full = self._flatten(params, layout)
-        self.scaler = LossScaler(cfg, self.device)
+        # offload: fp32 master, moments and gradient partition (and at stage 3 the 16-bit shards) in host memory
+        off_opt, off_param = zero.offload_optimizer, zero.offload_param
+        self.offload_optimizer = off_opt is not None and off_opt.device == "cpu"
+        self.offload_param = off_param is not None and off_param.device == "cpu"
+        state_device = torch.device("cpu") if self.offload_optimizer else self.device
+        pin = self.offload_optimizer  # pinned whatever pin_memory says: the copy/compute overlap needs it
+        master, full = self._flatten(params, layout, state_device, pin)
+        self.scaler = LossScaler(cfg, state_device)
         opt = cfg.optimizer
         self.optimizer = ShardedAdamW(
             master, betas=tuple(opt.params.betas), eps=opt.params.eps, weight_decay=opt.params.weight_decay,
             decoupled=opt.decoupled, clip=float(cfg.gradient_clipping or 0.0), lr_at=make_lr_schedule(cfg),
-            shard_stats=self.stage > 0,
+            shard_stats=self.stage > 0, comm_device=self.device, pin=pin,
         )
         self._full = full
         self.side = comm.SideStream(self.device, enabled=zero.overlap_comm or self.stage == 3)
@@ -111,10 +117,19 @@ class Engine:
         if self.stage == 0:
             self._local = self._flat_working  # the whole flat buffer is this rank's partition
         else:
-            self._local = torch.empty(layout.partition_numel, dtype=self.dtype, device=self.device)
+            local_on_host = self.offload_param
+            self._local = (comm.host_buffer(layout.partition_numel, self.dtype, pin=True) if local_on_host
+                           else torch.empty(layout.partition_numel, dtype=self.dtype, device=self.device))
             for g in layout.groups:
                 lo, hi = layout.shard_range(g.index, self.rank)
                 self._local[g.partition_offset : g.partition_offset + g.shard_numel].copy_(full[g.index][lo:hi])
+        # the optimizer writes its working-precision output where it runs; publishing copies it across if needed
+        if self._local.device == state_device:
+            self._opt_out = self._local
+        elif state_device.type == "cpu":
+            self._opt_out = comm.host_buffer(layout.partition_numel, self.dtype, pin=True)
+        else:
+            self._opt_out = torch.empty(layout.partition_numel, dtype=self.dtype, device=state_device)
         if self.stage == 3:
             self.gatherer = ParamGatherer(
                 units, layout, full, self._local,
@@ -123,7 +138,7 @@ class Engine:
                 side=comm.SideStream(self.device),  # its own stream: prefetches must not queue behind reductions
             )
         self.reducer = GradReducer(
-            params, layout, self.optimizer, stage=self.stage, comm_dtype=cfg.comm_dtype, side=self.side,
+            params, layout, self.optimizer, stage=self.stage, comm_dtype=cfg.comm_dtype, side=self.side, device=self.device,
             on_group_reduced=self.gatherer.on_group_reduced if self.gatherer else None,
         )
         self.overflow_log = OverflowLog(self.optimizer.skipped, self.scaler)
@@ -142,13 +157,15 @@ class Engine:
                     b.data = b.data.to(self.dtype)
                 comm.broadcast_(b.data)
 
-    def _flatten(self, params: list[torch.nn.Parameter], layout: FlatLayout) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def _flatten(self, params: list[torch.nn.Parameter], layout: FlatLayout, state_device: torch.device,
+                 pin: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Move parameters into flat buffers: fp32 master shards, working-precision full buffers.
 
         Masters come from the original fp32 values (broadcast from rank 0), not from their 16-bit cast.
         Stages 0-2 keep one contiguous working buffer; stage 3 needs one storage per unit to free it.
         """
-        master = torch.empty(layout.partition_numel, dtype=torch.float32, device=self.device)
+        master = (comm.host_buffer(layout.partition_numel, torch.float32, pin) if state_device.type == "cpu"
+                  else torch.empty(layout.partition_numel, dtype=torch.float32, device=self.device))
         if self.stage < 3:
             self._flat_working = torch.empty(sum(g.padded_numel for g in layout.groups), dtype=self.dtype, device=self.device)
         full: list[torch.Tensor] = []
@@ -196,12 +213,9 @@ class Engine:
     def step(self) -> None:
         """At an accumulation boundary: clip, update, refresh the working weights; otherwise only count."""
         if self.is_gradient_accumulation_boundary():
-            self.optimizer.step(out=self._local)
+            self.optimizer.step(out=self._opt_out)
             self.scaler.update(self.optimizer.overflow)
-            if self.stage in (1, 2):
-                self._all_gather_weights()
-            elif self.gatherer is not None:
-                self.gatherer.after_step()
+            self._publish_working()
             self.global_step += 1
             self.overflow_log.poll(self.global_step)
         self.micro_steps += 1
@@ -209,11 +223,17 @@ class Engine:
     def refresh_working_weights(self) -> None:
         """Rewrite the working-precision weights from the fp32 masters (after loading a checkpoint)."""
         with torch.no_grad():
-            self._local.copy_(self.optimizer.master)
-            if self.stage in (1, 2):
-                self._all_gather_weights()
-            elif self.gatherer is not None:
-                self.gatherer.after_step()
+            self._opt_out.copy_(self.optimizer.master)
+            self._publish_working()
+
+    def _publish_working(self) -> None:
+        """Make the updated working partition visible: copy it up from the host, then gather or mark stale."""
+        if self._opt_out is not self._local:
+            self._local.copy_(self._opt_out, non_blocking=True)
+        if self.stage in (1, 2):
+            self._all_gather_weights()
+        elif self.gatherer is not None:
+            self.gatherer.after_step()
 
     def _all_gather_weights(self) -> None:
         for g in self.layout.groups:
@@ -244,7 +264,7 @@ class Engine:
             shard = self.optimizer.master[g.partition_offset : g.partition_offset + g.shard_numel]
             if self.layout.world_size > 1:
                 full = torch.empty(g.padded_numel, dtype=torch.float32, device=self.device)
-                comm.all_gather_flat(full, shard)
+                comm.all_gather_flat(full, shard.to(self.device))
             else:
                 full = shard
             for s in g.slots:

@@ -28,6 +28,7 @@ class GradReducer:
         stage: int,
         comm_dtype: torch.dtype,
         side: comm.SideStream,
+        device: torch.device,
         on_group_reduced: Callable[[int], None] | None = None,
     ) -> None:
         self.params = list(params)
@@ -38,7 +39,12 @@ class GradReducer:
         self.side = side
         self.on_group_reduced = on_group_reduced
         self.keep_buffers = stage <= 1  # stages 0-1 accumulate full gradients across micro-steps
-        device = optimizer.master.device
+        self.device = device
+        # optimizer offload: reduced shards go to a pinned host staging area; the CPU folds them in
+        # as their copies land, while backward goes on
+        self.offload = optimizer.master.device != device
+        self.host_staging = comm.host_buffer(layout.partition_numel, comm_dtype, pin=True) if self.offload else None
+        self.host_pending: list[tuple[int, torch.Tensor, torch.cuda.Event | None]] = []
         self.buffers: list[torch.Tensor | None] = [
             torch.zeros(g.padded_numel, dtype=comm_dtype, device=device) if self.keep_buffers else None
             for g in layout.groups
@@ -64,12 +70,25 @@ class GradReducer:
             for g in range(len(self.layout.groups)):
                 if not self.reduced[g]:
                     self._reduce(g)
+        self._drain(block=True)
         self.side.join()
+
+    def _drain(self, block: bool) -> None:
+        """Fold landed host copies into the CPU gradient partition, in order; wait for them if `block`."""
+        while self.host_pending:
+            g, host, ev = self.host_pending[0]
+            if ev is not None and not block and not ev.query():
+                return
+            if ev is not None:
+                ev.synchronize()
+            assert self.scale is not None
+            self.opt.accumulate(host, self.layout.groups[g].partition_offset, self.scale, self.accumulate)
+            self.host_pending.pop(0)
 
     def _buffer(self, g: int) -> torch.Tensor:
         buf = self.buffers[g]
         if buf is None:
-            buf = torch.zeros(self.layout.groups[g].padded_numel, dtype=self.comm_dtype, device=self.opt.master.device)
+            buf = torch.zeros(self.layout.groups[g].padded_numel, dtype=self.comm_dtype, device=self.device)
             self.buffers[g] = buf
         return buf
 
@@ -100,7 +119,17 @@ class GradReducer:
             else:
                 reduced = torch.empty(group.shard_numel, dtype=self.comm_dtype, device=buf.device)
                 comm.reduce_scatter_sum(reduced, buf)
-            self.opt.accumulate(reduced, group.partition_offset, self.scale, self.accumulate)
+            if self.offload:
+                assert self.host_staging is not None
+                host = self.host_staging[group.partition_offset : group.partition_offset + reduced.numel()]
+                host.copy_(reduced, non_blocking=True)
+                ev = None
+                if reduced.is_cuda:
+                    ev = torch.cuda.Event()
+                    ev.record()
+                self.host_pending.append((g, host, ev))
+            else:
+                self.opt.accumulate(reduced, group.partition_offset, self.scale, self.accumulate)
             if self.keep_buffers:
                 buf.zero_()
             else:
@@ -109,6 +138,8 @@ class GradReducer:
         self.reduced[g] = True
         if self.on_group_reduced is not None:
             self.on_group_reduced(g)
+        if self.offload:
+            self._drain(block=False)
 
     def remove(self) -> None:
         """Detach the hooks from the parameters."""

@@ -105,14 +105,15 @@ class ParamGatherer:
             self.live_numel += self.layout.groups[g].padded_numel
         group = self.layout.groups[g]
         shard = self.local[group.partition_offset : group.partition_offset + group.shard_numel]
+        device = self.full[g].device
         if asynchronous and self.side.stream is not None:
             with self.side.after_current():
-                comm.all_gather_flat(self.full[g], shard)
+                comm.all_gather_flat(self.full[g], shard.to(device, non_blocking=True))  # offloaded shards come up first
                 ev = torch.cuda.Event()
                 ev.record()
             self.pending[g] = ev
         else:
-            comm.all_gather_flat(self.full[g], shard)
+            comm.all_gather_flat(self.full[g], shard.to(device, non_blocking=True))
         self.fresh[g] = True
 
     def _ensure(self, g: int) -> None:

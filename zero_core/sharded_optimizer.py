@@ -30,12 +30,17 @@ class ShardedAdamW:
         clip: float,
         lr_at: Callable[[torch.Tensor], torch.Tensor],
         shard_stats: bool,
+        comm_device: torch.device,
+        pin: bool = False,
     ) -> None:
         dev = master.device
         self.master = master
-        self.exp_avg = torch.zeros_like(master)
-        self.exp_avg_sq = torch.zeros_like(master)
-        self.grad = torch.zeros_like(master)
+        n = master.numel()
+        # offloaded (CPU) state is pinned so gradient and weight copies to and from the GPU run async
+        self.exp_avg, self.exp_avg_sq, self.grad = (
+            (comm.host_buffer(n, torch.float32, pin) for _ in range(3)) if dev.type == "cpu" else (torch.zeros_like(master) for _ in range(3))
+        )
+        self.comm_device = comm_device
         self.beta1, self.beta2 = betas
         self.eps, self.weight_decay, self.decoupled, self.clip = eps, weight_decay, decoupled, clip
         self.lr_at = lr_at
@@ -62,7 +67,7 @@ class ShardedAdamW:
         """Clip, update and write the working-precision copy into `out`; skipped on a non-finite gradient."""
         stats = torch.cat([self.sumsq, self.nonfinite.float()])
         if self.shard_stats:
-            comm.all_reduce_sum(stats)
+            comm.all_reduce_sum_on(stats, self.comm_device)
         self.grad_norm = stats[:1].sqrt()
         self.overflow = (stats[1:] > 0).to(torch.int32)
         if self.clip > 0:
