@@ -96,6 +96,28 @@ def test_reference_matches_torch_optim(decoupled: bool) -> None:
                                        msg=f"{name} step {step} seed {seed}")
 
 
+@pytest.mark.parametrize("decoupled", [True, False])
+@pytest.mark.parametrize("out_dtype", [None, torch.bfloat16])
+def test_cpu_fused_path_matches_reference(monkeypatch, decoupled: bool, out_dtype) -> None:
+    """The host kernel used for CPU training and optimizer offload computes what the reference does."""
+    from zero_core.kernels import cpu
+
+    seed, g = _gen()
+    n = 10007
+    ref = [torch.randn(n, generator=g) for _ in range(1)] + [torch.zeros(n), torch.zeros(n)]
+    ours = [t.clone() for t in ref]
+    outs = [None if out_dtype is None else torch.empty(n, dtype=out_dtype) for _ in range(2)]
+    for step, coef in ((1, 1.0), (2, 0.37), (3, 2.5)):
+        grad = torch.randn(n, generator=g)
+        kw = dict(**_scalars(3e-3, step, coef), beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, decoupled=decoupled)
+        R.adamw_step(ref[0], grad, ref[1], ref[2], outs[0], **kw)
+        cpu.adamw_step(ours[0], grad, ours[1], ours[2], outs[1], **kw)
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7, msg=f"seed {seed}")
+    if out_dtype is not None:
+        assert torch.equal(outs[1], ours[0].to(out_dtype))
+
+
 # ---------------------------------------------------------------- Triton vs reference
 
 
@@ -154,7 +176,7 @@ def test_epilogue_triton_matches_reference(monkeypatch, n: int, rdtype, accumula
 
 # ---------------------------------------------------------------- flags, skip, determinism (both backends)
 
-BACKENDS = ["torch", pytest.param("triton", marks=needs_triton)]
+BACKENDS = ["torch", "auto", pytest.param("triton", marks=needs_triton)]  # auto on CPU: torch's fused CPU Adam
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -216,7 +238,7 @@ def test_epilogue_sumsq_accumulates_and_is_deterministic(monkeypatch, backend: s
 def test_backend_selection(monkeypatch) -> None:
     cpu = torch.zeros(1)
     monkeypatch.delenv("ZERO_CORE_KERNELS", raising=False)
-    assert K.backend_for(cpu) == "torch"  # auto on CPU
+    assert K.backend_for(cpu) == "cpu"  # auto on CPU: the fused host kernel
     monkeypatch.setenv("ZERO_CORE_KERNELS", "torch")
     assert K.backend_for(cpu) == "torch"
     monkeypatch.setenv("ZERO_CORE_KERNELS", "cuda-please")

@@ -1,7 +1,8 @@
 """The two hot kernels of zero_core and their backend dispatch.
 
 Backend, from the env var ``ZERO_CORE_KERNELS`` (read at every call, so tests can switch it):
-  ``auto`` (default)  Triton when the tensor is on CUDA and triton imports, else the torch reference;
+  ``auto`` (default)  Triton when the tensor is on CUDA and triton imports; on the CPU, torch's fused
+                      CPU Adam (``cpu.py``) where this torch has it, else the torch reference;
   ``torch``           always the torch reference;
   ``triton``          always Triton (on CPU only under ``TRITON_INTERPRET=1``).
 Triton is imported lazily: ``import zero_core`` works without it, and TRITON_INTERPRET set by a test
@@ -38,14 +39,18 @@ def _triton_available() -> bool:
 
 
 def backend_for(t: Tensor) -> str:
-    """The backend (``"torch"`` or ``"triton"``) that a call on tensor ``t`` would use now."""
+    """The backend (``"torch"``, ``"cpu"`` or ``"triton"``) that a call on tensor ``t`` would use now."""
     mode = os.environ.get("ZERO_CORE_KERNELS", "auto").strip().lower()
     if mode not in _BACKENDS:
         raise ValueError(f"ZERO_CORE_KERNELS={mode!r} is not one of {', '.join(_BACKENDS)}")
     if mode == "torch":
         return "torch"
     if mode == "auto":
-        return "triton" if t.is_cuda and _triton_available() else "torch"
+        if t.is_cuda:
+            return "triton" if _triton_available() else "torch"
+        from . import cpu
+
+        return "cpu" if t.device.type == "cpu" and cpu.available() else "torch"
     if not _triton_available():
         raise ValueError("ZERO_CORE_KERNELS=triton but triton cannot be imported")
     if not t.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
@@ -57,8 +62,13 @@ def backend_for(t: Tensor) -> str:
 
 
 def _impl(t: Tensor, name: str) -> ModuleType:
-    if backend_for(t) == "torch":
+    backend = backend_for(t)
+    if backend == "torch":
         return reference
+    if backend == "cpu":
+        from . import cpu
+
+        return cpu
     if name == "epilogue":
         from . import triton_epilogue
 
