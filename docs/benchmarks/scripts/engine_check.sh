@@ -16,6 +16,11 @@ elif [ "$mode" = overlap ]; then
   for stage in 1 2 3; do
     python3 -m zbench.cli train --model gpt2-xl --gpus 2 --config docs/benchmarks/scripts/gpt2xl_stage$stage.json --seq-len 1024 --steps 8 --warmup 3 2>&1 | grep -E "^(done|Traceback)|Error" | tee -a "$OUT/train_gpt2xl_overlap.txt"
   done
+elif [ "$mode" = offload ]; then
+  ZB_TEST_DEVICE=cuda python3 -m pytest tests/test_engine_parity.py -q -p no:cacheprovider -k "offload or stage2" 2>&1 | tail -3 | tee "$OUT/parity_offload_cuda.txt"
+  for cfg in stage2_offload stage3_offload; do
+    python3 -m zbench.cli train --model gpt2-xl --gpus 2 --config docs/benchmarks/scripts/gpt2xl_$cfg.json --seq-len 1024 --steps 5 --warmup 2 2>&1 | grep -E "^(done|Traceback)|Error" | sed "s/^/$cfg: /" | tee -a "$OUT/train_gpt2xl_offload.txt"
+  done
 else
   for stage in 0 1 2 3; do
     python3 -m zbench.cli train --model gpt2-xl --gpus 2 --stage $stage --precision bf16 --seq-len 1024 --micro-batch 8 --steps 8 --warmup 3 --lr 1e-4 2>&1 | grep -E "^(done|step|Traceback)|Error" | tee -a "$OUT/train_gpt2xl.txt"
