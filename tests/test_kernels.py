@@ -118,6 +118,24 @@ def test_cpu_fused_path_matches_reference(monkeypatch, decoupled: bool, out_dtyp
         assert torch.equal(outs[1], ours[0].to(out_dtype))
 
 
+@pytest.mark.parametrize("rdtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_cpu_epilogue_matches_reference(rdtype, accumulate: bool) -> None:
+    from zero_core.kernels import cpu
+
+    seed, g = _gen()
+    n = 4099
+    reduced, acc0 = torch.randn(n, generator=g).to(rdtype), torch.randn(n, generator=g)
+    outs = []
+    for fn in (R.reduce_epilogue, cpu.reduce_epilogue):
+        acc, sumsq, nf = acc0.clone(), torch.tensor([2.0]), torch.zeros(1, dtype=torch.int32)
+        fn(reduced, acc, torch.tensor([0.25]), accumulate, sumsq, nf)
+        outs.append((acc, sumsq, nf))
+    assert torch.equal(outs[0][0], outs[1][0]), f"seed {seed}"
+    torch.testing.assert_close(outs[0][1], outs[1][1], rtol=1e-5, atol=0)
+    assert int(outs[1][2]) == 0
+
+
 # ---------------------------------------------------------------- Triton vs reference
 
 

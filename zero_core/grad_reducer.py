@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 import torch
 
 from . import comm
+from .host_folder import HostFolder
 from checkpoints.layout import FlatLayout
 from .sharded_optimizer import ShardedAdamW
 
@@ -44,7 +45,7 @@ class GradReducer:
         # as their copies land, while backward goes on
         self.offload = optimizer.master.device != device
         self.host_staging = comm.host_buffer(layout.partition_numel, comm_dtype, pin=True) if self.offload else None
-        self.host_pending: list[tuple[int, torch.Tensor, torch.cuda.Event | None]] = []
+        self.host_folder = HostFolder() if self.offload else None
         self.buffers: list[torch.Tensor | None] = [
             torch.zeros(g.padded_numel, dtype=comm_dtype, device=device) if self.keep_buffers else None
             for g in layout.groups
@@ -70,20 +71,9 @@ class GradReducer:
             for g in range(len(self.layout.groups)):
                 if not self.reduced[g]:
                     self._reduce(g)
-        self._drain(block=True)
+        if self.host_folder is not None:
+            self.host_folder.wait()
         self.side.join()
-
-    def _drain(self, block: bool) -> None:
-        """Fold landed host copies into the CPU gradient partition, in order; wait for them if `block`."""
-        while self.host_pending:
-            g, host, ev = self.host_pending[0]
-            if ev is not None and not block and not ev.query():
-                return
-            if ev is not None:
-                ev.synchronize()
-            assert self.scale is not None
-            self.opt.accumulate(host, self.layout.groups[g].partition_offset, self.scale, self.accumulate)
-            self.host_pending.pop(0)
 
     def _buffer(self, g: int) -> torch.Tensor:
         buf = self.buffers[g]
@@ -127,7 +117,9 @@ class GradReducer:
                 if reduced.is_cuda:
                     ev = torch.cuda.Event()
                     ev.record()
-                self.host_pending.append((g, host, ev))
+                assert self.host_folder is not None
+                scale, accumulate, offset = self.scale, self.accumulate, group.partition_offset
+                self.host_folder.submit(ev, lambda: self.opt.accumulate(host, offset, scale, accumulate))
             else:
                 self.opt.accumulate(reduced, group.partition_offset, self.scale, self.accumulate)
             if self.keep_buffers:
@@ -138,10 +130,10 @@ class GradReducer:
         self.reduced[g] = True
         if self.on_group_reduced is not None:
             self.on_group_reduced(g)
-        if self.offload:
-            self._drain(block=False)
 
     def remove(self) -> None:
-        """Detach the hooks from the parameters."""
+        """Detach the hooks from the parameters and stop the host thread."""
         for h in self._handles:
             h.remove()
+        if self.host_folder is not None:
+            self.host_folder.close()

@@ -1,0 +1,54 @@
+"""A background thread that folds offloaded gradient shards into the host gradient partition.
+
+With optimizer offload, each reduced shard is copied to pinned host memory on the side stream. Doing
+the fp32 accumulation on the autograd thread would stall backward (no new GPU work is queued while it
+waits for a copy); on its own thread the host work overlaps with the rest of backward. Torch ops
+release the GIL, so the two threads really run in parallel. Jobs run in submission order.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Callable
+
+import torch
+
+
+class HostFolder:
+    def __init__(self) -> None:
+        self._jobs: queue.Queue[tuple[torch.cuda.Event | None, Callable[[], None]] | None] = queue.Queue()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="zero_core-host-folder", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self._jobs.get()
+            try:
+                if item is None:
+                    return
+                event, job = item
+                if self._error is None:
+                    if event is not None:
+                        event.synchronize()  # the device-to-host copy has landed
+                    job()
+            except BaseException as e:  # surfaced on the training thread by wait()
+                self._error = e
+            finally:
+                self._jobs.task_done()
+
+    def submit(self, event: torch.cuda.Event | None, job: Callable[[], None]) -> None:
+        """Run `job` once `event` (if any) has completed."""
+        self._jobs.put((event, job))
+
+    def wait(self) -> None:
+        """Block until every submitted job ran; re-raise the first failure."""
+        self._jobs.join()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError(f"offloaded gradient accumulation failed: {error}") from error
+
+    def close(self) -> None:
+        self._jobs.put(None)
+        self._thread.join(timeout=5)
