@@ -93,5 +93,10 @@ def bench_kernels_cmd(numel: str, device: str | None) -> None:
     click.echo(format_rows(bench_kernels(numel=n, device=device)))
 
 
+from .cli_checkpoints import convert, inspect  # noqa: E402
+
+for _command in (convert, inspect):
+    main.add_command(_command)
+
 if __name__ == "__main__":
     sys.exit(main())

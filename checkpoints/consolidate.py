@@ -1,0 +1,156 @@
+"""Write any checkpoint source as consolidated safetensors, one parameter in memory at a time.
+
+Output: `out_dir/model.safetensors`, or when the total exceeds `max_shard_size`, Hugging Face-style
+shards `model-00001-of-0000N.safetensors` plus `model.safetensors.index.json`
+(`{"metadata": {"total_size": bytes}, "weight_map": {name: shard}}`). A tied parameter is stored
+once, under its owner's name; the index maps both names to that shard, and the single-file case
+records `alias.<name>: <owner>` in the safetensors metadata. Floating tensors are cast to `dtype`
+(from the fp32 the source gives); integer and bool buffers keep their dtype.
+
+Everything is written into a hidden temporary folder beside `out_dir` and renamed into place at the
+end, so a failure leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import torch
+
+from .safetensors_stream import StreamingWriter
+from .source import CheckpointError, CheckpointSource, ParamInfo
+
+_CHUNK = 1 << 22  # elements cast and written at a time: bounds the extra memory beyond one tensor
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes in a size such as "5GB" (10**9, as Hugging Face counts), "500MiB" or "1000"."""
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
+    if not m or m.group(2).upper() not in _UNITS:
+        raise ValueError(f"size {text!r} is not understood; write e.g. 5GB, 500MB, 2GiB or a number of bytes")
+    value = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    if value < 1:
+        raise ValueError(f"size {text!r} must be at least 1 byte")
+    return value
+
+
+def _out_dtype(info: ParamInfo, dtype: torch.dtype) -> torch.dtype:
+    stored = getattr(torch, info.dtype, None)
+    return dtype if not isinstance(stored, torch.dtype) or stored.is_floating_point else stored
+
+
+def _nbytes(info: ParamInfo, dtype: torch.dtype) -> int:
+    n = 1
+    for d in info.shape:
+        n *= d
+    return n * torch.empty((), dtype=dtype).element_size()
+
+
+def plan_shards(sizes: list[tuple[str, int]], max_shard_size: int) -> list[list[str]]:
+    """Greedy split in order: a new shard starts when the next tensor would pass the limit."""
+    shards: list[list[str]] = [[]]
+    used = 0
+    for name, size in sizes:
+        if shards[-1] and used + size > max_shard_size:
+            shards.append([])
+            used = 0
+        shards[-1].append(name)
+        used += size
+    return shards
+
+
+def check_out_dir(out_dir: str | Path) -> None:
+    """Refuse an output folder that already holds anything (or is a file)."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise CheckpointError(f"output folder {out_dir} already holds files; pass an empty or new --out")
+
+
+def write_consolidated(source: CheckpointSource, out_dir: str | Path, dtype: torch.dtype, max_shard_size: int,
+                       progress: bool = True) -> list[Path]:
+    """Stream every parameter of `source` into safetensors under `out_dir`; returns the files written."""
+    out_dir = Path(out_dir)
+    check_out_dir(out_dir)
+    infos = source.params()
+    stored = [i for i in infos if not i.tied_to]
+    out_dtypes = {i.name: _out_dtype(i, dtype) for i in stored}
+    shards = plan_shards([(i.name, _nbytes(i, out_dtypes[i.name])) for i in stored], max_shard_size)
+    names = (["model.safetensors"] if len(shards) == 1 else
+             [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))])
+    shard_of = {n: names[k] for k, shard in enumerate(shards) for n in shard}
+    by_name = {i.name: i for i in stored}
+    aliases = {i.name: i.tied_to for i in infos if i.tied_to}
+
+    missing = [p for p in [out_dir.parent, *out_dir.parent.parents] if not p.exists()]  # removed again on failure
+    tmp = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
+    tmp.mkdir(parents=True)
+    try:
+        with _progress(progress, sum(_nbytes(i, out_dtypes[i.name]) for i in stored)) as bar:
+            for fname, shard in zip(names, shards):
+                meta = {"format": "pt"}
+                if len(shards) == 1:
+                    meta.update({f"alias.{a}": o for a, o in aliases.items()})
+                w = StreamingWriter(tmp / fname, [(n, out_dtypes[n], by_name[n].shape) for n in shard], metadata=meta)
+                for n in shard:
+                    _write_one(w, source, by_name[n], out_dtypes[n])
+                    bar(n, _nbytes(by_name[n], out_dtypes[n]))
+                w.close()
+        if len(shards) > 1:
+            weight_map = {i.name: shard_of[i.tied_to or i.name] for i in infos}
+            total = sum(_nbytes(i, out_dtypes[i.name]) for i in stored)
+            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+            (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+            names.append("model.safetensors.index.json")
+        check_out_dir(out_dir)  # nobody wrote there meanwhile
+        if out_dir.exists():
+            out_dir.rmdir()  # empty: replaced by the finished folder
+        os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if missing:
+            shutil.rmtree(missing[-1], ignore_errors=True)
+        raise
+    return [out_dir / n for n in names]
+
+
+def _write_one(w: StreamingWriter, source: CheckpointSource, info: ParamInfo, dtype: torch.dtype) -> None:
+    t = source.load(info.name)
+    if tuple(t.shape) != tuple(info.shape):
+        raise CheckpointError(f"{info.name}: the checkpoint gives shape {tuple(t.shape)} but lists {info.shape}; it is inconsistent")
+    flat = t.reshape(-1)
+    for lo in range(0, flat.numel(), _CHUNK):  # an empty tensor writes nothing: the writer skips it
+        w.write(flat[lo:lo + _CHUNK].to(dtype))
+
+
+class _progress:
+    """A rich progress bar over bytes on stderr (or nothing); call it with (name, bytes) per tensor."""
+
+    def __init__(self, enabled: bool, total: int) -> None:
+        self.enabled, self.total = enabled, total
+
+    def __enter__(self):
+        try:  # rich comes with zbench; a bare torch + safetensors install converts without a bar
+            from rich.console import Console
+            from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+        except ImportError:
+            self.enabled = False
+        if not self.enabled:
+            return lambda name, n: None
+
+        self._p = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
+                           console=Console(stderr=True), transient=True)
+        self._p.__enter__()
+        task = self._p.add_task("writing", total=self.total)
+        return lambda name, n: self._p.update(task, advance=n, description=name[-40:])
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled:
+            self._p.__exit__(*exc)

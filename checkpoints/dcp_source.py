@@ -1,0 +1,178 @@
+"""Read a torch.distributed.checkpoint (DCP) folder, e.g. saved from FSDP2, one tensor at a time.
+
+Accepted: a folder with `.metadata` and `__{rank}_{n}.distcp` files written by `dcp.save` with the
+default FileSystemWriter. Which entries are model parameters:
+  - state dicts nested under "model" (`dcp.save({"model": ..., "optim": ...})`, as from
+    `get_state_dict(model, optim)`): every tensor under "model", named without the prefix;
+  - otherwise the top-level tensors (`dcp.save(model.state_dict())`); nested entries such as
+    optimizer state are not parameters and are skipped.
+Tied parameters are stored once per name by DCP, so each name is read on its own. No process
+group is needed: each `load(name)` asks `dcp.load` for that one key, which reads only the byte
+ranges of its chunks. `.metadata` is a pickle: we unpickle it with an allowlist of DCP's own
+metadata classes, so a crafted file cannot run code.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import pathlib
+import pickle
+import re
+import warnings
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .source import CheckpointError, ParamInfo, SourceSummary
+
+_DCP_MODULES = {"torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem",
+                "torch.distributed.checkpoint.planner", "torch.distributed.checkpoint._extension"}
+_SAFE = {("pathlib", n) for n in ("Path", "PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath")} | {
+    ("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
+    ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "slice")}
+
+
+def is_dcp_folder(folder: Path) -> bool:
+    """DCP's FileSystemWriter always writes `.metadata` next to its `.distcp` files."""
+    return (folder / ".metadata").is_file()
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        ok = (module, name) in _SAFE or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
+        if module in _DCP_MODULES:
+            ok = isinstance(getattr(__import__(module, fromlist=[name]), name, None), type)
+        if not ok:
+            raise pickle.UnpicklingError(f"{module}.{name} is not a DCP metadata class")
+        return super().find_class(module, name)
+
+
+def read_metadata(folder: Path) -> Any:
+    """Unpickle `folder/.metadata` with only DCP's metadata classes allowed."""
+    path = folder / ".metadata"
+    try:
+        with open(path, "rb") as f:
+            md = _MetadataUnpickler(f).load()
+    except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError, ImportError) as e:
+        raise CheckpointError(f"{path} is truncated, corrupt or not DCP metadata ({str(e)[:120]}); "
+                              "copy the folder again from where it was saved") from None
+    if not hasattr(md, "state_dict_metadata") or not hasattr(md, "storage_data"):
+        raise CheckpointError(f"{path} is not torch.distributed.checkpoint metadata")
+    return md
+
+
+class DcpSource:
+    """The logical per-parameter view of a torch.distributed.checkpoint folder."""
+
+    kind = "dcp"
+
+    def __init__(self, folder: Path) -> None:
+        from torch.distributed.checkpoint import FileSystemReader
+        from torch.distributed.checkpoint.metadata import StorageMeta, TensorStorageMetadata
+
+        self.folder = Path(folder)
+        self.metadata = md = read_metadata(self.folder)
+        if getattr(md, "storage_meta", None) is None:
+            md.storage_meta = StorageMeta()
+
+        class _Reader(FileSystemReader):  # serve the safely read metadata instead of pickle.load
+            def read_metadata(inner, *args: Any, **kwargs: Any) -> Any:
+                md.storage_meta.load_id = inner.load_id
+                return md
+
+        self._reader = _Reader(str(self.folder))
+        self._files = sorted({info.relative_path for info in md.storage_data.values()})
+        for rel in self._files:
+            if not (self.folder / rel).is_file():
+                raise CheckpointError(f"missing rank file {self.folder / rel}; copy it from the run that saved this checkpoint")
+        tensors = {k: v for k, v in md.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)}
+        paths = getattr(md, "planner_data", None) or {}
+        path_of = {k: tuple(paths.get(k) or k.split(".")) for k in tensors}
+        nested = any(p[0] == "model" and len(p) > 1 for p in path_of.values())
+        self._keys: dict[str, str] = {}  # parameter name -> DCP key
+        for key, p in path_of.items():
+            if nested and p[0] == "model" and len(p) > 1:
+                self._keys[".".join(str(x) for x in p[1:])] = key
+            elif not nested and (len(p) == 1 or key not in paths):
+                if not re.match(r"^(optim|optimizer)\.", key):
+                    self._keys[key] = key
+        if not self._keys:
+            raise CheckpointError(f"{self.folder} holds no model tensors (looked for keys under 'model.' or top-level tensors)")
+        self._tensors = tensors
+        self._infos = [ParamInfo(n, tuple(tensors[k].size), str(tensors[k].properties.dtype).removeprefix("torch."))
+                       for n, k in self._keys.items()]
+        self._step_key = next((k for k, p in path_of.items() if str(p[-1]) == "step" and math.prod(tensors[k].size) == 1), None)
+
+    def params(self) -> list[ParamInfo]:
+        """The model's tensors in save order (DCP keeps no frozen/tied distinction: all are listed)."""
+        return list(self._infos)
+
+    def _read(self, key: str) -> torch.Tensor:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
+
+        md = self._tensors[key]
+        out = torch.empty(tuple(md.size), dtype=md.properties.dtype)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "no process group: loading in a single process" is what we want
+                dcp.load({key: out}, storage_reader=self._reader)
+        except (Exception, CheckpointException) as e:  # DCP wraps per-rank failures in CheckpointException
+            items = [i for idx, i in self.metadata.storage_data.items() if idx.fqn == key]
+            problems = self._check(items) or [f"a file of {', '.join(sorted({i.relative_path for i in items}))} is unreadable"]
+            lines = [line for line in str(e).splitlines() if line.strip()]
+            raise CheckpointError(f"cannot read {key}: {problems[0]} "
+                                  f"({(lines[-1] if lines else type(e).__name__)[:100]}); copy the folder again") from None
+        return out
+
+    def load(self, name: str) -> torch.Tensor:
+        """The full tensor `name` on the CPU, fp32 if it is floating point."""
+        t = self._read(self._keys[name])
+        return t.float() if t.is_floating_point() else t
+
+    def summary(self) -> SourceSummary:
+        """Kind, step (from the optimizer state when saved), number of writing ranks, dtypes, size."""
+        dtypes: dict[str, int] = {}
+        for i in self._infos:
+            dtypes[i.dtype] = dtypes.get(i.dtype, 0) + math.prod(i.shape)
+        ranks = {m.group(1) for f in self._files if (m := re.match(r"__(\d+)_", pathlib.PurePath(f).name))}
+        size = sum(p.stat().st_size for p in self.folder.iterdir() if p.is_file())
+        step = int(self._read(self._step_key).item()) if self._step_key else None
+        return SourceSummary(kind=self.kind, path=str(self.folder), step=step, stage=None, world_size=len(ranks) or None,
+                             num_params=sum(dtypes.values()), dtypes=dtypes, bytes_on_disk=size,
+                             extra={"files": len(self._files)})
+
+    def verify(self) -> list[str]:
+        """Every chunk's bytes present and, for torch.save'd chunks, their zip CRCs intact; one line per bad file."""
+        return self._check(list(self.metadata.storage_data.values()))
+
+    def _check(self, items: list[Any]) -> list[str]:
+        bad: dict[str, str] = {}
+        for info in items:
+            path = self.folder / info.relative_path
+            if str(path) in bad:
+                continue
+            if not path.is_file():
+                bad[str(path)] = f"missing file {path}"
+            elif path.stat().st_size < info.offset + info.length:
+                bad[str(path)] = f"{path} is truncated ({path.stat().st_size} bytes, needs {info.offset + info.length})"
+            elif not getattr(info, "transform_descriptors", None) and not _chunk_ok(path, info.offset, info.length):
+                bad[str(path)] = f"{path} is corrupt: a chunk at byte {info.offset} fails its CRC check"
+        return list(bad.values())
+
+
+def _chunk_ok(path: Path, offset: int, length: int) -> bool:
+    """A torch.save'd chunk (a zip) passes its CRCs; raw chunks carry no checksum and pass."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        blob = f.read(length)
+    if not blob.startswith(b"PK"):
+        return True
+    try:
+        with zipfile.ZipFile(io.BytesIO(blob)) as zf:
+            return zf.testzip() is None
+    except (zipfile.BadZipFile, EOFError, ValueError):
+        return False

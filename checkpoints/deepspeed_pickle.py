@@ -1,0 +1,159 @@
+"""Load DeepSpeed's torch.save pickles safely, without DeepSpeed installed.
+
+DeepSpeed pickles a few of its own classes into checkpoints (the loss scaler, the ZeRO stage enum,
+the fragment addresses of `param_slice_mappings`, ...). We load with torch's weights-only unpickler,
+which refuses every global that is not allowlisted, and allowlist *inert stand-ins* registered
+under those DeepSpeed names: nothing from the file is ever imported or executed. Any other global
+is refused with a CheckpointError naming the file and the global.
+
+Files are opened with `mmap=True` when they use the zip format, so only the pages a caller
+touches are read from disk.
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .source import CheckpointError
+
+
+class DeepSpeedObject:
+    """Stand-in for a DeepSpeed object (loss scaler, config object): keeps its pickled attributes."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "DeepSpeedObject":
+        obj = super().__new__(cls)
+        obj.__dict__["_args"] = args
+        return obj
+
+    def __setstate__(self, state: Any) -> None:
+        if isinstance(state, tuple) and len(state) == 2:  # (dict state, slot state)
+            state = {**(state[0] or {}), **(state[1] or {})}
+        if isinstance(state, dict):
+            self.__dict__.update(state)
+
+    def __repr__(self) -> str:
+        return f"DeepSpeedObject({ {k: v for k, v in self.__dict__.items() if k != '_args'} })"
+
+
+class DeepSpeedEnum:
+    """Stand-in for a DeepSpeed Enum: pickle rebuilds enums as `Cls(value)`; we return the plain value."""
+
+    def __new__(cls, value: Any, *_: Any) -> Any:  # type: ignore[misc]
+        return value
+
+
+@dataclass
+class FragmentAddress:
+    """Stand-in for deepspeed.utils.tensor_fragment.fragment_address: a slice of a rank's flat partition."""
+
+    numel: int = 0
+    start: int = 0
+
+
+# DeepSpeed names that appear in ZeRO and universal checkpoints, mapped to inert stand-ins.
+STAND_INS: dict[str, type] = {
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler": DeepSpeedObject,
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler": DeepSpeedObject,
+    "deepspeed.runtime.fp16.loss_scaler.LossScalerBase": DeepSpeedObject,
+    "deepspeed.runtime.fp16.loss_scaler.LossScaleConfig": DeepSpeedObject,
+    "deepspeed.runtime.fp16.loss_scaler.LossScaleProfile": DeepSpeedEnum,
+    "deepspeed.runtime.zero.config.ZeroStageEnum": DeepSpeedEnum,
+    "deepspeed.runtime.zero.offload_config.OffloadDeviceEnum": DeepSpeedEnum,
+    "deepspeed.utils.tensor_fragment.fragment_address": FragmentAddress,
+    "deepspeed.checkpoint.universal_checkpoint.SubparamShape": DeepSpeedObject,
+}
+
+
+def load_pickle(path: Path, mmap: bool = True) -> Any:
+    """torch.load `path` on the CPU with DeepSpeed stand-ins; every failure is a one-line CheckpointError."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"missing file {path}; the checkpoint is incomplete: copy it again from where it was saved")
+    use_mmap = mmap and zipfile.is_zipfile(path)  # mmap needs the zip format (torch >= 1.6 default)
+    try:
+        with torch.serialization.safe_globals([(cls, name) for name, cls in STAND_INS.items()]):
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=use_mmap)
+    except pickle.UnpicklingError as e:
+        refused = re.search(r"GLOBAL ([\w.]+)|unrecognized function (\S+)|but got (\S+)", str(e))
+        if refused:
+            name = next(g for g in refused.groups() if g)
+            raise CheckpointError(
+                f"{path} references {name}, which zbench refuses to load (only tensors, plain containers and "
+                "DeepSpeed's checkpoint classes are accepted); is this really a checkpoint file?"
+            ) from None
+        raise CheckpointError(f"{path} is truncated or corrupt ({_first_line(e)}); copy the file again from where it was saved") from None
+    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile, KeyError, IndexError, TypeError) as e:
+        raise CheckpointError(
+            f"{path} is truncated or corrupt ({_first_line(e)}); copy the file again from where it was saved"
+        ) from None
+
+
+def _first_line(e: BaseException) -> str:
+    """The first sentence of an exception's message (torch's reader errors run on for lines)."""
+    lines = [line for line in str(e).splitlines() if line.strip()]
+    return (lines[0].split(". ")[0] if lines else type(e).__name__)[:120]
+
+
+def check_zip_file(path: Path) -> str | None:
+    """CRC-check every record of a torch.save zip file (DeepSpeed stores no checksums of its own).
+
+    torch.load does not verify the zip CRCs, so a flipped bit in tensor data would load silently;
+    this reads the whole file once, in chunks. Returns a one-line problem naming the file, or None.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return f"missing file {path}"
+    if not zipfile.is_zipfile(path):
+        return None if _legacy_pickle_ok(path) else f"{path} is truncated or corrupt (not a readable torch.save file)"
+    try:
+        with zipfile.ZipFile(path) as zf:
+            bad = zf.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, RuntimeError) as e:
+        return f"{path} is truncated or corrupt ({str(e)[:120]})"
+    return None if bad is None else f"{path} is corrupt: record {bad} fails its CRC check"
+
+
+def _legacy_pickle_ok(path: Path) -> bool:
+    """Pre-zip torch.save files carry no checksum: the best check is that they load."""
+    try:
+        load_pickle(path, mmap=False)
+    except CheckpointError:
+        return False
+    return True
+
+
+class MappedFiles:
+    """Rank files opened with mmap, shared by many `load(name)` calls and closed after `budget` bytes.
+
+    Pages read through a mapping stay resident (and count in RSS) until it is unmapped, so after
+    reading `budget` bytes we drop every open file: torch unmaps a file when its last tensor dies.
+    """
+
+    def __init__(self, budget: int = 64 << 20) -> None:
+        self.budget = budget
+        self._open: dict[Path, Any] = {}
+        self._read = 0
+
+    def get(self, path: Path) -> Any:
+        """The unpickled content of `path` (tensors memory-mapped, nothing read until touched)."""
+        path = Path(path)
+        if path not in self._open:
+            self._open[path] = load_pickle(path)
+        return self._open[path]
+
+    def touched(self, nbytes: int) -> None:
+        """Record `nbytes` copied out of the mappings; unmap everything past the budget."""
+        self._read += nbytes
+        if self._read > self.budget:
+            self.close()
+
+    def close(self) -> None:
+        self._open.clear()
+        self._read = 0

@@ -1,0 +1,139 @@
+"""Read a DeepSpeed ZeRO-1/2/3 checkpoint tag folder (e.g. `global_step1000/`) without DeepSpeed.
+
+Files read (data-parallel world size W; tensor/pipeline parallel size 1):
+  model states (see deepspeed_model_states.py): names, order, frozen parameters, buffers, ties
+  `[bf16_]zero_pp_rank_{r}_mp_rank_00_optim_states.pt` for r < W: the fp32 master partitions,
+      `single_partition_of_fp32_groups` (ZeRO-1/2) or `fp32_flat_groups` (ZeRO-3); where each
+      parameter lives in them is worked out by deepspeed_layout.py
+Trainable parameters come from the fp32 masters, whatever the run's precision (fp32, bf16, fp16).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import torch
+
+from . import deepspeed_layout as layout
+from .deepspeed_model_states import ModelStates
+from .deepspeed_pickle import MappedFiles, check_zip_file, load_pickle
+from .source import CheckpointError, ParamInfo, SourceSummary
+
+_CHUNK = 1 << 23  # elements copied per step: the pages read stay mapped only up to MappedFiles' budget
+OPTIM_RE = re.compile(r"^(bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
+
+
+def is_deepspeed_folder(folder: Path) -> bool:
+    """A DeepSpeed tag folder holds model-states or ZeRO optimizer files (and no universal `zero/` folder)."""
+    return not (folder / "zero").is_dir() and (
+        any(folder.glob("*_model_states.pt")) or any(folder.glob("*zero_pp_rank_*_optim_states.pt")))
+
+
+def summarize(kind: str, folder: Path, infos: list[ParamInfo], **fields) -> SourceSummary:
+    """A SourceSummary with dtype element counts (tied names counted once) and the folder's size on disk."""
+    dtypes: dict[str, int] = {}
+    for i in infos:
+        if not i.tied_to:
+            dtypes[i.dtype] = dtypes.get(i.dtype, 0) + math.prod(i.shape)
+    size = sum(f.stat().st_size for f in Path(folder).rglob("*") if f.is_file())
+    return SourceSummary(kind=kind, path=str(folder), num_params=sum(dtypes.values()), dtypes=dtypes,
+                         bytes_on_disk=size, **fields)
+
+
+class DeepSpeedSource:
+    """The logical per-parameter view of one DeepSpeed ZeRO checkpoint tag folder."""
+
+    kind = "deepspeed"
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        self._files = MappedFiles()
+        optim = self._find_optim_files()
+        self.model = ModelStates(self.folder, self._files, world_size=max(optim) + 1)
+        self.world_size = self.model.world_size
+        prefix = optim[min(optim)].name.split("zero_pp_rank_")[0]
+        self.optim_files = [self.folder / f"{prefix}zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(self.world_size)]
+        for f in self.optim_files:
+            if not f.is_file():
+                raise CheckpointError(f"missing rank file {f} (world size {self.world_size}); copy it from the run that saved this checkpoint")
+        metas = [load_pickle(f)["optimizer_state_dict"] for f in self.optim_files]
+        self.stage = int(metas[0].get("zero_stage", 0))  # ZeroStageEnum loads as its plain int value
+        if self.stage not in (1, 2, 3):
+            raise CheckpointError(f"{self.optim_files[0]}: ZeRO stage {self.stage} checkpoints are not supported (only 1, 2, 3)")
+        self._group_key = "fp32_flat_groups" if self.stage == 3 else "single_partition_of_fp32_groups"
+        sizes = [[int(t.numel()) for t in m[self._group_key]] for m in metas]
+        shapes = self.model.param_shapes
+        if self.stage == 3:
+            self._pieces = layout.stage3_pieces(shapes, self.world_size)
+        elif all("param_slice_mappings" in m for m in metas):
+            self._pieces = layout.stage12_from_mappings([m["param_slice_mappings"] for m in metas], sizes)
+        else:
+            self._pieces = layout.stage12_from_offsets(shapes, metas[0].get("param_alignment_paddings"), sizes)
+        for name in self.model.trainable:  # empty parameters have no fragment in the mappings
+            self._pieces.setdefault(name, [])
+        layout.check_pieces(self._pieces, self.model.trainable, [sum(s) for s in sizes], str(self.folder))
+        self.precision = "bf16" if prefix == "bf16_" else self.model.precision
+        self._infos = self.model.infos()
+        self._by_name = {i.name: i for i in self._infos}
+        self._files.close()
+
+    def _find_optim_files(self) -> dict[int, Path]:
+        found: dict[int, Path] = {}
+        for f in self.folder.glob("*_optim_states.pt"):
+            m = OPTIM_RE.match(f.name)
+            if not m:
+                raise CheckpointError(f"{f}: expert (MoE) optimizer files are not supported; only dense ZeRO checkpoints")
+            if m.group(3) != "00":
+                raise CheckpointError(f"{f}: tensor/pipeline-parallel DeepSpeed checkpoints are not supported (mp_rank {m.group(3)})")
+            found[int(m.group(2))] = f
+        if not found:
+            raise CheckpointError(f"no *_optim_states.pt files in {self.folder}; they hold the fp32 weights: "
+                                  "copy them from the run that saved this checkpoint")
+        return found
+
+    # -- the CheckpointSource protocol ---------------------------------------------------------
+    def params(self) -> list[ParamInfo]:
+        """Every state-dict entry in module order: trainable, frozen, buffers, tied aliases."""
+        return list(self._infos)
+
+    def load(self, name: str) -> torch.Tensor:
+        """The full tensor `name` on the CPU: fp32 for floating tensors; integer buffers keep their dtype."""
+        info = self._by_name[name]
+        if info.tied_to:
+            return self.load(info.tied_to)
+        if name not in self.model.trainable:
+            return self.model.load_untrained(name, info.shape)
+        out = torch.empty(math.prod(info.shape), dtype=torch.float32)
+        pos = 0
+        for p in self._pieces[name]:
+            for lo in range(0, p.numel, _CHUNK):
+                n = min(_CHUNK, p.numel - lo)
+                self._copy(p.rank, p.start + lo, out[pos:pos + n])
+                self._files.touched(n * 4)  # may unmap: _copy holds no tensor of the file any more
+                pos += n
+        return out.view(info.shape)
+
+    def _copy(self, rank: int, start: int, dst: torch.Tensor) -> None:
+        """Fill `dst` from rank `rank`'s partitions laid end to end, from `start` (may cross param groups)."""
+        groups = self._files.get(self.optim_files[rank])["optimizer_state_dict"][self._group_key]
+        pos = 0
+        for t in groups:
+            n = t.numel()
+            if start < n and pos < dst.numel():
+                take = min(dst.numel() - pos, n - start)
+                dst[pos:pos + take].copy_(t.reshape(-1)[start:start + take])
+                pos += take
+            start = max(0, start - n)
+
+    def summary(self) -> SourceSummary:
+        """Kind, step, stage, world size, element counts per dtype (tied counted once), bytes on disk."""
+        return summarize(self.kind, self.folder, self._infos, step=self.model.step, stage=self.stage,
+                         world_size=self.world_size,
+                         extra={"tag": self.folder.name, "precision": self.precision,
+                                "deepspeed_version": self.model.ds_version})
+
+    def verify(self) -> list[str]:
+        """CRC-check every rank file (DeepSpeed writes no checksums; torch.save's zip records have CRCs)."""
+        return [p for f in self.model.paths + self.optim_files if (p := check_zip_file(f))]

@@ -1,0 +1,93 @@
+"""Read a DeepSpeed universal checkpoint (the output of `ds_to_universal.py`) without DeepSpeed.
+
+Layout: `zero/<param name>/fp32.pt` (a dict whose 'param' entry is the full fp32 tensor, or the
+tensor itself), with `exp_avg.pt`, `exp_avg_sq.pt`, `step.pt` beside it, plus the source run's
+model-states files copied next to `zero/`. Optimizer parameters are read from their `fp32.pt`;
+frozen parameters, buffers and tied aliases from the model states (as for a ZeRO checkpoint).
+Without model-states files, every `zero/*/fp32.pt` is a parameter, in name order.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from .deepspeed_model_states import ModelStates
+from .deepspeed_pickle import MappedFiles, check_zip_file, load_pickle
+from .deepspeed_source import summarize
+from .source import CheckpointError, ParamInfo, SourceSummary
+
+
+def is_universal_folder(folder: Path) -> bool:
+    """A universal checkpoint has a `zero/` folder of per-parameter folders with `fp32.pt`."""
+    return (folder / "zero").is_dir() and any((folder / "zero").glob("*/fp32.pt"))
+
+
+def _param_of(obj: object, path: Path) -> torch.Tensor:
+    t = obj.get("param") if isinstance(obj, dict) else obj
+    if not isinstance(t, torch.Tensor):
+        raise CheckpointError(f"{path} holds no 'param' tensor; it is not a universal-checkpoint parameter file")
+    return t
+
+
+class UniversalSource:
+    """The logical per-parameter view of a DeepSpeed universal checkpoint folder."""
+
+    kind = "deepspeed-universal"
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        self.zero = self.folder / "zero"
+        self._files = MappedFiles()
+        has_states = (self.folder / "mp_rank_00_model_states.pt").is_file() or any(
+            self.folder.glob("zero_pp_rank_*_model_states.pt"))
+        self.model = ModelStates(self.folder, self._files) if has_states else None
+        if self.model:
+            self._infos = self.model.infos()
+            for i in self._infos:
+                if i.name in self.model.trainable and not self._fp32_path(i.name).is_file():
+                    raise CheckpointError(f"missing file {self._fp32_path(i.name)}; the universal checkpoint is incomplete: "
+                                          "run ds_to_universal.py again")
+        else:
+            self._infos = [ParamInfo(p.parent.name, tuple(_param_of(load_pickle(p), p).shape), "float32")
+                           for p in sorted(self.zero.glob("*/fp32.pt"))]
+        self._by_name = {i.name: i for i in self._infos}
+
+    def _fp32_path(self, name: str) -> Path:
+        return self.zero / name / "fp32.pt"
+
+    def params(self) -> list[ParamInfo]:
+        """Every state-dict entry, in the source model's order when its model states are present."""
+        return list(self._infos)
+
+    def load(self, name: str) -> torch.Tensor:
+        """The full tensor `name` on the CPU (fp32 for floating tensors)."""
+        info = self._by_name[name]
+        if info.tied_to:
+            return self.load(info.tied_to)
+        if self.model and name not in self.model.trainable:
+            return self.model.load_untrained(name, info.shape)
+        path = self._fp32_path(name)
+        t = _param_of(load_pickle(path), path)
+        if t.numel() != math.prod(info.shape):  # ZeRO-3 conversions store the flattened tensor
+            raise CheckpointError(f"{path} holds shape {tuple(t.shape)} but the model states say {info.shape}; "
+                                  "the folder mixes files from different conversions")
+        return t.float().clone().reshape(info.shape)
+
+    def summary(self) -> SourceSummary:
+        """Kind, the source run's step, stage and world size (when its model states are present), sizes."""
+        m = self.model
+        step = m.step if m else None
+        if step is None:
+            first = next(iter(self.zero.glob("*/step.pt")), None)
+            step = int(_param_of(load_pickle(first), first).item()) if first else None
+        return summarize(self.kind, self.folder, self._infos, step=step,
+                         stage=m.stage_hint if m else None, world_size=m.world_size if m else None,
+                         extra={"tag": self.folder.name, "precision": m.precision if m else None,
+                                "deepspeed_version": m.ds_version if m else None})
+
+    def verify(self) -> list[str]:
+        """CRC-check every .pt file of the folder (torch.save's zip records carry CRCs)."""
+        return [p for f in sorted(self.folder.rglob("*.pt")) if (p := check_zip_file(f))]

@@ -1,0 +1,118 @@
+"""Find the checkpoint a user points at and open it with the right reader.
+
+SRC may be a checkpoint folder itself or a parent folder with a pointer file (`latest`, or
+`latest_universal` for DeepSpeed universal checkpoints) naming a tag sub-folder; `tag=` picks a
+sub-folder explicitly. The kind is detected from the files in the chosen folder, in this order:
+  zbench               manifest.json
+  deepspeed-universal  zero/<param>/fp32.pt
+  deepspeed            *_model_states.pt or *zero_pp_rank_*_optim_states.pt
+  dcp                  .metadata
+Readers register with `register_source(kind, probe, opener)` (a later call replaces a kind).
+Every error is one CheckpointError line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .dcp_source import DcpSource, is_dcp_folder
+from .deepspeed_source import DeepSpeedSource, is_deepspeed_folder
+from .deepspeed_universal_source import UniversalSource, is_universal_folder
+from .source import CheckpointError, CheckpointSource
+
+Probe = Callable[[Path], bool]
+Opener = Callable[[Path], CheckpointSource]
+
+
+@dataclass
+class _Kind:
+    probe: Probe
+    opener: Opener | None
+    looks_for: str
+
+
+_KINDS: dict[str, _Kind] = {}
+
+
+def register_source(kind: str, probe: Probe, opener: Opener | None, looks_for: str = "") -> None:
+    """Register (or replace) a reader: `probe(folder)` says whether `opener(folder)` can read it."""
+    old = _KINDS.get(kind)
+    _KINDS[kind] = _Kind(probe, opener, looks_for or (old.looks_for if old else kind))
+
+
+def kinds() -> list[str]:
+    """The registered kinds, in detection order."""
+    return list(_KINDS)
+
+
+def _open_zbench(folder: Path) -> CheckpointSource:
+    from .zbench_source import ZbenchSource  # imported on demand: the native reader is optional here
+
+    return ZbenchSource(folder)
+
+
+register_source("zbench", lambda f: (f / "manifest.json").is_file(), _open_zbench, "manifest.json")
+register_source("deepspeed-universal", is_universal_folder, UniversalSource, "zero/<param>/fp32.pt")
+register_source("deepspeed", is_deepspeed_folder, DeepSpeedSource, "*_model_states.pt / *_optim_states.pt")
+register_source("dcp", is_dcp_folder, DcpSource, ".metadata")
+
+
+def _match(folder: Path, only: str | None) -> str | None:
+    if not folder.is_dir():
+        return None
+    return next((k for k, spec in _KINDS.items() if (only is None or k == only) and spec.probe(folder)), None)
+
+
+def _tags(root: Path, only: str | None) -> list[str]:
+    return sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith(".") and _match(d, only))
+
+
+def _refuse_other_kind(folder: Path, kind: str | None) -> None:
+    other = _match(folder, None) if kind else None
+    if other and other != kind:
+        raise CheckpointError(f"{folder} is a {other} checkpoint, not {kind}; drop --from or pass --from {other}")
+
+
+def resolve(path: str | Path, tag: str | None = None, kind: str | None = None) -> tuple[Path, str]:
+    """The checkpoint folder `path` (and `tag`) designate, and its kind."""
+    root = Path(path)
+    if kind is not None and kind not in _KINDS:
+        raise CheckpointError(f"unknown checkpoint kind {kind!r}; use one of {', '.join(_KINDS)}")
+    looked = ", ".join(_KINDS[k].looks_for for k in ([kind] if kind else _KINDS))
+    if not root.exists():
+        raise CheckpointError(f"{root} does not exist; pass a checkpoint folder")
+    if not root.is_dir():
+        raise CheckpointError(f"{root} is a file; pass the checkpoint folder that holds it")
+    found = _match(root, kind)
+    if found and (tag is None or tag == root.name):
+        return root, found
+    _refuse_other_kind(root, kind)
+    via = "--tag"
+    if tag is None:
+        pointers = ["latest_universal"] if kind == "deepspeed-universal" else ["latest", "latest_universal"]
+        pointer = next((root / p for p in pointers if (root / p).is_file()), None)
+        if pointer is None:
+            tags = _tags(root, kind)
+            hint = f"; it holds checkpoints {', '.join(tags)}: pass --tag with one of them" if tags else (
+                "; pass the folder that holds the checkpoint files")
+            raise CheckpointError(f"{root} is not a checkpoint folder (looked for latest, {looked}){hint}")
+        tag, via = pointer.read_text(encoding="utf-8", errors="replace").strip(), f"named by {pointer.name}"
+    folder = root / tag
+    found = _match(folder, kind)
+    _refuse_other_kind(folder, kind)
+    if not found:
+        tags = _tags(root, kind)
+        raise CheckpointError(f"tag {tag!r} ({via}) is not a checkpoint in {root}; tags present: "
+                              f"{', '.join(tags) or 'none'}; pass --tag with one of them")
+    return folder, found
+
+
+def open_source(path: str | Path, tag: str | None = None, kind: str | None = None) -> CheckpointSource:
+    """Open the checkpoint at `path` (a checkpoint folder, or its parent with `latest` / `tag`)."""
+    folder, found = resolve(path, tag, kind)
+    opener = _KINDS[found].opener
+    if opener is None:
+        raise CheckpointError(f"{folder} is a {found} checkpoint, but its reader is not available in this version")
+    return opener(folder)

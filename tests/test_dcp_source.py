@@ -1,0 +1,59 @@
+"""torch.distributed.checkpoint folders saved from FSDP2 read back as the model's full state dict."""
+
+from __future__ import annotations
+
+import pickle
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from checkpoint_helpers import DCP, flip_tensor_byte
+from checkpoints.dcp_source import DcpSource
+from checkpoints.detect import open_source
+from checkpoints.source import CheckpointError
+
+
+@pytest.mark.parametrize("folder", DCP, ids=lambda p: p.name)
+def test_matches_the_fsdp2_full_state_dict(folder):
+    src = open_source(folder)
+    assert isinstance(src, DcpSource)
+    expected = load_file(folder / "expected_full.safetensors")
+    assert [i.name for i in src.params()] == ["mix", "emb.weight", "lin1.weight", "lin1.bias", "norm.weight",
+                                              "norm.bias", "lin2.weight", "lin2.bias", "head.weight"]
+    for name, want in expected.items():
+        assert torch.equal(src.load(name), want), name
+    s = src.summary()
+    assert (s.kind, s.world_size, s.step) == ("dcp", 2, 2 if folder.name == "model_optim" else None)
+    assert src.verify() == []
+
+
+def test_crafted_metadata_cannot_run_code(tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (print, ("this must not run",))
+
+    (tmp_path / ".metadata").write_bytes(pickle.dumps(Evil()))
+    with pytest.raises(CheckpointError, match=r"\.metadata is truncated, corrupt or not DCP metadata"):
+        open_source(tmp_path)
+
+
+def test_truncated_and_flipped_chunk_files_are_named(tmp_path):
+    folder = tmp_path / "ck"
+    shutil.copytree(DCP[0], folder)
+    victim = folder / "__1_0.distcp"
+    chunk = max((i for i in DcpSource(folder).metadata.storage_data.values() if i.relative_path == victim.name), key=lambda i: i.length)
+    flip_tensor_byte(victim, base=chunk.offset, length=chunk.length)
+    problems = DcpSource(folder).verify()
+    assert len(problems) == 1 and "__1_0.distcp is corrupt" in problems[0]
+    data = (DCP[0] / victim.name).read_bytes()
+    victim.write_bytes(data[: len(data) // 3])
+    src = DcpSource(folder)
+    assert any("__1_0.distcp is truncated" in p for p in src.verify())
+    with pytest.raises(CheckpointError, match="__1_0.distcp"):
+        for info in src.params():
+            src.load(info.name)
+    victim.unlink()
+    with pytest.raises(CheckpointError, match=r"missing rank file .*__1_0\.distcp"):
+        DcpSource(folder)

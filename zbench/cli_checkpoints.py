@@ -1,0 +1,119 @@
+"""`zbench convert` and `zbench inspect`: checkpoint conversion and inspection on the command line.
+
+Both read any kind `checkpoints.detect` knows (zbench, DeepSpeed ZeRO-1/2/3, DeepSpeed universal,
+torch.distributed.checkpoint). User errors are one `Error: ...` line with the fix, and leave disk untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+
+import click
+import torch
+
+from checkpoints.consolidate import parse_size, write_consolidated
+from checkpoints.detect import kinds, open_source
+from checkpoints.source import CheckpointError, CheckpointSource
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return str(n)
+
+
+def _open(src: str, tag: str | None, kind: str | None) -> CheckpointSource:
+    try:
+        return open_source(src, tag=tag, kind=kind)
+    except CheckpointError as e:
+        raise click.ClickException(str(e))
+
+
+def _first_problem(problems: list[str]) -> str:
+    more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+    return f"{problems[0]}{more}; restore the file(s) from where the checkpoint was saved"
+
+
+@click.command()
+@click.argument("src", type=click.Path())
+@click.option("--to", "to", required=True, type=click.Choice([*_DTYPES, "zbench"]), help="Output: consolidated safetensors in this dtype, or a zbench checkpoint.")
+@click.option("--out", required=True, type=click.Path(), help="Output folder (new or empty).")
+@click.option("--max-shard-size", default="5GB", show_default=True, help="Split the safetensors output into shards of at most this size.")
+@click.option("--tag", default=None, help="Checkpoint tag folder inside SRC (default: the one named by SRC/latest).")
+@click.option("--from", "kind", default=None, type=click.Choice(kinds()), help="Source kind (default: detected).")
+@click.option("--world-size", default=None, type=click.IntRange(1), help="Ranks of the resharded checkpoint (--to zbench).")
+@click.option("--no-verify", is_flag=True, help="Skip the checksum/CRC check of the source files before converting.")
+def convert(src: str, to: str, out: str, max_shard_size: str, tag: str | None, kind: str | None,
+            world_size: int | None, no_verify: bool) -> None:
+    """Convert checkpoint SRC into consolidated safetensors (fp32/bf16/fp16) or a resharded zbench checkpoint."""
+    from checkpoints.consolidate import check_out_dir
+
+    try:
+        shard_bytes = parse_size(max_shard_size)
+    except ValueError as e:
+        raise click.ClickException(f"--max-shard-size: {e}")
+    if to == "zbench" and world_size is None:
+        raise click.ClickException("--to zbench needs --world-size M (the number of ranks to reshard for)")
+    if to != "zbench" and world_size is not None:
+        raise click.ClickException(f"--world-size applies to --to zbench only; drop it for --to {to}")
+    try:
+        check_out_dir(out)  # before any reading: a refused --out costs nothing
+    except CheckpointError as e:
+        raise click.ClickException(str(e))
+    source = _open(src, tag, kind)
+    if not no_verify:
+        problems = source.verify()
+        if problems:
+            raise click.ClickException(_first_problem(problems))
+    try:
+        if to == "zbench":
+            try:
+                from checkpoints.reshard import reshard_to_zbench
+            except ImportError:
+                raise click.ClickException("--to zbench is not available yet in this version; use --to fp32|bf16|fp16")
+            written = reshard_to_zbench(source, out, world_size)
+            click.echo(f"wrote a zbench checkpoint for {world_size} ranks to {written}")
+            return
+        files = write_consolidated(source, out, _DTYPES[to], shard_bytes, progress=sys.stderr.isatty())
+    except CheckpointError as e:
+        raise click.ClickException(str(e))
+    infos = source.params()
+    tied = sum(1 for i in infos if i.tied_to)
+    size = sum(f.stat().st_size for f in files)
+    click.echo(f"wrote {len(infos)} tensors ({tied} tied, stored once) as {to} in {len(files)} file(s), "
+               f"{_human(size)}, to {out}")
+
+
+@click.command()
+@click.argument("src", type=click.Path())
+@click.option("--tag", default=None, help="Checkpoint tag folder inside SRC (default: the one named by SRC/latest).")
+@click.option("--from", "kind", default=None, type=click.Choice(kinds()), help="Source kind (default: detected).")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def inspect(src: str, tag: str | None, kind: str | None, as_json: bool) -> None:
+    """Say what checkpoint SRC is (kind, step, stage, world size, params, dtypes, size) and check its files."""
+    source = _open(src, tag, kind)
+    s = source.summary()
+    infos = source.params()
+    problems = source.verify()
+    if as_json:
+        click.echo(json.dumps({**asdict(s), "tensors": len(infos), "problems": problems}, indent=2, default=str))
+    else:
+        rows = [("kind", s.kind), ("path", s.path), ("step", s.step), ("stage", s.stage), ("world size", s.world_size),
+                ("tensors", f"{len(infos)} ({sum(1 for i in infos if i.tied_to)} tied, "
+                            f"{sum(1 for i in infos if not i.trainable and not i.tied_to)} frozen or buffers)"),
+                ("elements", f"{s.num_params:,} (tied counted once)"),
+                ("dtypes", ", ".join(f"{k} {v:,}" for k, v in s.dtypes.items())),
+                ("size on disk", _human(s.bytes_on_disk)),
+                *((k, v) for k, v in s.extra.items()),
+                ("integrity", "ok" if not problems else f"{len(problems)} problem(s)")]
+        width = max(len(k) for k, _ in rows) + 2
+        for k, v in rows:
+            click.echo(f"{k:<{width}}{'-' if v is None else v}")
+    if problems:
+        raise click.ClickException(_first_problem(problems))
