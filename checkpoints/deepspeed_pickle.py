@@ -12,6 +12,7 @@ touches are read from disk.
 
 from __future__ import annotations
 
+import gc
 import pickle
 import re
 import zipfile
@@ -148,6 +149,10 @@ class MappedFiles:
             self._open[path] = load_pickle(path)
         return self._open[path]
 
+    def is_mapped(self, path: Path) -> bool:
+        """Whether `path`'s tensors are file mappings (zip format) rather than memory it owns."""
+        return zipfile.is_zipfile(path)
+
     def touched(self, nbytes: int) -> None:
         """Record `nbytes` copied out of the mappings; unmap everything past the budget."""
         self._read += nbytes
@@ -156,4 +161,5 @@ class MappedFiles:
 
     def close(self) -> None:
         self._open.clear()
+        gc.collect()  # the unpickled graphs can hold cycles: collect now so the mappings really go
         self._read = 0

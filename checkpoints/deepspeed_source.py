@@ -19,6 +19,7 @@ import torch
 from . import deepspeed_layout as layout
 from .deepspeed_model_states import ModelStates
 from .deepspeed_pickle import MappedFiles, check_zip_file, load_pickle
+from .page_drop import drop_file_pages
 from .source import CheckpointError, ParamInfo, SourceSummary
 
 _CHUNK = 1 << 23  # elements copied per step: the pages read stay mapped only up to MappedFiles' budget
@@ -117,13 +118,18 @@ class DeepSpeedSource:
 
     def _copy(self, rank: int, start: int, dst: torch.Tensor) -> None:
         """Fill `dst` from rank `rank`'s partitions laid end to end, from `start` (may cross param groups)."""
-        groups = self._files.get(self.optim_files[rank])["optimizer_state_dict"][self._group_key]
+        path = self.optim_files[rank]
+        groups = self._files.get(path)["optimizer_state_dict"][self._group_key]
+        mapped = self._files.is_mapped(path)
         pos = 0
         for t in groups:
             n = t.numel()
             if start < n and pos < dst.numel():
                 take = min(dst.numel() - pos, n - start)
-                dst[pos:pos + take].copy_(t.reshape(-1)[start:start + take])
+                src = t.reshape(-1)[start:start + take]
+                dst[pos:pos + take].copy_(src)
+                if mapped:
+                    drop_file_pages(src)  # keep RSS at the output tensor, not the file
                 pos += take
             start = max(0, start - n)
 

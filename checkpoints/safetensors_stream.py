@@ -53,11 +53,12 @@ class StreamingWriter:
         name, dtype, _ = self._plan[self._index]
         if piece.dtype != dtype:
             raise ValueError(f"{name}: expected {dtype}, got {piece.dtype}")
-        data = piece.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes()
-        if len(data) > self._left:
-            raise ValueError(f"{name}: {len(data)} bytes written past its declared size")
+        # a view of the tensor's own bytes: no copy, so memory stays at the caller's buffer
+        data = memoryview(piece.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy())
+        if data.nbytes > self._left:
+            raise ValueError(f"{name}: {data.nbytes} bytes written past its declared size")
         self._f.write(data)
-        self._left -= len(data)
+        self._left -= data.nbytes
         self._advance()
 
     def close(self) -> None:

@@ -1,0 +1,38 @@
+"""A real DeepSpeed ZeRO-2 checkpoint of a >= 1 GB (fp32) GPT for the converter memory benchmark (CPU ranks).
+
+    DS_ACCELERATOR=cpu deepspeed --num_gpus 2 docs/benchmarks/scripts/make_big_deepspeed_checkpoint.py --out /tmp/ds_big
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from zbench.models.gpt import GPT
+from zbench.train_demo import PRESETS
+
+
+def main() -> None:
+    import deepspeed
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="gpt2-medium", choices=sorted(PRESETS))
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--local_rank", type=int, default=0)
+    args = ap.parse_args()
+    deepspeed.init_distributed(dist_backend="gloo")
+    torch.manual_seed(0)
+    cfg = PRESETS[args.model]
+    model = GPT(cfg)
+    config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2},
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}}}
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    x = torch.randint(0, cfg.vocab_size, (1, 17))
+    engine.backward(engine(x[:, :-1], x[:, 1:]).loss)
+    engine.step()
+    engine.save_checkpoint(args.out)
+
+
+if __name__ == "__main__":
+    main()
