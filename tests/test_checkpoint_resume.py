@@ -163,3 +163,25 @@ def test_offline_reshard_to_three_ranks(saved, tmp_path):
     assert torch.equal(a.optimizer.exp_avg_sq, b.optimizer.exp_avg_sq) and float(a.optimizer.exp_avg_sq.abs().sum()) > 0
     with pytest.raises(CheckpointError, match="already holds files"):
         reshard_to_zbench(ZbenchSource(ckpt), tmp_path / "r3", 2)
+
+
+def test_cli_inspect_convert_and_reshard_a_zbench_checkpoint(saved, tmp_path):
+    from click.testing import CliRunner
+    from safetensors.torch import load_file
+
+    from zbench.cli import main
+
+    ckpt, base = saved
+    runner = CliRunner()
+    shown = runner.invoke(main, ["inspect", str(ckpt)])
+    assert shown.exit_code == 0, shown.output
+    assert "zbench" in shown.output and "global_step3" in shown.output
+    out = runner.invoke(main, ["convert", str(ckpt), "--to", "fp32", "--out", str(tmp_path / "fp32")])
+    assert out.exit_code == 0, out.output
+    tensors = load_file(str(tmp_path / "fp32" / "model.safetensors"))
+    for name, t in base["saved_state"].items():
+        if name != "head.weight":  # tied: stored once, under wte.weight
+            assert torch.equal(tensors[name], t.float()), name
+    res = runner.invoke(main, ["convert", str(ckpt), "--to", "zbench", "--world-size", "3", "--out", str(tmp_path / "r3")])
+    assert res.exit_code == 0, res.output
+    assert fmt.read_manifest(fmt.resolve(tmp_path / "r3"))["world_size"] == 3
