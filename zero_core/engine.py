@@ -6,7 +6,6 @@ the pieces (flat layout, gradient reducer, sharded optimizer, stage-3 gatherer) 
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,6 @@ from .overflow_log import OverflowLog
 from .param_gather import ParamGatherer
 from .sharded_optimizer import ShardedAdamW
 
-log = logging.getLogger("zero_core")
 
 
 def _stage3_units(model: torch.nn.Module, trainable: set[int]) -> tuple[list[torch.nn.Parameter], list[int], list]:
