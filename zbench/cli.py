@@ -94,8 +94,9 @@ def bench_kernels_cmd(numel: str, device: str | None) -> None:
 
 
 from .cli_checkpoints import convert, inspect  # noqa: E402
+from .cli_run import estimate, report, run  # noqa: E402
 
-for _command in (convert, inspect):
+for _command in (convert, inspect, run, report, estimate):
     main.add_command(_command)
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from .data.synthetic import synthetic_tokens
 from .models.gpt import GPT, GPTConfig
 
 TINY_GPT = GPTConfig(vocab_size=512, block_size=64, n_layer=2, n_head=4, n_embd=64)
@@ -49,14 +50,6 @@ def default_ds_config(stage: int, micro_batch: int, precision: str, lr: float = 
     if precision in ("bf16", "fp16"):
         cfg[precision] = {"enabled": True}
     return cfg
-
-
-def synthetic_tokens(gen: torch.Generator, batch: int, length: int, vocab: int) -> torch.Tensor:
-    """Learnable synthetic text: each row counts from a random start by a random stride (mod vocab),
-    so the loss falls as the model learns the rule, unlike uniform random tokens."""
-    start = torch.randint(0, vocab, (batch, 1), generator=gen)
-    stride = torch.randint(1, 8, (batch, 1), generator=gen)
-    return (start + stride * torch.arange(length)) % vocab
 
 
 def run_rank(job: TrainJob) -> dict:
@@ -106,11 +99,13 @@ def _entry(job_json: str) -> dict:
     return run_rank(job)
 
 
-def launch(job: TrainJob, nproc: int) -> dict:
-    """Run `job` on `nproc` local ranks through torch's elastic launcher; return rank 0's summary."""
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+def launch(job: TrainJob, nproc: int, fork_ok: bool = False) -> dict:
+    """Run `job` on `nproc` local ranks through torch's elastic launcher; return rank 0's summary.
 
-    cfg = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"zbench-train-{os.getpid()}",
-                       rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0, monitor_interval=0.2)
-    results = elastic_launch(cfg, _entry)(json.dumps(asdict(job)))
+    `fork_ok`: this process has run no torch op, so CPU ranks may be forked (see zbench/launch.py)."""
+    from .launch import Nodes
+    from .launch import launch as launch_ranks
+
+    results = launch_ranks(_entry, json.dumps(asdict(job)), Nodes(nproc), run_id=f"zbench-train-{os.getpid()}",
+                           log_dir=None, what="zbench train", fork_ok=fork_ok)
     return results[0]

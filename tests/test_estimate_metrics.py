@@ -1,0 +1,97 @@
+"""The derived numbers against hand-computed values: memory estimates, FLOPs, metrics, the OOM-safe search."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from click.testing import CliRunner
+
+from zbench import estimate, metrics
+from zbench.cli import main
+from zbench.search import largest_fitting, largest_fitting_value
+
+GIB = 2**30
+GPT2_XL = 1_557_611_200  # 50257*1600 + 1024*1600 + 48*(12*1600^2 + 13*1600) + 2*1600
+GPT2_XL_LARGEST = 50257 * 1600  # the token embedding (tied head counted once)
+
+
+def test_zero2_bytes_by_hand():
+    p = 1_000_000_000
+    assert estimate.zero2_bytes(p, 2, 1, cpu_offload=False) == (12 * p, 12 * p)  # cpu 4*2*1.5 p; gpu 4p + 16p/2
+    assert estimate.zero2_bytes(p, 2, 1, cpu_offload=True) == (24 * p, 2 * p)  # cpu max(8, 16)*1.5 p; gpu 2p
+    assert estimate.zero2_bytes(p, 8, 2, cpu_offload=True) == (96 * p, 2 * p)  # max(4*16, 16) * 1.5 = 96
+
+
+def test_zero3_matches_deepspeeds_printed_table_for_t0_3b():
+    """The seed doc's estimate_zero3_model_states_mem_needs_all_live output for bigscience/T0_3B on 1 GPU."""
+    printed = {  # (offload_param, offload_optimizer, zero_init): (per CPU GB, per GPU GB) as DeepSpeed printed
+        ("cpu", "cpu", True): (70.00, 0.25), ("cpu", "cpu", False): (70.00, 0.25),
+        ("none", "cpu", True): (62.23, 5.43), ("none", "cpu", False): (62.23, 5.43),
+        ("none", "none", True): (0.37, 46.91), ("none", "none", False): (15.56, 46.91),
+    }
+    rows = {(r.offload_param, r.offload_optimizer, r.zero_init): r
+            for r in estimate.estimate(2_783_000_000, 65_000_000) if r.stage == 3}
+    for key, (cpu, gpu) in printed.items():
+        assert rows[key].cpu_bytes / GIB == pytest.approx(cpu, abs=0.05)  # the doc rounds the counts to 1M
+        assert rows[key].gpu_bytes / GIB == pytest.approx(gpu, abs=0.05)
+
+
+def test_gpt2_xl_counts_and_stage3_estimate_on_two_gpus():
+    from zbench.models.configs import load_arch
+
+    arch = load_arch("gpt2-xl", "scenarios")
+    assert arch.config["n_layer"] == 48 and arch.config["n_embd"] == 1600
+    cpu, gpu = estimate.zero3_bytes(GPT2_XL, GPT2_XL_LARGEST, 2, 1, offload_optimizer=False, offload_param=False,
+                                    zero_init=True)
+    assert gpu == 4 * GPT2_XL_LARGEST + 18 * GPT2_XL // 2 == 14_340_145_600
+    assert cpu == int(GPT2_XL_LARGEST * 4 * 2 * 1.5)
+
+
+def test_estimate_command_prints_the_table():
+    result = CliRunner().invoke(main, ["estimate", "--model", "scenarios/models/gpt2-xl.json", "--gpus", "2"])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "SW: Model with 1558M total params, 80M largest layer params." in out
+    assert "HW: Setup with 1 node, 2 GPUs per node." in out
+    assert f"| 3 | {GPT2_XL_LARGEST * 4 * 2 * 1.5 / GIB:.2f} | {14_340_145_600 / GIB:.2f} |" in out
+    stage0_gpu = (4 * GPT2_XL + 16 * GPT2_XL) / GIB
+    assert f"| 0 | {GPT2_XL * 4 * 2 * 1.5 / GIB:.2f} | {stage0_gpu:.2f} |" in out
+    missing = CliRunner().invoke(main, ["estimate", "--model", "nope"])
+    assert missing.exit_code != 0 and len(missing.output.strip().splitlines()) == 1
+
+
+def test_flops_per_token_and_tflops():
+    assert metrics.flops_per_token(GPT2_XL, 48, 1600, 1024) == 6 * GPT2_XL + 12 * 48 * 1600 * 1024 == 10_289_385_600
+    # README's zero_core stage-1 record: 82,625 tokens/s on 2 GPUs -> about 425 TFLOP/s per GPU
+    assert metrics.tflops_per_gpu(82_625, 2, GPT2_XL, 48, 1600, 1024) == pytest.approx(
+        82_625 / 2 * 10_289_385_600 / 1e12)
+
+
+def test_task_metrics():
+    assert metrics.f1_score(6, 2, 1) == pytest.approx(0.8)
+    assert metrics.f1_score(0, 0, 0) == 0.0
+    assert metrics.accuracy(3, 4) == 0.75 and math.isnan(metrics.accuracy(0, 0))
+    assert metrics.perplexity(math.log(7.0)) == pytest.approx(7.0)
+    assert metrics.loss_parity([1.0, 2.0, 3.0], [1.0, 2.5]) == 0.5
+
+
+@pytest.mark.parametrize("limit", [1, 2, 3, 5, 8, 13, 100, 1000])
+def test_batch_search_finds_the_boundary(limit):
+    tried = []
+
+    def fits(b: int) -> bool:
+        tried.append(b)
+        return b <= limit
+
+    found = largest_fitting(fits, 1, 256)
+    assert found == min(limit, 256)
+    assert len(tried) <= 2 * math.ceil(math.log2(256)) + 2
+    assert largest_fitting(lambda b: False, 4, 64) is None
+
+
+def test_model_search_bisects_the_values():
+    values = [1, 2, 4, 8, 16, 32]
+    assert largest_fitting_value(lambda v: v <= 10, values) == 8
+    assert largest_fitting_value(lambda v: True, values) == 32
+    assert largest_fitting_value(lambda v: False, values) is None

@@ -1,0 +1,221 @@
+"""`zbench run` end to end on CPU ranks: the quickstart table, W&B offline runs read back with wandb's own
+reader, `zbench report`, `--resume`, a simulated two-node run, MRPC, rank failures and OOM rows.
+
+Every command runs in a fresh subprocess: `zbench run` forks its CPU ranks, which is only safe from a
+process that has run no torch op (see zbench/launch.py), and the pytest process has.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(REPO, "scenarios", "models", "tiny-gpt.json")
+
+
+def zbench(*args: str, env: dict | None = None, timeout: int = 300, script: tuple[str, ...] = ("-m", "zbench")):
+    return subprocess.run([sys.executable, *script, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO,
+                          env={**os.environ, "WANDB_SILENT": "true", **(env or {})})
+
+
+def table(stdout: str) -> dict[str, list[str]]:
+    """Rows of the printed markdown table by variant name (first cell)."""
+    lines = [line for line in stdout.splitlines() if line.startswith("| ")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = {}
+    for line in lines[1:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0]] = dict(zip(header, cells))
+    return rows
+
+
+def run_dir(stdout: str) -> str:
+    line = next(line for line in stdout.splitlines() if line.startswith("results: "))
+    return line.split()[1]
+
+
+@pytest.fixture(scope="module")
+def quickstart(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs")
+    start = time.perf_counter()
+    proc = zbench("run", "scenarios/quickstart.yaml", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, run_dir(proc.stdout), time.perf_counter() - start
+
+
+def test_quickstart_prints_the_table_last(quickstart):
+    proc, folder, seconds = quickstart
+    assert seconds < 120
+    rows = table(proc.stdout)
+    assert list(rows) == ["ddp", "zero1", "zero2", "zero3", "fsdp2"]
+    for name, row in rows.items():
+        assert row["Model"] == "random-init tiny-gpt" and row["Data"] == "synthetic"
+        assert row["Batch size (max)"] == "8 (set)"
+        parity = row["Loss parity vs DDP"]
+        assert parity.endswith("reference" if name == "ddp" else " ok"), parity
+        assert float(row["Eval loss"]) < 5.0  # learned something from ln(512) = 6.24
+    body = proc.stdout.rstrip().splitlines()
+    assert body[-1].startswith("quickstart: random-init tiny-gpt, synthetic data")  # the table's caption ends it
+    assert body[-3].startswith("| fsdp2 |")
+    summary = json.load(open(os.path.join(folder, "results.json")))
+    ref = summary["variants"][0]["losses"]
+    assert len(ref) == 32 and ref[-1] < ref[0] - 1.0
+    for v in summary["variants"][1:]:
+        assert v["parity"] <= 1e-3 and max(abs(a - b) for a, b in zip(v["losses"], ref)) == v["parity"]
+    for name in ("results.csv", "table.md", "throughput.png", "memory.png", "loss.png", "scenario.yaml"):
+        assert os.path.getsize(os.path.join(folder, name)) > 0
+    assert glob.glob(os.path.join(folder, "logs", "zero3", "zero3-train*", "attempt_0", "1", "stdout.log"))
+
+
+def test_wandb_offline_runs_read_back_with_wandbs_reader(quickstart):
+    _, folder, _ = quickstart
+    summary = json.load(open(os.path.join(folder, "results.json")))
+    runs = sorted(glob.glob(os.path.join(folder, "wandb", "offline-run-*")))
+    assert len(runs) == 6  # one per variant + the summary table
+    seen = {}
+    for path in runs:
+        proc = subprocess.run(["wandb", "leet", "inspect", "--json", path], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        records = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+        run = next(r["run"] for r in records if r["type"] == "run")
+        assert run["run_group"] == "quickstart"
+        history = [r["history"]["item"] for r in records if r["type"] == "history"]
+        seen[run["display_name"].split("@")[0]] = history
+    assert set(seen) == {"ddp", "zero1", "zero2", "zero3", "fsdp2", "summary"}
+    for v in summary["variants"]:
+        losses = [h["train/loss"] for h in seen[v["variant"]]]
+        assert losses == pytest.approx(v["losses"])
+        assert seen[v["variant"]][-1]["eval/loss"] == pytest.approx(v["eval"]["loss"])
+    assert seen["summary"][0]["results.nrows"] == 5 and seen["summary"][0]["results._type"] == "table-file"
+
+
+def test_report_rewrites_the_files_and_resume_keeps_finished_variants(quickstart, tmp_path):
+    proc, folder, _ = quickstart
+    copy = str(tmp_path / "run")
+    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("wandb"))
+    for name in ("table.md", "results.csv", "throughput.png", "memory.png", "loss.png"):
+        os.remove(os.path.join(copy, name))
+    rep = zbench("report", copy)
+    assert rep.returncode == 0, rep.stderr
+    assert table(rep.stdout) == table(proc.stdout)
+    assert open(os.path.join(copy, "table.md")).read() == rep.stdout
+    for name in ("results.csv", "throughput.png", "memory.png", "loss.png"):
+        assert os.path.getsize(os.path.join(copy, name)) > 0
+    again = zbench("run", "scenarios/quickstart.yaml", "--resume", copy, "--wandb", "off")
+    assert again.returncode == 0, again.stderr
+    assert "kept from" in again.stderr and "training" not in again.stderr  # nothing relaunched
+    assert table(again.stdout) == table(proc.stdout)
+
+
+def _free_port_run(n: int) -> int:
+    """A base port with n free consecutive ports after it (one rendezvous per launch)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n >= 65535:
+            continue
+        try:
+            socks = []
+            for p in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port range")
+
+
+def test_two_nodes_simulated_on_one_machine_give_the_same_table(quickstart, tmp_path):
+    """Two launcher processes (--nnodes 2 --node-rank 0|1, one rank each, localhost rendezvous) run the
+    quickstart: node 0 prints the table of the single-node run. About 30 s on 2 cores."""
+    _, folder, _ = quickstart
+    port = _free_port_run(5)
+    common = ["run", "scenarios/quickstart.yaml", "--gpus", "1", "--nnodes", "2", "--rdzv-endpoint",
+              f"127.0.0.1:{port}", "--out", str(tmp_path), "--wandb", "off"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true"}  # two "nodes" share two cores
+    node1 = subprocess.Popen([sys.executable, "-m", "zbench", *common, "--node-rank", "1"], cwd=REPO, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    node0 = zbench(*common, "--node-rank", "0", env={"OMP_NUM_THREADS": "1"})
+    out1, err1 = node1.communicate(timeout=300)
+    assert node0.returncode == 0, node0.stderr[-3000:]
+    assert node1.returncode == 0, err1[-3000:]
+    assert "node 1: all launches finished" in out1
+    single = json.load(open(os.path.join(folder, "results.json")))
+    multi = json.load(open(os.path.join(run_dir(node0.stdout), "results.json")))
+    assert multi["nodes"] == 2 and multi["world_size"] == single["world_size"] == 2
+    for a, b in zip(single["variants"], multi["variants"]):
+        assert (a["variant"], a["status"], a["batch"], a["parity_note"]) == (b["variant"], b["status"], b["batch"],
+                                                                           b["parity_note"])
+        assert b["losses"] == pytest.approx(a["losses"], abs=1e-5)
+        assert b["eval"]["loss"] == pytest.approx(a["eval"]["loss"], abs=1e-5)
+    rows1, rows2 = table(node0.stdout), table(zbench("report", folder).stdout)
+    keep = ("Variant", "Method", "Model", "Data", "Batch size (max)", "Eval loss", "Perplexity")
+    assert {k: [r[c] for c in keep] for k, r in rows1.items()} == {k: [r[c] for c in keep] for k, r in rows2.items()}
+
+
+def test_mrpc_classification_reports_f1_on_real_data(tmp_path):
+    proc = zbench("run", "scenarios/mrpc_tiny.yaml", "--out", str(tmp_path), "--wandb", "off")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = table(proc.stdout)
+    assert set(rows) == {"ddp", "zero2"}
+    for row in rows.values():
+        assert row["Data"] == "real" and 0.0 <= float(row["F1"]) <= 1.0 and 0.0 <= float(row["Accuracy"]) <= 1.0
+    assert rows["zero2"]["Method"] == "zero_core ZeRO Stage 2"
+    assert rows["zero2"]["Loss parity vs DDP"].endswith(" ok")
+    assert "MRPC (bytes tokens), 32 train / 8 eval rows" in proc.stdout
+
+
+def _fault_scenario(tmp_path) -> str:
+    data = {
+        "model": {"arch": TINY}, "data": {"synthetic": {"train_samples": 64, "eval_samples": 16}},
+        "seq_len": 16, "steps": 2, "gpus": 2, "batch_search": {"start": 4, "max": 8},
+        "variants": [{"name": "searched", "engine": "ddp"},
+                     {"name": "too-big", "engine": "zero", "stage": 2, "batch_size": 8},
+                     {"name": "nvme", "engine": "zero", "stage": 3, "offload_param": "nvme", "batch_size": 2}],
+    }
+    path = tmp_path / "faults.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def test_oom_is_a_row_and_the_batch_search_is_oom_safe(tmp_path):
+    proc = zbench("run", _fault_scenario(tmp_path), "--out", str(tmp_path), "--wandb", "off",
+                  script=("tests/run_with_faults.py", "oom"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = table(proc.stdout)
+    assert rows["searched"]["Batch size (max)"] == "4"  # 4 fits, 8/6/5 ran out of memory in fresh launches
+    assert "batch 8: out of memory" in proc.stderr and "batch 5: out of memory" in proc.stderr
+    assert rows["too-big"]["Notes"] == "OOM Error at batch 8" and rows["too-big"]["Tokens/s"] == "–"
+    assert rows["nvme"]["Notes"].startswith("zero_optimization.offload_param.device='nvme' is not supported yet")
+
+
+def test_rank_failure_is_one_error_with_the_ranks_last_lines(tmp_path):
+    """A failed rank fails its variant, not the run: the table shows it, then one error ends the output."""
+    proc = zbench("run", _fault_scenario(tmp_path), "--out", str(tmp_path), "--wandb", "off",
+                  script=("tests/run_with_faults.py", "crash"))
+    assert proc.returncode == 1
+    rows = table(proc.stdout)
+    assert rows["searched"]["Notes"] == "failed: RuntimeError: injected failure on rank 1"
+    assert rows["too-big"]["Notes"].startswith("failed: ") and rows["nvme"]["Notes"].endswith("use 'cpu' or 'none'")
+    lines = proc.stderr.splitlines()
+    err = "\n".join(lines[next(i for i, line in enumerate(lines) if line.startswith("Error: ")):])
+    assert err.startswith("Error: variant 'searched' (probe, batch 4) failed on rank 1 (exit code 1): "
+                          "RuntimeError: injected failure on rank 1")
+    assert "--- last log lines of rank 1" in err and 'raise RuntimeError("injected failure on rank 1")' in err
+    assert "Traceback" in err and sum(line.startswith("Error: ") for line in err.splitlines()) == 1
+    assert "1 more variant(s) failed too" in err

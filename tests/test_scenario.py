@@ -1,0 +1,204 @@
+"""Scenario files: strict schema, machine checks before any launch, DeepSpeed/Accelerate configs per variant."""
+
+from __future__ import annotations
+
+import copy
+import glob
+import json
+import os
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from zbench import ds_config
+from zbench.accelerate_config import load_accelerate_config
+from zbench.cli import main
+from zbench.plan import build_plan
+from zbench.scenario import ScenarioError, parse_scenario
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(REPO, "scenarios", "models", "tiny-gpt.json")
+BASE = {
+    "model": {"arch": TINY},
+    "data": {"synthetic": {"train_samples": 32, "eval_samples": 8}},
+    "seq_len": 16, "steps": 2, "batch_size": 2, "gpus": 2,
+    "variants": [{"name": "ddp", "engine": "ddp"}, {"name": "zero2", "engine": "zero", "stage": 2}],
+}
+
+
+def write(tmp_path, data, name="sc.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def variant(**kw):
+    d = copy.deepcopy(BASE)
+    d["variants"].append(kw)
+    return d
+
+
+def one_line_cli_error(tmp_path, args) -> str:
+    """`zbench run` fails with one Error line and launches nothing (no run folder appears)."""
+    out = tmp_path / "runs"
+    result = CliRunner().invoke(main, ["run", *args, "--out", str(out), "--wandb", "off"])
+    assert result.exit_code != 0
+    text = result.output.strip()
+    assert "Traceback" not in text and len(text.splitlines()) == 1 and text.startswith("Error: "), text
+    assert not out.exists()
+    return text
+
+
+@pytest.mark.parametrize("mutate,expected", [
+    (lambda d: d["variants"][1].update(stgae=2), "unknown key 'variants[1].stgae'; did you mean 'stage'?"),
+    (lambda d: d.update(seq_lne=16), "unknown key 'seq_lne'; did you mean 'seq_len'?"),
+    (lambda d: d["data"]["synthetic"].update(vocb=9), "unknown key 'data.synthetic.vocb'; did you mean 'vocab'?"),
+    (lambda d: d["model"].update(arhc="x"), "unknown key 'model.arhc'; did you mean 'arch'?"),
+    (lambda d: d.pop("seq_len"), "seq_len is required"),
+    (lambda d: d.update(epochs=1), "exactly one of 'epochs' or 'steps'"),
+    (lambda d: d["variants"][0].update(stage=1), "'stage' applies to zero and deepspeed variants"),
+    (lambda d: d["variants"][1].update(engine="zer0"), "variants[1].engine"),
+    (lambda d: d["variants"].append({"name": "ddp", "engine": "ddp"}), "variant name 'ddp' is used twice"),
+    (lambda d: d.update(metric="f1"), "metric 'f1' does not apply to task 'lm'"),
+])
+def test_schema_errors_are_one_line(mutate, expected):
+    data = copy.deepcopy(BASE)
+    mutate(data)
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(data)
+    assert expected in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_every_shipped_scenario_parses():
+    for path in glob.glob(os.path.join(REPO, "scenarios", "*.yaml")):
+        with open(path) as f:
+            sc = parse_scenario(yaml.safe_load(f))
+        assert sc.variants
+
+
+def test_unknown_key_before_launch(tmp_path):
+    path = write(tmp_path, variant(name="z3", engine="zero", stgae=3))
+    assert "did you mean 'stage'" in one_line_cli_error(tmp_path, [path])
+
+
+def test_missing_model_config(tmp_path):
+    data = copy.deepcopy(BASE)
+    data["model"] = {"arch": "gpt-nonexistent"}
+    text = one_line_cli_error(tmp_path, [write(tmp_path, data)])
+    assert "model.arch 'gpt-nonexistent'" in text and "no model config file" in text
+
+
+def test_deepspeed_variant_without_deepspeed(tmp_path, monkeypatch):
+    import zbench.plan
+
+    monkeypatch.setattr(zbench.plan, "deepspeed_available", lambda: False)
+    text = one_line_cli_error(tmp_path, [write(tmp_path, variant(name="ds", engine="deepspeed", stage=2))])
+    assert "variant 'ds' needs DeepSpeed" in text and "pip install deepspeed" in text
+
+
+def test_more_gpus_than_cpu_ranks_allowed(tmp_path):
+    data = copy.deepcopy(BASE)
+    data["gpus"] = (os.cpu_count() or 1) * 4 + 1
+    text = one_line_cli_error(tmp_path, [write(tmp_path, data)])
+    assert "no GPU here" in text and "--gpus" in text
+
+
+def test_more_gpus_than_present(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    data = copy.deepcopy(BASE)
+    data["gpus"] = 4
+    text = one_line_cli_error(tmp_path, [write(tmp_path, data)])
+    assert "asks for 4 GPUs per node but this machine has 2" in text
+
+
+def test_cpu_ranks_are_allowed_with_a_note(tmp_path):
+    plan = build_plan(write(tmp_path, BASE))
+    assert plan.device == "cpu" and any("CPU rank" in n for n in plan.notes)
+
+
+def test_zero_variant_config_rejected_by_zero_core(tmp_path):
+    (tmp_path / "bad.json").write_text(json.dumps({"zero_optimization": {"stage": 2, "reduce_bucket_sise": 5}}))
+    text = one_line_cli_error(tmp_path, [write(tmp_path, variant(name="zb", engine="zero", ds_config="bad.json"))])
+    assert "variant 'zb'" in text and "did you mean 'reduce_bucket_size'" in text
+
+
+def test_unsupported_offload_is_a_row_not_an_error(tmp_path):
+    plan = build_plan(write(tmp_path, variant(name="nvme", engine="zero", stage=3, offload_optimizer="nvme")))
+    nvme = [v for v in plan.variants if v.name == "nvme"][0]
+    assert nvme.status == "unsupported" and "not supported yet" in nvme.reason
+    assert "NVMe offload (optimizer)" in nvme.label
+    assert all(v.status == "ready" for v in plan.variants if v.name != "nvme")
+
+
+def test_variants_filter(tmp_path):
+    path = write(tmp_path, BASE)
+    assert [v.name for v in build_plan(path, only=["zero2"]).variants] == ["zero2"]
+    assert "no variant named 'zero9'" in one_line_cli_error(tmp_path, [path, "--variants", "zero9"])
+
+
+def test_accelerate_plugin_yaml_translates_like_accelerate():
+    ds = load_accelerate_config(os.path.join(REPO, "scenarios", "configs", "accelerate_zero2.yaml"))
+    assert ds["zero_optimization"] == {"stage": 2, "offload_optimizer": {"device": "none"},
+                                       "offload_param": {"device": "none"}}
+    assert ds["gradient_accumulation_steps"] == 1 and ds["gradient_clipping"] == 1.0
+    assert ds["fp16"] == {"enabled": True}
+    assert ds["train_micro_batch_size_per_gpu"] == "auto"
+
+
+def test_accelerate_config_file_and_errors(tmp_path):
+    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 3}}))
+    good = {"distributed_type": "DEEPSPEED", "mixed_precision": "bf16",
+            "deepspeed_config": {"deepspeed_config_file": "ds.json", "zero3_init_flag": True}}
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(good))
+    ds = load_accelerate_config(str(tmp_path / "a.yaml"))
+    assert ds == {"zero_optimization": {"stage": 3}, "bf16": {"enabled": True}}
+    mixed = copy.deepcopy(good)
+    mixed["deepspeed_config"]["zero_stage"] = 2
+    (tmp_path / "b.yaml").write_text(yaml.safe_dump(mixed))
+    with pytest.raises(ValueError, match="cannot be combined with deepspeed_config_file"):
+        load_accelerate_config(str(tmp_path / "b.yaml"))
+    typo = {"distributed_type": "DEEPSPEED", "deepspeed_config": {"zero_stag": 2}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(typo))
+    with pytest.raises(ValueError, match="did you mean 'zero_stage'"):
+        load_accelerate_config(str(tmp_path / "c.yaml"))
+
+
+def test_ds_config_autos_filled_like_hf_trainer(tmp_path):
+    sc = parse_scenario(variant(name="z", engine="zero", ds_config="x.json") | {"lr": 2e-5, "warmup_steps": 7,
+                                                                                  "precision": "fp16"})
+    raw = json.load(open(os.path.join(REPO, "scenarios", "configs", "zero2_config_accelerate.json")))
+    (tmp_path / "x.json").write_text(json.dumps(raw))
+    tmpl = ds_config.template(sc, sc.variants[-1], str(tmp_path))
+    final = ds_config.finalize(tmpl, sc=sc, batch=5, world_size=2, total_steps=40, hidden=64)
+    assert final["train_micro_batch_size_per_gpu"] == 5 and final["train_batch_size"] == 10
+    assert final["optimizer"]["params"]["lr"] == 2e-5 and final["optimizer"]["params"]["weight_decay"] == 0.0
+    assert final["scheduler"]["params"]["warmup_num_steps"] == 7
+    assert final["scheduler"]["params"]["total_num_steps"] == 40
+    assert final["gradient_clipping"] == 1.0
+    from zero_core import load_config
+
+    assert load_config(final, 2).stage == 2
+
+
+def test_precision_conflict_with_file(tmp_path):
+    (tmp_path / "fp16.json").write_text(json.dumps({"fp16": {"enabled": True}}))
+    text = one_line_cli_error(tmp_path, [write(tmp_path, variant(name="z", engine="zero", ds_config="fp16.json"))])
+    assert "enables fp16 but the scenario's precision is fp32" in text
+
+
+def test_seq_len_longer_than_model(tmp_path):
+    data = copy.deepcopy(BASE)
+    data["seq_len"] = 65
+    assert "exceeds the 64 positions" in one_line_cli_error(tmp_path, [write(tmp_path, data)])
+
+
+def test_resume_needs_the_same_scenario(tmp_path):
+    folder = tmp_path / "old-run"
+    folder.mkdir()
+    (folder / "scenario.yaml").write_text("name: something-else\n")
+    text = one_line_cli_error(tmp_path, [write(tmp_path, BASE), "--resume", str(folder)])
+    assert "another version of the scenario" in text

@@ -1,0 +1,154 @@
+"""Each variant's DeepSpeed-style dict: the one config every engine reads its settings from.
+
+zero and deepspeed variants train with it; ddp and fsdp2 read the same optimizer, schedule, clipping
+and precision from it, so a comparison changes only the engine. Built in two steps:
+
+1. `template(scenario, variant)`: the variant's file (ds_config JSON or Accelerate YAML) or nothing,
+   plus the scenario's defaults for what the file leaves out; stage and offload from the variant.
+2. `finalize(template, ...)`: once the batch size and run length are known, every "auto" is filled
+   the way Hugging Face's Trainer fills it (lr, batch sizes, clipping, bucket sizes from the hidden size).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from typing import Any
+
+from zero_core import ConfigError
+
+from .accelerate_config import load_accelerate_config
+from .scenario import Scenario, VariantSpec
+
+
+def _is_auto(value: Any) -> bool:
+    return isinstance(value, str) and value.strip().lower() == "auto"
+
+
+def _read_json(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except OSError as e:
+        raise ConfigError(f"cannot read ds_config {path}: {e.strerror}; pass an existing DeepSpeed JSON file") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"ds_config {path} is not valid JSON: {e.msg} at line {e.lineno}; fix the file") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"ds_config {path} must hold a JSON object {{...}}")
+    return data
+
+
+def template(sc: Scenario, v: VariantSpec, base_dir: str) -> dict[str, Any]:
+    """The variant's config with the scenario's defaults; "auto" values stay for `finalize`."""
+    if v.ds_config:
+        ds = _read_json(v.ds_config if os.path.isabs(v.ds_config) else os.path.join(base_dir, v.ds_config))
+    elif v.accelerate_config:
+        path = v.accelerate_config
+        ds = load_accelerate_config(path if os.path.isabs(path) else os.path.join(base_dir, path))
+    else:
+        ds = {}
+    ds = copy.deepcopy(ds)
+    ds.setdefault("train_micro_batch_size_per_gpu", "auto")
+    ds.setdefault("gradient_accumulation_steps", sc.grad_accum)
+    ds.setdefault("gradient_clipping", sc.max_grad_norm)
+    ds.setdefault("optimizer", {"type": "AdamW", "params": {"lr": sc.lr, "betas": [0.9, 0.999], "eps": 1e-8,
+                                                            "weight_decay": sc.weight_decay}})
+    if sc.warmup_steps and "scheduler" not in ds:
+        ds["scheduler"] = {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": sc.lr,
+                                                          "warmup_num_steps": sc.warmup_steps, "warmup_type": "linear"}}
+    if sc.precision != "fp32":
+        ds.setdefault(sc.precision, {"enabled": True})
+    zero = ds.setdefault("zero_optimization", {})
+    if not isinstance(zero, dict):
+        raise ConfigError(f"variant '{v.name}': zero_optimization must be an object")
+    if v.engine in ("zero", "deepspeed"):
+        if v.stage is not None:
+            if "stage" in zero and zero["stage"] != v.stage:
+                raise ConfigError(f"variant '{v.name}': stage {v.stage} but its config file says zero_optimization.stage "
+                                  f"{zero['stage']}; remove one of them")
+            zero["stage"] = v.stage
+        zero.setdefault("stage", 2)
+        for part in ("optimizer", "param"):
+            device = getattr(v, f"offload_{part}")
+            if device is not None:
+                section = zero.setdefault(f"offload_{part}", {})
+                section["device"] = device
+        if v.engine == "deepspeed" and not (v.ds_config or v.accelerate_config) and not has_offload(ds):
+            # DeepSpeed's default FusedAdam is compiled on first use (needs nvcc); torch's AdamW needs nothing
+            ds["optimizer"]["params"].setdefault("torch_adam", True)
+    else:
+        zero["stage"] = 0  # ddp/fsdp2 use only the optimizer/precision settings
+    _check_precision(ds, sc, v)
+    return ds
+
+
+def _check_precision(ds: dict[str, Any], sc: Scenario, v: VariantSpec) -> None:
+    """An explicit fp16/bf16 switch in a file must agree with the scenario's precision."""
+    for key in ("fp16", "bf16"):
+        enabled = ds.get(key, {}).get("enabled") if isinstance(ds.get(key), dict) else None
+        on = enabled is True or (isinstance(enabled, str) and enabled.strip().lower() == "true")
+        if on and sc.precision != key:
+            raise ConfigError(f"variant '{v.name}': its config enables {key} but the scenario's precision is "
+                              f"{sc.precision}; set precision: {key} in the scenario or turn {key} off in the file")
+
+
+def finalize(ds: dict[str, Any], *, sc: Scenario, batch: int, world_size: int, total_steps: int,
+             hidden: int) -> dict[str, Any]:
+    """`ds` with the batch size set and every "auto" filled (a copy)."""
+    out = copy.deepcopy(ds)
+    out["train_micro_batch_size_per_gpu"] = batch
+    gas = out.get("gradient_accumulation_steps")
+    gas = sc.grad_accum if gas is None or _is_auto(gas) else gas
+    out["gradient_accumulation_steps"] = gas
+    if "train_batch_size" in out:
+        out["train_batch_size"] = batch * gas * world_size  # follows the batch the runner picked
+    fills = {
+        "gradient_clipping": sc.max_grad_norm,
+        "optimizer.params.lr": sc.lr,
+        "optimizer.params.betas": [0.9, 0.999],
+        "optimizer.params.eps": 1e-8,
+        "optimizer.params.weight_decay": sc.weight_decay,
+        "scheduler.params.warmup_min_lr": 0.0,
+        "scheduler.params.warmup_max_lr": sc.lr,
+        "scheduler.params.warmup_num_steps": sc.warmup_steps,
+        "scheduler.params.total_num_steps": total_steps,
+        "fp16.enabled": sc.precision == "fp16",
+        "bf16.enabled": sc.precision == "bf16",
+        # Hugging Face's Trainer derives these from the model's hidden size
+        "zero_optimization.reduce_bucket_size": hidden * hidden,
+        "zero_optimization.stage3_prefetch_bucket_size": int(0.9 * hidden * hidden),
+        "zero_optimization.stage3_param_persistence_threshold": 10 * hidden,
+    }
+    for dotted_key, value in fills.items():
+        _fill(out, dotted_key.split("."), value)
+    return out
+
+
+def _fill(data: dict[str, Any], path: list[str], value: Any) -> None:
+    """Replace an "auto" at `path` in place; absent keys stay absent."""
+    for key in path[:-1]:
+        data = data.get(key)  # type: ignore[assignment]
+        if not isinstance(data, dict):
+            return
+    if _is_auto(data.get(path[-1])):
+        data[path[-1]] = value
+
+
+def has_offload(ds: dict[str, Any]) -> bool:
+    zero = ds.get("zero_optimization") or {}
+    return any(isinstance(zero.get(k), dict) and zero[k].get("device", "none") != "none"
+               for k in ("offload_optimizer", "offload_param"))
+
+
+def without_offload(ds: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(ds)
+    for key in ("offload_optimizer", "offload_param"):
+        out.get("zero_optimization", {}).pop(key, None)
+    return out
+
+
+def fixed_batch(ds: dict[str, Any]) -> int | None:
+    """A numeric train_micro_batch_size_per_gpu in the variant's own file, if any."""
+    micro = ds.get("train_micro_batch_size_per_gpu")
+    return micro if isinstance(micro, int) and not isinstance(micro, bool) else None

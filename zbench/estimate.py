@@ -1,0 +1,103 @@
+"""Memory for model states per GPU and per CPU, per ZeRO stage and offload choice.
+
+The formulas are DeepSpeed's estimators (deepspeed/runtime/zero/stage_1_and_2.py
+`estimate_zero2_model_states_mem_needs`, stage3.py `estimate_zero3_model_states_mem_needs`), which
+count parameters, gradients and Adam states with mixed precision (2 + 2 + 12 bytes per parameter,
+plus 4 bytes of fp32 gradients), and a 1.5x buffer factor on the CPU side. DeepSpeed uses the stage-2
+numbers for stage 1. Stage 0 (DDP-like) keeps everything on every GPU: the stage-2 numbers for one GPU.
+Activations and the CUDA context come on top of these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BUFFER_FACTOR = 1.5  # DeepSpeed's additional_buffer_factor
+
+
+@dataclass(frozen=True)
+class EstimateRow:
+    stage: int
+    offload_param: str
+    offload_optimizer: str
+    zero_init: bool | None  # stage 3 only: whether the model is built already partitioned
+    cpu_bytes: int
+    gpu_bytes: int
+
+
+def zero2_bytes(total: int, gpus_per_node: int, nodes: int, cpu_offload: bool) -> tuple[int, int]:
+    """(cpu, gpu) bytes per process for stages 1 and 2."""
+    total_gpus = gpus_per_node * nodes
+    if cpu_offload:
+        gpu = 2 * total
+        cpu = total * max(4 * total_gpus, 16) * BUFFER_FACTOR
+    else:
+        gpu = 4 * total + int(16 * total / total_gpus)
+        cpu = total * 4 * gpus_per_node * BUFFER_FACTOR
+    return int(cpu), int(gpu)
+
+
+def zero3_bytes(total: int, largest: int, gpus_per_node: int, nodes: int, offload_optimizer: bool,
+                offload_param: bool, zero_init: bool) -> tuple[int, int]:
+    """(cpu, gpu) bytes per process for stage 3."""
+    total_gpus = gpus_per_node * nodes
+    per_node = 1 / nodes
+    largest_bytes = 4 * largest
+    if offload_optimizer:
+        factor = 18 if offload_param else 16
+        gpu = largest_bytes if offload_param else largest_bytes + int(2 * total / total_gpus)
+        if zero_init:
+            cpu = total * factor * per_node * BUFFER_FACTOR
+        else:
+            cpu = total * max(4 * gpus_per_node, factor * per_node) * BUFFER_FACTOR
+    else:
+        gpu = largest_bytes + int(18 * total / total_gpus)
+        cpu = largest * 4 * gpus_per_node * BUFFER_FACTOR if zero_init else total * 4 * gpus_per_node * BUFFER_FACTOR
+    return int(cpu), int(gpu)
+
+
+def estimate(total: int, largest: int, gpus_per_node: int = 1, nodes: int = 1) -> list[EstimateRow]:
+    """Every stage and offload choice, as DeepSpeed's `*_all_live` estimators list them."""
+    rows = []
+    gpu = zero2_bytes(total, 1, 1, cpu_offload=False)[1]  # nothing sharded: one GPU's worth on each
+    cpu = zero2_bytes(total, gpus_per_node, nodes, cpu_offload=False)[0]
+    rows.append(EstimateRow(0, "none", "none", None, cpu, gpu))
+    for stage in (1, 2):
+        for offload in (True, False):
+            cpu, gpu = zero2_bytes(total, gpus_per_node, nodes, offload)
+            rows.append(EstimateRow(stage, "none", "cpu" if offload else "none", None, cpu, gpu))
+    for off_param, off_opt in ((True, True), (False, True), (False, False)):
+        for zero_init in (True, False):
+            cpu, gpu = zero3_bytes(total, largest, gpus_per_node, nodes, off_opt, off_param, zero_init)
+            rows.append(EstimateRow(3, "cpu" if off_param else "none", "cpu" if off_opt else "none", zero_init, cpu, gpu))
+    return rows
+
+
+def format_table(rows: list[EstimateRow], total: int, largest: int, gpus_per_node: int, nodes: int) -> str:
+    """DeepSpeed's printout, extended with stages 0-2 (GiB = 2**30 bytes; DeepSpeed writes "GB")."""
+    lines = [
+        "Estimated memory needed for params, optim states and gradients for a:",
+        f"HW: Setup with {nodes} node{'s' if nodes > 1 else ''}, {gpus_per_node} GPU{'s' if gpus_per_node > 1 else ''} per node.",
+        f"SW: Model with {total / 1e6:.0f}M total params, {largest / 1e6:.0f}M largest layer params.",
+        "",
+        "| stage | per CPU (GiB) | per GPU (GiB) | options |",
+        "|---|---|---|---|",
+    ]
+    for r in rows:
+        opts = f"offload_param={r.offload_param}, offload_optimizer={r.offload_optimizer}"
+        if r.zero_init is not None:
+            opts += f", zero_init={int(r.zero_init)}"
+        lines.append(f"| {r.stage} | {r.cpu_bytes / 2**30:.2f} | {r.gpu_bytes / 2**30:.2f} | {opts} |")
+    return "\n".join(lines)
+
+
+def model_states_gib(stage: int, total: int, largest: int, gpus_per_node: int, nodes: int,
+                     offload_optimizer: bool = False, offload_param: bool = False) -> float:
+    """The GPU estimate for one run's settings (for the measured-vs-estimated column)."""
+    if stage == 0:
+        gpu = zero2_bytes(total, 1, 1, False)[1]
+    elif stage in (1, 2):
+        gpu = zero2_bytes(total, gpus_per_node, nodes, offload_optimizer)[1]
+    else:
+        gpu = zero3_bytes(total, largest, gpus_per_node, nodes, offload_optimizer, offload_param, True)[1]
+    return gpu / 2**30

@@ -1,0 +1,119 @@
+"""Build the scenario's model: zbench's GPT for `gpt` configs, a transformers model otherwise.
+
+Returns the module (no parallelism: the variants wrap it) with a `call(target, batch)` that runs a
+forward on a batch dict and returns an object with `.loss` and `.logits`, whatever the model family,
+plus the numbers the metrics need (parameter count, largest layer, layers, hidden size).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from zero_core import ConfigError
+
+from .configs import ArchConfig, gpt_config
+from .gpt import GPT, LMOutput
+from .gpt_heads import GPTForSequenceClassification
+
+Batch = dict[str, torch.Tensor]
+Call = Callable[[Any, Batch], Any]
+
+
+@dataclass
+class ModelBundle:
+    model: nn.Module
+    call: Call
+    n_params: int
+    largest_layer: int
+    layers: int
+    hidden: int
+    vocab: int | None
+    blocks: list[nn.Module]  # the repeated transformer blocks (FSDP2 shards each one)
+    family: str = "gpt"  # "gpt" (zbench's GPT) or "hf" (transformers)
+
+
+def count_params(model: nn.Module) -> tuple[int, int]:
+    """(total parameters, largest single module's own parameters); shared tensors count once."""
+    total = sum(p.numel() for p in dict.fromkeys(model.parameters()))
+    largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
+    return total, largest
+
+
+def require_transformers() -> Any:
+    try:
+        import transformers
+    except ImportError:
+        raise ConfigError("this model needs Hugging Face transformers, which is not installed here; "
+                          "pip install transformers") from None
+    return transformers
+
+
+def _gpt_call(task: str) -> Call:
+    if task == "lm":
+        return lambda m, b: m(b["input_ids"], b["labels"])
+    return lambda m, b: m(b["input_ids"], b["attention_mask"], b["labels"])
+
+
+def _hf_call(task: str) -> Call:
+    if task != "lm":
+        return lambda m, b: m(**b)
+
+    def lm(m: Any, b: Batch) -> LMOutput:
+        # labels are already the next tokens: compute the loss here instead of letting HF shift them again
+        logits = m(input_ids=b["input_ids"], attention_mask=b.get("attention_mask")).logits
+        return LMOutput(logits, F.cross_entropy(logits.float().flatten(0, 1), b["labels"].flatten()))
+
+    return lm
+
+
+_HF_AUTO = {
+    "lm": "AutoModelForCausalLM",
+    "classification": "AutoModelForSequenceClassification",
+    "token_classification": "AutoModelForTokenClassification",
+    "seq2seq": "AutoModelForSeq2SeqLM",
+}
+
+
+def _hf_blocks(model: nn.Module) -> list[nn.Module]:
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    found = [m for m in model.modules() if type(m).__name__ in names]
+    if found:
+        return found
+    return [child for m in model.modules() if isinstance(m, nn.ModuleList) for child in m]
+
+
+def build_model(*, task: str, arch: ArchConfig | None, pretrained: str | None, num_labels: int = 2) -> ModelBundle:
+    """The model for `task`, random-init from `arch` or loaded from `pretrained`."""
+    if arch is not None and arch.family == "gpt":
+        cfg = gpt_config(arch)
+        if task == "lm":
+            model: nn.Module = GPT(cfg)
+            blocks = list(model.blocks)
+        elif task == "classification":
+            model = GPTForSequenceClassification(cfg, num_labels)
+            blocks = list(model.gpt.blocks)
+        else:
+            raise ConfigError(f"zbench's GPT does lm and classification, not {task}; use a transformers model")
+        total, largest = count_params(model)
+        return ModelBundle(model, _gpt_call(task), total, largest, cfg.n_layer, cfg.n_embd, cfg.vocab_size, blocks)
+    transformers = require_transformers()
+    auto = getattr(transformers, _HF_AUTO[task])
+    extra = {"num_labels": num_labels} if task in ("classification", "token_classification") else {}
+    if pretrained:
+        config = transformers.AutoConfig.from_pretrained(pretrained, **extra)
+        model = auto.from_pretrained(pretrained, config=config, ignore_mismatched_sizes=bool(extra))
+    else:
+        assert arch is not None
+        config = transformers.AutoConfig.for_model(**arch.config, **extra)
+        model = auto.from_config(config)
+    total, largest = count_params(model)
+    c = config.to_dict()
+    layers = c.get("num_hidden_layers") or c.get("n_layer") or (c.get("encoder_layers", 0) + c.get("decoder_layers", 0))
+    hidden = c.get("hidden_size") or c.get("d_model") or c.get("n_embd")
+    return ModelBundle(model, _hf_call(task), total, largest, int(layers), int(hidden), c.get("vocab_size"),
+                       _hf_blocks(model), family="hf")

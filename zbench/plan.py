@@ -1,0 +1,241 @@
+"""Expand a scenario into runnable variants and check everything that can fail before a launch.
+
+Errors here are one line (`ScenarioError`) and nothing has started yet: unknown keys, a missing model
+config or data folder, a DeepSpeed variant without DeepSpeed, more GPUs than the machine has, a zero
+variant whose DeepSpeed dict zero_core rejects. A variant that asks for something zero_core does not
+support yet (CPU/NVMe offload) is not an error: it becomes a "not supported yet" row of the table, so
+the article's scenario still runs its other variants and picks the variant up once the engine can.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from zero_core import ConfigError, load_config
+
+from . import ds_config
+from .models.configs import ArchConfig, load_arch
+from .scenario import Scenario, ScenarioError, VariantSpec, load_scenario
+
+CPU_RANKS_PER_CORE = 4  # gloo ranks allowed per core on a machine without GPUs
+
+
+@dataclass
+class VariantPlan:
+    spec: VariantSpec
+    label: str
+    ds_template: dict[str, Any]
+    batch: int | None  # fixed per-GPU batch, or None: search for the largest that fits
+    arch: ArchConfig | None  # the scenario's arch with this variant's model_overrides
+    status: Literal["ready", "unsupported"] = "ready"
+    reason: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def stage(self) -> int | None:
+        return self.ds_template["zero_optimization"]["stage"] if self.spec.engine in ("zero", "deepspeed") else None
+
+
+@dataclass
+class Plan:
+    scenario: Scenario
+    path: str
+    base_dir: str
+    arch: ArchConfig | None
+    gpus: int  # ranks per node
+    nnodes: int
+    device: Literal["cuda", "cpu"]
+    variants: list[VariantPlan]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def world_size(self) -> int:
+        return self.gpus * self.nnodes
+
+    @property
+    def init(self) -> str:
+        return "pretrained" if self.scenario.model.pretrained else "random-init"
+
+    @property
+    def model_name(self) -> str:
+        m = self.scenario.model
+        if m.pretrained:
+            return m.pretrained
+        name = self.arch.name if self.arch else str(m.arch)
+        changed = ", ".join(f"{k}={v}" for k, v in m.overrides.items())
+        return f"{name} ({changed})" if changed else name
+
+    @property
+    def data_kind(self) -> str:
+        return "real" if self.scenario.data.real else "synthetic"
+
+
+
+def transformers_available() -> bool:
+    return importlib.util.find_spec("transformers") is not None
+
+
+def deepspeed_available() -> bool:
+    return importlib.util.find_spec("deepspeed") is not None
+
+
+def _need_transformers(what: str) -> None:
+    if not transformers_available():
+        raise ScenarioError(f"{what} needs Hugging Face transformers, which is not installed here; "
+                            "pip install transformers (or use a gpt-family arch such as tiny-gpt)")
+
+
+def _check_model(sc: Scenario, base_dir: str) -> ArchConfig | None:
+    m = sc.model
+    if m.pretrained:
+        looks_local = m.pretrained.startswith((".", "/", "~")) or os.path.exists(os.path.join(base_dir, m.pretrained))
+        if looks_local and not os.path.isdir(_abs(m.pretrained, base_dir)):
+            raise ScenarioError(f"model.pretrained '{m.pretrained}' is not a folder; pass a local model folder or a hub id")
+        _need_transformers(f"model.pretrained '{m.pretrained}'")
+        return None
+    arch = load_arch(str(m.arch), base_dir, m.overrides)
+    if arch.family == "hf":
+        _need_transformers(f"model '{arch.name}' (a transformers architecture)")
+    elif sc.task not in ("lm", "classification"):
+        raise ScenarioError(f"task '{sc.task}' needs a transformers model; zbench's GPT ('{arch.name}') does lm and "
+                            "classification")
+    if arch.max_positions and sc.seq_len > arch.max_positions:
+        raise ScenarioError(f"seq_len {sc.seq_len} exceeds the {arch.max_positions} positions of '{arch.name}'; "
+                            "lower seq_len")
+    syn = sc.data.synthetic
+    if syn and syn.vocab and arch.vocab_size and syn.vocab > arch.vocab_size:
+        raise ScenarioError(f"data.synthetic.vocab {syn.vocab} exceeds the {arch.vocab_size} tokens of '{arch.name}'; "
+                            "lower it or leave it out (default: the model's vocabulary)")
+    if sc.task == "token_classification" and not m.num_labels:
+        raise ScenarioError("task token_classification needs model.num_labels (the number of tag classes)")
+    return arch
+
+
+def _abs(path: str, base_dir: str) -> str:
+    path = os.path.expanduser(path)
+    return path if os.path.isabs(path) else os.path.normpath(os.path.join(base_dir, path))
+
+
+def _check_data(sc: Scenario, base_dir: str) -> None:
+    from .data.mrpc import find_mrpc_files
+
+    d = sc.data
+    if d.mrpc_tsv is not None:
+        if sc.task != "classification":
+            raise ScenarioError(f"data.mrpc_tsv is a sentence-pair classification set; set task: classification (got {sc.task})")
+        find_mrpc_files(_abs(d.mrpc_tsv, base_dir))  # raises a one-line error naming the layouts
+    if d.text_files is not None:
+        if sc.task != "lm":
+            raise ScenarioError(f"data.text_files trains a language model; set task: lm (got {sc.task})")
+        for f in d.text_files:
+            if not os.path.isfile(_abs(f, base_dir)):
+                raise ScenarioError(f"data.text_files: {f} does not exist (paths are relative to the scenario file)")
+
+
+def _check_gpus(gpus: int, notes: list[str], cap: float | None) -> Literal["cuda", "cpu"]:
+    import torch
+
+    present = torch.cuda.device_count()  # NVML-based: does not initialise CUDA in this process
+    if present:
+        if gpus > present:
+            raise ScenarioError(f"the scenario asks for {gpus} GPUs per node but this machine has {present}; "
+                                f"pass --gpus {present} (or fewer)")
+        return "cuda"
+    cores = os.cpu_count() or 1
+    if gpus > cores * CPU_RANKS_PER_CORE:
+        raise ScenarioError(f"no GPU here, and {gpus} CPU ranks is more than {CPU_RANKS_PER_CORE} per core on "
+                            f"{cores} cores; pass --gpus {cores * CPU_RANKS_PER_CORE} or fewer")
+    notes.append(f"no GPU: running {gpus} CPU rank(s) per node over gloo")
+    if cap:
+        notes.append("gpu_memory_cap_gib is ignored on the CPU")
+    return "cpu"
+
+
+def default_label(v: VariantSpec, stage: int | None, ds: dict[str, Any]) -> str:
+    if v.label:
+        return v.label
+    if v.engine == "ddp":
+        return "DDP (torch DistributedDataParallel)"
+    if v.engine == "fsdp2":
+        return "FSDP2 (torch fully_shard)"
+    zero = ds.get("zero_optimization", {})
+    by_device: dict[str, list[str]] = {}
+    for part in ("optimizer", "param"):
+        section = zero.get(f"offload_{part}")
+        device = section.get("device", "none") if isinstance(section, dict) else "none"
+        if device != "none":
+            by_device.setdefault("NVMe" if device == "nvme" else device.upper(), []).append(part)
+    suffix = "".join(f" + {dev} offload ({', '.join(parts)})" for dev, parts in by_device.items())
+    who = "zero_core" if v.engine == "zero" else "DeepSpeed"
+    return f"{who} ZeRO Stage {stage}{suffix}"
+
+
+def _plan_variant(sc: Scenario, v: VariantSpec, base_dir: str, world: int, arch: ArchConfig | None) -> VariantPlan:
+    try:
+        ds = ds_config.template(sc, v, base_dir)
+        if v.model_overrides:
+            if arch is None:
+                raise ConfigError("model_overrides needs model.arch (a pretrained model has a fixed shape)")
+            arch = load_arch(str(sc.model.arch), base_dir, {**sc.model.overrides, **v.model_overrides})
+    except ConfigError as e:
+        raise ScenarioError(f"variant '{v.name}': {e}") from None
+    hidden = arch.shape()[1] if arch else 1024
+    stage = ds["zero_optimization"]["stage"] if v.engine in ("zero", "deepspeed") else None
+    batch = v.batch_size or ds_config.fixed_batch(ds) or sc.batch_size
+    plan = VariantPlan(v, default_label(v, stage, ds), ds, batch, arch)
+    if v.engine == "deepspeed" and not deepspeed_available():
+        raise ScenarioError(f"variant '{v.name}' needs DeepSpeed, which is not installed here; pip install deepspeed, "
+                            "or leave the variant out with --variants")
+    if v.engine == "fsdp2" and sc.precision == "fp16":
+        plan.status, plan.reason = "unsupported", "fsdp2 with fp16 needs a sharded grad scaler: not supported yet; use bf16"
+    if v.engine == "zero":
+        final = ds_config.finalize(ds, sc=sc, batch=batch or 1, world_size=world, total_steps=1000, hidden=hidden)
+        try:
+            load_config(final, world)
+        except ConfigError as e:
+            if not ds_config.has_offload(final):
+                raise ScenarioError(f"variant '{v.name}': {e}") from None
+            try:
+                load_config(ds_config.without_offload(final), world)
+            except ConfigError:
+                raise ScenarioError(f"variant '{v.name}': {e}") from None
+            plan.status = "unsupported"
+            plan.reason = str(e) if "not supported" in str(e) else f"not supported yet: {e}"
+    return plan
+
+
+def build_plan(path: str, *, only: list[str] | None = None, gpus: int | None = None, nnodes: int = 1) -> Plan:
+    """Load `path` and check it against this machine; raises ScenarioError (one line) on any problem."""
+    sc = load_scenario(path)
+    base_dir = os.path.dirname(os.path.abspath(path))
+    arch = _check_model(sc, base_dir)
+    _check_data(sc, base_dir)
+    notes: list[str] = []
+    per_node = gpus or sc.gpus
+    device = _check_gpus(per_node, notes, sc.gpu_memory_cap_gib)
+    chosen = list(sc.variants)
+    if only:
+        names = [v.name for v in sc.variants]
+        missing = [n for n in only if n not in names]
+        if missing:
+            raise ScenarioError(f"--variants: no variant named '{missing[0]}' in {path}; the variants are {', '.join(names)}")
+        chosen = [v for v in sc.variants if v.name in only]
+    if sc.model_search:
+        if arch is None:
+            raise ScenarioError("model_search needs model.arch (a pretrained model has a fixed shape)")
+        load_arch(str(sc.model.arch), base_dir, {**sc.model.overrides, sc.model_search.key: sc.model_search.values[0]})
+    plans = [_plan_variant(sc, v, base_dir, per_node * nnodes, arch) for v in chosen]
+    if nnodes > 1:
+        if sc.model_search:
+            raise ScenarioError("model_search runs on one node; remove it for a multi-node run")
+        unsized = [p.name for p in plans if p.batch is None and p.status == "ready"]
+        if unsized:
+            raise ScenarioError(f"variant '{unsized[0]}' has no batch_size and the batch search runs on one node; "
+                                "set batch_size for a multi-node run")
+    return Plan(sc, path, base_dir, arch, per_node, nnodes, device, plans, notes)

@@ -1,0 +1,149 @@
+"""Results: one row per variant, the run's JSON, CSV and markdown, and the table in the articles' layout.
+
+Rows are plain dicts (results.json keeps them whole, loss curves included); the table and the CSV
+are derived from them here, so `zbench report` rebuilds every file from results.json alone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from statistics import mean
+from typing import Any
+
+from . import metrics
+
+METRIC_NAMES = {"f1": "F1", "accuracy": "Accuracy", "loss": "Eval loss", "perplexity": "Perplexity"}
+TASK_COLUMNS = {
+    "classification": ("f1", "accuracy", "loss"),
+    "lm": ("loss", "perplexity"),
+    "seq2seq": ("loss",),
+    "token_classification": ("accuracy", "loss"),
+}
+
+
+def base_row(name: str, label: str, engine: str, stage: int | None, status: str, note: str = "") -> dict[str, Any]:
+    return {"variant": name, "method": label, "engine": engine, "stage": stage, "status": status, "note": note}
+
+
+def measured_row(row: dict[str, Any], res: dict[str, Any], *, seq_len: int, searched: bool,
+                 est_gpu_gib: float | None) -> dict[str, Any]:
+    """Fill a row from rank 0's summary of a finished training launch."""
+    epochs = res["epochs"]
+    train_s = mean(e["train_s"] for e in epochs)
+    tps = metrics.tokens_per_s(res["tokens_per_epoch"], train_s)
+    row.update(
+        batch=res["batch"], batch_searched=searched, world_size=res["world_size"], device=res["device_name"],
+        train_s_per_epoch=train_s, eval_s_per_epoch=mean(e["eval_s"] for e in epochs),
+        eval={k: v for k, v in epochs[-1]["eval"].items()},
+        eval_per_epoch=[e["eval"] for e in epochs],
+        tokens_per_s=tps,
+        tflops_per_gpu=metrics.tflops_per_gpu(tps, res["world_size"], res["n_params"], res["layers"], res["hidden"],
+                                              res["tokens_per_row"]),
+        peak_gpu_gib=res["peak_gpu_gib"], peak_cpu_gib=res["peak_cpu_gib"], est_gpu_gib=est_gpu_gib,
+        n_params=res["n_params"], losses=res["losses"], data=res["data"], data_real=res["data_real"],
+        ds_config=res["ds_config"], seq_len=seq_len,
+    )
+    return row
+
+
+def add_parity(rows: list[dict[str, Any]], tol: float) -> None:
+    """Loss parity of every measured row against the first measured ddp row (same batch only)."""
+    ref = next((r for r in rows if r["engine"] == "ddp" and r["status"] == "ok"), None)
+    for r in rows:
+        if r["status"] != "ok":
+            continue
+        if ref is None:
+            r["parity"], r["parity_note"] = None, "no ddp row"
+        elif r is ref:
+            r["parity"], r["parity_note"] = 0.0, "reference"
+        elif r["batch"] != ref["batch"]:
+            r["parity"], r["parity_note"] = None, f"batch {r['batch']} vs ddp {ref['batch']}"
+        else:
+            r["parity"] = metrics.loss_parity(r["losses"], ref["losses"])
+            r["parity_note"] = "ok" if r["parity"] <= tol else "FAIL"
+
+
+def _num(x: Any, fmt: str) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    return format(x, fmt)
+
+
+def table_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Header and cells of the printed table."""
+    cols = TASK_COLUMNS[summary["task"]]
+    header = ["Variant", "Method", "Model", "Data", "Batch size (max)", "Train time per epoch (s)",
+              "Eval time per epoch (s)", *(METRIC_NAMES[c] for c in cols), "Tokens/s", "TFLOP/s per GPU",
+              "Peak GPU GiB", "Peak CPU GiB", "Loss parity vs DDP", "Notes"]
+    out = []
+    for r in summary["variants"]:
+        model = f"{summary['init']} {summary['model']}"
+        data = summary["data_kind"]
+        if r["status"] != "ok":
+            note = r["note"] or ("OOM Error" if r["status"] == "oom" else r["status"])
+            out.append([r["variant"], r["method"], model, data, "–", "–", "–", *("–" for _ in cols),
+                        "–", "–", "–", "–", "–", note])
+            continue
+        batch = f"{r['batch']}" + ("" if r.get("batch_searched") else " (set)")
+        parity = r.get("parity")
+        parity_cell = r.get("parity_note", "–") if parity is None else f"{parity:.1e} {r['parity_note']}"
+        notes = r.get("note", "")
+        out.append([
+            r["variant"], r["method"], model, data, batch, _num(r["train_s_per_epoch"], ".2f"),
+            _num(r["eval_s_per_epoch"], ".2f"), *(_num(r["eval"].get(c), ".3f" if c != "perplexity" else ".2f") for c in cols),
+            _num(r["tokens_per_s"], ",.0f"), _num(r["tflops_per_gpu"], ".3g"), _num(r["peak_gpu_gib"], ".2f"),
+            _num(r["peak_cpu_gib"], ".2f"), parity_cell, notes,
+        ])
+    return header, out
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    """The table as a markdown pipe table (the articles' layout), with a caption line."""
+    header, rows = table_rows(summary)
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
+    caption = (f"{summary['scenario']}: {summary['init']} {summary['model']}, {summary['data_kind']} data "
+               f"({summary.get('data_desc') or 'n/a'}), {summary['precision']}, {summary['world_size']} rank(s) on "
+               f"{summary['device']}; loss parity tolerance {summary['parity_tol']:g}")
+    return "\n".join(lines) + "\n\n" + caption + "\n"
+
+
+def frame(summary: dict[str, Any]) -> Any:
+    """One flat CSV row per variant (numbers unformatted; loss curves and configs left to the JSON)."""
+    import pandas as pd
+
+    flat = []
+    for r in summary["variants"]:
+        row = {k: v for k, v in r.items() if k not in ("losses", "eval", "eval_per_epoch", "ds_config")}
+        row.update({f"eval_{k}": v for k, v in (r.get("eval") or {}).items()})
+        row.update(init=summary["init"], model=summary["model"], data_kind=summary["data_kind"])
+        flat.append(row)
+    return pd.DataFrame(flat)
+
+
+def _json_safe(x: Any) -> Any:
+    """NaN/inf become null: results.json stays strict JSON for non-Python readers."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    return x
+
+
+def write_files(run_dir: str, summary: dict[str, Any]) -> None:
+    """results.json, results.csv and table.md in `run_dir`."""
+    with open(os.path.join(run_dir, "results.json"), "w", encoding="utf-8") as f:
+        json.dump(_json_safe(summary), f, indent=1, default=str)
+    frame(summary).to_csv(os.path.join(run_dir, "results.csv"), index=False)
+    with open(os.path.join(run_dir, "table.md"), "w", encoding="utf-8") as f:
+        f.write(markdown(summary))
+
+
+def load_summary(run_dir: str) -> dict[str, Any]:
+    path = os.path.join(run_dir, "results.json")
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)

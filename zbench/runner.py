@@ -1,0 +1,209 @@
+"""`zbench run`: each variant of a scenario in its own launch, measured, compared, written out.
+
+Per variant: the model-size search and the batch search when the scenario asks for them (each try a
+fresh launch, OOM-safe), then one training launch that trains, evaluates and measures. Rows that
+cannot run (not supported yet, out of memory, a failed rank) stay in the table with the reason, and
+the other variants still run; a failed rank is reported once more, in full, after the table. Then loss parity
+against ddp, the files (results.json/csv, table.md, plots) and W&B, all on the node that holds
+global rank 0; other nodes of a multi-node run only launch their ranks and keep their logs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from . import __version__, estimate
+from .launch import Nodes, OutOfMemory, RankFailure, launch, start_method
+from .models.configs import ArchConfig
+from .plan import Plan, VariantPlan
+from .progress import ProgressView
+from .results import add_parity, base_row, measured_row, write_files
+from .search import largest_fitting, largest_fitting_value
+
+_ENGINE_MODULES = {"ddp": ("zbench.variants.ddp",), "zero": ("zbench.variants.zero",),
+                   "fsdp2": ("zbench.variants.fsdp2",), "deepspeed": ("zbench.variants.deepspeed", "deepspeed")}
+
+
+@dataclass
+class RunOptions:
+    out: str = "runs"
+    wandb: str = "offline"  # offline | online | off
+    resume: str | None = None  # an earlier run folder: finished variants are kept, the rest run
+    nodes: Nodes | None = None  # default: one node with the plan's ranks
+    progress: bool = True
+    fork_ok: bool = False  # this process has run no torch op: CPU ranks may be forked (see launch.py)
+
+
+def say(message: str) -> None:
+    """Status lines go to stderr: stdout ends with the table."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def new_run_dir(out: str, name: str, node_rank: int) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = os.path.join(out, f"{name}-{stamp}" + (f"-node{node_rank}" if node_rank else ""))
+    path, n = base, 1
+    while os.path.exists(path):
+        n += 1
+        path = f"{base}-{n}"
+    return path
+
+
+class Runner:
+    def __init__(self, plan: Plan, opts: RunOptions) -> None:
+        self.plan, self.opts = plan, opts
+        self.nodes = opts.nodes or Nodes(plan.gpus)
+        self.run_dir = opts.resume or new_run_dir(opts.out, str(plan.scenario.name), self.nodes.node_rank)
+        self.launches = 0
+        self.writer = self.nodes.node_rank == 0  # corrected by the first launch: whoever gets global rank 0
+        self.failures: list[RankFailure] = []  # variants whose ranks failed (not OOM): rows, then one error
+
+    # -- launches -----------------------------------------------------------------------------
+    def _launch(self, vp: VariantPlan, arch: ArchConfig | None, batch: int, mode: str) -> dict[int, Any]:
+        from .worker import run_job
+
+        index = self.launches
+        self.launches += 1
+        log_dir = os.path.join(self.run_dir, "logs", vp.name)
+        os.makedirs(log_dir, exist_ok=True)
+        job = {"scenario": self.plan.scenario.model_dump(mode="json"), "base_dir": self.plan.base_dir,
+               "arch": asdict(arch) if arch else None, "engine": vp.spec.engine, "ds": vp.ds_template,
+               "batch": batch, "mode": mode, "progress": os.path.join(log_dir, f"progress-{index}.jsonl")}
+        title = f"{vp.name} (batch {batch})"
+        with ProgressView(job["progress"], title, enabled=self.opts.progress):
+            res = launch(run_job, json.dumps(job), self.nodes, run_id=f"{vp.name}-{mode}{index}", log_dir=log_dir,
+                         index=index, what=f"variant '{vp.name}' ({mode}, batch {batch})", fork_ok=self.opts.fork_ok)
+        self.writer = 0 in res
+        return res
+
+    def _fits(self, vp: VariantPlan, arch: ArchConfig | None, batch: int) -> bool:
+        try:
+            self._launch(vp, arch, batch, "probe")
+        except OutOfMemory:
+            say(f"[{vp.name}] batch {batch}: out of memory")
+            return False
+        say(f"[{vp.name}] batch {batch}: fits")
+        return True
+
+    # -- one variant ----------------------------------------------------------------------------
+    def run_variant(self, vp: VariantPlan) -> dict[str, Any]:
+        sc = self.plan.scenario
+        row = base_row(vp.name, vp.label, vp.spec.engine, vp.stage, "ok")
+        if vp.status == "unsupported":
+            say(f"[{vp.name}] skipped: {vp.reason}")
+            return {**row, "status": "unsupported", "note": vp.reason}
+        arch = vp.arch
+        if sc.model_search and arch is not None:
+            key = sc.model_search.key
+
+            def sized(value: int) -> ArchConfig:
+                return replace(arch, config={**arch.config, key: value})  # type: ignore[arg-type]
+
+            value = largest_fitting_value(lambda x: self._fits(vp, sized(x), vp.batch or sc.batch_search.start),
+                                          sc.model_search.values)
+            if value is None:
+                return {**row, "status": "oom", "note": f"OOM even at {key}={min(sc.model_search.values)}"}
+            arch = sized(value)
+            row["model_search"] = {key: value}
+        batch, searched = vp.batch, False
+        if batch is None:
+            say(f"[{vp.name}] searching the largest batch per GPU ({sc.batch_search.start}..{sc.batch_search.max})")
+            batch = largest_fitting(lambda b: self._fits(vp, arch, b), sc.batch_search.start, sc.batch_search.max)
+            searched = True
+            if batch is None:
+                return {**row, "status": "oom", "note": f"OOM Error even at batch {sc.batch_search.start}"}
+        say(f"[{vp.name}] training: batch {batch} per rank on {self.plan.world_size} rank(s)")
+        try:
+            res = self._launch(vp, arch, batch, "train")
+        except OutOfMemory:
+            return {**row, "status": "oom", "batch": batch, "note": f"OOM Error at batch {batch}"}
+        if 0 not in res:
+            return {**row, "status": "remote"}  # this node does not hold rank 0: nothing to measure here
+        r0 = res[0]
+        stage = 3 if vp.spec.engine == "fsdp2" else (vp.stage or 0)  # FSDP2 shards like ZeRO-3
+        est = estimate.model_states_gib(stage, r0["n_params"], r0["largest_layer"], self.plan.gpus, self.plan.nnodes)
+        if "model_search" in row:
+            row["model_search"]["n_params"] = n = r0["n_params"]
+            shape = {**vp.spec.model_overrides, **{k: v for k, v in row["model_search"].items() if k != "n_params"}}
+            size = f"{n / 1e9:.2f} B" if n >= 1e8 else f"{n / 1e6:.2f} M"
+            row["note"] = ", ".join(f"{k}={v}" for k, v in shape.items()) + f" ({size} params)"
+        return measured_row(row, r0, seq_len=sc.seq_len, searched=searched, est_gpu_gib=est)
+
+    # -- the whole run ----------------------------------------------------------------------------
+    def run(self) -> dict[str, Any] | None:
+        """Run every variant; the summary on the writing node, None elsewhere."""
+        os.makedirs(os.path.join(self.run_dir, "variants"), exist_ok=True)
+        shutil.copyfile(self.plan.path, os.path.join(self.run_dir, "scenario.yaml"))
+        if start_method(self.opts.fork_ok) == "fork":  # import once here rather than in every forked rank
+            for engine in {v.spec.engine for v in self.plan.variants if v.status == "ready"}:
+                for module in _ENGINE_MODULES[engine]:
+                    importlib.import_module(module)
+            importlib.import_module("zbench.worker")
+        rows = []
+        for vp in self.plan.variants:
+            cached = os.path.join(self.run_dir, "variants", f"{vp.name}.json")
+            if self.opts.resume and os.path.isfile(cached):
+                with open(cached, encoding="utf-8") as f:
+                    rows.append(json.load(f))
+                say(f"[{vp.name}] kept from {cached}")
+                continue
+            try:
+                row = self.run_variant(vp)
+            except RankFailure as e:  # the other variants still run; the CLI reports this after the table
+                self.failures.append(e)
+                first = str(e).splitlines()[0].split(": ", 1)[-1]
+                row = {**base_row(vp.name, vp.label, vp.spec.engine, vp.stage, "failed"), "note": f"failed: {first}"}
+                say(f"[{vp.name}] failed: {first}")
+            if row["status"] != "remote":
+                with open(cached, "w", encoding="utf-8") as f:
+                    json.dump(row, f, default=str)
+            rows.append(row)
+        if not self.writer:
+            return None
+        return self._finish(rows)
+
+    def _finish(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        import torch
+
+        plan, sc = self.plan, self.plan.scenario
+        add_parity(rows, sc.tolerance)
+        measured = [r for r in rows if r["status"] == "ok"]
+        summary = {
+            "scenario": sc.name, "scenario_file": os.path.abspath(plan.path), "scenario_config": sc.model_dump(mode="json"),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "task": sc.task, "headline_metric": sc.headline_metric,
+            "precision": sc.precision, "world_size": plan.world_size, "nodes": plan.nnodes, "gpus_per_node": plan.gpus,
+            "device": measured[0]["device"] if measured else plan.device, "init": plan.init, "model": plan.model_name,
+            "data_kind": plan.data_kind, "data_desc": measured[0]["data"] if measured else None,
+            "parity_tol": sc.tolerance, "notes": plan.notes, "zbench": __version__, "torch": torch.__version__,
+            "variants": rows,
+        }
+        write_outputs(self.run_dir, summary, self.opts.wandb)
+        return summary
+
+
+def check_resume(run_dir: str, scenario_path: str) -> None:
+    """A resumed folder must come from the same scenario file (its finished rows are reused by name)."""
+    kept = os.path.join(run_dir, "scenario.yaml")
+    if not os.path.isfile(kept):
+        raise ValueError(f"--resume {run_dir} has no scenario.yaml: it is not a zbench run folder")
+    with open(kept, encoding="utf-8") as a, open(scenario_path, encoding="utf-8") as b:
+        if a.read() != b.read():
+            raise ValueError(f"--resume {run_dir} was run with another version of the scenario ({kept}); "
+                             "resume with that file or start a new run")
+
+
+def write_outputs(run_dir: str, summary: dict[str, Any], wandb_mode: str = "off") -> None:
+    """Files, plots and (unless off) W&B runs; `zbench report` calls this with W&B off."""
+    from .plots import write_plots
+    from .wandb_log import log_runs
+
+    write_files(run_dir, summary)
+    write_plots(run_dir, summary)
+    log_runs(run_dir, summary, wandb_mode)

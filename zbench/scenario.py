@@ -1,0 +1,255 @@
+"""The scenario YAML: what to train, on what data, and which engine variants to compare.
+
+    model:    {arch: tiny-gpt}            # scenarios/models/tiny-gpt.json, random init
+              {pretrained: ./my-model}    # a local folder or a hub id (needs transformers)
+    data:     {synthetic: {vocab: 512}} | {mrpc_tsv: DIR} | {text_files: [a.txt, b.txt]}
+    task: lm | classification | seq2seq | token_classification
+    precision, seq_len, epochs or steps, batch_size (absent: OOM-safe search), gpus, gpu_memory_cap_gib
+    variants: [{name: zero2, engine: zero, stage: 2}, {name: ddp, engine: ddp}, ...]
+
+Parsing is strict like zero_core's configs: an unknown key is a one-line error naming its path and the
+closest valid key (zero_core's formatter, reused). Paths in a scenario are relative to the scenario file.
+Checks that need the machine (files, DeepSpeed, GPU count) live in `plan.py`.
+"""
+
+from __future__ import annotations
+
+import os
+import typing
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from zero_core import ConfigError
+from zero_core.config_errors import dotted, from_validation_error, unknown_key_message
+
+Engine = Literal["ddp", "zero", "fsdp2", "deepspeed"]
+Task = Literal["lm", "classification", "seq2seq", "token_classification"]
+Metric = Literal["perplexity", "loss", "f1", "accuracy"]
+Device = Literal["none", "cpu", "nvme"]
+PosInt = Annotated[int, Field(ge=1)]
+
+# The metric a task reports first, and every metric it can report.
+TASK_METRICS: dict[str, tuple[str, ...]] = {
+    "lm": ("perplexity", "loss"),
+    "classification": ("f1", "accuracy", "loss"),
+    "seq2seq": ("loss",),
+    "token_classification": ("accuracy", "loss"),
+}
+
+
+class ScenarioError(ConfigError):
+    """A user error in a scenario: one line naming the key and the fix."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(Strict):
+    arch: str | None = None  # a config name in scenarios/models/ or a path to a .json file (random init)
+    pretrained: str | None = None  # a local folder or a hub id (needs transformers)
+    overrides: dict[str, Any] = {}  # replace fields of the arch config (e.g. n_layer)
+    tokenizer: str | None = None  # a HF tokenizer; default: the pretrained model's, else bytes
+    num_labels: PosInt | None = None  # classification heads (default 2; token classification: required)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "ModelSpec":
+        if (self.arch is None) == (self.pretrained is None):
+            raise ValueError("give exactly one of model.arch (a config in scenarios/models/) or model.pretrained")
+        return self
+
+
+class SyntheticSpec(Strict):
+    vocab: PosInt | None = None  # default: the model's vocabulary
+    train_samples: PosInt = 1024
+    eval_samples: PosInt = 128
+
+
+class DataSpec(Strict):
+    mrpc_tsv: str | None = None  # a GLUE MRPC folder (train.tsv/dev.tsv or msr_paraphrase_*.txt)
+    text_files: list[str] | None = None  # plain-text files cut into blocks of seq_len tokens
+    synthetic: SyntheticSpec | None = None  # learnable synthetic tokens
+    eval_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.1  # text_files: the last blocks held out
+    max_train_samples: PosInt | None = None
+    max_eval_samples: PosInt | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "DataSpec":
+        given = [k for k in ("mrpc_tsv", "text_files", "synthetic") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one data source (mrpc_tsv, text_files or synthetic), got {given or 'none'}")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return "mrpc" if self.mrpc_tsv else "text" if self.text_files else "synthetic"
+
+    @property
+    def real(self) -> bool:
+        return self.synthetic is None
+
+
+class BatchSearch(Strict):
+    """The OOM-safe search for the largest batch per GPU (each try is a fresh launch)."""
+
+    start: PosInt = 1
+    max: PosInt = 1024
+    steps: PosInt = 2  # optimizer steps per try (the first one allocates the optimizer state)
+
+
+class ModelSearch(Strict):
+    """Find the largest model that fits: try `values` of one arch field (e.g. n_layer), largest fitting wins."""
+
+    key: str
+    values: list[PosInt] = Field(min_length=1)
+
+
+class VariantSpec(Strict):
+    name: str = Field(min_length=1)
+    engine: Engine
+    label: str | None = None  # the "Method" column; default from engine and stage
+    stage: Annotated[int, Field(ge=0, le=3)] | None = None  # zero/deepspeed; default: the config's, else 2
+    offload_optimizer: Device | None = None
+    offload_param: Device | None = None
+    ds_config: str | None = None  # a DeepSpeed JSON file
+    accelerate_config: str | None = None  # an Accelerate YAML with distributed_type: DEEPSPEED
+    batch_size: PosInt | None = None  # per GPU; overrides the scenario's
+    model_overrides: dict[str, Any] = {}  # arch fields for this variant only (e.g. a wider minGPT for ZeRO-3)
+
+    @model_validator(mode="after")
+    def _engine_settings(self) -> "VariantSpec":
+        sharded = self.engine in ("zero", "deepspeed")
+        if not sharded:
+            for key in ("stage", "offload_optimizer", "offload_param", "ds_config", "accelerate_config"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"'{key}' applies to zero and deepspeed variants, not engine '{self.engine}'; remove it")
+        if self.ds_config and self.accelerate_config:
+            raise ValueError("give ds_config or accelerate_config, not both")
+        return self
+
+
+class Scenario(Strict):
+    name: str | None = None  # default: the file name
+    description: str | None = None
+    model: ModelSpec
+    data: DataSpec
+    task: Task = "lm"
+    metric: Metric | None = None  # the headline metric; default: the task's first
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    seq_len: PosInt
+    target_len: PosInt | None = None  # seq2seq decoder length (default seq_len)
+    epochs: PosInt | None = None
+    steps: PosInt | None = None  # optimizer steps instead of epochs (reported as one epoch)
+    batch_size: PosInt | None = None  # per GPU; absent: OOM-safe search per variant
+    eval_batch_size: PosInt | None = None
+    grad_accum: PosInt = 1
+    lr: Annotated[float, Field(gt=0)] = 1e-3
+    weight_decay: Annotated[float, Field(ge=0)] = 0.0
+    warmup_steps: Annotated[int, Field(ge=0)] = 0
+    max_grad_norm: Annotated[float, Field(ge=0)] = 1.0
+    seed: int = 0
+    gpus: PosInt = 1  # ranks per node
+    gpu_memory_cap_gib: Annotated[float, Field(gt=0)] | None = None  # pretend the GPU is this small
+    batch_search: BatchSearch = BatchSearch()
+    model_search: ModelSearch | None = None
+    parity_tol: Annotated[float, Field(gt=0)] | None = None  # default: 1e-3 fp32, 5e-2 bf16/fp16
+    variants: list[VariantSpec] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Scenario":
+        if (self.epochs is None) == (self.steps is None):
+            raise ValueError("give exactly one of 'epochs' or 'steps'")
+        if self.metric is not None and self.metric not in TASK_METRICS[self.task]:
+            raise ValueError(f"metric '{self.metric}' does not apply to task '{self.task}'; "
+                             f"use one of {', '.join(TASK_METRICS[self.task])}")
+        names = [v.name for v in self.variants]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"variant name '{dupes[0]}' is used twice; names must be unique")
+        return self
+
+    @property
+    def headline_metric(self) -> str:
+        return self.metric or TASK_METRICS[self.task][0]
+
+    @property
+    def tolerance(self) -> float:
+        return self.parity_tol or (1e-3 if self.precision == "fp32" else 5e-2)
+
+
+def _model_at(root: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The pydantic model at `loc` below `root`, stepping through lists and optionals."""
+    model: Any = root
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(str(part)) if model is not None else None
+        model = _inner_model(field.annotation) if field is not None else None
+    return model
+
+
+def _inner_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _inner_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _path(loc: tuple[Any, ...]) -> str:
+    """variants[1].stage rather than variants.1.stage."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def translate(err: ValidationError) -> ScenarioError:
+    """The first pydantic error as one line, list items written as variants[1]."""
+    first = err.errors(include_url=False)[0]
+    loc = tuple(first["loc"])
+    ints = [i for i, p in enumerate(loc) if isinstance(p, int)]
+    if first["type"] == "extra_forbidden" and ints:
+        # zero_core's helper walks nested models but not lists: hand it the list item's model
+        cut = ints[-1] + 1
+        item = _model_at(Scenario, loc[:cut])
+        if item is not None:
+            msg = unknown_key_message(item, loc[cut:])
+            return ScenarioError(msg.replace(f"'{dotted(loc[cut:])}'", f"'{_path(loc)}'", 1))
+    if first["type"] == "missing":
+        return ScenarioError(f"{_path(loc)} is required; add it to the scenario")
+    if first["type"] == "value_error":
+        where = _path(loc)
+        text = str(first["msg"]).removeprefix("Value error, ")
+        return ScenarioError(f"{where}: {text}" if where else text)
+    msg = str(from_validation_error(err, Scenario))
+    return ScenarioError(msg.replace(dotted(loc), _path(loc), 1) if loc else msg)
+
+
+def parse_scenario(data: Any, name: str = "scenario") -> Scenario:
+    """Validate scenario data (already parsed YAML); the name defaults to `name`."""
+    if not isinstance(data, dict):
+        raise ScenarioError(f"a scenario must be a YAML mapping (key: value lines), got {type(data).__name__}")
+    try:
+        sc = Scenario.model_validate(data)
+    except ValidationError as err:
+        raise translate(err) from None
+    return sc if sc.name else sc.model_copy(update={"name": name})
+
+
+def load_scenario(path: str) -> Scenario:
+    """Read and validate a scenario file (syntax and schema only; see plan.py for the machine checks)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except OSError as e:
+        raise ScenarioError(f"cannot read scenario {path}: {e.strerror}; pass an existing YAML file") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ScenarioError(f"scenario {path} is not valid YAML{where}: {getattr(e, 'problem', e)}; fix the syntax") from None
+    return parse_scenario(data, os.path.splitext(os.path.basename(path))[0])

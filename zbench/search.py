@@ -1,0 +1,45 @@
+"""OOM-safe searches: the largest batch per GPU, or the largest model, that still trains.
+
+`fits(x)` runs a short training in a fresh launch and says whether it finished without running out
+of memory; nothing from a failed try survives into the next one. Memory use grows with the batch
+and the model size, so doubling and then bisecting finds the boundary in O(log) tries.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+
+def largest_fitting(fits: Callable[[int], bool], start: int, maximum: int) -> int | None:
+    """The largest b in [start, maximum] with fits(b), or None if `start` already fails."""
+    if not fits(start):
+        return None
+    lo, hi = start, None
+    while hi is None:
+        nxt = min(lo * 2, maximum)
+        if nxt == lo:
+            return lo  # the cap fits
+        if fits(nxt):
+            lo = nxt
+        else:
+            hi = nxt
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def largest_fitting_value(fits: Callable[[int], bool], values: Sequence[int]) -> int | None:
+    """The largest of the sorted `values` with fits(value) (bisection), or None if none fits."""
+    ordered = sorted(values)
+    lo, hi = -1, len(ordered)  # invariant: ordered[lo] fits (or lo = -1), ordered[hi] fails (or hi = len)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(ordered[mid]):
+            lo = mid
+        else:
+            hi = mid
+    return ordered[lo] if lo >= 0 else None

@@ -1,0 +1,53 @@
+"""What every engine variant offers the training loop: forward, backward, step, train/eval.
+
+The loop never knows which engine it drives; a variant is built from the model bundle and the
+variant's DeepSpeed-style dict (the one config every engine reads its optimizer, schedule, clipping,
+accumulation and precision from, so that a comparison changes only the engine).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from contextlib import nullcontext
+from typing import Any, ContextManager
+
+import torch
+
+from ..models.factory import Batch, ModelBundle
+
+
+class Variant(ABC):
+    """A model wrapped by one data-parallel engine."""
+
+    engine: str = ""
+
+    def __init__(self, bundle: ModelBundle, ds: dict[str, Any], device: torch.device) -> None:
+        self.bundle = bundle
+        self.ds = ds
+        self.device = device
+
+    @property
+    @abstractmethod
+    def target(self) -> Any:
+        """What a forward calls: the wrapped module or the engine object."""
+
+    def autocast(self) -> ContextManager:
+        return nullcontext()
+
+    def forward(self, batch: Batch) -> Any:
+        """Run the model on one micro-batch; the result has `.loss` and `.logits`."""
+        with self.autocast():
+            return self.bundle.call(self.target, batch)
+
+    @abstractmethod
+    def backward(self, loss: torch.Tensor) -> None: ...
+
+    @abstractmethod
+    def step(self) -> None:
+        """Called after every micro-batch; updates the weights at accumulation boundaries."""
+
+    def train(self) -> None:
+        self.bundle.model.train()
+
+    def eval(self) -> None:
+        self.bundle.model.eval()

@@ -1,0 +1,36 @@
+"""zero_core at stage 0-3, configured by the variant's DeepSpeed dict."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import zero_core
+
+from ..models.factory import ModelBundle
+from .base import Variant
+
+
+class ZeroVariant(Variant):
+    engine = "zero"
+
+    def __init__(self, bundle: ModelBundle, ds: dict[str, Any], device: torch.device) -> None:
+        super().__init__(bundle, ds, device)
+        self.engine_obj = zero_core.initialize(bundle.model, ds)
+
+    @property
+    def target(self) -> Any:
+        return self.engine_obj
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine_obj.backward(loss)
+
+    def step(self) -> None:
+        self.engine_obj.step()
+
+    def train(self) -> None:
+        self.engine_obj.train()
+
+    def eval(self) -> None:
+        self.engine_obj.eval()

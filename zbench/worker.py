@@ -1,0 +1,155 @@
+"""One rank of one variant: build data, model and engine; train, evaluate, measure; report to rank 0.
+
+This is the launcher's entrypoint (`run_job`), so it imports only torch and zbench's training pieces:
+no pandas, matplotlib or W&B in the rank processes. A probe (the batch search) runs a few steps and
+returns; an out-of-memory error propagates, so the launcher stops every rank and reports it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import ds_config
+from .data import build_splits
+from .data.batches import eval_batches, steps_per_epoch, train_stream
+from .evaluation import EvalSums
+from .models.configs import ArchConfig
+from .models.factory import build_model
+from .progress import ProgressWriter
+from .scenario import Scenario
+from .variants import build_variant
+
+
+def _setup() -> tuple[torch.device, int, int]:
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    threads = os.environ.get("OMP_NUM_THREADS")  # set it when ranks of several "nodes" share one machine
+    torch.set_num_threads(int(threads) if threads else max(1, (os.cpu_count() or 1) // local_world))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    return device, dist.get_rank(), dist.get_world_size()
+
+
+def _cap_memory(device: torch.device, cap_gib: float | None) -> None:
+    """Pretend the GPU has `cap_gib` (the articles' 24 GB cards on a larger one)."""
+    if cap_gib and device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib * 2**30 / total), device)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _peaks(device: torch.device) -> tuple[float, float]:
+    """(peak GPU GiB, peak CPU RSS GiB), the max over ranks."""
+    gpu = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+    cpu = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30  # Linux reports KiB
+    t = torch.tensor([0.0 if gpu != gpu else gpu, cpu], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return (float(t[0]) if device.type == "cuda" else float("nan")), float(t[1])
+
+
+def run_job(job_json: str) -> dict[str, Any]:
+    """Entry point of every rank; rank 0 returns the full summary, the others their rank."""
+    job = json.loads(job_json)
+    for sig in (signal.SIGTERM, signal.SIGINT):  # a forked rank inherits the agent's raising handlers
+        signal.signal(sig, signal.SIG_DFL)
+    device, rank, world = _setup()
+    try:
+        return _run(job, device, rank, world)
+    finally:
+        dist.destroy_process_group()
+
+
+def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> dict[str, Any]:
+    sc = Scenario.model_validate(job["scenario"])
+    _cap_memory(device, sc.gpu_memory_cap_gib)
+    arch = ArchConfig(**job["arch"]) if job["arch"] else None
+    torch.manual_seed(sc.seed)  # the same initial weights in every variant
+    bundle = build_model(task=sc.task, arch=arch, pretrained=sc.model.pretrained, num_labels=sc.model.num_labels or 2)
+    splits = build_splits(job["scenario"]["data"], task=sc.task, seq_len=sc.seq_len, vocab=bundle.vocab, seed=sc.seed,
+                          base_dir=job["base_dir"], tokenizer=sc.model.tokenizer or sc.model.pretrained,
+                          num_labels=sc.model.num_labels or 2, target_len=sc.target_len)
+    batch = job["batch"]
+    gas = sc.grad_accum
+    probe = job["mode"] == "probe"
+    if probe:
+        micro_per_epoch, epochs = sc.batch_search.steps * gas, 1
+    elif sc.steps:
+        micro_per_epoch, epochs = sc.steps * gas, 1
+    else:
+        micro_per_epoch = max(gas, steps_per_epoch(splits.train, batch, world) // gas * gas)
+        epochs = sc.epochs or 1
+    total_steps = epochs * micro_per_epoch // gas
+    ds = ds_config.finalize(job["ds"], sc=sc, batch=batch, world_size=world, total_steps=total_steps, hidden=bundle.hidden)
+    variant = build_variant(job["engine"], bundle, ds, device)
+    torch.manual_seed(sc.seed + 1 + rank)  # dropout differs per rank, identically in every variant
+    stream = train_stream(splits.train, batch=batch, rank=rank, world=world, seed=sc.seed)
+    progress = ProgressWriter(job.get("progress") if rank == 0 else None)
+    eval_bs = sc.eval_batch_size or batch
+    n_eval = -(-next(iter(splits.eval.values())).shape[0] // (eval_bs * world))
+    losses: list[torch.Tensor] = []  # kept on the device: reading each would stall it
+    epoch_rows = []
+    for epoch in range(epochs):
+        variant.train()
+        _sync(device)
+        start = time.perf_counter()
+        for i in range(micro_per_epoch):
+            b = {k: v.to(device, non_blocking=True) for k, v in next(stream).items()}
+            out = variant.forward(b)
+            variant.backward(out.loss)
+            variant.step()
+            losses.append(out.loss.detach().float())
+            progress.update(f"train epoch {epoch + 1}/{epochs}", i + 1, micro_per_epoch)
+        _sync(device)
+        train_s = time.perf_counter() - start
+        if probe:
+            epoch_rows.append({"train_s": train_s})
+            break
+        variant.eval()
+        sums = EvalSums(sc.task, device)
+        start = time.perf_counter()
+        with torch.no_grad():
+            for j, (b, valid) in enumerate(eval_batches(splits.eval, batch=eval_bs, rank=rank, world=world)):
+                b = {k: v.to(device, non_blocking=True) for k, v in b.items()}
+                out = variant.forward(b)
+                sums.add(out.logits, b["labels"], valid)
+                progress.update(f"eval epoch {epoch + 1}/{epochs}", j + 1, n_eval)
+        _sync(device)
+        eval_s = time.perf_counter() - start
+        epoch_rows.append({"train_s": train_s, "eval_s": eval_s, "eval": sums.result()})
+    curve = torch.stack(losses)
+    dist.all_reduce(curve)
+    curve /= world
+    times = torch.tensor([[r["train_s"], r.get("eval_s", 0.0)] for r in epoch_rows], dtype=torch.float64, device=device)
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
+    for r, (t, e) in zip(epoch_rows, times.tolist()):
+        r["train_s"], r["eval_s"] = t, e
+    peak_gpu, peak_cpu = _peaks(device)
+    if rank != 0:
+        return {"rank": rank}
+    tokens_per_row = sc.seq_len + ((sc.target_len or sc.seq_len) if sc.task == "seq2seq" else 0)
+    return {
+        "rank": 0, "status": "ok", "world_size": world, "device": device.type,
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "batch": batch, "grad_accum": gas, "micro_steps_per_epoch": micro_per_epoch, "epochs": epoch_rows,
+        "losses": curve.tolist(), "tokens_per_epoch": micro_per_epoch * batch * world * tokens_per_row,
+        "tokens_per_row": tokens_per_row, "n_params": bundle.n_params, "largest_layer": bundle.largest_layer,
+        "layers": bundle.layers, "hidden": bundle.hidden, "peak_gpu_gib": peak_gpu, "peak_cpu_gib": peak_cpu,
+        "ds_config": ds, "data": splits.description, "data_real": splits.real, "torch": torch.__version__,
+    }
