@@ -27,5 +27,18 @@ def _faulty(job, device, rank, world):
     return _real_run(job, device, rank, world)
 
 
-worker._run = _faulty
+if MODE.startswith("crash-at-step-"):  # rank 1 dies once the engine reaches that optimizer step
+    import zero_core.engine as engine_module
+
+    _stop = int(MODE.rsplit("-", 1)[1])
+    _real_step = engine_module.Engine.step
+
+    def _dying_step(self):
+        _real_step(self)
+        if self.rank == 1 and self.global_step == _stop:
+            raise RuntimeError(f"injected failure on rank 1 at step {_stop}")
+
+    engine_module.Engine.step = _dying_step
+else:
+    worker._run = _faulty
 main(sys.argv[2:])

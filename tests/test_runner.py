@@ -219,3 +219,30 @@ def test_rank_failure_is_one_error_with_the_ranks_last_lines(tmp_path):
     assert "--- last log lines of rank 1" in err and 'raise RuntimeError("injected failure on rank 1")' in err
     assert "Traceback" in err and sum(line.startswith("Error: ") for line in err.splitlines()) == 1
     assert "1 more variant(s) failed too" in err
+
+
+def test_killed_run_resumes_from_its_checkpoint_with_the_same_losses(tmp_path):
+    """`checkpoint_every` + `--resume`: a variant whose rank died mid-training continues from the last
+    zero_core checkpoint and ends with the loss curve of a run that never stopped."""
+    sc = yaml.safe_load(open(os.path.join(REPO, "scenarios", "quickstart.yaml")))
+    sc.update(name="ckpt", checkpoint_every=4, epochs=1)
+    sc["model"] = {"arch": TINY}
+    sc["variants"] = [{"name": "zero3", "engine": "zero", "stage": 3}]
+    path = tmp_path / "ckpt.yaml"
+    path.write_text(yaml.safe_dump(sc))
+    straight = zbench("run", str(path), "--out", str(tmp_path / "a"), "--wandb", "off", "--no-progress")
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    killed = zbench("run", str(path), "--out", str(tmp_path / "b"), "--wandb", "off", "--no-progress",
+                    script=("tests/run_with_faults.py", "crash-at-step-10"))
+    assert killed.returncode == 1 and "variant 'zero3' (train, batch 8) failed" in killed.stderr
+    folder = run_dir(killed.stdout)
+    logs = "".join(open(f).read() for f in glob.glob(os.path.join(folder, "logs", "zero3", "**", "*"), recursive=True)
+                   if os.path.isfile(f))
+    assert "injected failure on rank 1 at step 10" in logs
+    assert open(os.path.join(folder, "checkpoints", "zero3", "latest")).read().strip() == "global_step8"
+    resumed = zbench("run", str(path), "--resume", folder, "--wandb", "off", "--no-progress")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a = json.load(open(os.path.join(run_dir(straight.stdout), "results.json")))["variants"][0]["losses"]
+    b = json.load(open(os.path.join(folder, "results.json")))["variants"][0]["losses"]
+    assert len(a) == len(b) == 16
+    assert b == pytest.approx(a, abs=1e-6)

@@ -76,6 +76,9 @@ class Runner:
         job = {"scenario": self.plan.scenario.model_dump(mode="json"), "base_dir": self.plan.base_dir,
                "arch": asdict(arch) if arch else None, "engine": vp.spec.engine, "ds": vp.ds_template,
                "batch": batch, "mode": mode, "progress": os.path.join(log_dir, f"progress-{index}.jsonl")}
+        if mode == "train" and vp.spec.engine == "zero" and self.plan.scenario.checkpoint_every:
+            # a rerun with --resume continues from here, on any number of ranks
+            job["checkpoint_dir"] = os.path.join(self.run_dir, "checkpoints", vp.name)
         title = f"{vp.name} (batch {batch})"
         with ProgressView(job["progress"], title, enabled=self.opts.progress):
             res = launch(run_job, json.dumps(job), self.nodes, run_id=f"{vp.name}-{mode}{index}", log_dir=log_dir,
@@ -151,9 +154,11 @@ class Runner:
             cached = os.path.join(self.run_dir, "variants", f"{vp.name}.json")
             if self.opts.resume and os.path.isfile(cached):
                 with open(cached, encoding="utf-8") as f:
-                    rows.append(json.load(f))
-                say(f"[{vp.name}] kept from {cached}")
-                continue
+                    kept = json.load(f)
+                if kept.get("status") != "failed":  # failed variants run again (from their checkpoint, if any)
+                    rows.append(kept)
+                    say(f"[{vp.name}] kept from {cached}")
+                    continue
             try:
                 row = self.run_variant(vp)
             except RankFailure as e:  # the other variants still run; the CLI reports this after the table

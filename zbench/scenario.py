@@ -155,6 +155,7 @@ class Scenario(Strict):
     batch_search: BatchSearch = BatchSearch()
     model_search: ModelSearch | None = None
     parity_tol: Annotated[float, Field(gt=0)] | None = None  # default: 1e-3 fp32, 5e-2 bf16/fp16
+    checkpoint_every: PosInt | None = None  # optimizer steps between zero_core checkpoints (zero variants)
     variants: list[VariantSpec] = Field(min_length=1)
 
     @model_validator(mode="after")

@@ -24,6 +24,7 @@ from .evaluation import EvalSums
 from .models.configs import ArchConfig
 from .models.factory import build_model
 from .progress import ProgressWriter
+from .resume import Checkpointing
 from .scenario import Scenario
 from .variants import build_variant
 
@@ -104,6 +105,8 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
     eval_bs = sc.eval_batch_size or batch
     n_eval = -(-next(iter(splits.eval.values())).shape[0] // (eval_bs * world))
     losses: list[torch.Tensor] = []  # kept on the device: reading each would stall it
+    ckpt = Checkpointing(job.get("checkpoint_dir"), sc.checkpoint_every, gas, variant)
+    done = ckpt.resume(losses, device)
     epoch_rows = []
     for epoch in range(epochs):
         variant.train()
@@ -111,10 +114,13 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
         start = time.perf_counter()
         for i in range(micro_per_epoch):
             b = {k: v.to(device, non_blocking=True) for k, v in next(stream).items()}
+            if epoch * micro_per_epoch + i < done:  # already trained before the checkpoint: only advance the data
+                continue
             out = variant.forward(b)
             variant.backward(out.loss)
             variant.step()
             losses.append(out.loss.detach().float())
+            ckpt.after_micro_step(epoch * micro_per_epoch + i + 1, losses)
             progress.update(f"train epoch {epoch + 1}/{epochs}", i + 1, micro_per_epoch)
         _sync(device)
         train_s = time.perf_counter() - start
