@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# GPU runs of the article scenarios (issue 4): bash docs/benchmarks/scripts/scenarios_gpu.sh SCENARIO [zbench run args...]
+set -uo pipefail
+source docs/benchmarks/scripts/gpu_env.sh
+scenario=$1; shift
+python3 -m zbench.cli run "scenarios/$scenario.yaml" --out "$OUT/runs" --wandb off --no-progress "$@" 2>"$OUT/${scenario}_stderr.txt" | tee "$OUT/${scenario}_table.txt"
+rc=${PIPESTATUS[0]}
+tail -30 "$OUT/${scenario}_stderr.txt"
+cp "$OUT"/runs/*/results.json "$OUT/${scenario}_results.json" 2>/dev/null
+exit $rc
