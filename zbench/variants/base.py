@@ -51,3 +51,25 @@ class Variant(ABC):
 
     def eval(self) -> None:
         self.bundle.model.eval()
+
+
+class EngineObjectVariant(Variant):
+    """An engine with DeepSpeed's engine API (zero_core, DeepSpeed): the engine object does it all."""
+
+    engine_obj: Any
+
+    @property
+    def target(self) -> Any:
+        return self.engine_obj
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine_obj.backward(loss)
+
+    def step(self) -> None:
+        self.engine_obj.step()
+
+    def train(self) -> None:
+        self.engine_obj.train()
+
+    def eval(self) -> None:
+        self.engine_obj.eval()

@@ -7,10 +7,10 @@ from typing import Any
 import torch
 
 from ..models.factory import ModelBundle
-from .base import Variant
+from .base import EngineObjectVariant
 
 
-class DeepSpeedVariant(Variant):
+class DeepSpeedVariant(EngineObjectVariant):
     engine = "deepspeed"
 
     def __init__(self, bundle: ModelBundle, ds: dict[str, Any], device: torch.device) -> None:
@@ -20,19 +20,3 @@ class DeepSpeedVariant(Variant):
         deepspeed.init_distributed()  # reuses the process group the worker created
         params = [p for p in bundle.model.parameters() if p.requires_grad]
         self.engine_obj, _, _, _ = deepspeed.initialize(model=bundle.model, model_parameters=params, config=ds)
-
-    @property
-    def target(self) -> Any:
-        return self.engine_obj
-
-    def backward(self, loss: torch.Tensor) -> None:
-        self.engine_obj.backward(loss)
-
-    def step(self) -> None:
-        self.engine_obj.step()
-
-    def train(self) -> None:
-        self.engine_obj.train()
-
-    def eval(self) -> None:
-        self.engine_obj.eval()

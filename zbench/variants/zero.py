@@ -9,28 +9,12 @@ import torch
 import zero_core
 
 from ..models.factory import ModelBundle
-from .base import Variant
+from .base import EngineObjectVariant
 
 
-class ZeroVariant(Variant):
+class ZeroVariant(EngineObjectVariant):
     engine = "zero"
 
     def __init__(self, bundle: ModelBundle, ds: dict[str, Any], device: torch.device) -> None:
         super().__init__(bundle, ds, device)
         self.engine_obj = zero_core.initialize(bundle.model, ds)
-
-    @property
-    def target(self) -> Any:
-        return self.engine_obj
-
-    def backward(self, loss: torch.Tensor) -> None:
-        self.engine_obj.backward(loss)
-
-    def step(self) -> None:
-        self.engine_obj.step()
-
-    def train(self) -> None:
-        self.engine_obj.train()
-
-    def eval(self) -> None:
-        self.engine_obj.eval()
