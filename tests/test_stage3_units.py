@@ -12,12 +12,48 @@ def _engine(stage: int, **zero):
     return zero_core.initialize(make_model(), ds_config(stage, "fp32", 2, **zero))
 
 
-def test_units_are_blocks_and_leaf_modules():
+def test_units_are_blocks_plus_one_root_unit():
     engine = _engine(3)
     names = [tuple(s.name for s in g.slots) for g in engine.layout.groups]
     block0 = [n for n in names if n[0].startswith("blocks.0.")]
     assert len(block0) == 1 and len(block0[0]) == 11  # every trainable tensor of block 0 (ln1.bias is frozen)
-    assert ("wte.weight",) in names and not any("head.weight" in n for n in names)  # tied head has no copy
+    assert names[0] == ("wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias")  # the root unit; the tied head has no copy
+    assert len(names) == 1 + len(engine.module.blocks)
+
+
+def test_parameter_read_outside_its_module_forward():
+    """Like DeBERTa's relative-position table: a parent reads a child's weight without calling it."""
+
+    class Reader(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.table = torch.nn.Embedding(5, 4)
+            self.blocks = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(2))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = x @ self.table.weight.T @ self.table.weight  # never calls self.table(...)
+            for b in self.blocks:
+                h = b(h)
+            return h
+
+    torch.manual_seed(0)
+    ref = Reader()
+    model = Reader()
+    model.load_state_dict(ref.state_dict())
+    cfg = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
+           "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
+    engine = zero_core.initialize(model, cfg)
+    opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.01)
+    x = torch.randn(2, 4)
+    for _ in range(3):
+        engine.backward(engine(x).square().mean())
+        engine.step()
+        ref(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    got = engine.full_state_dict()
+    for k, v in ref.state_dict().items():
+        assert torch.allclose(got[k], v, atol=1e-6), k
 
 
 def test_weights_released_between_uses_and_eval_matches_stage_2():
@@ -37,11 +73,11 @@ def test_weights_released_between_uses_and_eval_matches_stage_2():
 
 
 def test_persistence_threshold_keeps_small_units():
-    engine = _engine(3, stage3_param_persistence_threshold=100)
+    engine = _engine(3, stage3_param_persistence_threshold=2000)  # the root unit (1100) stays, blocks go
     x, y = make_batches(1, 2)[0]
     engine.backward(engine(x, y).loss)
     engine.step()
     engine(x)
-    kept = [g.numel < 100 for g in engine.layout.groups]
+    kept = [g.numel < 2000 for g in engine.layout.groups]
     held = [buf.untyped_storage().size() > 0 for buf in engine.gatherer.full]
     assert any(kept) and held == kept

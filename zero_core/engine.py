@@ -25,11 +25,14 @@ from .sharded_optimizer import ShardedAdamW
 
 
 def _stage3_units(model: torch.nn.Module, trainable: set[int]) -> tuple[list[torch.nn.Parameter], list[int], list]:
-    """Order parameters by unit: each child of an nn.ModuleList (a transformer block) is one unit with
-    its whole subtree; elsewhere each module with its own parameters is a unit.
+    """Order parameters by unit. Each child of an nn.ModuleList (a transformer block) is one unit with its
+    whole subtree, and every parameter outside the blocks (embeddings, final norm, a tied head, relative
+    position tables read by a parent) forms one root unit, gathered for the whole forward and backward,
+    as FSDP2 wraps the root. A model without blocks gets one unit per module that owns parameters.
 
-    Block-sized units keep all-gathers and reduce-scatters large; a module that reuses a parameter
-    owned by another unit (tied embeddings) needs that unit gathered too.
+    Block-sized units keep all-gathers and reduce-scatters large; the root unit covers parameters that
+    a module reads without calling the module that holds them. A unit that reuses a parameter owned by
+    another (tied embeddings) needs that unit gathered too.
     """
     owner: dict[int, int] = {}
     ordered: list[torch.nn.Parameter] = []
@@ -48,15 +51,26 @@ def _stage3_units(model: torch.nn.Module, trainable: set[int]) -> tuple[list[tor
         if needed:
             units.append((module, needed))
 
-    def visit(module: torch.nn.Module, is_block: bool) -> None:
-        if is_block:
-            add_unit(module, list(module.parameters()))
-            return
-        add_unit(module, [p for p in module._parameters.values() if p is not None])
-        for child in module.children():
-            visit(child, isinstance(module, torch.nn.ModuleList))
+    blocks: list[torch.nn.Module] = []
+    outside: list[torch.nn.Module] = []
 
-    visit(model, False)
+    def split(module: torch.nn.Module, is_block: bool) -> None:
+        if is_block:
+            blocks.append(module)
+            return
+        outside.append(module)
+        for child in module.children():
+            split(child, isinstance(module, torch.nn.ModuleList))
+
+    split(model, False)
+    direct = [[p for p in m._parameters.values() if p is not None] for m in outside]
+    if blocks:
+        add_unit(model, [p for ps in direct for p in ps])
+        for block in blocks:
+            add_unit(block, list(block.parameters()))
+    else:
+        for module, ps in zip(outside, direct):
+            add_unit(module, ps)
     return ordered, bounds, units
 
 
