@@ -138,9 +138,43 @@ def read_manifest(folder: Path) -> dict[str, Any]:
         raise CheckpointError(f"{folder / MANIFEST} is unreadable ({e.__class__.__name__}); the checkpoint is damaged, use an earlier tag")
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise CheckpointError(f"{folder / MANIFEST} is not a zbench manifest; pass a zbench checkpoint or use --from")
-    if manifest.get("version", 0) > VERSION:
-        raise CheckpointError(f"{folder} uses checkpoint format {manifest['version']}, newer than this zbench ({VERSION}); upgrade zbench")
+    if not isinstance(manifest.get("version"), int) or manifest["version"] > VERSION:
+        raise CheckpointError(f"{folder} uses checkpoint format {manifest.get('version')!r}, not one this zbench ({VERSION}) reads; upgrade zbench")
+    problem = _shape_problem(manifest)
+    if problem:
+        raise CheckpointError(f"{folder / MANIFEST} is damaged ({problem}); use an earlier checkpoint")
     return manifest
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _shape_problem(m: dict[str, Any]) -> str | None:
+    """What is structurally wrong with a manifest, so readers never meet a KeyError or TypeError."""
+    for key, kind in (("tag", str), ("step", int), ("micro_steps", int), ("world_size", int), ("stage", int),
+                      ("params", list), ("fragments", dict), ("files", dict), ("optimizer", dict),
+                      ("loss_scaler", dict), ("rng", dict), ("client_state", dict), ("layout", dict)):
+        if not isinstance(m.get(key), kind) or (kind is int and not _is_int(m[key])):
+            return f"'{key}' missing or not a {kind.__name__}"
+    for p in m["params"]:
+        if not (isinstance(p, dict) and isinstance(p.get("name"), str) and isinstance(p.get("shape"), list)
+                and all(_is_int(d) and d >= 0 for d in p["shape"]) and isinstance(p.get("dtype"), str)
+                and isinstance(p.get("trainable"), bool) and (p.get("slot") is None or _is_int(p["slot"]))
+                and (p.get("tied_to") is None or isinstance(p["tied_to"], str))):
+            return f"bad params entry {str(p)[:60]}"
+    for fname, frags in m["fragments"].items():
+        if "/" in fname or fname.startswith("."):
+            return f"file name {fname!r} points outside the checkpoint"
+        if not isinstance(frags, list) or not all(isinstance(f, list) and len(f) == 4 and all(_is_int(x) and x >= 0 for x in f)
+                                                  for f in frags):
+            return f"bad fragment map for {fname}"
+    for fname, meta in m["files"].items():
+        if not (isinstance(meta, dict) and isinstance(meta.get("sha256"), str) and _is_int(meta.get("bytes"))):
+            return f"bad file entry for {fname}"
+        if "/" in fname or fname.startswith("."):
+            return f"file name {fname!r} points outside the checkpoint"
+    return None
 
 
 def verify_files(folder: Path, manifest: dict[str, Any], names: list[str] | None = None) -> list[str]:
