@@ -185,3 +185,23 @@ def test_cli_inspect_convert_and_reshard_a_zbench_checkpoint(saved, tmp_path):
     res = runner.invoke(main, ["convert", str(ckpt), "--to", "zbench", "--world-size", "3", "--out", str(tmp_path / "r3")])
     assert res.exit_code == 0, res.output
     assert fmt.read_manifest(fmt.resolve(tmp_path / "r3"))["world_size"] == 3
+
+
+def test_paths_with_spaces_and_non_ascii(tmp_path):
+    from click.testing import CliRunner
+
+    from zbench.cli import main
+
+    root = tmp_path / "mes points de contrôle" / "run 1"
+    engine = zero_core.initialize(make_model(), config(2, 1))
+    from ckpt_workers import _train
+
+    _train(engine, 0, 1, range(1))
+    engine.save_checkpoint(root)
+    other = zero_core.initialize(make_model(), config(3, 1))
+    other.load_checkpoint(root)
+    assert _max_diff(other.full_state_dict(), engine.full_state_dict()) == 0.0
+    out = tmp_path / "sortie ü"
+    res = CliRunner().invoke(main, ["convert", str(root), "--to", "bf16", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert (out / "model.safetensors").is_file()
