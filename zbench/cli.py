@@ -47,7 +47,8 @@ def train(nproc: int, stage: int, config_path: str | None, steps: int, micro_bat
     else:
         ds_config = default_ds_config(stage, micro_batch, precision, lr)
     try:
-        load_config(ds_config, nproc)  # fail here, before any process starts
+        # the file itself too, before any process starts: zero_core's reader also refuses duplicate keys
+        load_config(config_path or ds_config, nproc)
     except ConfigError as e:
         raise _fail(str(e))
     arch = PRESETS[preset]

@@ -22,7 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from zero_core import ConfigError
-from zero_core.config_errors import dotted, from_validation_error, unknown_key_message
+from zero_core.config_errors import dotted, from_validation_error, primary_error, unknown_key_message
 
 Engine = Literal["ddp", "zero", "fsdp2", "deepspeed"]
 Task = Literal["lm", "classification", "seq2seq", "token_classification"]
@@ -210,8 +210,8 @@ def _path(loc: tuple[Any, ...]) -> str:
 
 
 def translate(err: ValidationError) -> ScenarioError:
-    """The first pydantic error as one line, list items written as variants[1]."""
-    first = err.errors(include_url=False)[0]
+    """The primary pydantic error as one line, list items written as variants[1]."""
+    first = primary_error(err)
     loc = tuple(first["loc"])
     ints = [i for i, p in enumerate(loc) if isinstance(p, int)]
     if first["type"] == "extra_forbidden" and ints:

@@ -79,7 +79,7 @@ def run_rank(job: TrainJob) -> dict:
         if engine.micro_steps % gas == 0:
             losses.append(loss.detach())
             if engine.rank == 0 and (engine.global_step % every == 0 or engine.global_step == 1):
-                print(f"step {engine.global_step:>5}  loss {float(loss):.4f}  lr {engine.get_lr():.2e}", flush=True)
+                print(f"step {engine.global_step:>5}  loss {float(loss.detach()):.4f}  lr {engine.get_lr():.2e}", flush=True)
     if engine.device.type == "cuda":
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - start

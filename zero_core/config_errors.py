@@ -123,9 +123,16 @@ def unknown_key_message(root: type[BaseModel], loc: tuple[Any, ...]) -> str:
     return f"unknown key '{path}'; remove it or use one of the valid keys of {section}: {', '.join(keys)}"
 
 
+def primary_error(err: ValidationError) -> dict[str, Any]:
+    """The error to show: an unknown key first (a typo is usually why a required key is "missing"),
+    else pydantic's first."""
+    errors = err.errors(include_url=False)
+    return next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+
+
 def from_validation_error(err: ValidationError, root: type[BaseModel]) -> ConfigError:
-    """Translate the FIRST pydantic error into one ConfigError line."""
-    first = err.errors(include_url=False)[0]
+    """Translate the primary pydantic error into one ConfigError line."""
+    first = primary_error(err)
     loc, kind, ctx = tuple(first["loc"]), first["type"], first.get("ctx") or {}
     path = dotted(loc) or "config"
     if kind == "zero_leaf":
