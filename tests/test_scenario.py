@@ -126,6 +126,12 @@ def test_zero_variant_config_rejected_by_zero_core(tmp_path):
     assert "variant 'zb'" in text and "did you mean 'reduce_bucket_size'" in text
 
 
+def test_variant_config_file_with_a_duplicate_key(tmp_path):
+    (tmp_path / "dup.json").write_text('{"zero_optimization": {"stage": 2, "stage": 3}}')
+    text = one_line_cli_error(tmp_path, [write(tmp_path, variant(name="zd", engine="zero", ds_config="dup.json"))])
+    assert "has the key 'stage' twice" in text
+
+
 def test_unsupported_offload_is_a_row_not_an_error(tmp_path):
     plan = build_plan(write(tmp_path, variant(name="nvme", engine="zero", stage=3, offload_optimizer="nvme")))
     nvme = [v for v in plan.variants if v.name == "nvme"][0]

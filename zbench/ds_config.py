@@ -12,11 +12,11 @@ and precision from it, so a comparison changes only the engine. Built in two ste
 from __future__ import annotations
 
 import copy
-import json
 import os
 from typing import Any
 
 from zero_core import ConfigError
+from zero_core.config import read_config_file
 
 from .accelerate_config import load_accelerate_config
 from .scenario import Scenario, VariantSpec
@@ -27,13 +27,7 @@ def _is_auto(value: Any) -> bool:
 
 
 def _read_json(path: str) -> dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except OSError as e:
-        raise ConfigError(f"cannot read ds_config {path}: {e.strerror}; pass an existing DeepSpeed JSON file") from None
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"ds_config {path} is not valid JSON: {e.msg} at line {e.lineno}; fix the file") from None
+    data = read_config_file(path)  # zero_core's reader: the same messages, and duplicate keys refused
     if not isinstance(data, dict):
         raise ConfigError(f"ds_config {path} must hold a JSON object {{...}}")
     return data

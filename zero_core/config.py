@@ -120,13 +120,15 @@ def _raw(config: Any) -> tuple[Any, tuple[int | None, ...] | None]:
             given = tuple(data[k] for k in _BATCH)
         return data, given
     if isinstance(config, (str, os.PathLike)):
-        return _read_json(os.fspath(config)), None
+        return read_config_file(os.fspath(config)), None
     if isinstance(config, Mapping):
         return dict(config), None
     raise ConfigError(f"config must be a dict, a path to a JSON file or a ZeroConfig, got {type(config).__name__}")
 
 
-def _read_json(path: str) -> Any:
+def read_config_file(path: str) -> Any:
+    """Parse a DeepSpeed-style JSON file, refusing duplicate keys (json.load silently keeps the last)."""
+
     def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for key, value in pairs:
