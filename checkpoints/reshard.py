@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -36,8 +37,20 @@ def reshard_to_zbench(source: object, out: str | Path, world_size: int) -> Path:
     new_world = 1 if m["layout"]["world_size"] == 1 else world_size  # stage 0 keeps one replicated copy
     layout = build_layout([(p["name"], p["shape"]) for p in trainable], new_world, group_bounds=bounds, align=m["layout"]["align"])
     tag = m["tag"]
+    created = [p for p in [out, *out.parents] if not p.exists()]  # removed again if the write fails
     staged = fmt.partial_dir(out, tag)
-    staged.mkdir(parents=True)
+    try:
+        staged.mkdir(parents=True)
+        _write(source, layout, world_size, new_world, staged, out, tag)
+    except BaseException:  # a full disk or a refused write leaves nothing behind
+        shutil.rmtree(created[-1] if created else staged, ignore_errors=True)
+        raise
+    return out / tag
+
+
+def _write(source: ZbenchSource, layout: Any, world_size: int, new_world: int, staged: Path, out: Path, tag: str) -> None:
+    """Stream every new rank file, the frozen tensors and the manifest into `staged`, then commit."""
+    m = source.manifest
     reader = FragmentReader(source.folder, m)
     files = {}
     try:
@@ -68,4 +81,3 @@ def reshard_to_zbench(source: object, out: str | Path, world_size: int) -> Path:
                                                  for f in layout.fragments(r)] for r in range(new_world)}}
     fmt.write_json_atomic(staged / fmt.MANIFEST, manifest)
     fmt.commit(out, tag)
-    return out / tag

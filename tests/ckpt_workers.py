@@ -14,9 +14,15 @@ STEPS = 6
 CKPT_LR = 1e-4  # small steps keep Adam's amplification of reduction-order noise far under 1e-6
 
 
-def config(stage: int, world: int, offload: bool = False) -> dict:
+def config(stage: int, world: int, offload: bool | str = False) -> dict:
+    """offload: False, True (host memory) or "nvme" (states in a fresh temporary folder, in small chunks)."""
     cfg = ds_config(stage, "fp32", GLOBAL_BATCH // world)
-    if offload:
+    if offload == "nvme":
+        import tempfile
+
+        os.environ.update(ZERO_CORE_HOST_CHUNK_NUMEL="1024", ZERO_CORE_NVME_CHUNK_NUMEL="2048")
+        cfg["zero_optimization"]["offload_optimizer"] = {"device": "nvme", "nvme_path": tempfile.mkdtemp(prefix="zb-nvme-")}
+    elif offload:
         cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     cfg["optimizer"]["params"]["lr"] = CKPT_LR
     return cfg
@@ -51,11 +57,34 @@ def uninterrupted_and_save(rank: int, world: int, stage: int, ckpt: str, save_at
     return {"losses": losses, "state": state, "saved_state": part.full_state_dict()}
 
 
-def resume(rank: int, world: int, stage: int, ckpt: str, offload: bool = False) -> dict:
+def _drop_nvme_dir(cfg: dict) -> None:
+    """The engine's state file has no name (unlinked at creation): its temporary folder can go at once."""
+    section = cfg["zero_optimization"].get("offload_optimizer") or {}
+    if section.get("device") == "nvme":
+        os.rmdir(section["nvme_path"])  # fails if anything was left in it
+
+
+def save_from_nvme(rank: int, world: int, stage: int, ckpt: str, save_at: int) -> dict:
+    """Train `save_at` steps with optimizer states on NVMe and save."""
+    import zero_core
+
+    cfg = config(stage, world, "nvme")
+    engine = zero_core.initialize(make_model(), cfg)
+    _drop_nvme_dir(cfg)
+    _train(engine, rank, world, range(save_at))
+    engine.save_checkpoint(ckpt, client_state={"next_batch": save_at})
+    state = engine.full_state_dict()
+    engine.close()
+    return {"saved_state": state}
+
+
+def resume(rank: int, world: int, stage: int, ckpt: str, offload: bool | str = False) -> dict:
     """Load the latest checkpoint into a fresh engine and train to STEPS."""
     import zero_core
 
-    engine = zero_core.initialize(make_model(), config(stage, world, offload))
+    cfg = config(stage, world, offload)
+    engine = zero_core.initialize(make_model(), cfg)
+    _drop_nvme_dir(cfg)
     client = engine.load_checkpoint(ckpt)
     start = client["next_batch"]
     assert engine.global_step == start

@@ -51,12 +51,19 @@ def zero_train(rank: int, world: int, cases: list[dict]) -> list[dict]:
     """For each case: train with zero_core, return mean losses per step and the full fp32 state dict."""
     import zero_core
 
+    from zero_core.opt_states import state_sum
+
+    def sums(engine) -> float:  # streams the states: works wherever they live (device, host, NVMe)
+        return state_sum(engine.optimizer.states, "master") + state_sum(engine.optimizer.states, "exp_avg")
+
     results = []
     for case in cases:
         micro, gas = case["micro"], case.get("gas", 1)
         batches = make_batches(case["steps"] * gas, micro * world)
+        saved_env = {k: os.environ.get(k) for k in case.get("env", {})}
+        os.environ.update(case.get("env", {}))  # e.g. tiny offload chunks, so that a small model has many
         engine = zero_core.initialize(make_model(), ds_config(case["stage"], case["dtype"], micro, gas, case.get("clip", 0.0), **case.get("zero", {})))
-        losses, master_sums = [], []
+        losses, master_sums = [], [sums(engine)]  # [0]: before training
         for i, (x, y) in enumerate(batches):
             xs, ys = (t[rank * micro : (rank + 1) * micro].to(engine.device) for t in (x, y))
             if case.get("inject_inf_at") == i:
@@ -67,7 +74,7 @@ def zero_train(rank: int, world: int, cases: list[dict]) -> list[dict]:
             if case.get("inject_inf_at") == i:
                 hook.remove()
             engine.step()
-            master_sums.append(float(engine.optimizer.master.double().sum()) + float(engine.optimizer.exp_avg.double().sum()))
+            master_sums.append(sums(engine))
             mean = loss.detach().float().clone()
             dist.all_reduce(mean)
             losses.append(float(mean) / world)
@@ -76,6 +83,12 @@ def zero_train(rank: int, world: int, cases: list[dict]) -> list[dict]:
             "scale": engine.loss_scale, "global_step": engine.global_step,
             "frozen_grad": engine.module.blocks[0].ln1.bias.requires_grad,
         })
+        engine.close()
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     return results
 
 

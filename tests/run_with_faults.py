@@ -1,44 +1,82 @@
-"""Run the zbench command line with a fault injected into the rank processes (a helper, not a test module).
+"""Run the zbench command line with faults injected into the rank processes (a helper, not a test module).
 
-    python tests/run_with_faults.py crash|oom zbench-args...
+    python tests/run_with_faults.py FAULT[,FAULT...] zbench-args...
 
 The `zbench run` command forks its CPU ranks, so a patch made here before launching is what the ranks
-run: `crash` fails rank 1 of every launch; `oom` raises torch.OutOfMemoryError for batches above 4.
+run. Faults:
+  crash                 rank 1 of every launch raises at start
+  oom                   torch.OutOfMemoryError for batches above 4
+  crash-at-step-N       rank 1 raises once the engine reaches optimizer step N
+  hang-at-step-N        rank 1 stops answering (sleeps) just before step N's update
+  kill-at-step-N        rank 1 is SIGKILLed in the middle of step N (gradients reduced, weights not yet updated)
+  nan-at-step-N         rank 0's loss of step N is NaN (every rank must skip that update)
+A step fault may end with `:VARIANT` to hit only that variant (e.g. kill-at-step-130:victim).
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import time
 
 import torch
 
 import zbench.worker as worker
+import zero_core.engine as engine_module
 from zbench.cli import main
 
-MODE = sys.argv[1]
+FAULTS = sys.argv[1].split(",")
 _real_run = worker._run
+_job: dict = {}
 
 
 def _faulty(job, device, rank, world):
-    if MODE == "crash" and rank == 1:
+    _job.update(job)
+    if "crash" in FAULTS and rank == 1:
         raise RuntimeError("injected failure on rank 1")
-    if MODE == "oom" and job["batch"] > 4:
+    if "oom" in FAULTS and job["batch"] > 4:
         raise torch.OutOfMemoryError(f"CUDA out of memory (injected at batch {job['batch']})")
     return _real_run(job, device, rank, world)
 
 
-if MODE.startswith("crash-at-step-"):  # rank 1 dies once the engine reaches that optimizer step
-    import zero_core.engine as engine_module
+def _step_faults(kind: str) -> list[tuple[int, str]]:
+    """(step, variant or "") of every fault of this kind."""
+    out = []
+    for fault in FAULTS:
+        spec, _, variant = fault.partition(":")
+        if spec.startswith(f"{kind}-at-step-"):
+            out.append((int(spec.rsplit("-", 1)[1]), variant))
+    return out
 
-    _stop = int(MODE.rsplit("-", 1)[1])
-    _real_step = engine_module.Engine.step
 
-    def _dying_step(self):
-        _real_step(self)
-        if self.rank == 1 and self.global_step == _stop:
-            raise RuntimeError(f"injected failure on rank 1 at step {_stop}")
+def _hits(faults: list[tuple[int, str]], step: int) -> bool:
+    variant = os.path.basename(os.path.dirname(_job.get("progress", "")))  # logs/<variant>/progress-i.jsonl
+    return any(at == step and (not name or name == variant) for at, name in faults)
 
-    engine_module.Engine.step = _dying_step
-else:
-    worker._run = _faulty
+
+CRASH, HANG, KILL, NAN = (_step_faults(k) for k in ("crash", "hang", "kill", "nan"))
+_real_step, _real_backward = engine_module.Engine.step, engine_module.Engine.backward
+
+
+def _step(self):
+    upcoming = self.global_step + int(self.is_gradient_accumulation_boundary())
+    if self.rank == 1 and _hits(KILL, upcoming):
+        os.kill(os.getpid(), signal.SIGKILL)  # no exception, no cleanup: the process is simply gone
+    if self.rank == 1 and _hits(HANG, upcoming):
+        time.sleep(3600)
+    _real_step(self)
+    if self.rank == 1 and _hits(CRASH, self.global_step):
+        raise RuntimeError(f"injected failure on rank 1 at step {self.global_step}")
+
+
+def _backward(self, loss):
+    if self.rank == 0 and _hits(NAN, self.global_step + 1):
+        loss = loss * float("nan")
+    _real_backward(self, loss)
+
+
+worker._run = _faulty
+engine_module.Engine.step = _step
+engine_module.Engine.backward = _backward
 main(sys.argv[2:])

@@ -1,19 +1,29 @@
 """Reliability battery, bad input: every command given something wrong answers with one `Error:` line that
-names the problem, exits non-zero, prints no traceback, and leaves the disk as it was."""
+names the problem, exits non-zero, prints no traceback, and leaves the disk as it was.
+
+Every case runs inside a folder whose name has spaces and non-ASCII letters. Kinds covered: typos,
+wrong types, contradictions, missing files, files of the wrong kind, empty or truncated files, output
+over existing data, an unwritable folder; the engine API cases below add a checkpoint of another model.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
+import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 from click.testing import CliRunner
 
+import zero_core
+from checkpoints.source import CheckpointError
+from fault_workers import tiny_checkpoint, unwritable
 from zbench.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
+QUICKSTART = REPO / "scenarios" / "quickstart.yaml"
 
 
 def _snapshot(root: Path) -> dict[str, str]:
@@ -21,9 +31,27 @@ def _snapshot(root: Path) -> dict[str, str]:
             for p in sorted(root.rglob("*"))}
 
 
+@pytest.fixture(scope="module")
+def good_checkpoint(tmp_path_factory) -> Path:
+    return tiny_checkpoint(tmp_path_factory.mktemp("good") / "ckpt")
+
+
+def _scenario(**changes) -> str:
+    data = yaml.safe_load(QUICKSTART.read_text())
+    data["model"] = {"arch": str(REPO / "scenarios" / "models" / "tiny-gpt.json")}
+    for key, value in changes.items():
+        if value is None:
+            data.pop(key, None)
+        else:
+            data[key] = value
+    return yaml.safe_dump(data, allow_unicode=True)
+
+
 @pytest.fixture
-def box(tmp_path: Path) -> Path:
-    """A folder of inputs, good and bad, that the cases point at."""
+def box(tmp_path: Path, good_checkpoint: Path) -> Path:
+    """A folder of inputs, good and bad, that the cases point at (its own name has spaces and non-ASCII)."""
+    tmp_path = tmp_path / "boîte à tests é"
+    tmp_path.mkdir()
     (tmp_path / "empty.json").write_text("")
     (tmp_path / "list.json").write_text("[1, 2]")
     (tmp_path / "typo.json").write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stgae": 2}}))
@@ -31,7 +59,7 @@ def box(tmp_path: Path) -> Path:
     (tmp_path / "truncated.json").write_text('{"train_micro_batch_size_per_gpu": 2, "zero_optimiz')
     (tmp_path / "dup.json").write_text('{"train_micro_batch_size_per_gpu": 2, "train_micro_batch_size_per_gpu": 4}')
     (tmp_path / "nvme.json").write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {
-        "stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/x"}}}))
+        "stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/x"}}}))
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "readme.txt").write_text("not a checkpoint")
     (tmp_path / "full").mkdir()
@@ -46,6 +74,39 @@ def box(tmp_path: Path) -> Path:
     (tmp_path / "ds fake" / "global_step1").mkdir(parents=True)
     (tmp_path / "ds fake" / "latest").write_text("global_step1")
     (tmp_path / "ds fake" / "global_step1" / "mp_rank_00_model_states.pt").write_bytes(b"PK\x03\x04 truncated")
+    # DeepSpeed JSON: typos, wrong types and contradictions in zero_core's own section and elsewhere
+    for name, cfg in {"zc typo.json": {"zero_core": {"comm_timeout": 5}}, "zc type.json": {"zero_core": {"comm_timeout_s": "5 s"}},
+                      "zc negative.json": {"zero_core": {"max_consecutive_nonfinite": -1}},
+                      "both precisions.json": {"fp16": {"enabled": True}, "bf16": {"enabled": True}},
+                      "batch mismatch.json": {"train_batch_size": 10, "gradient_accumulation_steps": 2},
+                      "offload stage0.json": {"zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}}}.items():
+        (tmp_path / name).write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, **cfg}))
+    (tmp_path / "folder.json").mkdir()
+    # scenarios: typos, wrong types, contradictions, missing or broken files they point at
+    for name, text in {"variant typo.yaml": _scenario(variants=[{"name": "z", "engine": "zero", "stgae": 2}]),
+                       "wrong type.yaml": _scenario(seq_len="long"),
+                       "timeout zero.yaml": _scenario(comm_timeout_s=0),
+                       "both lengths.yaml": _scenario(steps=4),
+                       "no length.yaml": _scenario(epochs=None),
+                       "ddp stage.yaml": _scenario(variants=[{"name": "d", "engine": "ddp", "stage": 2}]),
+                       "twice.yaml": _scenario(variants=[{"name": "a", "engine": "ddp"}, {"name": "a", "engine": "ddp"}]),
+                       "missing arch.yaml": _scenario(model={"arch": "nowhere/modèle.json"}),
+                       "missing data.yaml": _scenario(data={"mrpc_tsv": "pas là"}),
+                       "missing ds.yaml": _scenario(variants=[{"name": "z", "engine": "zero", "ds_config": "absent.json"}]),
+                       "ds typo.yaml": _scenario(variants=[{"name": "z", "engine": "zero", "ds_config": "typo.json"}]),
+                       "truncated.yaml": _scenario()[:40]}.items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    (tmp_path / "locked").mkdir()  # made unwritable while a case that writes there runs
+    (tmp_path / "empty run").mkdir()
+    (tmp_path / "empty run" / "results.json").write_text("")
+    (tmp_path / "empty ckpt").mkdir()
+    for name in ("ckpt", "ckpt no rank", "ckpt truncated", "ckpt empty manifest"):
+        shutil.copytree(good_checkpoint, tmp_path / name)
+    (tmp_path / "ckpt no rank" / "global_step1" / "rank_00000.safetensors").unlink()
+    victim = tmp_path / "ckpt truncated" / "global_step1" / "rank_00000.safetensors"
+    victim.write_bytes(victim.read_bytes()[:-64])
+    (tmp_path / "ckpt empty manifest" / "global_step1" / "manifest.json").write_text("")
+    (tmp_path / "a file").write_text("not a folder")
     return tmp_path
 
 
@@ -92,6 +153,57 @@ CASES = [
     (["report", "{b}/notes"], ""),
     (["estimate", "--model", "{b}/missing.json", "--gpus", "2"], ""),
     (["estimate", "--model", "{b}/model.json", "--gpus", "2"], ""),
+    # typos and wrong types on the command line, in zero_core's section, in scenarios and their files
+    (["train", "--stgae", "2"], "--stgae"),
+    (["train", "--steps", "many"], "--steps"),
+    (["convert", "{b}/ckpt", "--to", "fp32", "--out", "{b}/out", "--max-shard", "1GB"], "--max-shard"),
+    (["train", "--config", "{b}/zc typo.json"], "did you mean 'comm_timeout_s'"),
+    (["train", "--config", "{b}/zc type.json"], "zero_core.comm_timeout_s"),
+    (["train", "--config", "{b}/zc negative.json"], "zero_core.max_consecutive_nonfinite"),
+    (["run", "{b}/variant typo.yaml", "--out", "{b}/runs"], "variants[0].stgae"),
+    (["run", "{b}/wrong type.yaml", "--out", "{b}/runs"], "seq_len"),
+    (["run", "{b}/timeout zero.yaml", "--out", "{b}/runs"], "comm_timeout_s"),
+    (["run", "{b}/ds typo.yaml", "--out", "{b}/runs"], "did you mean 'stage'"),
+    # contradictions
+    (["train", "--config", "{b}/both precisions.json"], "enable only one"),
+    (["train", "--config", "{b}/batch mismatch.json", "--gpus", "2"], "train_batch_size (10)"),
+    (["train", "--config", "{b}/offload stage0.json"], "offload_optimizer needs stage 1, 2 or 3"),
+    (["run", "{b}/both lengths.yaml", "--out", "{b}/runs"], "exactly one of 'epochs' or 'steps'"),
+    (["run", "{b}/no length.yaml", "--out", "{b}/runs"], "exactly one of 'epochs' or 'steps'"),
+    (["run", "{b}/ddp stage.yaml", "--out", "{b}/runs"], "'stage' applies to zero and deepspeed"),
+    (["run", "{b}/twice.yaml", "--out", "{b}/runs"], "used twice"),
+    (["convert", "{b}/ckpt", "--to", "fp32", "--world-size", "2", "--out", "{b}/out"], "--world-size applies"),
+    (["convert", "{b}/ckpt", "--to", "zbench", "--out", "{b}/out"], "--world-size M"),
+    # missing files, also those a scenario points at
+    (["run", "{b}/missing arch.yaml", "--out", "{b}/runs"], "modèle.json"),
+    (["run", "{b}/missing data.yaml", "--out", "{b}/runs"], "pas là"),
+    (["run", "{b}/missing ds.yaml", "--out", "{b}/runs"], "absent.json"),
+    (["convert", "{b}/ckpt no rank", "--to", "fp32", "--out", "{b}/out"], "rank_00000.safetensors is missing"),
+    (["inspect", "{b}/ckpt no rank"], "rank_00000.safetensors is missing"),
+    # files of the wrong kind
+    (["train", "--config", "{b}/folder.json"], "folder.json"),
+    (["train", "--config", "{b}/scenario typo.yaml"], "not valid JSON"),
+    (["run", "{b}/typo.json", "--out", "{b}/runs"], "train_micro_batch_size_per_gpu"),
+    (["inspect", "{b}/a file"], ""),
+    (["convert", DS, "--to", "fp32", "--out", "{b}/out", "--from", "zbench"], ""),
+    (["report", "{b}/ckpt"], "results.json"),
+    (["estimate", "--model", "{b}/typo.json", "--gpus", "2"], ""),
+    # empty or truncated files and folders
+    (["inspect", "{b}/empty ckpt"], "not a checkpoint"),
+    (["inspect", "{b}/ckpt empty manifest"], "manifest.json"),
+    (["convert", "{b}/ckpt truncated", "--to", "fp32", "--out", "{b}/out"], "truncated"),
+    (["convert", "{b}/ckpt empty manifest", "--to", "bf16", "--out", "{b}/out"], "manifest.json"),
+    (["report", "{b}/empty run"], "not valid JSON"),
+    (["run", "{b}/truncated.yaml", "--out", "{b}/runs"], ""),
+    # output over existing data
+    (["convert", "{b}/ckpt", "--to", "zbench", "--world-size", "2", "--out", "{b}/full"], "already holds files"),
+    (["convert", "{b}/ckpt", "--to", "fp16", "--out", "{b}/a file"], "already holds files"),
+    (["convert", "{b}/ckpt", "--to", "fp32", "--out", "{b}/ckpt"], "already holds files"),
+    (["run", str(QUICKSTART), "--out", "{b}/a file"], "a file"),
+    # an unwritable folder
+    (["convert", "{b}/ckpt", "--to", "fp32", "--out", "{b}/locked/out"], "writable --out"),
+    (["convert", "{b}/ckpt", "--to", "zbench", "--world-size", "3", "--out", "{b}/locked/out"], "writable --out"),
+    (["run", str(QUICKSTART), "--out", "{b}/locked", "--wandb", "off"], "writable --out"),
 ]
 
 
@@ -99,7 +211,11 @@ CASES = [
 def test_bad_input(box: Path, args: list[str], expected: str) -> None:
     argv = [a.replace("{b}", str(box)) for a in args]
     before = _snapshot(box)
-    result = CliRunner().invoke(main, argv)
+    if any("{b}/locked" in a for a in args):
+        with unwritable(box / "locked"):
+            result = CliRunner().invoke(main, argv)
+    else:
+        result = CliRunner().invoke(main, argv)
     out = result.output.strip()
     assert result.exit_code != 0, out
     assert "Traceback" not in out, out
@@ -108,3 +224,33 @@ def test_bad_input(box: Path, args: list[str], expected: str) -> None:
     assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit), repr(result.exception)
     assert expected in errors[0], errors[0]
     assert _snapshot(box) == before
+
+
+# -- the engine API: a checkpoint of another model is refused before anything is read ------------------
+def _other_names():
+    from zbench.models.gpt import GPT, GPTConfig
+
+    return GPT(GPTConfig(vocab_size=37, block_size=16, n_layer=1, n_head=2, n_embd=20))  # a block fewer
+
+
+def _other_shapes():
+    from zbench.models.gpt import GPT, GPTConfig
+
+    return GPT(GPTConfig(vocab_size=37, block_size=16, n_layer=2, n_head=2, n_embd=24))  # same names, wider
+
+
+ENGINE_CASES = [(_other_names, "is from another model"), (_other_shapes, "in the checkpoint but")]
+
+
+@pytest.mark.parametrize("make,expected", ENGINE_CASES, ids=["other names", "other shapes"])
+def test_checkpoint_of_another_model(good_checkpoint, make, expected):
+    from ckpt_workers import config
+
+    engine = zero_core.initialize(make(), config(2, 1))
+    state = engine.full_state_dict()
+    with pytest.raises(CheckpointError) as e:
+        engine.load_checkpoint(good_checkpoint)
+    assert expected in str(e.value) and "load a checkpoint of this model" in str(e.value)
+    assert "\n" not in str(e.value)
+    after = engine.full_state_dict()
+    assert all(after[k].equal(state[k]) for k in state) and engine.global_step == 0

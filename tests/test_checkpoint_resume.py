@@ -14,7 +14,7 @@ import zero_core
 from checkpoints import zbench_format as fmt
 from checkpoints.source import CheckpointError
 from checkpoints.zbench_source import ZbenchSource
-from ckpt_workers import STEPS, config, crash_during_second_save, resume, uninterrupted_and_save
+from ckpt_workers import STEPS, config, crash_during_second_save, resume, save_from_nvme, uninterrupted_and_save
 from dist_harness import run_ranks
 from parity_workers import make_model
 
@@ -42,10 +42,26 @@ def test_resume_on_other_world_size_and_stage(saved, world, stage):
     assert _max_diff(got["state"], base["state"]) < TOL
 
 
-@pytest.mark.parametrize("offload", [False, True])
-def test_resume_on_one_rank_at_stage_1(saved, offload):
+@pytest.mark.parametrize("offload", [False, True, "nvme"])
+def test_resume_on_one_rank_at_stage_1(saved, offload, monkeypatch):
+    for var in ("ZERO_CORE_HOST_CHUNK_NUMEL", "ZERO_CORE_NVME_CHUNK_NUMEL"):
+        monkeypatch.setenv(var, os.environ.get(var, ""))  # restored after: config("nvme") sets them
     ckpt, base = saved
     got = resume(0, 1, 1, str(ckpt), offload)  # a world of one needs no process group
+    assert got["losses"] == pytest.approx(base["losses"][3:], abs=TOL)
+    assert _max_diff(got["state"], base["state"]) < TOL
+
+
+def test_nvme_states_save_and_resume_on_another_world_size_and_stage(saved, tmp_path, monkeypatch):
+    """Saved from NVMe-backed states on 2 ranks at stage 2, resumed on 1 rank at stage 3 (NVMe again):
+    the run continues like the uninterrupted one."""
+    for var in ("ZERO_CORE_HOST_CHUNK_NUMEL", "ZERO_CORE_NVME_CHUNK_NUMEL"):
+        monkeypatch.setenv(var, os.environ.get(var, ""))
+    _, base = saved
+    written = run_ranks(save_from_nvme, 2, 2, str(tmp_path), 3)
+    assert _max_diff(written["saved_state"], base["saved_state"]) < TOL
+    assert fmt.verify_files(fmt.resolve(tmp_path), fmt.read_manifest(fmt.resolve(tmp_path))) == []
+    got = resume(0, 1, 3, str(tmp_path), "nvme")
     assert got["losses"] == pytest.approx(base["losses"][3:], abs=TOL)
     assert _max_diff(got["state"], base["state"]) < TOL
 

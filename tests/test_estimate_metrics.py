@@ -90,8 +90,34 @@ def test_batch_search_finds_the_boundary(limit):
     assert largest_fitting(lambda b: False, 4, 64) is None
 
 
+@pytest.mark.parametrize("limit", [3, 8, 13, 40, 47])
+def test_batch_search_in_multiples(limit):
+    tried = []
+
+    def fits(b: int) -> bool:
+        tried.append(b)
+        return b <= limit
+
+    assert largest_fitting(fits, 4, 128, multiple_of=8) == (limit // 8 * 8 or None)
+    assert tried and all(b % 8 == 0 for b in tried)
+    assert largest_fitting(lambda b: True, 1, 7, multiple_of=8) is None  # no multiple in range
+
+
 def test_model_search_bisects_the_values():
     values = [1, 2, 4, 8, 16, 32]
     assert largest_fitting_value(lambda v: v <= 10, values) == 8
     assert largest_fitting_value(lambda v: True, values) == 32
     assert largest_fitting_value(lambda v: False, values) is None
+
+
+def test_nvme_rows_count_zero_cores_buffers_and_the_disk():
+    p = 1_000_000_000
+    host, disk = estimate.nvme_bytes(p, 2, 1)
+    assert disk == 12 * p // 2  # fp32 master + 2 moments of each rank's half
+    assert host == 2 * (4 * p // 2 + estimate.NVME_IO_BUFFER_BYTES)  # 16-bit staging + output per rank, per node
+    rows = [r for r in estimate.estimate(p, 10_000_000, 2, 1) if r.offload_optimizer == "nvme"]
+    assert [(r.stage, r.offload_param) for r in rows] == [(1, "none"), (2, "none"), (3, "cpu"), (3, "none")]
+    assert all(r.disk_bytes == disk and r.cpu_bytes == host for r in rows)
+    assert rows[0].gpu_bytes == estimate.zero2_bytes(p, 2, 1, cpu_offload=True)[1]  # as CPU offload on the GPU
+    table = estimate.format_table(estimate.estimate(p, 10_000_000, 2, 1), p, 10_000_000, 2, 1)
+    assert f"| {disk / GIB:.2f} | offload_param=none, offload_optimizer=nvme |" in table

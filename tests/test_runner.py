@@ -68,6 +68,10 @@ def test_quickstart_prints_the_table_last(quickstart):
     assert body[-1].startswith("quickstart: random-init tiny-gpt, synthetic data")  # the table's caption ends it
     assert body[-3].startswith("| fsdp2 |")
     summary = json.load(open(os.path.join(folder, "results.json")))
+    for v in summary["variants"]:  # timing_skip_steps: 2 -> tokens/s over the 14 later steps of epoch 1
+        assert v["steady"] and v["tokens_per_s"] == pytest.approx(8 * 2 * 32 / (v["step_ms"] / 1e3))
+        assert rows[v["variant"]]["Step (ms)"] == f"{v['step_ms']:.1f}"
+    assert "leave out the first 2 optimizer steps" in body[-1]
     ref = summary["variants"][0]["losses"]
     assert len(ref) == 32 and ref[-1] < ref[0] - 1.0
     for v in summary["variants"][1:]:

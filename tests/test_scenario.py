@@ -61,6 +61,8 @@ def one_line_cli_error(tmp_path, args) -> str:
     (lambda d: d["variants"][1].update(engine="zer0"), "variants[1].engine"),
     (lambda d: d["variants"].append({"name": "ddp", "engine": "ddp"}), "variant name 'ddp' is used twice"),
     (lambda d: d.update(metric="f1"), "metric 'f1' does not apply to task 'lm'"),
+    (lambda d: d.update(timing_skip_steps=d["steps"]), "leaves none of the"),
+    (lambda d: d.update(batch_search={"multiple_of": 0}), "batch_search.multiple_of"),
 ])
 def test_schema_errors_are_one_line(mutate, expected):
     data = copy.deepcopy(BASE)
@@ -208,3 +210,15 @@ def test_resume_needs_the_same_scenario(tmp_path):
     (folder / "scenario.yaml").write_text("name: something-else\n")
     text = one_line_cli_error(tmp_path, [write(tmp_path, BASE), "--resume", str(folder)])
     assert "another version of the scenario" in text
+
+
+@pytest.mark.parametrize("source,expected", [
+    ({"accelerate_config": "configs/accelerate_zero2.yaml"}, True),  # no optimizer section: the script's torch AdamW
+    ({"ds_config": "configs/zero2_config_accelerate.json"}, True),  # the file says torch_adam itself
+    ({"stage": 2}, True),
+    ({"stage": 2, "offload_optimizer": "cpu"}, None),  # offload needs DeepSpeedCPUAdam
+])
+def test_deepspeed_variants_get_torch_adamw_unless_told_otherwise(source, expected):
+    sc = parse_scenario(variant(name="ds", engine="deepspeed", **source) | {"precision": "fp16"})
+    ds = ds_config.template(sc, sc.variants[-1], os.path.join(REPO, "scenarios"))
+    assert ds["optimizer"]["params"].get("torch_adam") is expected

@@ -57,7 +57,12 @@ def train(nproc: int, stage: int, config_path: str | None, steps: int, micro_bat
     from dataclasses import asdict
 
     job = TrainJob(ds_config=ds_config, model=asdict(arch), steps=steps, seq_len=seq_len, warmup=warmup)
-    summary = launch(job, nproc)
+    from .launch import RankFailure
+
+    try:
+        summary = launch(job, nproc)
+    except RankFailure as e:  # one error naming the rank, then its last log lines; no traceback of ours
+        raise _fail(str(e)) from None
     click.echo(
         f"done: stage {summary['stage']} on {summary['world_size']} ranks, {summary['steps']} timed steps "
         f"(+{summary['warmup']} warm-up), "
@@ -66,6 +71,10 @@ def train(nproc: int, stage: int, config_path: str | None, steps: int, micro_bat
         + (f"peak {summary['peak_gib']:.1f} GiB/GPU, " if summary["peak_gib"] == summary["peak_gib"] else "")
         + f"{summary['trainable_params']:,} trainable params"
     )
+    if summary.get("breakdown"):  # optimizer offload: where rank 0's step time went
+        from zero_core.step_timer import format_breakdown
+
+        click.echo(f"breakdown (rank 0, ms/step): {format_breakdown(summary['breakdown'])}")
 
 
 @main.group()

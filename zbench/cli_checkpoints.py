@@ -15,6 +15,7 @@ import torch
 
 from checkpoints.consolidate import parse_size, write_consolidated
 from checkpoints.detect import kinds, open_source
+from checkpoints.io_errors import ACCESS, SPACE, write_cause
 from checkpoints.source import CheckpointError, CheckpointSource
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -83,6 +84,10 @@ def convert(src: str, to: str, out: str, max_shard_size: str, tag: str | None, k
         files = write_consolidated(source, out, _DTYPES[to], shard_bytes, progress=sys.stderr.isatty())
     except CheckpointError as e:
         raise click.ClickException(str(e))
+    except OSError as e:  # a full disk, a quota, a folder we may not write: the output was removed again
+        what, kind = write_cause(e)
+        fix = {SPACE: "free space there or pass --out on another disk", ACCESS: "pass a writable --out"}.get(kind, "fix that")
+        raise click.ClickException(f"cannot write {out}: {what}; {fix}; nothing was written")
     infos = source.params()
     tied = sum(1 for i in infos if i.tied_to)
     size = sum(f.stat().st_size for f in files)

@@ -50,6 +50,7 @@ def run(scenario: str, only: str | None, gpus: int | None, out: str, wandb_mode:
         say(f"note: {note}")
     runner = Runner(plan, RunOptions(out=out, wandb=wandb_mode, resume=resume, nodes=nodes, progress=not no_progress,
                                           fork_ok=True))  # this command has run no torch op
+    _check_writable(runner.run_dir, "--resume" if resume else "--out")
     summary = runner.run()
     if summary is None:
         click.echo(f"node {node_rank}: all launches finished; the table is written by the node holding rank 0 "
@@ -79,8 +80,19 @@ def report(run_dir: str, wandb_mode: str) -> None:
         raise click.ClickException(f"{run_dir} has no readable results.json ({e.strerror}); pass a zbench run folder") from None
     except ValueError as e:
         raise click.ClickException(f"{run_dir}/results.json is not valid JSON ({e}); re-run the scenario") from None
+    _check_writable(run_dir, "RUN_DIR")
     write_outputs(run_dir, summary, wandb_mode)
     click.echo(markdown(summary), nl=False)
+
+
+def _check_writable(folder: str, flag: str) -> None:
+    """Create `folder` if needed and make sure we may write there, before any work (one clear line if not)."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        raise click.ClickException(f"cannot create {folder} ({e.strerror}); pass a writable {flag}") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise click.ClickException(f"cannot write into {folder} (permission denied); pass a writable {flag}")
 
 
 def _model_counts(model: str) -> tuple[str, int, int]:

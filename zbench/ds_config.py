@@ -46,6 +46,7 @@ def template(sc: Scenario, v: VariantSpec, base_dir: str) -> dict[str, Any]:
     ds.setdefault("train_micro_batch_size_per_gpu", "auto")
     ds.setdefault("gradient_accumulation_steps", sc.grad_accum)
     ds.setdefault("gradient_clipping", sc.max_grad_norm)
+    ours_optimizer = "optimizer" not in ds  # the scenario's AdamW, as a training script would pass it
     ds.setdefault("optimizer", {"type": "AdamW", "params": {"lr": sc.lr, "betas": [0.9, 0.999], "eps": 1e-8,
                                                             "weight_decay": sc.weight_decay}})
     if sc.warmup_steps and "scheduler" not in ds:
@@ -68,8 +69,9 @@ def template(sc: Scenario, v: VariantSpec, base_dir: str) -> dict[str, Any]:
             if device is not None:
                 section = zero.setdefault(f"offload_{part}", {})
                 section["device"] = device
-        if v.engine == "deepspeed" and not (v.ds_config or v.accelerate_config) and not has_offload(ds):
-            # DeepSpeed's default FusedAdam is compiled on first use (needs nvcc); torch's AdamW needs nothing
+        if v.engine == "deepspeed" and ours_optimizer and not has_offload(ds):
+            # a config without an optimizer section means the script's torch AdamW (as with Accelerate);
+            # DeepSpeed's default FusedAdam would be compiled on first use (needs nvcc and a matching arch list)
             ds["optimizer"]["params"].setdefault("torch_adam", True)
     else:
         zero["stage"] = 0  # ddp/fsdp2 use only the optimizer/precision settings

@@ -5,7 +5,8 @@ The formulas are DeepSpeed's estimators (deepspeed/runtime/zero/stage_1_and_2.py
 count parameters, gradients and Adam states with mixed precision (2 + 2 + 12 bytes per parameter,
 plus 4 bytes of fp32 gradients), and a 1.5x buffer factor on the CPU side. DeepSpeed uses the stage-2
 numbers for stage 1. Stage 0 (DDP-like) keeps everything on every GPU: the stage-2 numbers for one GPU.
-Activations and the CUDA context come on top of these.
+DeepSpeed's estimators have no NVMe rows: those (`offload_optimizer=nvme`) count zero_core's own
+buffers (`nvme_bytes`), and add the disk each rank needs. Activations and the CUDA context come on top.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 BUFFER_FACTOR = 1.5  # DeepSpeed's additional_buffer_factor
+# zero_core's NVMe chunk buffers per rank: buffer_count (4) x 3 fp32 states x NVME_CHUNK_NUMEL (4 Mi)
+NVME_IO_BUFFER_BYTES = 4 * 3 * 4 * (4 << 20)
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,7 @@ class EstimateRow:
     zero_init: bool | None  # stage 3 only: whether the model is built already partitioned
     cpu_bytes: int
     gpu_bytes: int
+    disk_bytes: int = 0  # per GPU (rank): NVMe offload's state file
 
 
 def zero2_bytes(total: int, gpus_per_node: int, nodes: int, cpu_offload: bool) -> tuple[int, int]:
@@ -35,6 +39,18 @@ def zero2_bytes(total: int, gpus_per_node: int, nodes: int, cpu_offload: bool) -
         gpu = 4 * total + int(16 * total / total_gpus)
         cpu = total * 4 * gpus_per_node * BUFFER_FACTOR
     return int(cpu), int(gpu)
+
+
+def nvme_bytes(total: int, gpus_per_node: int, nodes: int) -> tuple[int, int]:
+    """(host bytes per node, disk bytes per rank) of zero_core's NVMe optimizer offload, any stage 1-3.
+
+    Per rank, in host memory: the pinned 16-bit gradient staging buffer and the 16-bit weight output
+    (2 + 2 B per parameter of its partition; with offload_param the output is the host weight shard
+    itself) and the I/O chunk buffers; on disk: fp32 master, exp_avg and exp_avg_sq (12 B per parameter
+    of its partition). Gradient accumulation adds the fp32 gradient partition (4 B) in host memory.
+    """
+    part = -(-total // (gpus_per_node * nodes))
+    return gpus_per_node * (4 * part + NVME_IO_BUFFER_BYTES), 12 * part
 
 
 def zero3_bytes(total: int, largest: int, gpus_per_node: int, nodes: int, offload_optimizer: bool,
@@ -62,32 +78,38 @@ def estimate(total: int, largest: int, gpus_per_node: int = 1, nodes: int = 1) -
     gpu = zero2_bytes(total, 1, 1, cpu_offload=False)[1]  # nothing sharded: one GPU's worth on each
     cpu = zero2_bytes(total, gpus_per_node, nodes, cpu_offload=False)[0]
     rows.append(EstimateRow(0, "none", "none", None, cpu, gpu))
+    host, disk = nvme_bytes(total, gpus_per_node, nodes)
     for stage in (1, 2):
         for offload in (True, False):
             cpu, gpu = zero2_bytes(total, gpus_per_node, nodes, offload)
             rows.append(EstimateRow(stage, "none", "cpu" if offload else "none", None, cpu, gpu))
+        rows.append(EstimateRow(stage, "none", "nvme", None, host, zero2_bytes(total, gpus_per_node, nodes, True)[1], disk))
     for off_param, off_opt in ((True, True), (False, True), (False, False)):
         for zero_init in (True, False):
             cpu, gpu = zero3_bytes(total, largest, gpus_per_node, nodes, off_opt, off_param, zero_init)
             rows.append(EstimateRow(3, "cpu" if off_param else "none", "cpu" if off_opt else "none", zero_init, cpu, gpu))
+    for off_param in (True, False):
+        gpu = zero3_bytes(total, largest, gpus_per_node, nodes, True, off_param, True)[1]
+        rows.append(EstimateRow(3, "cpu" if off_param else "none", "nvme", None, host, gpu, disk))
     return rows
 
 
 def format_table(rows: list[EstimateRow], total: int, largest: int, gpus_per_node: int, nodes: int) -> str:
-    """DeepSpeed's printout, extended with stages 0-2 (GiB = 2**30 bytes; DeepSpeed writes "GB")."""
+    """DeepSpeed's printout, extended with stages 0-2 and NVMe rows (GiB = 2**30 bytes; DeepSpeed writes "GB")."""
     lines = [
         "Estimated memory needed for params, optim states and gradients for a:",
         f"HW: Setup with {nodes} node{'s' if nodes > 1 else ''}, {gpus_per_node} GPU{'s' if gpus_per_node > 1 else ''} per node.",
         f"SW: Model with {total / 1e6:.0f}M total params, {largest / 1e6:.0f}M largest layer params.",
         "",
-        "| stage | per CPU (GiB) | per GPU (GiB) | options |",
-        "|---|---|---|---|",
+        "| stage | per CPU (GiB) | per GPU (GiB) | disk per GPU (GiB) | options |",
+        "|---|---|---|---|---|",
     ]
     for r in rows:
         opts = f"offload_param={r.offload_param}, offload_optimizer={r.offload_optimizer}"
         if r.zero_init is not None:
             opts += f", zero_init={int(r.zero_init)}"
-        lines.append(f"| {r.stage} | {r.cpu_bytes / 2**30:.2f} | {r.gpu_bytes / 2**30:.2f} | {opts} |")
+        disk = f"{r.disk_bytes / 2**30:.2f}" if r.disk_bytes else "–"
+        lines.append(f"| {r.stage} | {r.cpu_bytes / 2**30:.2f} | {r.gpu_bytes / 2**30:.2f} | {disk} | {opts} |")
     return "\n".join(lines)
 
 

@@ -1,7 +1,9 @@
-"""Evaluation sums kept on the device and reduced once: loss, accuracy, F1 counts, per task.
+"""Evaluation sums kept on the device and reduced once: loss, accuracy, F1 counts, BLEU statistics, per task.
 
 Every quantity is a sum over valid rows (or tokens), so ranks can add theirs with one all-reduce and
-the padded rows of the last global batch count for nothing.
+the padded rows of the last global batch count for nothing. BLEU (seq2seq on real text) adds corpus
+BLEU's n-gram and length counts of each batch's greedy outputs (`generation.py`), so the reduced sum
+gives sacrebleu's corpus BLEU over every rank's rows.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ _N = 7
 
 
 class EvalSums:
-    def __init__(self, task: str, device: torch.device) -> None:
+    def __init__(self, task: str, device: torch.device, bleu: bool = False) -> None:
         self.task = task
-        self.sums = torch.zeros(_N, dtype=torch.float64, device=device)
+        self.sums = torch.zeros(_N + (metrics.BLEU_STATS if bleu else 0), dtype=torch.float64, device=device)
+        self.bleu = bleu
 
     def add(self, logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor) -> None:
         """One micro-batch: logits [B, C] or [B, T, C], labels [B] or [B, T] (-100 = ignore)."""
@@ -41,6 +44,12 @@ class EvalSums:
         ok = (logits.argmax(-1) == labels) & counted
         self._acc(row_loss, valid, ok.sum(), counted.sum())
 
+    def add_texts(self, hypotheses: list[str], references: list[str]) -> None:
+        """Generated and reference texts of one micro-batch's valid rows (BLEU)."""
+        assert self.bleu, "EvalSums(bleu=True) keeps the BLEU statistics"
+        self.sums[_N:] += torch.tensor(metrics.bleu_stats(hypotheses, references), dtype=torch.float64,
+                                       device=self.sums.device)
+
     def _acc(self, row_loss: torch.Tensor, valid: torch.Tensor, correct: torch.Tensor, counted: torch.Tensor) -> None:
         self.sums[0] += (row_loss.double() * valid).sum()
         self.sums[1] += valid.sum()
@@ -51,7 +60,7 @@ class EvalSums:
         """All-reduce the sums (collective) and derive the task's metrics."""
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(self.sums)
-        loss_sum, rows, correct, counted, tp, fp, fn = (float(x) for x in self.sums.cpu())
+        loss_sum, rows, correct, counted, tp, fp, fn, *bleu_stats = (float(x) for x in self.sums.cpu())
         loss = loss_sum / rows if rows else float("nan")
         out = {"loss": loss}
         if self.task == "lm":
@@ -60,4 +69,6 @@ class EvalSums:
             out["accuracy"] = metrics.accuracy(correct, counted)
         if self.task == "classification":
             out["f1"] = metrics.f1_score(tp, fp, fn)
+        if self.bleu:
+            out["bleu"] = metrics.bleu(bleu_stats)
         return out

@@ -30,9 +30,9 @@ from typing import Any, Callable, Iterator
 class RankFailure(RuntimeError):
     """A rank process failed; str(e) names the rank and ends with its last log lines."""
 
-    def __init__(self, message: str, *, rank: int = -1, log_tail: str = "") -> None:
+    def __init__(self, message: str, *, rank: int = -1, log_tail: str = "", exitcode: int | None = None) -> None:
         super().__init__(message)
-        self.rank, self.log_tail = rank, log_tail
+        self.rank, self.log_tail, self.exitcode = rank, log_tail, exitcode
 
 
 class OutOfMemory(RankFailure):
@@ -127,6 +127,9 @@ def launch(fn: Callable[[str], Any], arg: str, nodes: Nodes, *, run_id: str, log
             return elastic_launch(_config(nodes, run_id, index, log_dir, fork_ok), fn)(arg)
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
+        killed = sorted((r, f) for r, f in e.failures.items() if f.exitcode < 0)
+        if killed and failure.exitcode >= 0:  # a rank killed by a signal is the cause; the others' errors follow from it
+            rank, failure = killed[0]
         message = failure.message if isinstance(failure.message, str) else str(failure.message.get("message", ""))
         rank_dir = _rank_log_dir(log_dir, run_id, failure.local_rank)
         tail = _failure_tail(rank_dir, failure)
@@ -135,7 +138,7 @@ def launch(fn: Callable[[str], Any], arg: str, nodes: Nodes, *, run_id: str, log
         text = f"{what} failed on rank {rank} (exit code {failure.exitcode}): {first}"
         if tail:
             text += f"\n--- last log lines of rank {rank} ({rank_dir or 'console'}) ---\n{tail}"
-        raise cls(text, rank=rank, log_tail=tail) from None
+        raise cls(text, rank=rank, log_tail=tail, exitcode=failure.exitcode) from None
 
 
 def _rank_log_dir(log_dir: str | None, run_id: str, local_rank: int) -> str | None:

@@ -8,7 +8,7 @@ sequence length T). TFLOP/s per GPU is that times the tokens each GPU processes 
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 
 def flops_per_token(n_params: int, layers: int, hidden: int, seq_len: int) -> float:
@@ -38,6 +38,33 @@ def f1_score(tp: float, fp: float, fn: float) -> float:
 
 def accuracy(correct: float, total: float) -> float:
     return correct / total if total else float("nan")
+
+
+BLEU_STATS = 10  # matches and totals for n = 1..4, hypothesis length, reference length
+
+
+def _bleu() -> Any:
+    from sacrebleu.metrics import BLEU
+
+    return BLEU()  # sacrebleu's defaults: 13a tokenizer, exp smoothing, up to 4-grams
+
+
+def bleu_stats(hypotheses: Sequence[str], references: Sequence[str]) -> list[float]:
+    """Corpus BLEU's sufficient statistics for these pairs (one reference each). They add up, so ranks and
+    batches sum theirs and `bleu` of the sum equals sacrebleu's corpus BLEU of all pairs together."""
+    if not hypotheses:
+        return [0.0] * BLEU_STATS
+    s = _bleu().corpus_score(list(hypotheses), [list(references)])
+    return [*map(float, s.counts), *map(float, s.totals), float(s.sys_len), float(s.ref_len)]
+
+
+def bleu(stats: Sequence[float]) -> float:
+    """sacrebleu's corpus BLEU (0-100) from summed `bleu_stats`."""
+    b = _bleu()
+    counts, totals = [int(x) for x in stats[:4]], [int(x) for x in stats[4:8]]
+    return b.compute_bleu(counts, totals, int(stats[8]), int(stats[9]), smooth_method=b.smooth_method,
+                          smooth_value=b.smooth_value, effective_order=b.effective_order,
+                          max_ngram_order=b.max_ngram_order).score
 
 
 def loss_parity(losses: Sequence[float], reference: Sequence[float]) -> float:

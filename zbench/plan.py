@@ -122,20 +122,43 @@ def _abs(path: str, base_dir: str) -> str:
     return path if os.path.isabs(path) else os.path.normpath(os.path.join(base_dir, path))
 
 
+# data source -> (the task it feeds, what it is)
+DATA_TASKS = {
+    "mrpc_tsv": ("classification", "is a sentence-pair classification set"),
+    "mrpc_hf": ("classification", "is a sentence-pair classification set"),
+    "text_files": ("lm", "trains a language model"),
+    "text_pairs": ("seq2seq", "holds source/target pairs for a seq2seq model"),
+}
+
+
 def _check_data(sc: Scenario, base_dir: str) -> None:
     from .data.mrpc import find_mrpc_files
+    from .data.mrpc_hf import find_mrpc_hf, resolve
+    from .data.pairs import pick_columns
 
     d = sc.data
     if d.mrpc_tsv is not None:
-        if sc.task != "classification":
-            raise ScenarioError(f"data.mrpc_tsv is a sentence-pair classification set; set task: classification (got {sc.task})")
         find_mrpc_files(_abs(d.mrpc_tsv, base_dir))  # raises a one-line error naming the layouts
+    if d.mrpc_hf is not None:
+        find_mrpc_hf(resolve(d.mrpc_hf, base_dir))  # and checks the columns
     if d.text_files is not None:
-        if sc.task != "lm":
-            raise ScenarioError(f"data.text_files trains a language model; set task: lm (got {sc.task})")
         for f in d.text_files:
             if not os.path.isfile(_abs(f, base_dir)):
                 raise ScenarioError(f"data.text_files: {f} does not exist (paths are relative to the scenario file)")
+    if d.text_pairs is not None:
+        given = [f for f in (d.text_pairs.train, d.text_pairs.eval) if f]
+        for f in given:
+            if not os.path.isfile(_abs(f, base_dir)):
+                raise ScenarioError(f"data.text_pairs: {f} does not exist (paths are relative to the scenario file)")
+        cols = pick_columns(_abs(given[0], base_dir), d.text_pairs.source_column, d.text_pairs.target_column)
+        for f in given[1:]:
+            pick_columns(_abs(f, base_dir), *cols)
+    if d.kind in DATA_TASKS and sc.task != DATA_TASKS[d.kind][0]:  # the files exist: now, do they fit the task?
+        task, what = DATA_TASKS[d.kind]
+        raise ScenarioError(f"data.{d.kind} {what}; set task: {task} (got {sc.task})")
+    if sc.metric == "bleu" and d.text_pairs is None:
+        raise ScenarioError(f"metric 'bleu' needs real text pairs (data.text_pairs), not data.{d.kind}; "
+                            "use metric: loss")
 
 
 def _check_gpus(gpus: int, notes: list[str], cap: float | None) -> Literal["cuda", "cpu"]:

@@ -14,13 +14,24 @@ from typing import Any
 
 from . import metrics
 
-METRIC_NAMES = {"f1": "F1", "accuracy": "Accuracy", "loss": "Eval loss", "perplexity": "Perplexity"}
+METRIC_NAMES = {"f1": "F1", "accuracy": "Accuracy", "loss": "Eval loss", "perplexity": "Perplexity", "bleu": "BLEU"}
 TASK_COLUMNS = {
     "classification": ("f1", "accuracy", "loss"),
     "lm": ("loss", "perplexity"),
-    "seq2seq": ("loss",),
+    "seq2seq": ("bleu", "loss"),  # BLEU only on real text pairs (see task_columns)
     "token_classification": ("accuracy", "loss"),
 }
+SEQ2SEQ_NOTES = {
+    "real": "BLEU: sacrebleu corpus BLEU of greedy outputs (up to target_len tokens) on the eval rows, "
+            "generation included in the eval time",
+    "synthetic": "no BLEU: it needs real text pairs (data.text_pairs), synthetic tokens report the eval loss only",
+}
+
+
+def task_columns(summary: dict[str, Any]) -> tuple[str, ...]:
+    """The metric columns of the table: the task's, less BLEU on synthetic data (it would measure nothing)."""
+    cols = TASK_COLUMNS[summary["task"]]
+    return cols if summary["data_kind"] == "real" else tuple(c for c in cols if c != "bleu")
 
 
 def base_row(name: str, label: str, engine: str, stage: int | None, status: str, note: str = "") -> dict[str, Any]:
@@ -28,22 +39,28 @@ def base_row(name: str, label: str, engine: str, stage: int | None, status: str,
 
 
 def measured_row(row: dict[str, Any], res: dict[str, Any], *, seq_len: int, searched: bool,
-                 est_gpu_gib: float | None) -> dict[str, Any]:
+                 est_gpu_gib: float | None, search_step: int = 1) -> dict[str, Any]:
     """Fill a row from rank 0's summary of a finished training launch."""
     epochs = res["epochs"]
     train_s = mean(e["train_s"] for e in epochs)
     tps = metrics.tokens_per_s(res["tokens_per_epoch"], train_s)
+    step_s = train_s * res["grad_accum"] / res["micro_steps_per_epoch"]
+    if "steady_s" in epochs[0]:  # the scenario left the first steps out of the timing
+        first = epochs[0]
+        step_s = first["steady_s"] / first["steady_steps"]
+        tps = metrics.tokens_per_s(res["tokens_per_epoch"] * res["grad_accum"] // res["micro_steps_per_epoch"], step_s)
     row.update(
-        batch=res["batch"], batch_searched=searched, world_size=res["world_size"], device=res["device_name"],
+        batch=res["batch"], batch_searched=searched, batch_search_step=search_step if searched else None,
+        world_size=res["world_size"], device=res["device_name"],
         train_s_per_epoch=train_s, eval_s_per_epoch=mean(e["eval_s"] for e in epochs),
         eval={k: v for k, v in epochs[-1]["eval"].items()},
         eval_per_epoch=[e["eval"] for e in epochs],
-        tokens_per_s=tps,
+        tokens_per_s=tps, step_ms=step_s * 1e3, steady=("steady_s" in epochs[0]),
         tflops_per_gpu=metrics.tflops_per_gpu(tps, res["world_size"], res["n_params"], res["layers"], res["hidden"],
                                               res["tokens_per_row"]),
         peak_gpu_gib=res["peak_gpu_gib"], peak_cpu_gib=res["peak_cpu_gib"], est_gpu_gib=est_gpu_gib,
         n_params=res["n_params"], losses=res["losses"], data=res["data"], data_real=res["data_real"],
-        ds_config=res["ds_config"], seq_len=seq_len,
+        ds_config=res["ds_config"], seq_len=seq_len, skipped_steps=res.get("skipped_steps"),
     )
     return row
 
@@ -73,9 +90,9 @@ def _num(x: Any, fmt: str) -> str:
 
 def table_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Header and cells of the printed table."""
-    cols = TASK_COLUMNS[summary["task"]]
+    cols = task_columns(summary)
     header = ["Variant", "Method", "Model", "Data", "Batch size (max)", "Train time per epoch (s)",
-              "Eval time per epoch (s)", *(METRIC_NAMES[c] for c in cols), "Tokens/s", "TFLOP/s per GPU",
+              "Eval time per epoch (s)", *(METRIC_NAMES[c] for c in cols), "Tokens/s", "Step (ms)", "TFLOP/s per GPU",
               "Peak GPU GiB", "Peak CPU GiB", "Loss parity vs DDP", "Notes"]
     out = []
     for r in summary["variants"]:
@@ -84,16 +101,19 @@ def table_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         if r["status"] != "ok":
             note = r["note"] or ("OOM Error" if r["status"] == "oom" else r["status"])
             out.append([r["variant"], r["method"], model, data, "–", "–", "–", *("–" for _ in cols),
-                        "–", "–", "–", "–", "–", note])
+                        *("–" for _ in range(6)), note])
             continue
-        batch = f"{r['batch']}" + ("" if r.get("batch_searched") else " (set)")
+        step = r.get("batch_search_step") or 1
+        batch = f"{r['batch']}" + ((f" (step {step})" if step > 1 else "") if r.get("batch_searched") else " (set)")
         parity = r.get("parity")
         parity_cell = r.get("parity_note", "–") if parity is None else f"{parity:.1e} {r['parity_note']}"
         notes = r.get("note", "")
+        if r.get("skipped_steps"):  # engines that count them (zero_core, DeepSpeed): NaN/inf steps left out
+            notes = "; ".join(filter(None, [notes, f"{r['skipped_steps']} step(s) skipped (non-finite gradients)"]))
         out.append([
             r["variant"], r["method"], model, data, batch, _num(r["train_s_per_epoch"], ".2f"),
-            _num(r["eval_s_per_epoch"], ".2f"), *(_num(r["eval"].get(c), ".3f" if c != "perplexity" else ".2f") for c in cols),
-            _num(r["tokens_per_s"], ",.0f"), _num(r["tflops_per_gpu"], ".3g"), _num(r["peak_gpu_gib"], ".2f"),
+            _num(r["eval_s_per_epoch"], ".2f"), *(_num(r["eval"].get(c), ".2f" if c in ("perplexity", "bleu") else ".3f") for c in cols),
+            _num(r["tokens_per_s"], ",.0f"), _num(r.get("step_ms"), ".1f"), _num(r["tflops_per_gpu"], ".3g"), _num(r["peak_gpu_gib"], ".2f"),
             _num(r["peak_cpu_gib"], ".2f"), parity_cell, notes,
         ])
     return header, out
@@ -107,6 +127,11 @@ def markdown(summary: dict[str, Any]) -> str:
     caption = (f"{summary['scenario']}: {summary['init']} {summary['model']}, {summary['data_kind']} data "
                f"({summary.get('data_desc') or 'n/a'}), {summary['precision']}, {summary['world_size']} rank(s) on "
                f"{summary['device']}; loss parity tolerance {summary['parity_tol']:g}")
+    if summary["task"] == "seq2seq":
+        caption += "; " + SEQ2SEQ_NOTES[summary["data_kind"]]
+    skip = (summary.get("scenario_config") or {}).get("timing_skip_steps")
+    if skip:
+        caption += f"; tokens/s, step time and TFLOP/s leave out the first {skip} optimizer steps"
     return "\n".join(lines) + "\n\n" + caption + "\n"
 
 

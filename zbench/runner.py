@@ -78,13 +78,23 @@ class Runner:
                "batch": batch, "mode": mode, "progress": os.path.join(log_dir, f"progress-{index}.jsonl")}
         if mode == "train" and vp.spec.engine == "zero" and self.plan.scenario.checkpoint_every:
             # a rerun with --resume continues from here, on any number of ranks
-            job["checkpoint_dir"] = os.path.join(self.run_dir, "checkpoints", vp.name)
+            job["checkpoint_dir"] = self._checkpoint_dir(vp)
         title = f"{vp.name} (batch {batch})"
         with ProgressView(job["progress"], title, enabled=self.opts.progress):
             res = launch(run_job, json.dumps(job), self.nodes, run_id=f"{vp.name}-{mode}{index}", log_dir=log_dir,
                          index=index, what=f"variant '{vp.name}' ({mode}, batch {batch})", fork_ok=self.opts.fork_ok)
         self.writer = 0 in res
         return res
+
+    def _checkpoint_dir(self, vp: VariantPlan) -> str:
+        return os.path.join(self.run_dir, "checkpoints", vp.name)
+
+    def _finished(self, row: dict[str, Any], vp: VariantPlan) -> bool:
+        """A kept row needs no rerun: not failed, and not killed after saving a checkpoint (a rank killed by
+        SIGKILL reads as out of memory, but one that had checkpointed can go on from there)."""
+        if row.get("status") == "failed":
+            return False
+        return not (row.get("status") == "oom" and os.path.isfile(os.path.join(self._checkpoint_dir(vp), "latest")))
 
     def _fits(self, vp: VariantPlan, arch: ArchConfig | None, batch: int) -> bool:
         try:
@@ -117,16 +127,19 @@ class Runner:
             row["model_search"] = {key: value}
         batch, searched = vp.batch, False
         if batch is None:
-            say(f"[{vp.name}] searching the largest batch per GPU ({sc.batch_search.start}..{sc.batch_search.max})")
-            batch = largest_fitting(lambda b: self._fits(vp, arch, b), sc.batch_search.start, sc.batch_search.max)
+            bs = sc.batch_search
+            step = f", multiples of {bs.multiple_of}" if bs.multiple_of > 1 else ""
+            say(f"[{vp.name}] searching the largest batch per GPU ({bs.start}..{bs.max}{step})")
+            batch = largest_fitting(lambda b: self._fits(vp, arch, b), bs.start, bs.max, bs.multiple_of)
             searched = True
             if batch is None:
                 return {**row, "status": "oom", "note": f"OOM Error even at batch {sc.batch_search.start}"}
         say(f"[{vp.name}] training: batch {batch} per rank on {self.plan.world_size} rank(s)")
         try:
             res = self._launch(vp, arch, batch, "train")
-        except OutOfMemory:
-            return {**row, "status": "oom", "batch": batch, "note": f"OOM Error at batch {batch}"}
+        except OutOfMemory as e:
+            killed = f" (rank {e.rank} was SIGKILLed: most often the out-of-memory killer)" if e.exitcode == -9 else ""
+            return {**row, "status": "oom", "batch": batch, "note": f"OOM Error at batch {batch}{killed}"}
         if 0 not in res:
             return {**row, "status": "remote"}  # this node does not hold rank 0: nothing to measure here
         r0 = res[0]
@@ -137,7 +150,8 @@ class Runner:
             shape = {**vp.spec.model_overrides, **{k: v for k, v in row["model_search"].items() if k != "n_params"}}
             size = f"{n / 1e9:.2f} B" if n >= 1e8 else f"{n / 1e6:.2f} M"
             row["note"] = ", ".join(f"{k}={v}" for k, v in shape.items()) + f" ({size} params)"
-        return measured_row(row, r0, seq_len=sc.seq_len, searched=searched, est_gpu_gib=est)
+        return measured_row(row, r0, seq_len=sc.seq_len, searched=searched,
+                            search_step=sc.batch_search.multiple_of, est_gpu_gib=est)
 
     # -- the whole run ----------------------------------------------------------------------------
     def run(self) -> dict[str, Any] | None:
@@ -155,7 +169,7 @@ class Runner:
             if self.opts.resume and os.path.isfile(cached):
                 with open(cached, encoding="utf-8") as f:
                     kept = json.load(f)
-                if kept.get("status") != "failed":  # failed variants run again (from their checkpoint, if any)
+                if self._finished(kept, vp):  # failed variants run again (from their checkpoint, if any)
                     rows.append(kept)
                     say(f"[{vp.name}] kept from {cached}")
                     continue

@@ -2,7 +2,8 @@
 
     model:    {arch: tiny-gpt}            # scenarios/models/tiny-gpt.json, random init
               {pretrained: ./my-model}    # a local folder or a hub id (needs transformers)
-    data:     {synthetic: {vocab: 512}} | {mrpc_tsv: DIR} | {text_files: [a.txt, b.txt]}
+    data:     {synthetic: {vocab: 512}} | {mrpc_tsv: DIR} | {mrpc_hf: DIR or cache} | {text_files: [a.txt, b.txt]}
+              | {text_pairs: {train: a.jsonl, eval: b.jsonl}}
     task: lm | classification | seq2seq | token_classification
     precision, seq_len, epochs or steps, batch_size (absent: OOM-safe search), gpus, gpu_memory_cap_gib
     variants: [{name: zero2, engine: zero, stage: 2}, {name: ddp, engine: ddp}, ...]
@@ -26,7 +27,7 @@ from zero_core.config_errors import dotted, from_validation_error, primary_error
 
 Engine = Literal["ddp", "zero", "fsdp2", "deepspeed"]
 Task = Literal["lm", "classification", "seq2seq", "token_classification"]
-Metric = Literal["perplexity", "loss", "f1", "accuracy"]
+Metric = Literal["perplexity", "loss", "f1", "accuracy", "bleu"]
 Device = Literal["none", "cpu", "nvme"]
 PosInt = Annotated[int, Field(ge=1)]
 
@@ -34,9 +35,10 @@ PosInt = Annotated[int, Field(ge=1)]
 TASK_METRICS: dict[str, tuple[str, ...]] = {
     "lm": ("perplexity", "loss"),
     "classification": ("f1", "accuracy", "loss"),
-    "seq2seq": ("loss",),
+    "seq2seq": ("loss", "bleu"),  # BLEU needs real text pairs (greedy generation); synthetic data has loss only
     "token_classification": ("accuracy", "loss"),
 }
+DATA_SOURCES = ("mrpc_tsv", "mrpc_hf", "text_files", "text_pairs", "synthetic")
 
 
 class ScenarioError(ConfigError):
@@ -67,24 +69,37 @@ class SyntheticSpec(Strict):
     eval_samples: PosInt = 128
 
 
+class TextPairsSpec(Strict):
+    """Seq2seq source/target pairs from local .jsonl/.json/.csv/.tsv/.parquet/.arrow files."""
+
+    train: str = Field(min_length=1)
+    eval: str | None = None  # default: the last eval_fraction of train
+    source_column: str | None = None  # default: source/target, context/response or input/output
+    target_column: str | None = None
+    source_prefix: str = ""  # prepended to every source text (the article's "chatbot: ")
+
+
 class DataSpec(Strict):
     mrpc_tsv: str | None = None  # a GLUE MRPC folder (train.tsv/dev.tsv or msr_paraphrase_*.txt)
+    mrpc_hf: str | None = None  # MRPC as Hugging Face datasets left it: a folder, or `cache` (see data/mrpc_hf.py)
     text_files: list[str] | None = None  # plain-text files cut into blocks of seq_len tokens
+    text_pairs: TextPairsSpec | None = None  # seq2seq source/target pairs
     synthetic: SyntheticSpec | None = None  # learnable synthetic tokens
-    eval_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.1  # text_files: the last blocks held out
+    eval_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.1  # text_files/text_pairs without eval: share held out
     max_train_samples: PosInt | None = None
     max_eval_samples: PosInt | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> "DataSpec":
-        given = [k for k in ("mrpc_tsv", "text_files", "synthetic") if getattr(self, k) is not None]
+        given = [k for k in DATA_SOURCES if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError(f"give exactly one data source (mrpc_tsv, text_files or synthetic), got {given or 'none'}")
+            raise ValueError(f"give exactly one data source ({', '.join(DATA_SOURCES[:-1])} or synthetic), "
+                             f"got {', '.join(given) or 'none'}")
         return self
 
     @property
     def kind(self) -> str:
-        return "mrpc" if self.mrpc_tsv else "text" if self.text_files else "synthetic"
+        return next(k for k in DATA_SOURCES if getattr(self, k) is not None)
 
     @property
     def real(self) -> bool:
@@ -97,6 +112,7 @@ class BatchSearch(Strict):
     start: PosInt = 1
     max: PosInt = 1024
     steps: PosInt = 2  # optimizer steps per try (the first one allocates the optimizer state)
+    multiple_of: PosInt = 1  # try only multiples of this (fewer launches for big models)
 
 
 class ModelSearch(Strict):
@@ -156,6 +172,8 @@ class Scenario(Strict):
     model_search: ModelSearch | None = None
     parity_tol: Annotated[float, Field(gt=0)] | None = None  # default: 1e-3 fp32, 5e-2 bf16/fp16
     checkpoint_every: PosInt | None = None  # optimizer steps between zero_core checkpoints (zero variants)
+    comm_timeout_s: Annotated[float, Field(gt=0)] | None = None  # a collective waiting longer fails, naming itself
+    timing_skip_steps: Annotated[int, Field(ge=0)] = 0  # first optimizer steps left out of tokens/s and step time
     variants: list[VariantSpec] = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -165,6 +183,9 @@ class Scenario(Strict):
         if self.metric is not None and self.metric not in TASK_METRICS[self.task]:
             raise ValueError(f"metric '{self.metric}' does not apply to task '{self.task}'; "
                              f"use one of {', '.join(TASK_METRICS[self.task])}")
+        if self.steps is not None and self.timing_skip_steps >= self.steps:
+            raise ValueError(f"timing_skip_steps {self.timing_skip_steps} leaves none of the {self.steps} steps to time; "
+                             "lower it")
         names = [v.name for v in self.variants]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

@@ -10,8 +10,18 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 
-def largest_fitting(fits: Callable[[int], bool], start: int, maximum: int) -> int | None:
-    """The largest b in [start, maximum] with fits(b), or None if `start` already fails."""
+def largest_fitting(fits: Callable[[int], bool], start: int, maximum: int, multiple_of: int = 1) -> int | None:
+    """The largest b in [start, maximum] with fits(b), or None if `start` already fails.
+
+    With `multiple_of` m > 1 only multiples of m are tried (start rounded up, maximum down): a big
+    model's tries cost a launch each, and a batch of 8k is what users pick anyway.
+    """
+    if multiple_of > 1:
+        lo_k, hi_k = -(-start // multiple_of), maximum // multiple_of
+        if hi_k < lo_k:
+            return None
+        k = largest_fitting(lambda k: fits(k * multiple_of), lo_k, hi_k)
+        return None if k is None else k * multiple_of
     if not fits(start):
         return None
     lo, hi = start, None

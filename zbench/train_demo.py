@@ -71,6 +71,7 @@ def run_rank(job: TrainJob) -> dict:
             if engine.device.type == "cuda":
                 torch.cuda.synchronize()
             start = time.perf_counter()
+            engine.breakdown.reset()
         data = synthetic_tokens(gen, engine.world_size * micro, job.seq_len + 1, vocab)[engine.rank * micro : (engine.rank + 1) * micro]
         x, y = data[:, :-1].to(engine.device), data[:, 1:].to(engine.device)
         loss = engine(x, y).loss
@@ -85,11 +86,13 @@ def run_rank(job: TrainJob) -> dict:
     elapsed = time.perf_counter() - start
     tokens = job.steps * engine.config.train_batch_size * job.seq_len
     peak = torch.cuda.max_memory_allocated() / 2**30 if engine.device.type == "cuda" else float("nan")
+    breakdown = engine.breakdown.summary()  # ms per timed step (offload runs; {} otherwise)
+    engine.close()
     return {
         "peak_gib": peak, "step_ms": 1e3 * elapsed / job.steps,
         "stage": engine.stage, "world_size": engine.world_size, "steps": job.steps, "warmup": job.warmup,
         "first_loss": float(losses[0]), "final_loss": float(losses[-1]), "tokens_per_s": tokens / elapsed,
-        "trainable_params": engine.layout.numel,
+        "trainable_params": engine.layout.numel, "breakdown": breakdown,
     }
 
 

@@ -12,6 +12,7 @@ import os
 import resource
 import signal
 import time
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -21,6 +22,7 @@ from . import ds_config
 from .data import build_splits
 from .data.batches import eval_batches, steps_per_epoch, train_stream
 from .evaluation import EvalSums
+from .generation import TextGeneration
 from .models.configs import ArchConfig
 from .models.factory import build_model
 from .progress import ProgressWriter
@@ -29,18 +31,19 @@ from .scenario import Scenario
 from .variants import build_variant
 
 
-def _setup() -> tuple[torch.device, int, int]:
+def _setup(comm_timeout_s: float | None = None) -> tuple[torch.device, int, int]:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     threads = os.environ.get("OMP_NUM_THREADS")  # set it when ranks of several "nodes" share one machine
     torch.set_num_threads(int(threads) if threads else max(1, (os.cpu_count() or 1) // local_world))
+    timeout = timedelta(seconds=comm_timeout_s) if comm_timeout_s else None  # None: torch's default
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device)
+        dist.init_process_group("nccl", device_id=device, timeout=timeout)
     else:
         device = torch.device("cpu")
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", timeout=timeout)
     return device, dist.get_rank(), dist.get_world_size()
 
 
@@ -70,7 +73,7 @@ def run_job(job_json: str) -> dict[str, Any]:
     job = json.loads(job_json)
     for sig in (signal.SIGTERM, signal.SIGINT):  # a forked rank inherits the agent's raising handlers
         signal.signal(sig, signal.SIG_DFL)
-    device, rank, world = _setup()
+    device, rank, world = _setup(job["scenario"].get("comm_timeout_s"))
     try:
         return _run(job, device, rank, world)
     finally:
@@ -99,6 +102,7 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
     total_steps = epochs * micro_per_epoch // gas
     ds = ds_config.finalize(job["ds"], sc=sc, batch=batch, world_size=world, total_steps=total_steps, hidden=bundle.hidden)
     variant = build_variant(job["engine"], bundle, ds, device)
+    texts = TextGeneration.for_run(sc.task, splits.tokenizer, bundle.model, variant.forward, sc.target_len or sc.seq_len)
     torch.manual_seed(sc.seed + 1 + rank)  # dropout differs per rank, identically in every variant
     stream = train_stream(splits.train, batch=batch, rank=rank, world=world, seed=sc.seed)
     progress = ProgressWriter(job.get("progress") if rank == 0 else None)
@@ -108,6 +112,8 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
     ckpt = Checkpointing(job.get("checkpoint_dir"), sc.checkpoint_every, gas, variant)
     done = ckpt.resume(losses, device)
     epoch_rows = []
+    skip_micro = sc.timing_skip_steps * gas if not probe and done == 0 and sc.timing_skip_steps * gas < micro_per_epoch else 0
+    steady_start = None
     for epoch in range(epochs):
         variant.train()
         _sync(device)
@@ -120,32 +126,43 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
             variant.backward(out.loss)
             variant.step()
             losses.append(out.loss.detach().float())
+            if epoch == 0 and skip_micro and i + 1 == skip_micro:  # steady state starts here (one sync)
+                _sync(device)
+                steady_start = time.perf_counter()
             ckpt.after_micro_step(epoch * micro_per_epoch + i + 1, losses)
             progress.update(f"train epoch {epoch + 1}/{epochs}", i + 1, micro_per_epoch)
         _sync(device)
-        train_s = time.perf_counter() - start
+        end = time.perf_counter()
+        train_s = end - start
+        steady = {} if epoch or steady_start is None else {"steady_s": end - steady_start,
+                                                           "steady_steps": (micro_per_epoch - skip_micro) // gas}
         if probe:
             epoch_rows.append({"train_s": train_s})
             break
         variant.eval()
-        sums = EvalSums(sc.task, device)
+        sums = EvalSums(sc.task, device, bleu=texts is not None)
         start = time.perf_counter()
         with torch.no_grad():
             for j, (b, valid) in enumerate(eval_batches(splits.eval, batch=eval_bs, rank=rank, world=world)):
                 b = {k: v.to(device, non_blocking=True) for k, v in b.items()}
                 out = variant.forward(b)
                 sums.add(out.logits, b["labels"], valid)
+                if texts is not None:  # seq2seq on real text: greedy outputs for BLEU
+                    sums.add_texts(*texts.texts(b, valid))
                 progress.update(f"eval epoch {epoch + 1}/{epochs}", j + 1, n_eval)
         _sync(device)
         eval_s = time.perf_counter() - start
-        epoch_rows.append({"train_s": train_s, "eval_s": eval_s, "eval": sums.result()})
+        epoch_rows.append({"train_s": train_s, "eval_s": eval_s, "eval": sums.result(), **steady})
     curve = torch.stack(losses)
     dist.all_reduce(curve)
     curve /= world
-    times = torch.tensor([[r["train_s"], r.get("eval_s", 0.0)] for r in epoch_rows], dtype=torch.float64, device=device)
+    times = torch.tensor([[r["train_s"], r.get("eval_s", 0.0), r.get("steady_s", 0.0)] for r in epoch_rows],
+                         dtype=torch.float64, device=device)
     dist.all_reduce(times, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
-    for r, (t, e) in zip(epoch_rows, times.tolist()):
+    for r, (t, e, st) in zip(epoch_rows, times.tolist()):
         r["train_s"], r["eval_s"] = t, e
+        if "steady_s" in r:
+            r["steady_s"] = st
     peak_gpu, peak_cpu = _peaks(device)
     if rank != 0:
         return {"rank": rank}
@@ -157,5 +174,6 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
         "losses": curve.tolist(), "tokens_per_epoch": micro_per_epoch * batch * world * tokens_per_row,
         "tokens_per_row": tokens_per_row, "n_params": bundle.n_params, "largest_layer": bundle.largest_layer,
         "layers": bundle.layers, "hidden": bundle.hidden, "peak_gpu_gib": peak_gpu, "peak_cpu_gib": peak_cpu,
+        "skipped_steps": getattr(getattr(variant, "engine_obj", None), "skipped_steps", None),
         "ds_config": ds, "data": splits.description, "data_real": splits.real, "torch": torch.__version__,
     }

@@ -6,10 +6,13 @@ import os
 
 import torch
 
+from .comm import CollectiveError, CollectiveTimeout
 from .config import ConfigError, ZeroConfig, load_config
 from .engine import Engine
+from .overflow_log import NonFiniteError
 
-__all__ = ["initialize", "Engine", "ZeroConfig", "ConfigError", "load_config"]
+__all__ = ["initialize", "Engine", "ZeroConfig", "ConfigError", "load_config", "CollectiveError", "CollectiveTimeout",
+           "NonFiniteError"]
 
 
 def initialize(model: torch.nn.Module, config: dict | str | os.PathLike | ZeroConfig) -> Engine:

@@ -1,8 +1,11 @@
 """Engine save/load in zbench's checkpoint format, resharding on load.
 
 Save: every rank writes only its own partition (no gather); rank 0 adds frozen tensors and the
-manifest and commits atomically. Load: every rank reads, through the fragment maps, just the
-elements of its *current* partition, whatever world size, stage or bucketing the save used.
+manifest and commits atomically. A rank that cannot write (disk full, quota, permissions) does not
+leave the others waiting: the ranks agree on the outcome, the staged folder is removed, and every
+rank raises the same one-line CheckpointError; `latest` and the previous checkpoint stay as they were.
+Load: every rank reads, through the fragment maps, just the elements of its *current* partition,
+whatever world size, stage or bucketing the save used.
 """
 
 from __future__ import annotations
@@ -15,15 +18,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 from safetensors.torch import save_file
 
 from checkpoints import zbench_format as fmt
+from checkpoints.io_errors import ACCESS, SPACE, write_cause
 from checkpoints.safetensors_read import SafetensorsFile
 from checkpoints.source import CheckpointError
 from checkpoints.zbench_source import FragmentReader
 
 from . import comm
+from .opt_states import NAMES, TensorStates
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -31,17 +35,28 @@ if TYPE_CHECKING:
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
-def _gather_objects(obj: Any) -> list[Any]:
-    if comm.world_size() == 1:
-        return [obj]
-    out: list[Any] = [None] * comm.world_size()
-    dist.all_gather_object(out, obj)
-    return out
+_FIXES = {SPACE: "free space on that disk or pass another save_dir, then save again",
+          ACCESS: "make the folder writable or pass another save_dir, then save again",
+          None: "fix that and save again"}
 
 
-def _barrier() -> None:
-    if comm.world_size() > 1:
-        dist.barrier()
+def _cause(e: BaseException) -> tuple[str, str]:
+    """(what went wrong, how to fix it) for a failed write."""
+    what, kind = write_cause(e)
+    return what, _FIXES[kind]
+
+
+def _save_failed(root: Path, tag: str, problem: tuple[str, str]) -> CheckpointError:
+    latest = fmt.read_latest(root) if root.is_dir() else None
+    before = f"the previous checkpoint ({latest}) and 'latest' are unchanged" if latest else "no earlier checkpoint exists there"
+    return CheckpointError(f"checkpoint {tag} was not saved in {root}: {problem[0]}; {problem[1]}; {before}")
+
+
+def _clear_debris(root: Path) -> None:
+    """Staged folders of saves that crashed: they hold disk space a new save may need."""
+    for d in root.glob(".*.partial"):
+        if d.is_dir():
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def _rng_state(device: torch.device) -> dict[str, Any]:
@@ -61,6 +76,20 @@ def _set_rng_state(state: dict[str, Any], device: torch.device) -> None:
 def _write_synced(tensors: dict[str, torch.Tensor], path: Path) -> dict[str, Any]:
     save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, str(path))
     fmt.fsync_path(path)
+    return {"sha256": fmt.sha256_file(path), "bytes": path.stat().st_size}
+
+
+def _write_states(states: Any, path: Path) -> dict[str, Any]:
+    """This rank's master and moments; states on NVMe are streamed chunk by chunk, never whole in memory."""
+    if isinstance(states, TensorStates):
+        return _write_synced({n: getattr(states, n) for n in NAMES}, path)
+    from checkpoints.safetensors_stream import StreamingWriter
+
+    writer = StreamingWriter(path, [(n, torch.float32, [states.numel]) for n in NAMES])
+    for n in NAMES:
+        for _, _, views in states.stream((n,), write_back=False):
+            writer.write(views[n])
+    writer.close()  # fsyncs
     return {"sha256": fmt.sha256_file(path), "bytes": path.stat().st_size}
 
 
@@ -87,23 +116,39 @@ def save(engine: "Engine", save_dir: str | os.PathLike, tag: str | None = None,
     if "/" in tag or tag.startswith("."):
         raise CheckpointError(f"tag {tag!r} must be a plain folder name (no '/', not starting with '.')")
     staged = fmt.partial_dir(root, tag)
+    problem: tuple[str, str] | None = None
     if engine.rank == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(staged, ignore_errors=True)  # debris of a save that crashed
-        staged.mkdir()
-    _barrier()
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            _clear_debris(root)
+            staged.mkdir()
+        except OSError as e:
+            what, fix = _cause(e)
+            problem = (f"cannot create {staged} ({what})", fix)
+    problem = comm.broadcast_object(problem, what="broadcast of the checkpoint folder's status")
+    if problem:
+        raise _save_failed(root, tag, problem)
     opt = engine.optimizer
     files: dict[str, Any] = {}
     writes_partition = engine.layout.world_size > 1 or engine.rank == 0  # stage 0: one copy is enough
-    if writes_partition:
-        name = fmt.rank_file(engine.rank)
-        files[name] = _write_synced({"master": opt.master, "exp_avg": opt.exp_avg, "exp_avg_sq": opt.exp_avg_sq}, staged / name)
-    if engine.rank == 0:
-        frozen = {e["name"]: t.detach() for e, t in zip(_param_entries(engine), engine.module.state_dict(keep_vars=True).values())
-                  if not e["trainable"] and not e["tied_to"]}  # safetensors stores shared storage once
-        files[fmt.FROZEN_FILE] = _write_synced(frozen, staged / fmt.FROZEN_FILE)
-    gathered = _gather_objects({"files": files, "rng": _rng_state(engine.device)})
-    if engine.rank == 0:
+    target = staged
+    try:
+        if writes_partition:
+            name = fmt.rank_file(engine.rank)
+            target = staged / name
+            files[name] = _write_states(opt.states, target)
+        if engine.rank == 0:
+            frozen = {e["name"]: t.detach() for e, t in zip(_param_entries(engine), engine.module.state_dict(keep_vars=True).values())
+                      if not e["trainable"] and not e["tied_to"]}  # safetensors stores shared storage once
+            target = staged / fmt.FROZEN_FILE
+            files[fmt.FROZEN_FILE] = _write_synced(frozen, target)
+    except Exception as e:  # OSError, or safetensors' own error type carrying the OS error's text
+        what, fix = _cause(e)
+        problem = (f"rank {engine.rank} could not write {target} ({what})", fix)
+    gathered = comm.all_gather_object({"files": files, "rng": _rng_state(engine.device), "problem": problem},
+                                      what="all-gather of the checkpoint's file list")
+    problem = next((g["problem"] for g in gathered if g["problem"]), None)
+    if engine.rank == 0 and problem is None:
         layout = engine.layout
         all_files = {k: v for g in gathered for k, v in g["files"].items()}
         fragments = {fmt.rank_file(r): [[f.param_index, f.param_start, f.partition_offset, f.numel] for f in layout.fragments(r)]
@@ -124,11 +169,19 @@ def save(engine: "Engine", save_dir: str | os.PathLike, tag: str | None = None,
             "rng": {str(r): g["rng"] for r, g in enumerate(gathered)},
             "client_state": client_state or {},
         }
-        fmt.write_json_atomic(staged / fmt.MANIFEST, manifest)
-        fmt.commit(root, tag)
-        if keep_last:
-            fmt.prune(root, keep_last)
-    _barrier()
+        try:
+            fmt.write_json_atomic(staged / fmt.MANIFEST, manifest)
+            fmt.commit(root, tag)
+        except OSError as e:
+            what, fix = _cause(e)
+            problem = (f"rank 0 could not write the manifest or commit {tag} ({what})", fix)
+    if engine.rank == 0 and problem is not None:
+        shutil.rmtree(staged, ignore_errors=True)
+    problem = comm.broadcast_object(problem, what="broadcast of the checkpoint's commit status")
+    if problem:
+        raise _save_failed(root, tag, problem)
+    if engine.rank == 0 and keep_last:
+        fmt.prune(root, keep_last)
     return root / tag
 
 
@@ -136,7 +189,6 @@ def load(engine: "Engine", load_dir: str | os.PathLike, tag: str | None = None) 
     """Collective. Loads weights, optimizer state and counters into this engine; returns client_state."""
     folder = fmt.resolve(load_dir, tag)
     manifest = fmt.read_manifest(folder)
-    reader = FragmentReader(folder, manifest)
     saved = {p["name"]: p for p in manifest["params"]}
     current = _param_entries(engine)
     missing = [e["name"] for e in current if e["name"] not in saved]
@@ -146,17 +198,22 @@ def load(engine: "Engine", load_dir: str | os.PathLike, tag: str | None = None) 
     for e in current:
         if list(saved[e["name"]]["shape"]) != e["shape"] or saved[e["name"]]["trainable"] != e["trainable"]:
             raise CheckpointError(f"{folder}: {e['name']} is {saved[e['name']]['shape']} in the checkpoint but {e['shape']} in the model; load a checkpoint of this model")
+    reader = FragmentReader(folder, manifest)  # after the model checks: nothing opened for a refused checkpoint
     mine = engine.layout.fragments(engine.rank if engine.layout.world_size > 1 else 0)
     names = [engine.layout.slots[f.param_index].name for f in mine]
     fmt.check_files(folder, manifest, reader.files_for(names) + [fmt.FROZEN_FILE])
     opt = engine.optimizer
     with torch.no_grad():
         try:
-            for f, name in zip(mine, names):
-                for key, dst in (("master", opt.master), ("exp_avg", opt.exp_avg), ("exp_avg_sq", opt.exp_avg_sq)):
-                    piece = torch.empty(f.numel, dtype=torch.float32)
-                    reader.read_into(piece, name, key, f.param_start)
-                    dst[f.partition_offset : f.partition_offset + f.numel].copy_(piece)
+            for lo, hi, views in opt.states.stream():  # one piece, or NVMe chunk by chunk (written back)
+                for f, name in zip(mine, names):
+                    a, b = max(lo, f.partition_offset), min(hi, f.partition_offset + f.numel)
+                    if a >= b:
+                        continue
+                    for key in NAMES:
+                        piece = torch.empty(b - a, dtype=torch.float32)
+                        reader.read_into(piece, name, key, f.param_start + a - f.partition_offset)
+                        views[key][a - lo : b - lo].copy_(piece)
         finally:
             reader.close()
         state = engine.module.state_dict(keep_vars=True)

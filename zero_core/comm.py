@@ -2,13 +2,21 @@
 
 A world of one needs no process group, so a single-process run (a notebook, a unit test) works with
 no launcher. Every collective takes tensors already on the right device and returns nothing.
+
+Each collective takes `what` (e.g. "all-gather of stage-3 unit 3"): when the backend reports that a
+peer never joined (gloo: "Timed out waiting ...ms") or went away ("Connection closed by peer"), the
+error becomes one `CollectiveError` line naming this rank, that collective and the fix, instead of
+the backend's text or a silent hang. The timeout itself is the process group's (`set_timeout`).
+On GPUs NCCL's watchdog enforces the same timeout and stops the process with its own report.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from contextlib import contextmanager, nullcontext
-from typing import Iterator
+from datetime import timedelta
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -26,6 +34,58 @@ def ensure_process_group(device: torch.device) -> None:
         )
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
+
+
+class CollectiveError(RuntimeError):
+    """A collective failed because another rank stopped, crashed or hung; str(e) is one line."""
+
+
+class CollectiveTimeout(CollectiveError):
+    """A collective waited longer than the process group's timeout for a peer rank."""
+
+
+_TIMEOUT_HINT = "raise the collective timeout (comm_timeout_s) only if a step legitimately takes that long"
+
+
+def set_timeout(seconds: float) -> None:
+    """Make every later collective of the default group give up after `seconds` (gloo and NCCL)."""
+    if not dist.is_initialized():
+        return
+    from torch.distributed import distributed_c10d as c10d
+
+    setter = getattr(c10d, "_set_pg_timeout", None)
+    if setter is None:  # torch < 2.3: the timeout is fixed when the group is created
+        raise ValueError("zero_core.comm_timeout_s needs torch >= 2.3 here (the process group already exists); "
+                         "pass timeout= to init_process_group instead, or upgrade torch")
+    setter(timedelta(seconds=seconds))
+
+
+def _translate(e: RuntimeError, what: str, waited: float) -> RuntimeError:
+    """The backend's error as one line naming the rank and the collective (others unchanged)."""
+    text = str(e)
+    lowered = text.lower()
+    who = f"rank {rank()}: {what}"
+    if "timed out" in lowered or "timeout" in lowered:
+        return CollectiveTimeout(f"{who} timed out after {waited:.1f} s (a peer rank stopped or hung); check the other "
+                                 f"ranks' logs for the first error; {_TIMEOUT_HINT}")
+    if "closed by peer" in lowered or "reset by peer" in lowered or "broken pipe" in lowered:
+        return CollectiveError(f"{who} failed after {waited:.1f} s: a peer rank closed its connection (it crashed or was "
+                               "killed); its own log names the cause; resume from the last checkpoint once it is fixed")
+    return e
+
+
+@contextmanager
+def _named(what: str) -> Iterator[None]:
+    start = time.monotonic()
+    try:
+        yield
+    except RuntimeError as e:
+        if isinstance(e, CollectiveError):
+            raise
+        err = _translate(e, what, time.monotonic() - start)
+        if err is e:
+            raise
+        raise err from e
 
 
 def world_size() -> int:
@@ -52,26 +112,29 @@ _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_sc
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
-def all_reduce_sum(t: torch.Tensor) -> None:
+def all_reduce_sum(t: torch.Tensor, what: str = "all-reduce") -> None:
     """In-place sum across ranks."""
     if world_size() > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        with _named(what):
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
 
 
-def reduce_scatter_sum(out: torch.Tensor, full: torch.Tensor) -> None:
+def reduce_scatter_sum(out: torch.Tensor, full: torch.Tensor, what: str = "reduce-scatter") -> None:
     """Sum `full` across ranks and keep this rank's equal slice in `out`."""
     if world_size() > 1:
-        _reduce_scatter(out, full, op=dist.ReduceOp.SUM)
+        with _named(what):
+            _reduce_scatter(out, full, op=dist.ReduceOp.SUM)
     else:
         out.copy_(full)
 
 
-def all_gather_flat(full: torch.Tensor, shard: torch.Tensor) -> None:
+def all_gather_flat(full: torch.Tensor, shard: torch.Tensor, what: str = "all-gather") -> None:
     """Concatenate every rank's `shard` into `full` (rank order)."""
     if world_size() > 1:
         # .data: writing through an alias with its own version counter keeps autograd's saved views
         # of these parameters valid after the re-gather (stage 3 re-gathers between forward and backward).
-        _all_gather(full.data, shard)
+        with _named(what):
+            _all_gather(full.data, shard)
     else:
         full.data.copy_(shard)
 
@@ -87,23 +150,51 @@ def host_buffer(numel: int, dtype: torch.dtype, pin: bool) -> torch.Tensor:
                           f"({str(e).splitlines()[0]}); free host memory, use more ranks, or turn offload off") from None
 
 
-def all_reduce_sum_on(t: torch.Tensor, device: torch.device) -> None:
+def all_reduce_sum_on(t: torch.Tensor, device: torch.device, what: str = "all-reduce") -> None:
     """In-place sum of `t` across ranks, hopping to `device` when the backend cannot reach t's device
     (NCCL only sees GPU memory; offloaded optimizer statistics live on the CPU)."""
     if world_size() == 1:
         return
-    if t.device == device:
-        dist.all_reduce(t)
-    else:
-        tmp = t.to(device)
-        dist.all_reduce(tmp)
-        t.copy_(tmp)
+    with _named(what):
+        if t.device == device:
+            dist.all_reduce(t)
+        else:
+            tmp = t.to(device)
+            dist.all_reduce(tmp)
+            t.copy_(tmp)
 
 
-def broadcast_(t: torch.Tensor, src: int = 0) -> None:
+def broadcast_(t: torch.Tensor, src: int = 0, what: str = "broadcast") -> None:
     """Overwrite `t` with rank `src`'s value."""
     if world_size() > 1:
-        dist.broadcast(t, src)
+        with _named(what):
+            dist.broadcast(t, src)
+
+
+def barrier(what: str = "barrier") -> None:
+    if world_size() > 1:
+        with _named(what):
+            dist.barrier()
+
+
+def all_gather_object(obj: Any, what: str = "all-gather of objects") -> list[Any]:
+    """Every rank's picklable `obj`, in rank order."""
+    if world_size() == 1:
+        return [obj]
+    out: list[Any] = [None] * world_size()
+    with _named(what):
+        dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj: Any, src: int = 0, what: str = "broadcast of an object") -> Any:
+    """Rank `src`'s picklable `obj` on every rank."""
+    if world_size() == 1:
+        return obj
+    box = [obj]
+    with _named(what):
+        dist.broadcast_object_list(box, src)
+    return box[0]
 
 
 class SideStream:

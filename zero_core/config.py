@@ -197,11 +197,44 @@ def _check_consistency(cfg: ZeroConfig) -> None:
     if zero.offload_param is not None and zero.offload_param.device != "none" and zero.stage < 3:
         raise ConfigError(f"zero_optimization.offload_param needs stage 3 but zero_optimization.stage is {zero.stage}; "
                           "remove offload_param or set the stage to 3")
-    for name in ("offload_optimizer", "offload_param"):
-        section = getattr(zero, name)
-        if section is not None and section.device == "nvme":
-            raise ConfigError(f"zero_optimization.{name}.device='nvme' is not supported yet; "
-                              "use 'cpu' or 'none'")
-    if zero.offload_optimizer is not None and zero.offload_optimizer.device == "cpu" and zero.stage == 0:
+    if zero.offload_param is not None and zero.offload_param.device == "nvme":
+        raise ConfigError("zero_optimization.offload_param.device='nvme' is not supported yet (optimizer states can "
+                          "go to NVMe: offload_optimizer.device='nvme'); use 'cpu' or 'none'")
+    off = zero.offload_optimizer
+    if off is not None and off.device != "none" and zero.stage == 0:
         raise ConfigError("zero_optimization.offload_optimizer needs stage 1, 2 or 3 but zero_optimization.stage is 0; "
                           "set the stage to 1-3 or the offload device to 'none'")
+    if off is not None and off.ratio != 1.0 and off.device != "none":
+        raise ConfigError(f"zero_optimization.offload_optimizer.ratio={off.ratio} (offloading only part of the optimizer) "
+                          "is not supported yet; remove it or set 1.0")
+    if off is not None and off.device == "nvme":
+        if not off.nvme_path:
+            raise ConfigError("zero_optimization.offload_optimizer.nvme_path is required with device 'nvme'; "
+                              "set it to a directory on a fast local disk")
+        if off.buffer_count < 2:
+            raise ConfigError(f"zero_optimization.offload_optimizer.buffer_count={off.buffer_count} is too small for "
+                              "NVMe offload: one chunk is updated while the next is read; set 2 or more (4 is the default)")
+    _check_aio(cfg)
+
+
+# libaio submission settings that a thread pool has no use for: accepted at DeepSpeed's defaults only
+_AIO_DEFAULT_ONLY = {"single_submit": False, "overlap_events": True, "intra_op_parallelism": 1}
+
+
+def _check_aio(cfg: ZeroConfig) -> None:
+    """The aio section (top level, as DeepSpeed reads it, or inside zero_optimization, as HF's docs put it)."""
+    top, nested = cfg.aio, cfg.zero_optimization.aio
+    if top is not None and nested is not None and top != nested:
+        raise ConfigError("aio and zero_optimization.aio are both set and differ; keep one (DeepSpeed reads the top-level one)")
+    for where, aio in (("aio", top), ("zero_optimization.aio", nested)):
+        if aio is None:
+            continue
+        if aio.block_size % 4096 or aio.block_size == 0:
+            raise ConfigError(f"{where}.block_size={aio.block_size} must be a positive multiple of 4096 "
+                              "(NVMe requests are 4 KiB-aligned); 1048576 is DeepSpeed's default")
+        if aio.use_gds:
+            raise ConfigError(f"{where}.use_gds=true (GPUDirect Storage) is not supported; remove it or set false")
+        for key, default in _AIO_DEFAULT_ONLY.items():
+            if getattr(aio, key) != default:
+                raise ConfigError(f"{where}.{key}={json.dumps(getattr(aio, key))} is a libaio setting zero_core does not "
+                                  f"use (its NVMe I/O runs on a thread pool); remove it or set {json.dumps(default)}")

@@ -106,7 +106,10 @@ class OffloadParamConfig(Section):
 
 
 class AioConfig(Section):
-    """Async I/O for NVMe offload; accepted (HF's docs nest it in zero_optimization) but unused yet."""
+    """Async I/O for NVMe optimizer offload (top level as DeepSpeed reads it, or in zero_optimization as
+    HF's docs put it). Used: block_size (bytes per request, a multiple of 4096), queue_depth x
+    thread_count (requests in flight, each on a pool thread). single_submit, overlap_events and
+    intra_op_parallelism are libaio settings: accepted at DeepSpeed's defaults only; use_gds is refused."""
 
     block_size: Annotated[int, count(1_048_576)] = 1_048_576
     queue_depth: Annotated[int, integer(1)] = 8
@@ -159,6 +162,17 @@ class ZeroOptimizationConfig(Section):
         return data
 
 
+class ZeroCoreConfig(Section):
+    """zero_core's own keys, in a section of their own: DeepSpeed has no such keys and ignores the section."""
+
+    # seconds a collective waits for the other ranks before failing with a CollectiveTimeout naming it;
+    # None keeps the process group's timeout (torch's defaults: 30 min on gloo, 10 min on NCCL)
+    comm_timeout_s: Annotated[float | None, number(0.0, lo_open=True, optional=True)] = None
+    # stop with NonFiniteError after this many consecutive optimizer steps with NaN/inf gradients
+    # (each one skipped and counted); 0 never stops, as DeepSpeed
+    max_consecutive_nonfinite: Annotated[int, integer(0)] = 0
+
+
 _MONITOR = dict[str, Any] | None  # logging sections: carried through, not used by the engine
 
 
@@ -188,6 +202,7 @@ class ZeroConfig(Section):
     zero_optimization: ZeroOptimizationConfig = ZeroOptimizationConfig()
     aio: AioConfig | None = None
     checkpoint: CheckpointConfig = CheckpointConfig()
+    zero_core: ZeroCoreConfig = ZeroCoreConfig()
     tensorboard: _MONITOR = None
     wandb: _MONITOR = None
     csv_monitor: _MONITOR = None

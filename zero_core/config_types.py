@@ -75,19 +75,21 @@ def integer(lo: int | None = None, hi: int | None = None, *, auto: Any = _NO, co
 
 
 def number(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False, hi_open: bool = False,
-           auto: Any = _NO) -> PlainValidator:
-    """A finite float in the given (closed or open) interval; ints are accepted."""
+           auto: Any = _NO, optional: bool = False) -> PlainValidator:
+    """A finite float in the given (closed or open) interval; ints are accepted; None too if `optional`."""
     parts = []
     if lo is not None:
         parts.append(f"{'>' if lo_open else '>='} {lo:g}")
     if hi is not None:
         parts.append(f"{'<' if hi_open else '<='} {hi:g}")
-    what = "a number" + (" " + " and ".join(parts) if parts else "")
+    what = "a number" + (" " + " and ".join(parts) if parts else "") + (" or null" if optional else "")
 
-    def check(v: Any) -> float:
+    def check(v: Any) -> float | None:
         hit, value = _auto(v, auto)
         if hit:
             return value
+        if v is None and optional:
+            return None
         try:
             f = float(v) if _is_number(v) else math.nan
         except OverflowError:  # an int beyond float range

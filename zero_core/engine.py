@@ -12,15 +12,19 @@ from typing import Any
 
 import torch
 
-from . import comm
+from . import affinity, comm
 from .config import ZeroConfig, describe, load_config
+from .config_models import AioConfig
 from .grad_reducer import GradReducer
+from .host_adam import HostAdamW, WeightUploader
 from checkpoints.layout import FlatLayout, build_layout
 from .loss_scaler import LossScaler
 from .lr_schedules import make_lr_schedule
 from .overflow_log import OverflowLog
 from .param_gather import ParamGatherer
+from .opt_states import make_states
 from .sharded_optimizer import ShardedAdamW
+from .step_timer import StepBreakdown, enabled_for
 
 
 
@@ -83,6 +87,8 @@ class Engine:
         self.world_size, self.rank = comm.world_size(), comm.rank()
         self.config: ZeroConfig = load_config(config, self.world_size)
         cfg = self.config
+        if cfg.zero_core.comm_timeout_s is not None:
+            comm.set_timeout(cfg.zero_core.comm_timeout_s)
         if self.rank == 0:
             print(f"zero_core: resolved config (world size {self.world_size}):\n{describe(cfg)}", flush=True)
         self.stage = cfg.stage
@@ -109,20 +115,26 @@ class Engine:
         self.params = params
         self._cast_frozen_and_buffers(model, {id(p) for p in params})
 
-        # offload: fp32 master, moments and gradient partition (and at stage 3 the 16-bit shards) in host memory
+        # offload: fp32 master and moments in host memory or on NVMe, updated on the host (host_adam.py);
+        # at stage 3 optionally the 16-bit shards in host memory too
         off_opt, off_param = zero.offload_optimizer, zero.offload_param
-        self.offload_optimizer = off_opt is not None and off_opt.device == "cpu"
+        self.offload_optimizer = off_opt is not None and off_opt.device in ("cpu", "nvme")
         self.offload_param = off_param is not None and off_param.device == "cpu"
+        self.pinned_cpus = affinity.pin_rank(self.offload_optimizer)  # this rank's own cores (None: not pinned)
+        if self.pinned_cpus and self.rank == 0:
+            print(f"zero_core: local rank 0 pinned to cpus {affinity.describe(self.pinned_cpus)}, "
+                  f"{torch.get_num_threads()} threads ({affinity.ENV}=0 turns this off)", flush=True)
+        self.breakdown = StepBreakdown(self.device, enabled_for(self.offload_optimizer))  # step-time breakdown
         state_device = torch.device("cpu") if self.offload_optimizer else self.device
-        pin = self.offload_optimizer  # pinned whatever pin_memory says: the copy/compute overlap needs it
-        master, full = self._flatten(params, layout, state_device, pin)
+        states = make_states(layout.partition_numel, self.device, off_opt, cfg.aio or zero.aio or AioConfig(), self.rank)
+        full = self._flatten(params, layout, states.writer())
         self.scaler = LossScaler(cfg, state_device)
         opt = cfg.optimizer
-        self.optimizer = ShardedAdamW(
-            master, betas=tuple(opt.params.betas), eps=opt.params.eps, weight_decay=opt.params.weight_decay,
-            decoupled=opt.decoupled, clip=float(cfg.gradient_clipping or 0.0), lr_at=make_lr_schedule(cfg),
-            shard_stats=self.stage > 0, comm_device=self.device, pin=pin,
-        )
+        opt_kw = dict(betas=tuple(opt.params.betas), eps=opt.params.eps, weight_decay=opt.params.weight_decay,
+                      decoupled=opt.decoupled, clip=float(cfg.gradient_clipping or 0.0), lr_at=make_lr_schedule(cfg),
+                      shard_stats=self.stage > 0, comm_device=self.device)
+        self.optimizer = (HostAdamW(states, comm_dtype=cfg.comm_dtype, breakdown=self.breakdown, **opt_kw)
+                          if self.offload_optimizer else ShardedAdamW(states, **opt_kw))
         self._full = full
         self.side = comm.SideStream(self.device, enabled=zero.overlap_comm or self.stage == 3)
         self.gatherer: ParamGatherer | None = None
@@ -142,6 +154,15 @@ class Engine:
             self._opt_out = comm.host_buffer(layout.partition_numel, self.dtype, pin=True)
         else:
             self._opt_out = torch.empty(layout.partition_numel, dtype=self.dtype, device=state_device)
+        if self._opt_out is not self._local:
+            self._opt_out.copy_(self._local)
+        # offload on CUDA: the host step sends each finished chunk up at once; stages 1-2 all-gather each
+        # bucket as soon as its chunks are up
+        self._uploader: WeightUploader | None = None
+        if self._opt_out.device.type == "cpu" and self._local.is_cuda:
+            ends = [g.partition_offset + g.shard_numel for g in layout.groups] if self.stage in (1, 2) else []
+            self._uploader = WeightUploader(self._opt_out, self._local, self.breakdown, ends,
+                                            gather=lambda i: self._all_gather_group(self.layout.groups[i]))
         if self.stage == 3:
             self.gatherer = ParamGatherer(
                 units, layout, full, self._local,
@@ -151,9 +172,12 @@ class Engine:
             )
         self.reducer = GradReducer(
             params, layout, self.optimizer, stage=self.stage, comm_dtype=cfg.comm_dtype, side=self.side, device=self.device,
-            on_group_reduced=self.gatherer.on_group_reduced if self.gatherer else None,
+            on_group_reduced=self.gatherer.on_group_reduced if self.gatherer else None, breakdown=self.breakdown,
         )
-        self.overflow_log = OverflowLog(self.optimizer.skipped, self.scaler)
+        # consecutive optimizer steps with non-finite gradients, on the device (the hot loop never reads it)
+        self._nonfinite_run = torch.zeros(1, dtype=torch.float32, device=state_device)
+        self.overflow_log = OverflowLog(self.optimizer.skipped, self.scaler, self._nonfinite_run,
+                                        cfg.zero_core.max_consecutive_nonfinite)
 
     # -- set-up -----------------------------------------------------------------------------------
     def _cast_frozen_and_buffers(self, model: torch.nn.Module, trainable: set[int]) -> None:
@@ -163,21 +187,19 @@ class Engine:
                 if id(p) not in trainable:
                     if p.is_floating_point():
                         p.data = p.data.to(self.dtype)
-                    comm.broadcast_(p.data)
+                    comm.broadcast_(p.data, what="broadcast of frozen parameters")
             for b in model.buffers():
                 if b.is_floating_point():
                     b.data = b.data.to(self.dtype)
-                comm.broadcast_(b.data)
+                comm.broadcast_(b.data, what="broadcast of buffers")
 
-    def _flatten(self, params: list[torch.nn.Parameter], layout: FlatLayout, state_device: torch.device,
-                 pin: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Move parameters into flat buffers: fp32 master shards, working-precision full buffers.
+    def _flatten(self, params: list[torch.nn.Parameter], layout: FlatLayout, master: Any) -> list[torch.Tensor]:
+        """Move parameters into flat buffers: fp32 master shards (written in partition order through the
+        state store's `master` writer), working-precision full buffers.
 
         Masters come from the original fp32 values (broadcast from rank 0), not from their 16-bit cast.
         Stages 0-2 keep one contiguous working buffer; stage 3 needs one storage per unit to free it.
         """
-        master = (comm.host_buffer(layout.partition_numel, torch.float32, pin) if state_device.type == "cpu"
-                  else torch.empty(layout.partition_numel, dtype=torch.float32, device=self.device))
         if self.stage < 3:
             self._flat_working = torch.empty(sum(g.padded_numel for g in layout.groups), dtype=self.dtype, device=self.device)
         full: list[torch.Tensor] = []
@@ -187,9 +209,9 @@ class Engine:
                 staging = torch.zeros(g.padded_numel, dtype=torch.float32, device=self.device)
                 for s in g.slots:
                     staging[s.offset : s.offset + s.numel].copy_(params[s.index].detach().reshape(-1))
-                comm.broadcast_(staging)
+                comm.broadcast_(staging, what=f"broadcast of rank 0's initial weights (group {g.index})")
                 lo, hi = layout.shard_range(g.index, self.rank if layout.world_size > 1 else 0)
-                master[g.partition_offset : g.partition_offset + g.shard_numel].copy_(staging[lo:hi])
+                master.write(staging[lo:hi])
                 if self.stage < 3:
                     buf = self._flat_working[start : start + g.padded_numel]
                     start += g.padded_numel
@@ -199,10 +221,12 @@ class Engine:
                 full.append(buf)
                 for s in g.slots:
                     params[s.index].data = buf[s.offset : s.offset + s.numel].view(s.shape)
-        return master, full
+        master.close()
+        return full
 
     # -- training ---------------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.breakdown.forward_started()
         return self.module(*args, **kwargs)
 
     forward = __call__
@@ -216,40 +240,64 @@ class Engine:
         boundary = self.is_gradient_accumulation_boundary()
         window_pos = self.micro_steps % self.gradient_accumulation_steps
         scale = self.scaler.inv_scale / self.world_size
-        self.reducer.begin(reduce_now=self.stage >= 2 or boundary, accumulate=self.stage >= 2 and window_pos > 0, scale=scale)
+        self.reducer.begin(reduce_now=self.stage >= 2 or boundary, accumulate=self.stage >= 2 and window_pos > 0, scale=scale,
+                           final=boundary)
         (loss * (self.scaler.scale.squeeze() / self.gradient_accumulation_steps)).backward()
+        self.breakdown.backward_done()
         self.reducer.finish()
         if self.gatherer is not None:
             self.gatherer.end_backward()
 
     def step(self) -> None:
-        """At an accumulation boundary: clip, update, refresh the working weights; otherwise only count."""
-        if self.is_gradient_accumulation_boundary():
-            self.optimizer.step(out=self._opt_out)
+        """At an accumulation boundary: clip, update, refresh the working weights; otherwise only count.
+
+        A step whose gradients are not finite (on any rank) changes nothing and is counted in
+        `skipped_steps`; with zero_core.max_consecutive_nonfinite = N, the N-th such step in a row
+        raises NonFiniteError (on CUDA possibly one step later: the check never stalls the device).
+        """
+        boundary = self.is_gradient_accumulation_boundary()
+        self.micro_steps += 1
+        if boundary:
+            if self._uploader is not None:
+                self._uploader.begin()
+            self.optimizer.step(out=self._opt_out, publish=self._uploader)
             self.scaler.update(self.optimizer.overflow)
+            self._nonfinite_run.add_(1.0).mul_(self.optimizer.overflow.to(self._nonfinite_run.dtype))
             self._publish_working()
             self.global_step += 1
             self.overflow_log.poll(self.global_step)
-        self.micro_steps += 1
+            self.breakdown.end_step()
 
     def refresh_working_weights(self) -> None:
         """Rewrite the working-precision weights from the fp32 masters (after loading a checkpoint)."""
         with torch.no_grad():
-            self._opt_out.copy_(self.optimizer.master)
+            for lo, hi, v in self.optimizer.states.stream(("master",), write_back=False):
+                self._opt_out[lo:hi].copy_(v["master"])
+            if self._uploader is not None:
+                self._uploader.begin()
+                self._uploader(0, self._opt_out.numel())
             self._publish_working()
 
     def _publish_working(self) -> None:
-        """Make the updated working partition visible: copy it up from the host, then gather or mark stale."""
-        if self._opt_out is not self._local:
-            self._local.copy_(self._opt_out, non_blocking=True)
-        if self.stage in (1, 2):
-            self._all_gather_weights()
-        elif self.gatherer is not None:
+        """Make the updated working partition visible: copy it up from the host (the host step already
+        queued its chunks: wait for them on the device), then gather or mark stale."""
+        if self._uploader is not None:
+            self._uploader.finish()  # and all-gathers the buckets not gathered yet (stages 1-2)
+        else:
+            if self._opt_out is not self._local:
+                self._local.copy_(self._opt_out, non_blocking=True)
+            if self.stage in (1, 2):
+                self._all_gather_weights()
+        if self.gatherer is not None:
             self.gatherer.after_step()
 
     def _all_gather_weights(self) -> None:
         for g in self.layout.groups:
-            comm.all_gather_flat(self._full[g.index], self._local[g.partition_offset : g.partition_offset + g.shard_numel])
+            self._all_gather_group(g)
+
+    def _all_gather_group(self, g: Any) -> None:
+        comm.all_gather_flat(self._full[g.index], self._local[g.partition_offset : g.partition_offset + g.shard_numel],
+                             what=f"all-gather of updated weights (bucket {g.index})")
 
     # -- state ------------------------------------------------------------------------------------
     def save_checkpoint(self, save_dir: str | os.PathLike, tag: str | None = None,
@@ -273,10 +321,10 @@ class Engine:
         """Collective: the full fp32 state dict on CPU on every rank, keys as in `module.state_dict()`."""
         by_param: dict[int, torch.Tensor] = {}
         for g in self.layout.groups:
-            shard = self.optimizer.master[g.partition_offset : g.partition_offset + g.shard_numel]
+            shard = self.optimizer.states.read("master", g.partition_offset, g.partition_offset + g.shard_numel)
             if self.layout.world_size > 1:
                 full = torch.empty(g.padded_numel, dtype=torch.float32, device=self.device)
-                comm.all_gather_flat(full, shard.to(self.device))
+                comm.all_gather_flat(full, shard.to(self.device), what=f"all-gather of fp32 weights for full_state_dict (group {g.index})")
             else:
                 full = shard
             for s in g.slots:
@@ -303,6 +351,12 @@ class Engine:
     def get_lr(self) -> float:
         """Learning rate of the last update (a host sync)."""
         return float(self.optimizer.lr.item())
+
+    def close(self) -> None:
+        """Detach the gradient hooks, stop the offload thread and free the NVMe state file. The engine
+        cannot train afterwards. (Process exit frees the file too, however the process ends.)"""
+        self.reducer.remove()
+        self.optimizer.close()
 
     def train(self, mode: bool = True) -> "Engine":
         self.module.train(mode)

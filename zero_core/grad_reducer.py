@@ -17,6 +17,7 @@ from . import comm
 from .host_folder import HostFolder
 from checkpoints.layout import FlatLayout
 from .sharded_optimizer import ShardedAdamW
+from .step_timer import StepBreakdown
 
 
 class GradReducer:
@@ -31,6 +32,7 @@ class GradReducer:
         side: comm.SideStream,
         device: torch.device,
         on_group_reduced: Callable[[int], None] | None = None,
+        breakdown: StepBreakdown | None = None,
     ) -> None:
         self.params = list(params)
         self.layout = layout
@@ -41,11 +43,12 @@ class GradReducer:
         self.on_group_reduced = on_group_reduced
         self.keep_buffers = stage <= 1  # stages 0-1 accumulate full gradients across micro-steps
         self.device = device
-        # optimizer offload: reduced shards go to a pinned host staging area; the CPU folds them in
-        # as their copies land, while backward goes on
-        self.offload = optimizer.master.device != device
-        self.host_staging = comm.host_buffer(layout.partition_numel, comm_dtype, pin=True) if self.offload else None
+        # optimizer offload: reduced shards go to the optimizer's pinned host staging area; the CPU folds
+        # them in as their copies land, while backward goes on (HostAdamW.fold; on a CPU-only run too)
+        self.host_staging: torch.Tensor | None = getattr(optimizer, "staging", None)
+        self.offload = self.host_staging is not None
         self.host_folder = HostFolder() if self.offload else None
+        self.breakdown = breakdown or StepBreakdown(device, enabled=False)
         self.buffers: list[torch.Tensor | None] = [
             torch.zeros(g.padded_numel, dtype=comm_dtype, device=device) if self.keep_buffers else None
             for g in layout.groups
@@ -57,13 +60,16 @@ class GradReducer:
         self.scale: torch.Tensor | None = None
         self._handles = [p.register_post_accumulate_grad_hook(self._make_hook(i)) for i, p in enumerate(self.params)]
 
-    def begin(self, reduce_now: bool, accumulate: bool, scale: torch.Tensor) -> None:
-        """Called before each backward. `scale` multiplies reduced sums (1 / (world * loss scale))."""
+    def begin(self, reduce_now: bool, accumulate: bool, scale: torch.Tensor, final: bool = True) -> None:
+        """Called before each backward. `scale` multiplies reduced sums (1 / (world * loss scale));
+        `final`: the optimizer step follows this backward (the offload fold may then skip the fp32 copy)."""
         self.reduce_now, self.accumulate, self.scale = reduce_now, accumulate, scale
         self.arrived = [0] * len(self.layout.groups)
         self.reduced = [False] * len(self.layout.groups)
         if reduce_now:
             self.opt.reset_stats()
+            if self.offload:
+                self.opt.begin_pass(lazy=final and not accumulate, scale=scale)  # type: ignore[attr-defined]
 
     def finish(self) -> None:
         """After backward: reduce groups some of whose parameters got no gradient, then join the side stream."""
@@ -72,7 +78,8 @@ class GradReducer:
                 if not self.reduced[g]:
                     self._reduce(g)
         if self.host_folder is not None:
-            self.host_folder.wait()
+            with self.breakdown.host("fold_wait"):
+                self.host_folder.wait()
         self.side.join()
 
     def _buffer(self, g: int) -> torch.Tensor:
@@ -104,22 +111,25 @@ class GradReducer:
         assert self.scale is not None
         with self.side.after_current():
             if self.stage == 0:
-                comm.all_reduce_sum(buf)
+                comm.all_reduce_sum(buf, what=f"all-reduce of gradient bucket {g}")
                 reduced = buf
             else:
                 reduced = torch.empty(group.shard_numel, dtype=self.comm_dtype, device=buf.device)
-                comm.reduce_scatter_sum(reduced, buf)
+                comm.reduce_scatter_sum(reduced, buf, what=f"reduce-scatter of gradient bucket {g}")
             if self.offload:
                 assert self.host_staging is not None
                 host = self.host_staging[group.partition_offset : group.partition_offset + reduced.numel()]
+                if self.opt.lazy:  # type: ignore[attr-defined]
+                    self.opt.reduced_stats(reduced, self.scale)  # type: ignore[attr-defined]
+                start = self.breakdown.event()
                 host.copy_(reduced, non_blocking=True)
                 ev = None
                 if reduced.is_cuda:
-                    ev = torch.cuda.Event()
+                    ev = torch.cuda.Event(enable_timing=self.breakdown.cuda)
                     ev.record()
+                    self.breakdown.span("d2h", start, ev if self.breakdown.cuda else None)
                 assert self.host_folder is not None
-                scale, accumulate, offset = self.scale, self.accumulate, group.partition_offset
-                self.host_folder.submit(ev, lambda: self.opt.accumulate(host, offset, scale, accumulate))
+                self.host_folder.submit(ev, self._fold_job(group.partition_offset, reduced.numel()))
             else:
                 self.opt.accumulate(reduced, group.partition_offset, self.scale, self.accumulate)
             if self.keep_buffers:
@@ -130,6 +140,18 @@ class GradReducer:
         self.reduced[g] = True
         if self.on_group_reduced is not None:
             self.on_group_reduced(g)
+
+    def _fold_job(self, offset: int, numel: int) -> Callable[[], None]:
+        """What the host thread does once the shard's copy landed: fold it, or (lazy pass) nothing."""
+        opt, timer, scale, accumulate = self.opt, self.breakdown, self.scale, self.accumulate
+        if opt.lazy:  # type: ignore[attr-defined]
+            return lambda: None
+
+        def job() -> None:
+            with timer.host("host_fold"):
+                opt.fold(offset, numel, scale, accumulate)  # type: ignore[attr-defined]
+
+        return job
 
     def remove(self) -> None:
         """Detach the hooks from the parameters and stop the host thread."""

@@ -3,7 +3,8 @@
 With optimizer offload, each reduced shard is copied to pinned host memory on the side stream. Doing
 the fp32 accumulation on the autograd thread would stall backward (no new GPU work is queued while it
 waits for a copy); on its own thread the host work overlaps with the rest of backward. Torch ops
-release the GIL, so the two threads really run in parallel. Jobs run in submission order.
+release the GIL, so the two threads really run in parallel. Jobs run in submission order. Without
+gradient accumulation there is nothing to fold (host_adam.py): a job then only marks its copy landed.
 """
 
 from __future__ import annotations

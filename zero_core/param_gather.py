@@ -108,12 +108,13 @@ class ParamGatherer:
         device = self.full[g].device
         if asynchronous and self.side.stream is not None:
             with self.side.after_current():
-                comm.all_gather_flat(self.full[g], shard.to(device, non_blocking=True))  # offloaded shards come up first
+                comm.all_gather_flat(self.full[g], shard.to(device, non_blocking=True),  # offloaded shards come up first
+                                     what=f"all-gather of stage-3 unit {g}")
                 ev = torch.cuda.Event()
                 ev.record()
             self.pending[g] = ev
         else:
-            comm.all_gather_flat(self.full[g], shard.to(device, non_blocking=True))
+            comm.all_gather_flat(self.full[g], shard.to(device, non_blocking=True), what=f"all-gather of stage-3 unit {g}")
         self.fresh[g] = True
 
     def _ensure(self, g: int) -> None:

@@ -1,6 +1,7 @@
 """This rank's optimizer partition: fp32 master weights, Adam moments and the fp32 gradient partition.
 
-The whole update runs on the device with no host synchronisation: the reduce epilogue leaves a sum of
+The states live in a store (`opt_states.py`); offloaded ones are updated by `HostAdamW` (host_adam.py).
+On the device the whole update runs with no host synchronisation: the reduce epilogue leaves a sum of
 squares and a non-finite flag in device memory, one small all-reduce makes them global, and the
 AdamW kernel reads the clip coefficient, the learning rate, the step count and the skip flag from
 device tensors.
@@ -14,6 +15,7 @@ import torch
 
 from . import comm
 from .kernels import adamw_step, reduce_epilogue
+from .opt_states import TensorStates
 
 
 class ShardedAdamW:
@@ -21,7 +23,7 @@ class ShardedAdamW:
 
     def __init__(
         self,
-        master: torch.Tensor,
+        states: TensorStates,
         *,
         betas: tuple[float, float],
         eps: float,
@@ -31,15 +33,12 @@ class ShardedAdamW:
         lr_at: Callable[[torch.Tensor], torch.Tensor],
         shard_stats: bool,
         comm_device: torch.device,
-        pin: bool = False,
     ) -> None:
-        dev = master.device
-        self.master = master
-        n = master.numel()
-        # offloaded (CPU) state is pinned so gradient and weight copies to and from the GPU run async
-        self.exp_avg, self.exp_avg_sq, self.grad = (
-            (comm.host_buffer(n, torch.float32, pin) for _ in range(3)) if dev.type == "cpu" else (torch.zeros_like(master) for _ in range(3))
-        )
+        self.states = states
+        dev = states.device
+        if isinstance(states, TensorStates):  # direct access where the states are tensors
+            self.master, self.exp_avg, self.exp_avg_sq = states.master, states.exp_avg, states.exp_avg_sq
+        self.grad = self._new_grad(states.numel, dev)
         self.comm_device = comm_device
         self.beta1, self.beta2 = betas
         self.eps, self.weight_decay, self.decoupled, self.clip = eps, weight_decay, decoupled, clip
@@ -53,6 +52,9 @@ class ShardedAdamW:
         self.grad_norm = torch.zeros(1, dtype=torch.float32, device=dev)
         self.overflow = torch.zeros(1, dtype=torch.int32, device=dev)
 
+    def _new_grad(self, numel: int, device: torch.device) -> torch.Tensor | None:
+        return torch.zeros(numel, dtype=torch.float32, device=device)
+
     def reset_stats(self) -> None:
         """Start a new reduction pass: only the last pass before a step counts for norm and overflow."""
         self.sumsq.zero_()
@@ -63,11 +65,18 @@ class ShardedAdamW:
         acc = self.grad[start : start + reduced.numel()]
         reduce_epilogue(reduced, acc, scale, accumulate, self.sumsq, self.nonfinite)
 
-    def step(self, out: torch.Tensor | None) -> None:
-        """Clip, update and write the working-precision copy into `out`; skipped on a non-finite gradient."""
-        stats = torch.cat([self.sumsq, self.nonfinite.float()])
+    def _local_stats(self) -> torch.Tensor:
+        """This rank's [sum of squares, non-finite flag] of the pass that ends at this step."""
+        return torch.cat([self.sumsq, self.nonfinite.float()])
+
+    def step(self, out: torch.Tensor | None, publish: Callable[[int, int], None] | None = None) -> None:
+        """Clip, update and write the working-precision copy into `out`; skipped on a non-finite gradient.
+
+        `publish(lo, hi)` (host steps only) is called once out[lo:hi] holds its final values."""
+        stats = self._local_stats()
         if self.shard_stats:
-            comm.all_reduce_sum_on(stats, self.comm_device)
+            comm.all_reduce_sum_on(stats, self.comm_device, what="all-reduce of the gradient norm and overflow flag")
+        stats = stats.to(self.sumsq.device)
         self.grad_norm = stats[:1].sqrt()
         self.overflow = (stats[1:] > 0).to(torch.int32)
         if self.clip > 0:
@@ -78,9 +87,15 @@ class ShardedAdamW:
         ok = 1.0 - self.overflow.float()
         self.applied += ok
         self.skipped += 1.0 - ok
+        self._update(coef, out, publish)
+
+    def _update(self, coef: torch.Tensor, out: torch.Tensor | None, publish: Callable[[int, int], None] | None) -> None:
         adamw_step(
             self.master, self.grad, self.exp_avg, self.exp_avg_sq, out,
             lr=self.lr, step=self.applied, coef=coef, skip=self.overflow,
             beta1=self.beta1, beta2=self.beta2, eps=self.eps,
             weight_decay=self.weight_decay, decoupled=self.decoupled,
         )
+
+    def close(self) -> None:
+        self.states.close()

@@ -1,4 +1,5 @@
-"""Data for the scenario runner: MRPC TSV, local text files, or synthetic tokens, as tensor splits.
+"""Data for the scenario runner: MRPC (GLUE TSV or Hugging Face datasets files), local text files,
+seq2seq text pairs, or synthetic tokens, as tensor splits.
 
 `build_splits` returns the train and eval tensors every rank holds in full (the batch iterator then
 takes each rank's rows), and says whether the data is real or synthetic: a table never passes a
@@ -14,9 +15,11 @@ from zero_core import ConfigError
 
 from .batches import Batch, truncate
 from .mrpc import load_mrpc
+from .mrpc_hf import load_mrpc_hf, resolve
+from .pairs import load_text_pairs
 from .synthetic import synthetic_split, synthetic_tokens
 from .text import load_text_blocks
-from .tokenize import ByteTokenizer, load_tokenizer
+from .tokenize import ByteTokenizer, Tokenizer, load_tokenizer
 
 __all__ = ["Splits", "build_splits", "synthetic_tokens"]
 
@@ -27,6 +30,7 @@ class Splits:
     eval: Batch
     real: bool
     description: str  # e.g. "MRPC (real, 3668/408 pairs, bytes tokenizer)"
+    tokenizer: Tokenizer | None = None  # real text: turns generated ids back into text (BLEU)
 
 
 def build_splits(data: dict, *, task: str, seq_len: int, vocab: int | None, seed: int, base_dir: str,
@@ -36,6 +40,7 @@ def build_splits(data: dict, *, task: str, seq_len: int, vocab: int | None, seed
         p = os.path.expanduser(p)
         return p if os.path.isabs(p) else os.path.join(base_dir, p)
 
+    tok: Tokenizer | None = None
     if data.get("synthetic") is not None:
         syn = data["synthetic"]
         v = syn.get("vocab") or vocab
@@ -57,6 +62,13 @@ def build_splits(data: dict, *, task: str, seq_len: int, vocab: int | None, seed
         if data.get("mrpc_tsv"):
             train, evals = load_mrpc(path(data["mrpc_tsv"]), tok, seq_len)
             desc = f"MRPC ({tok.name} tokens)"
+        elif data.get("mrpc_hf"):
+            train, evals = load_mrpc_hf(resolve(data["mrpc_hf"], base_dir), tok, seq_len)
+            desc = f"MRPC from datasets files ({tok.name} tokens)"
+        elif data.get("text_pairs"):
+            train, evals = load_text_pairs(data["text_pairs"], tok, seq_len, target_len or seq_len,
+                                           data.get("eval_fraction", 0.1), path)
+            desc = f"text pairs ({tok.name} tokens)"
         else:
             train, evals = load_text_blocks([path(p) for p in data["text_files"]], tok, seq_len,
                                             data.get("eval_fraction", 0.1))
@@ -65,4 +77,4 @@ def build_splits(data: dict, *, task: str, seq_len: int, vocab: int | None, seed
     train = truncate(train, data.get("max_train_samples"))
     evals = truncate(evals, data.get("max_eval_samples"))
     n_train, n_eval = (next(iter(s.values())).shape[0] for s in (train, evals))
-    return Splits(train, evals, real, f"{desc}, {n_train} train / {n_eval} eval rows")
+    return Splits(train, evals, real, f"{desc}, {n_train} train / {n_eval} eval rows", tok)

@@ -18,6 +18,8 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
+    def decode(self, ids: list[int]) -> str: ...  # special tokens left out
+
 
 class ByteTokenizer:
     """UTF-8 bytes shifted past three specials: pad 0, cls 1, sep 2."""
@@ -29,6 +31,10 @@ class ByteTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return [b + self.offset for b in text.encode("utf-8")]
+
+    def decode(self, ids: list[int]) -> str:
+        # a cut at target_len can split a character: replace the broken bytes rather than fail
+        return bytes(i - self.offset for i in ids if self.offset <= i < self.vocab_size).decode("utf-8", errors="replace")
 
 
 class HFTokenizer:
@@ -46,6 +52,9 @@ class HFTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode([i for i in ids if 0 <= i < self.vocab_size], skip_special_tokens=True)
 
 
 def load_tokenizer(name_or_path: str | None) -> Tokenizer:

@@ -25,12 +25,18 @@ def reduce_epilogue(
     if accumulate:
         acc.add_(reduced, alpha=s)  # promotes to fp32 element by element
     else:
-        acc.copy_(reduced)
-        acc.mul_(s)
+        scaled_copy(reduced, acc, s)
     ss = torch.dot(acc, acc)
     sumsq.add_(ss)
     if not bool(torch.isfinite(ss)):
         nonfinite.fill_(1)
+
+
+def scaled_copy(reduced: Tensor, acc: Tensor, s: float) -> None:
+    """acc = reduced (promoted to fp32) * s, in place: the epilogue without accumulation. The offload
+    step rebuilds gradient chunks with it, so they equal the folded ones bit for bit."""
+    acc.copy_(reduced)
+    acc.mul_(s)
 
 
 def available() -> bool:

@@ -7,4 +7,5 @@ python3 -m zbench.cli run "scenarios/$scenario.yaml" --out "$OUT/runs" --wandb o
 rc=${PIPESTATUS[0]}
 tail -30 "$OUT/${scenario}_stderr.txt"
 cp "$OUT"/runs/*/results.json "$OUT/${scenario}_results.json" 2>/dev/null
+tar czf "$OUT/${scenario}_run.tgz" -C "$OUT/runs" . 2>/dev/null  # whole run folders (logs, variant rows) for --resume
 exit $rc

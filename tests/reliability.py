@@ -1,0 +1,123 @@
+"""The README's reliability table, counted from the battery's own case lists (so it cannot drift).
+
+    python tests/reliability.py            # print the block
+    python tests/reliability.py --write    # replace the block in README.md
+
+`test_reliability_table.py` fails when README.md differs from what this prints, or when a test named
+here no longer exists.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import sys
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+README = TESTS.parent / "README.md"
+START, END = "<!-- reliability:start", "<!-- reliability:end -->"
+
+# (fault injected, the test that injects it, what the test then checks; resumed = the run goes on from its
+# last complete checkpoint, or that checkpoint is reloaded, and is compared with a run that had no fault)
+FAULTS = [
+    ("a rank fails as it starts (`zbench run`)", "test_runner.py::test_rank_failure_is_one_error_with_the_ranks_last_lines",
+     "the row fails, the other variants run, one error names the rank", False),
+    ("out of memory during the batch search", "test_runner.py::test_oom_is_a_row_and_the_batch_search_is_oom_safe",
+     "OOM-safe search, an OOM row", False),
+    ("a rank raises at step 10 of 16 (`zbench run`)",
+     "test_runner.py::test_killed_run_resumes_from_its_checkpoint_with_the_same_losses",
+     "`--resume` from step 8: same loss curve (1e-6)", True),
+    ("a rank SIGKILLed mid-step at step 130 of 240, and a NaN loss at step 50 (`zbench run`)",
+     "test_long_run.py::test_long_run_killed_mid_step_resumes_bit_identical",
+     "`--resume` from step 120: weights, moments, losses and skip count bit for bit", True),
+    ("a rank killed mid-save", "test_checkpoint_resume.py::test_crash_mid_save_keeps_previous_checkpoint",
+     "`latest` unchanged, the previous checkpoint loads bit for bit", True),
+    ("a damaged checkpoint file (bit flip, truncation, deletion)", "test_checkpoint_resume.py::test_damaged_rank_file_is_named",
+     "one error naming the file", False),
+    ("a hung peer in a stage-3 all-gather", "test_faults.py::test_hung_peer_is_a_timeout_naming_the_rank_and_the_collective",
+     "a CollectiveTimeout naming rank and collective within the timeout", False),
+    ("a hung rank (`zbench run`)", "test_faults.py::test_zbench_run_reports_a_hung_rank_as_one_error",
+     "one error line naming rank and collective", False),
+    ("NaN and inf losses (bf16, fp16)", "test_faults.py::test_nonfinite_losses_are_skipped_and_counted",
+     "skipped, counted, no weight changed", False),
+    ("consecutive NaN losses (bf16, fp16)", "test_faults.py::test_consecutive_nonfinite_steps_stop_with_one_line",
+     "stopped with one line, as configured", False),
+    ("an inf gradient on one rank (fp16)", "test_engine_parity.py::test_fp16_overflow_skips_exactly_that_step",
+     "every rank skips that step; loss scale halved", False),
+    ("a full disk on one rank mid-save", "test_faults.py::test_disk_full_on_one_rank_keeps_the_previous_checkpoint",
+     "one error on every rank, no debris, the previous checkpoint loads bit for bit", True),
+    ("the kernel's file-size limit (EFBIG) mid-save", "test_faults.py::test_file_size_limit_from_the_os_while_saving",
+     "as above, through safetensors' own writer", True),
+    ("a full disk while converting", "test_faults.py::test_convert_to_a_full_disk_leaves_nothing",
+     "one error line, nothing written", False),
+    ("the kernel's file-size limit while converting", "test_faults.py::test_convert_under_an_os_file_size_limit_leaves_nothing",
+     "one error line, nothing written", False),
+    ("offload host memory that cannot be allocated", "test_offload_errors.py::test_unallocatable_host_buffer_is_one_clear_error",
+     "one clear error at initialize", False),
+]
+BAD_INPUT = [("test_bad_input_battery.py", "CASES"), ("test_bad_input_battery.py", "ENGINE_CASES")]
+FUZZ = ["test_config.py::test_fuzz_random_configs_only_raise_config_error",
+        "test_config.py::test_fuzz_mutated_seed_configs_only_raise_config_error",
+        "test_manifest_fuzz.py::test_one_corrupted_field", "test_manifest_fuzz.py::test_garbage_manifest"]
+
+
+def _function(ref: str):
+    """The test function named `file.py::name` (imported the way pytest imports it: tests/ on sys.path)."""
+    if str(TESTS) not in sys.path:
+        sys.path.insert(0, str(TESTS))
+    file, _, name = ref.partition("::")
+    module = importlib.import_module(Path(file).stem)
+    fn = getattr(module, name, None)
+    if fn is None:
+        raise LookupError(f"{ref} does not exist; update tests/reliability.py")
+    return fn
+
+
+def cases(ref: str) -> int:
+    """How many test cases `ref` runs: the product of its parametrize lists."""
+    marks = getattr(_function(ref), "pytestmark", [])
+    return math.prod(len(m.args[1]) for m in marks if m.name == "parametrize")
+
+
+def examples(ref: str) -> int:
+    """Hypothesis examples per run of a fuzz test (its max_examples)."""
+    return _function(ref)._hypothesis_internal_use_settings.max_examples
+
+
+def counts() -> dict[str, int]:
+    bad = 0
+    for file, name in BAD_INPUT:
+        if str(TESTS) not in sys.path:
+            sys.path.insert(0, str(TESTS))
+        bad += len(getattr(importlib.import_module(Path(file).stem), name))
+    return {"bad": bad, "fuzzed": sum(examples(r) for r in FUZZ), "faults": sum(cases(r) for _, r, _, _ in FAULTS),
+            "resumed": sum(cases(r) for _, r, _, resumed in FAULTS if resumed)}
+
+
+def block() -> str:
+    c = counts()
+    lines = [f"{START} (printed by `python tests/reliability.py` from the battery's case lists; a test keeps it current) -->",
+             "| inputs tried | faults injected | runs resumed | data lost |", "|---|---|---|---|",
+             f"| {c['bad']} bad inputs + {c['fuzzed']} fuzzed configs and manifests | {c['faults']} | {c['resumed']} | 0 |",
+             "", "| fault injected | cases | then | resumed |", "|---|---|---|---|"]
+    for what, ref, then, resumed in FAULTS:
+        lines.append(f"| {what} | {cases(ref)} | {then} | {'yes' if resumed else '–'} |")
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def readme_block(text: str) -> str | None:
+    start, end = text.find(START), text.find(END)
+    return text[start : end + len(END)] if start >= 0 and end > start else None
+
+
+if __name__ == "__main__":
+    new = block()
+    if "--write" in sys.argv[1:]:
+        text = README.read_text(encoding="utf-8")
+        old = readme_block(text)
+        if old is None:
+            sys.exit(f"{README} has no {START} ... {END} block; add one under '## Reliability'")
+        README.write_text(text.replace(old, new), encoding="utf-8")
+    print(new)

@@ -1,0 +1,287 @@
+"""The offload host step piece by piece: chunked == unchunked bitwise, NVMe-backed == in-memory bitwise,
+the NVMe state file (pipelining, no file left behind, one-line errors), per-rank core sets, the breakdown."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from parity_workers import ds_config, make_batches, make_model
+
+import zero_core
+from zero_core import affinity, nvme_states
+from zero_core.host_adam import HostAdamW
+from zero_core.nvme_states import NvmeStates
+from zero_core.opt_states import NAMES, TensorStates, state_sum
+from zero_core.sharded_optimizer import ShardedAdamW
+
+HYPER = dict(betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, decoupled=True, lr_at=lambda applied: torch.full((1,), 1e-2),
+             shard_stats=False, comm_device=torch.device("cpu"))
+
+
+def _fill(states, numel: int) -> None:
+    g = torch.Generator().manual_seed(5)
+    w = states.writer()
+    for piece in torch.randn(numel, generator=g).split(777):  # pieces that straddle every chunk boundary
+        w.write(piece)
+    w.close()
+
+
+def _run(opt, groups: list[int], steps: int, gas: int, host: bool, comm_dtype: torch.dtype) -> list[torch.Tensor]:
+    """`steps` updates of `gas` micro-steps each (stage-2 style: every micro-step reduces); gradients
+    fed group by group as the reducer feeds them."""
+    n = sum(groups)
+    g = torch.Generator().manual_seed(11)
+    outs = []
+    for _ in range(steps):
+        for micro in range(gas):
+            grads = (torch.randn(n, generator=g) * 3).to(comm_dtype)
+            scale = torch.full((1,), 0.5)
+            opt.reset_stats()
+            if host:
+                opt.begin_pass(lazy=gas == 1, scale=scale)
+            start = 0
+            for size in groups:
+                reduced = grads[start : start + size]
+                if not host:
+                    opt.accumulate(reduced, start, scale, micro > 0)
+                elif opt.lazy:
+                    opt.reduced_stats(reduced, scale)
+                    opt.staging[start : start + size].copy_(reduced)
+                else:
+                    opt.staging[start : start + size].copy_(reduced)
+                    opt.fold(start, size, scale, accumulate=micro > 0)
+                start += size
+        out = torch.empty(n, dtype=torch.bfloat16)
+        opt.step(out)
+        outs.append(out)
+    return outs
+
+
+def _states(opt) -> dict[str, torch.Tensor]:
+    return {k: torch.cat([v[k].clone() for _, _, v in opt.states.stream((k,), write_back=False)]) for k in NAMES}
+
+
+@pytest.mark.parametrize("numel, groups", [(5 * 1024 + 333, [1000, 2048 + 7, 5 * 1024 + 333 - 3055]), (77, [77])])
+@pytest.mark.parametrize("gas", [1, 2])
+@pytest.mark.parametrize("comm_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("clip", [0.0, 0.05])
+def test_chunked_host_step_equals_unchunked_and_device_path_bitwise(monkeypatch, tmp_path, numel, groups, gas, comm_dtype, clip):
+    """Chunked == unchunked == NVMe-backed, bitwise. The device path's gradient norm is a dot product
+    where lazy host passes (gas 1) take a vector norm: with clipping on, those agree to rounding only."""
+    results = {}
+    for name, chunk, nvme in [("device-path", None, False), ("unchunked", None, False), ("chunked", 1024, False),
+                              ("chunked-3072", 3072, False), ("nvme", 1024, True)]:
+        if chunk:
+            monkeypatch.setenv("ZERO_CORE_HOST_CHUNK_NUMEL", str(chunk))
+        else:
+            monkeypatch.delenv("ZERO_CORE_HOST_CHUNK_NUMEL", raising=False)
+        states = (NvmeStates(numel, str(tmp_path), 0, chunk=2048, buffer_count=3, block_size=4096) if nvme
+                  else TensorStates(numel, torch.device("cpu")))
+        _fill(states, numel)
+        host = name != "device-path"
+        opt = (HostAdamW(states, comm_dtype=comm_dtype, clip=clip, **HYPER) if host else ShardedAdamW(states, clip=clip, **HYPER))
+        outs = _run(opt, groups, steps=3, gas=gas, host=host, comm_dtype=comm_dtype)
+        results[name] = (outs, _states(opt))
+        assert (opt.grad is None) == (host and gas == 1)  # no fp32 gradient partition without accumulation
+        opt.close()
+    ref_outs, ref_states = results["unchunked"]
+    for name, (outs, states) in results.items():
+        if name == "device-path" and clip and gas == 1:
+            assert all(torch.allclose(states[k], ref_states[k], rtol=1e-5, atol=1e-7) for k in NAMES)
+            continue
+        assert all(torch.equal(a, b) for a, b in zip(outs, ref_outs)), name
+        assert all(torch.equal(states[k], ref_states[k]) for k in NAMES), name
+    assert not torch.equal(ref_states["exp_avg"], torch.zeros(numel))
+
+
+def test_skipped_step_writes_nothing_and_publishes_nothing():
+    states = TensorStates(4096, torch.device("cpu"))
+    _fill(states, 4096)
+    opt = HostAdamW(states, comm_dtype=torch.float32, clip=0.0, **HYPER)
+    before = _states(opt)
+    opt.staging.fill_(float("inf"))
+    opt.reset_stats()
+    opt.begin_pass(lazy=True, scale=torch.ones(1))
+    opt.reduced_stats(opt.staging, torch.ones(1))
+    out = torch.full((4096,), 7.0, dtype=torch.bfloat16)
+    published = []
+    opt.step(out, publish=lambda a, b: published.append((a, b)))
+    assert int(opt.overflow) == 1 and published == [] and bool((out == 7.0).all())
+    assert all(torch.equal(before[k], v) for k, v in _states(opt).items())
+
+
+# -- the NVMe state file --------------------------------------------------------------------------
+@pytest.mark.parametrize("buffers", [2, 3, 4])
+def test_nvme_stream_read_write_roundtrip_and_no_file_left(tmp_path, buffers):
+    numel, chunk = 10 * 1024 + 5, 2048
+    store = NvmeStates(numel, str(tmp_path), 3, chunk=chunk, buffer_count=buffers, block_size=8192, queue_depth=2, thread_count=2)
+    assert os.listdir(tmp_path) == []  # unlinked at creation: nothing can be left behind
+    _fill(store, numel)
+    master = torch.randn(numel, generator=torch.Generator().manual_seed(5))  # what _fill wrote
+    for lo, hi, v in store.stream():  # edit every state in place; written back behind the caller
+        assert hi - lo <= chunk
+        v["exp_avg"].copy_(v["master"] * 2)
+        v["exp_avg_sq"].fill_(float(lo))
+    assert state_sum(store, "exp_avg") == pytest.approx(float(master.double().sum()) * 2, rel=1e-6)
+    assert torch.equal(store.read("master", 3, numel - 1), master[3 : numel - 1])
+    assert torch.equal(store.read("exp_avg", 2040, 2050), master[2040:2050] * 2)
+    assert float(store.read("exp_avg_sq", 4100, 4101)) == 4096.0
+    seen = [lo for lo, _, _ in store.stream(("exp_avg_sq",), write_back=False)]
+    assert seen == list(range(0, numel, chunk))
+    store.close()
+    assert os.listdir(tmp_path) == []
+
+
+def test_nvme_falls_back_to_buffered_io_where_o_direct_is_refused(tmp_path, monkeypatch):
+    real_open = os.open
+
+    def no_direct(path, flags, *args):
+        if flags & getattr(os, "O_DIRECT", 0):
+            raise OSError(22, "Invalid argument")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(nvme_states.os, "open", no_direct)
+    store = NvmeStates(3000, str(tmp_path), 0, chunk=1024, buffer_count=2)
+    assert store.direct is False
+    _fill(store, 3000)
+    assert torch.equal(store.read("master", 0, 3000), torch.randn(3000, generator=torch.Generator().manual_seed(5)))
+    store.close()
+
+
+def _nvme_config(path: str, **extra) -> dict:
+    return ds_config(2, "fp32", 2, offload_optimizer={"device": "nvme", "nvme_path": path, **extra})
+
+
+def _init_error(cfg: dict) -> str:
+    with pytest.raises(ValueError) as e:
+        zero_core.initialize(make_model(), cfg)
+    msg = str(e.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_bad_nvme_paths_are_one_clear_line(tmp_path, monkeypatch):
+    assert "does not exist; create it" in _init_error(_nvme_config(str(tmp_path / "missing")))
+    (tmp_path / "file").write_text("x")
+    assert "is not a directory" in _init_error(_nvme_config(str(tmp_path / "file")))
+    monkeypatch.setattr(nvme_states.os, "access", lambda *a: False)
+    assert "is not writable by this process" in _init_error(_nvme_config(str(tmp_path)))
+
+
+def test_not_enough_disk_space_names_bytes_and_path(tmp_path, monkeypatch):
+    class Usage:
+        free = 1000
+
+    monkeypatch.setattr(nvme_states.shutil, "disk_usage", lambda p: Usage)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    msg = _init_error(_nvme_config(str(tmp_path)))
+    assert f"nvme_path '{tmp_path}' has 1,000 bytes free but optimizer states need" in msg
+    assert "per rank x 2 rank(s) on this host" in msg
+
+
+def test_failing_file_creation_is_one_clear_line(tmp_path, monkeypatch):
+    def refuse(*a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(nvme_states.os, "open", refuse)
+    msg = _init_error(_nvme_config(str(tmp_path)))
+    assert msg.startswith(f"cannot create the NVMe optimizer-state file in '{tmp_path}' (Permission denied)")
+
+
+@pytest.mark.parametrize("zero, expected", [
+    ({"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/tmp"}},
+     "zero_optimization.offload_param.device='nvme' is not supported yet (optimizer states can go to NVMe"),
+    ({"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}, "offload_param": {"device": "nvme", "nvme_path": "/tmp"}},
+     "zero_optimization.offload_param.device='nvme' is not supported yet"),
+    ({"stage": 2, "offload_optimizer": {"device": "nvme"}}, "offload_optimizer.nvme_path is required with device 'nvme'"),
+    ({"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp", "buffer_count": 1}}, "buffer_count=1 is too small"),
+    ({"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.3}}, "ratio=0.3 (offloading only part"),
+    ({"stage": 0, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}}, "needs stage 1, 2 or 3"),
+    ({"stage": 2, "aio": {"use_gds": True}}, "zero_optimization.aio.use_gds=true (GPUDirect Storage) is not supported"),
+    ({"stage": 2, "aio": {"block_size": 1000}}, "block_size=1000 must be a positive multiple of 4096"),
+    ({"stage": 2, "aio": {"single_submit": True}}, "aio.single_submit=true is a libaio setting zero_core does not use"),
+    ({"stage": 2, "aio": {"queue_depth": 4}, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp", "buffer_count": 2}}, None),
+])
+def test_nvme_config_is_strict(zero, expected):
+    from zero_core import ConfigError, load_config
+
+    cfg = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": zero}
+    if expected is None:
+        load_config(cfg, 2)
+        return
+    with pytest.raises(ConfigError) as e:
+        load_config(cfg, 2)
+    assert expected in str(e.value) and "\n" not in str(e.value)
+
+
+def test_top_level_and_nested_aio_must_agree():
+    from zero_core import ConfigError, load_config
+
+    base = {"train_micro_batch_size_per_gpu": 1, "aio": {"block_size": 8192}}
+    load_config({**base, "zero_optimization": {"stage": 1, "aio": {"block_size": 8192}}}, 1)
+    with pytest.raises(ConfigError, match="aio and zero_optimization.aio are both set and differ"):
+        load_config({**base, "zero_optimization": {"stage": 1, "aio": {"block_size": 4096}}}, 1)
+
+
+# -- per-rank cores -------------------------------------------------------------------------------
+def _smt(n_cores: int, sockets: int = 1):
+    """n_cores physical cores with 2 hyper-threads each, Linux numbering (siblings n_cores apart)."""
+    per_socket = n_cores // sockets
+    return list(range(2 * n_cores)), lambda cpu: ((cpu % n_cores) // per_socket, cpu % n_cores)
+
+
+@pytest.mark.parametrize("n_cores, sockets, ranks", [(16, 2, 2), (8, 1, 3), (7, 1, 2), (4, 1, 4), (64, 2, 8)])
+def test_split_cpus_gives_disjoint_whole_core_sets(n_cores, sockets, ranks):
+    cpus, core_of = _smt(n_cores, sockets)
+    sets = [affinity.split_cpus(cpus, r, ranks, core_of) for r in range(ranks)]
+    flat = [c for s in sets for c in s]
+    assert len(flat) == len(set(flat)) and sorted(flat) == cpus  # disjoint, and nothing left idle
+    for s in sets:
+        assert {core_of(c) for c in s} == {core_of(c) for c in s if c < n_cores}  # siblings stay together
+        assert len({core_of(c)[0] for c in s}) == 1 or ranks < sockets  # one socket per rank where counts allow
+    sizes = [len(s) for s in sets]
+    assert max(sizes) - min(sizes) <= 2
+
+
+def test_split_cpus_refuses_when_ranks_outnumber_cores_and_uses_only_allowed_cpus():
+    assert affinity.split_cpus([0, 1], 0, 4, lambda c: (0, c)) == []
+    allowed = [2, 3, 5, 8]  # e.g. a cgroup cpuset
+    sets = [affinity.split_cpus(allowed, r, 2, lambda c: (0, c)) for r in range(2)]
+    assert sets == [[2, 3], [5, 8]]
+
+
+def test_pinning_switch_and_no_failure(monkeypatch):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv(affinity.ENV, "0")
+    assert affinity.pin_rank(offload=True) is None
+    monkeypatch.setenv(affinity.ENV, "auto")
+    assert affinity.pin_rank(offload=False) is None  # auto pins only offloaded runs
+
+    def refuse(*a):
+        raise OSError(1, "Operation not permitted")
+
+    monkeypatch.setattr(affinity.os, "sched_setaffinity", refuse)
+    threads = torch.get_num_threads()
+    assert affinity.pin_rank(offload=True) is None and torch.get_num_threads() == threads
+    assert affinity.describe([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+
+
+# -- the step-time breakdown ----------------------------------------------------------------------
+def test_offload_engine_reports_a_breakdown(tmp_path):
+    cfg = ds_config(2, "fp32", 2, gas=2, offload_optimizer={"device": "nvme", "nvme_path": str(tmp_path)})
+    engine = zero_core.initialize(make_model(), cfg)  # accumulation: the host fold runs too
+    for i, (x, y) in enumerate(make_batches(6, 2)):
+        if i == 2:
+            engine.breakdown.reset()  # e.g. after warm-up
+        engine.backward(engine(x.to(engine.device), y.to(engine.device)).loss)
+        engine.step()
+    b = engine.breakdown.summary()
+    assert set(b) >= {"step", "gpu_fwd_bwd", "d2h", "host_fold", "fold_wait", "cpu_adam", "nvme_wait", "h2d", "h2d_tail", "exposed"}
+    assert b["cpu_adam"] > 0 and b["host_fold"] > 0 and b["gpu_fwd_bwd"] > 0 and b["step"] >= b["cpu_adam"]
+    from zero_core.step_timer import format_breakdown
+
+    assert format_breakdown(b).startswith("step ")
+    engine.close()
+    assert os.listdir(tmp_path) == []

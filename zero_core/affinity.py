@@ -1,0 +1,105 @@
+"""Give each rank on a host its own CPU cores, so the host optimizer steps of neighbouring ranks do not fight.
+
+With optimizer offload every rank runs a multi-threaded Adam on the host at the same moment. Left
+alone, two ranks with `cpu_count // 2` threads each are scheduled across all cores, migrate, share
+caches and stall each other at every fork/join. Pinned, each rank owns `1 / LOCAL_WORLD_SIZE` of the
+physical cores (hyper-thread siblings stay together, cores are split in socket order so a rank's
+cores share a socket where the counts allow) and runs that many threads.
+
+`ZERO_CORE_PIN_THREADS`: unset or `auto` pins when the optimizer is offloaded and several ranks share
+the host; `1` pins whenever several ranks share the host; `0` never pins (use it when the launcher
+already binds ranks: Slurm `--cpu-bind`, numactl, DeepSpeed's `--bind_cores_to_rank`). Pinning never
+fails a run: where affinity cannot be read or set, nothing changes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import torch
+
+ENV = "ZERO_CORE_PIN_THREADS"
+
+
+def _sysfs_core(cpu: int) -> tuple[int, int]:
+    """(socket, core) of a logical CPU from sysfs; the CPU itself when the topology is not readable."""
+    base = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+    try:
+        return int((base / "physical_package_id").read_text()), int((base / "core_id").read_text())
+    except (OSError, ValueError):
+        return 0, cpu
+
+
+def split_cpus(cpus: Iterable[int], local_rank: int, local_world: int,
+               core_of: Callable[[int], tuple[int, int]] = _sysfs_core) -> list[int]:
+    """This rank's share of `cpus`: whole physical cores in (socket, core) order, split into
+    `local_world` contiguous near-equal parts (the first ranks take one more core when it does not
+    divide). Disjoint across ranks, and together they cover `cpus`. [] when there are fewer
+    physical cores than ranks (no disjoint split exists).
+    """
+    if not 0 <= local_rank < local_world:
+        raise ValueError(f"local rank {local_rank} is outside 0..{local_world - 1}")
+    by_core: dict[tuple[int, int], list[int]] = {}
+    for cpu in sorted(set(cpus)):
+        by_core.setdefault(core_of(cpu), []).append(cpu)
+    cores = [by_core[k] for k in sorted(by_core)]
+    if len(cores) < local_world:
+        return []
+    base, extra = divmod(len(cores), local_world)
+    start = local_rank * base + min(local_rank, extra)
+    mine = cores[start : start + base + (1 if local_rank < extra else 0)]
+    return sorted(cpu for core in mine for cpu in core)
+
+
+def _wanted(offload: bool, local_world: int) -> bool:
+    mode = os.environ.get(ENV, "auto").strip().lower()
+    if mode in ("0", "false", "off", "no") or local_world <= 1:
+        return False
+    return mode in ("1", "true", "on", "yes") or offload
+
+
+def pin_rank(offload: bool) -> list[int] | None:
+    """Pin every thread of this process to its share of the host's cores and size torch's thread pool
+    to match (OMP_NUM_THREADS, if set lower, still wins). Returns the CPUs, or None when not pinned."""
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
+    if not _wanted(offload, local_world) or not hasattr(os, "sched_setaffinity"):
+        return None
+    try:
+        mine = split_cpus(os.sched_getaffinity(0), local_rank % local_world, local_world)
+        if not mine:
+            return None
+        # every existing thread (torch's pool may already run), and new ones inherit from this one
+        tasks = [int(t) for t in os.listdir("/proc/self/task")] if os.path.isdir("/proc/self/task") else [0]
+        for tid in tasks:
+            try:
+                os.sched_setaffinity(tid, mine)
+            except OSError:  # a thread that just exited, or one we may not move
+                pass
+        os.sched_setaffinity(0, mine)
+    except (OSError, ValueError):
+        return None
+    threads = len(mine)
+    omp = os.environ.get("OMP_NUM_THREADS", "")
+    if omp.isdigit() and int(omp) > 0:
+        threads = min(threads, int(omp))
+    torch.set_num_threads(threads)
+    return mine
+
+
+def describe(cpus: list[int]) -> str:
+    """'0-7,16-23' style list."""
+    runs: list[str] = []
+    start = prev = None
+    for c in sorted(cpus):
+        if prev is not None and c == prev + 1:
+            prev = c
+            continue
+        if start is not None:
+            runs.append(f"{start}-{prev}" if prev != start else f"{start}")
+        start = prev = c
+    if start is not None:
+        runs.append(f"{start}-{prev}" if prev != start else f"{start}")
+    return ",".join(runs)

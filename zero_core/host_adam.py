@@ -1,0 +1,172 @@
+"""The optimizer-offload step: AdamW on the host in cache-sized chunks, each chunk's 16-bit weights sent
+to the GPU as soon as they exist.
+
+Per chunk of `HOST_CHUNK_NUMEL` elements: torch's fused CPU AdamW, then the 16-bit conversion of the
+chunk just written (still in cache), then (on CUDA) that chunk's host-to-device copy on a copy stream,
+which runs while the next chunk is updated; the engine waits only for the last copy. With NVMe the
+chunks come from `NvmeStates.stream()`, which reads ahead and writes back around this loop.
+
+Gradients: each reduced shard lands in a pinned staging buffer (communication dtype). When the pass
+is the last before the update and does not accumulate (no gradient accumulation, or stage 1) the
+host does not fold at all: the shard's sum of squares and non-finite flag are taken where it was
+reduced (on the GPU, a fraction of a millisecond), and the step rebuilds each fp32 gradient chunk
+from staging right before its Adam: no fp32 gradient partition is written, read back or allocated.
+Otherwise (gradient accumulation at stages 2-3) the host folds shards into the fp32 partition in
+cache-sized pieces on its own thread while backward goes on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from . import comm
+from .kernels import cpu as host_kernels
+from .nvme_states import ALIGN, chunk_numel_from_env
+from .sharded_optimizer import ShardedAdamW
+from .step_timer import StepBreakdown
+
+# 4 Mi elements (16 MiB per fp32 state): with 8-16 threads per rank each thread's slice is 256-512 Ki
+# elements, far above OpenMP's fork/join cost per op, and its 1-2 MiB of fp32 master is still in its
+# L2/L3 when the 16-bit conversion reads it; an 8 MiB bf16 copy runs at full PCIe bandwidth, and the
+# ~190 chunks of a 0.78 B-element partition leave only the last chunk's copy (~0.3 ms) exposed. On
+# 2x H200 (GPT-2 XL, stage 2, 16 threads per rank) 4 Mi ran 635-659 ms/step, 1 Mi 666-720 and
+# 256 Ki 920: smaller chunks pay per-op overhead. A multiple of ALIGN, so chunk boundaries never
+# change which elements the fused kernel vectorises (the result is bitwise the same as one call over
+# the whole partition). ZERO_CORE_HOST_CHUNK_NUMEL overrides it (tuning, tests).
+HOST_CHUNK_NUMEL = 4 << 20
+# The fold (gradient accumulation) works on pieces of the same size (cache-hot scale + sum of squares),
+# but not tunable: its pieces decide the summation order of the gradient norm.
+FOLD_CHUNK_NUMEL = HOST_CHUNK_NUMEL
+
+Publish = Callable[[int, int], None]
+
+
+class HostAdamW(ShardedAdamW):
+    """ShardedAdamW whose states live in host memory or on NVMe (`states`), updated chunk by chunk."""
+
+    def __init__(self, states, *, comm_dtype: torch.dtype, breakdown: StepBreakdown | None = None, **kw) -> None:
+        super().__init__(states, **kw)
+        self.chunk = chunk_numel_from_env(HOST_CHUNK_NUMEL, "ZERO_CORE_HOST_CHUNK_NUMEL")
+        assert self.chunk % ALIGN == 0
+        n = states.numel
+        self.staging = comm.host_buffer(n, comm_dtype, pin=True)  # reduced shards land here (D2H target)
+        self.breakdown = breakdown or StepBreakdown(torch.device("cpu"), enabled=False)
+        self._step_scratch = torch.empty(min(n, self.chunk), dtype=torch.float32)
+        self.lazy = False  # this pass's gradient is staging * scale, rebuilt chunk by chunk in the step
+        self._lazy_scale = 1.0
+        # lazy passes' sum of squares and non-finite count, where the shards are reduced
+        self._lazy_stats = torch.zeros(2, dtype=torch.float32, device=self.comm_device)
+        if not host_kernels.available():
+            raise ValueError("optimizer offload needs torch's fused CPU Adam (torch._fused_adamw_, torch >= 2.4); upgrade torch")
+
+    def _new_grad(self, numel: int, device: torch.device) -> torch.Tensor | None:
+        return None  # allocated on the first fold that must keep fp32 gradients (gradient accumulation)
+
+    # -- gradients ---------------------------------------------------------------------------------
+    def reset_stats(self) -> None:
+        super().reset_stats()
+        self._lazy_stats.zero_()
+
+    def begin_pass(self, lazy: bool, scale: torch.Tensor) -> None:
+        """Before a reduction pass; `lazy`: the step follows it and it does not accumulate, so the
+        statistics come from `reduced_stats` and the step rebuilds gradients as staging * scale."""
+        self.lazy = lazy
+        self._lazy_scale = float(scale[0])
+
+    def reduced_stats(self, reduced: torch.Tensor, scale: torch.Tensor) -> None:
+        """Lazy passes: add sum((reduced * scale)^2) and a non-finite count, on reduced's device."""
+        norm = torch.linalg.vector_norm(reduced, dtype=torch.float32) * float(scale[0])
+        self._lazy_stats.add_(torch.stack([norm * norm, (~torch.isfinite(norm)).float()]))
+
+    def fold(self, start: int, numel: int, scale: torch.Tensor, accumulate: bool) -> None:
+        """Non-lazy passes (the fold thread, in order): fold staging[start:start+numel] into the fp32
+        gradient partition and the norm statistics, in cache-sized pieces."""
+        if self.grad is None:
+            self.grad = comm.host_buffer(self.states.numel, torch.float32, pin=False)
+        src = self.staging[start : start + numel]
+        for a in range(0, numel, FOLD_CHUNK_NUMEL):
+            b = min(numel, a + FOLD_CHUNK_NUMEL)
+            host_kernels.reduce_epilogue(src[a:b], self.grad[start + a : start + b], scale, accumulate, self.sumsq, self.nonfinite)
+
+    def accumulate(self, reduced: torch.Tensor, start: int, scale: torch.Tensor, accumulate: bool) -> None:
+        raise AssertionError("offloaded gradients go through HostAdamW.fold / reduced_stats")
+
+    def _local_stats(self) -> torch.Tensor:
+        host = torch.cat([self.sumsq, self.nonfinite.float()])
+        return host.to(self._lazy_stats.device) + self._lazy_stats
+
+    def _grad(self, a: int, b: int) -> torch.Tensor:
+        if not self.lazy:
+            return self.grad[a:b]
+        g = self._step_scratch[: b - a]
+        host_kernels.scaled_copy(self.staging[a:b], g, self._lazy_scale)
+        return g
+
+    # -- the update --------------------------------------------------------------------------------
+    def _update(self, coef: torch.Tensor, out: torch.Tensor | None, publish: Publish | None) -> None:
+        if int(self.overflow[0]) != 0:
+            return  # skipped: nothing changes, nothing to send
+        c = float(coef[0])
+        fused = torch._fused_adamw_ if self.decoupled else torch._fused_adam_
+        hyper = dict(lr=float(self.lr[0]), beta1=self.beta1, beta2=self.beta2, weight_decay=self.weight_decay,
+                     eps=self.eps, amsgrad=False, maximize=False,
+                     grad_scale=None if c == 1.0 else torch.tensor(1.0 / c), found_inf=None)  # grad_scale divides
+        waited = getattr(self.states, "wait_seconds", 0.0)
+        with self.breakdown.host("cpu_adam"):
+            for lo, hi, v in self.states.stream():
+                for a in range(lo, hi, self.chunk):
+                    b = min(hi, a + self.chunk)
+                    p = v["master"][a - lo : b - lo]
+                    fused([p], [self._grad(a, b)], [v["exp_avg"][a - lo : b - lo]], [v["exp_avg_sq"][a - lo : b - lo]],
+                          [], [self.applied], **hyper)
+                    if out is not None:
+                        out[a:b].copy_(p)  # the 16-bit copy while p is in cache
+                    if publish is not None:
+                        publish(a, b)
+        self.breakdown.add("nvme_wait", getattr(self.states, "wait_seconds", 0.0) - waited)
+
+
+class WeightUploader:
+    """Sends 16-bit chunks from the pinned host output to the device partition on a copy stream as the
+    host step produces them, and all-gathers each bucket (stages 1-2: `bucket_ends[i]` is where bucket
+    i's shard ends in the partition) as soon as its copies are queued. Nothing here waits on the host."""
+
+    def __init__(self, src: torch.Tensor, dst: torch.Tensor, breakdown: StepBreakdown,
+                 bucket_ends: Sequence[int] = (), gather: Callable[[int], None] | None = None) -> None:
+        self.src, self.dst, self.breakdown = src, dst, breakdown
+        self.bucket_ends, self.gather = list(bucket_ends), gather
+        self.stream = torch.cuda.Stream(dst.device)
+        self.gathered = 0
+
+    def begin(self) -> None:
+        """Order the copies after everything already queued on the compute stream (readers of dst)."""
+        self.gathered = 0
+        self.stream.wait_stream(torch.cuda.current_stream(self.dst.device))
+
+    def __call__(self, a: int, b: int) -> None:
+        start = self.breakdown.event(self.stream)
+        with torch.cuda.stream(self.stream):
+            self.dst[a:b].copy_(self.src[a:b], non_blocking=True)
+        self.breakdown.span("h2d", start, self.breakdown.event(self.stream))
+        self._gather_up_to(b)
+
+    def _gather_up_to(self, end: int) -> None:
+        joined = False
+        while self.gather is not None and self.gathered < len(self.bucket_ends) and self.bucket_ends[self.gathered] <= end:
+            if not joined:
+                self._join()
+                joined = True
+            self.gather(self.gathered)
+            self.gathered += 1
+
+    def _join(self) -> None:
+        torch.cuda.current_stream(self.dst.device).wait_stream(self.stream)
+
+    def finish(self) -> None:
+        """The compute stream waits for the last copy (no host sync); the remaining buckets are gathered."""
+        tail = self.breakdown.event()
+        self._join()
+        self.breakdown.span("h2d_tail", tail, self.breakdown.event())
+        self._gather_up_to(self.dst.numel())
