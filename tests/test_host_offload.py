@@ -63,7 +63,8 @@ def _states(opt) -> dict[str, torch.Tensor]:
     return {k: torch.cat([v[k].clone() for _, _, v in opt.states.stream((k,), write_back=False)]) for k in NAMES}
 
 
-@pytest.mark.parametrize("numel, groups", [(5 * 1024 + 333, [1000, 2048 + 7, 5 * 1024 + 333 - 3055]), (77, [77])])
+@pytest.mark.parametrize("numel, groups", [(5 * 1024 + 333, [1000, 2048 + 7, 5 * 1024 + 333 - 3055]), (77, [77]),
+                                           (64 * 85, [960, 2112, 64 * 37])])
 @pytest.mark.parametrize("gas", [1, 2])
 @pytest.mark.parametrize("comm_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("clip", [0.0, 0.05])
@@ -81,14 +82,22 @@ def test_chunked_host_step_equals_unchunked_and_device_path_bitwise(monkeypatch,
                   else TensorStates(numel, torch.device("cpu")))
         _fill(states, numel)
         host = name != "device-path"
-        opt = (HostAdamW(states, comm_dtype=comm_dtype, clip=clip, **HYPER) if host else ShardedAdamW(states, clip=clip, **HYPER))
+        segments = [(sum(groups[:i]), size) for i, size in enumerate(groups)]
+        opt = (HostAdamW(states, comm_dtype=comm_dtype, clip=clip, **HYPER) if host
+               else ShardedAdamW(states, clip=clip, segments=segments, **HYPER))
         outs = _run(opt, groups, steps=3, gas=gas, host=host, comm_dtype=comm_dtype)
         results[name] = (outs, _states(opt))
-        assert (opt.grad is None) == (host and gas == 1)  # no fp32 gradient partition without accumulation
+        # no fp32 gradient partition without accumulation on the host; on the device none between steps
+        assert (opt.grad is None) == (not host or gas == 1)
+        if not host:
+            assert opt._parts == {}
         opt.close()
     ref_outs, ref_states = results["unchunked"]
     for name, (outs, states) in results.items():
-        if name == "device-path" and clip and gas == 1:
+        # the device path updates bucket by bucket; the fused CPU kernel computes a segment's last few
+        # elements in scalar code, so awkward bucket sizes agree to rounding only. The engine's buckets
+        # are multiples of the layout's 64-element alignment (the last case): bitwise there.
+        if name == "device-path" and (clip and gas == 1 or any(size % 64 for size in groups)):
             assert all(torch.allclose(states[k], ref_states[k], rtol=1e-5, atol=1e-7) for k in NAMES)
             continue
         assert all(torch.equal(a, b) for a, b in zip(outs, ref_outs)), name

@@ -1,0 +1,88 @@
+"""The device optimizer keeps fp32 gradients only between a bucket's first reduction and the step:
+one part per bucket, allocated on arrival, accumulated across micro-steps, freed by the update."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from zero_core.opt_states import TensorStates
+from zero_core.sharded_optimizer import ShardedAdamW
+
+HYPER = dict(betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0, decoupled=True, clip=0.0,
+             lr_at=lambda applied: torch.full((1,), 1e-2), shard_stats=False, comm_device=torch.device("cpu"))
+SEGMENTS = [(0, 128), (128, 64), (192, 256)]
+
+
+def _optimizer() -> ShardedAdamW:
+    states = TensorStates(448, torch.device("cpu"))
+    w = states.writer()
+    w.write(torch.linspace(-1, 1, 448))
+    w.close()
+    return ShardedAdamW(states, segments=SEGMENTS, **HYPER)
+
+
+def test_parts_live_from_first_reduction_to_the_step():
+    opt = _optimizer()
+    assert opt.grad is None and opt._parts == {}
+    one = torch.full((1,), 1.0)
+    opt.reset_stats()
+    opt.accumulate(torch.full((128,), 2.0), 0, one, False)
+    opt.reset_stats()  # the next micro-step's pass: only the last pass counts for the norm
+    opt.accumulate(torch.full((128,), 3.0), 0, one, True)  # a second micro-step adds
+    opt.accumulate(torch.full((256,), 1.0, dtype=torch.bfloat16), 192, torch.full((1,), 0.5), False)
+    assert sorted(opt._parts) == [0, 192]  # the middle bucket got nothing: no part yet
+    assert torch.equal(opt.gradient(0, 128), torch.full((128,), 5.0))
+    assert torch.equal(opt.gradient(192, 256), torch.full((256,), 0.5))
+    assert torch.equal(opt.gradient(128, 64), torch.zeros(64))
+    before = opt.master.clone()
+    opt.step(out=None)
+    assert opt._parts == {}  # freed by the update
+    moved = (opt.master - before).abs()
+    assert (moved[:128] > 0).all() and (moved[192:] > 0).all()
+    assert torch.equal(moved[128:192], torch.zeros(64))  # zero gradient, no weight decay: unchanged
+    assert float(opt.sumsq[0]) == pytest.approx(128 * 25.0 + 256 * 0.25)
+
+
+def test_first_reduction_after_a_step_does_not_accumulate_stale_values():
+    opt = _optimizer()
+    one = torch.full((1,), 1.0)
+    opt.reset_stats()
+    opt.accumulate(torch.full((64,), 7.0), 128, one, False)
+    opt.step(out=None)
+    opt.reset_stats()
+    opt.accumulate(torch.full((64,), 1.0), 128, one, True)  # "accumulate" into a freed part: starts fresh
+    assert torch.equal(opt.gradient(128, 64), torch.ones(64))
+
+
+def test_a_shard_that_is_not_a_segment_is_refused():
+    opt = _optimizer()
+    with pytest.raises(ValueError, match="not one of the optimizer's segments"):
+        opt.accumulate(torch.ones(100), 0, torch.ones(1), False)
+
+
+def _engine_after_steps(stage: int, steps: int = 2):
+    import zero_core
+    from parity_workers import ds_config, make_batches, make_model
+
+    extra = {"stage3_param_persistence_threshold": 0} if stage == 3 else {}  # blocks are released after use
+    engine = zero_core.initialize(make_model(), ds_config(stage, "bf16", 2, **extra))
+    for x, y in make_batches(steps, 2):
+        engine.backward(engine(x, y).loss)
+        if steps and engine.is_gradient_accumulation_boundary():
+            assert engine.memory_bytes()["gradients"] > 0  # reduced, not yet consumed
+        engine.step()
+    return engine
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_engine_keeps_no_gradient_and_no_16bit_shard_copy_between_steps(stage):
+    engine = _engine_after_steps(stage)
+    mem = engine.memory_bytes()
+    n = engine.layout.partition_numel
+    assert mem["gradients"] == 0
+    assert mem["optimizer_states"] == 12 * n  # fp32 master, exp_avg, exp_avg_sq
+    # stages 1-2 update the shard inside the full buffer; stage 3 keeps its 16-bit shard (the units are freed)
+    assert mem["working_shard"] == (2 * n if stage == 3 else 0)
+    full = sum(g.padded_numel for g in engine.layout.groups) * 2
+    assert mem["working_weights"] == full if stage < 3 else mem["working_weights"] < full
