@@ -250,3 +250,23 @@ def test_killed_run_resumes_from_its_checkpoint_with_the_same_losses(tmp_path):
     b = json.load(open(os.path.join(folder, "results.json")))["variants"][0]["losses"]
     assert len(a) == len(b) == 16
     assert b == pytest.approx(a, abs=1e-6)
+
+
+def test_nvme_offload_variant_runs_and_leaves_no_state_files(tmp_path):
+    swap = tmp_path / "swap"
+    swap.mkdir()
+    data = {
+        "model": {"arch": TINY}, "data": {"synthetic": {"train_samples": 64, "eval_samples": 16}},
+        "seq_len": 16, "steps": 4, "batch_size": 4, "gpus": 2, "lr": 3e-3,
+        "variants": [{"name": "ddp", "engine": "ddp"},
+                     {"name": "zero2-nvme", "engine": "zero", "stage": 2, "offload_optimizer": "nvme",
+                      "nvme_path": str(swap)}],
+    }
+    path = tmp_path / "nvme.yaml"
+    path.write_text(yaml.safe_dump(data))
+    proc = zbench("run", str(path), "--out", str(tmp_path / "runs"), "--wandb", "off")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    row = table(proc.stdout)["zero2-nvme"]
+    assert row["Method"] == "zero_core ZeRO Stage 2 + NVMe offload (optimizer)"
+    assert row["Loss parity vs DDP"].endswith(" ok"), row
+    assert list(swap.rglob("*")) == [] or all(p.is_dir() for p in swap.rglob("*"))  # state files are unlinked

@@ -62,6 +62,7 @@ def one_line_cli_error(tmp_path, args) -> str:
     (lambda d: d["variants"].append({"name": "ddp", "engine": "ddp"}), "variant name 'ddp' is used twice"),
     (lambda d: d.update(metric="f1"), "metric 'f1' does not apply to task 'lm'"),
     (lambda d: d.update(timing_skip_steps=d["steps"]), "leaves none of the"),
+    (lambda d: d["variants"][1].update(nvme_path="/tmp"), "'nvme_path' goes with offload_optimizer: nvme"),
     (lambda d: d.update(batch_search={"multiple_of": 0}), "batch_search.multiple_of"),
 ])
 def test_schema_errors_are_one_line(mutate, expected):
@@ -135,10 +136,10 @@ def test_variant_config_file_with_a_duplicate_key(tmp_path):
 
 
 def test_unsupported_offload_is_a_row_not_an_error(tmp_path):
-    plan = build_plan(write(tmp_path, variant(name="nvme", engine="zero", stage=3, offload_optimizer="nvme")))
+    plan = build_plan(write(tmp_path, variant(name="nvme", engine="zero", stage=3, offload_param="nvme")))
     nvme = [v for v in plan.variants if v.name == "nvme"][0]
     assert nvme.status == "unsupported" and "not supported yet" in nvme.reason
-    assert "NVMe offload (optimizer)" in nvme.label
+    assert "NVMe offload (param)" in nvme.label
     assert all(v.status == "ready" for v in plan.variants if v.name != "nvme")
 
 
@@ -222,3 +223,15 @@ def test_deepspeed_variants_get_torch_adamw_unless_told_otherwise(source, expect
     sc = parse_scenario(variant(name="ds", engine="deepspeed", **source) | {"precision": "fp16"})
     ds = ds_config.template(sc, sc.variants[-1], os.path.join(REPO, "scenarios"))
     assert ds["optimizer"]["params"].get("torch_adam") is expected
+
+
+def test_nvme_offload_without_a_path_is_an_error_before_launch(tmp_path):
+    path = write(tmp_path, variant(name="z", engine="zero", offload_optimizer="nvme"))
+    text = one_line_cli_error(tmp_path, [path])
+    assert "nvme_path is required" in text and "give the variant nvme_path: DIR" in text
+
+
+def test_variant_nvme_path_lands_in_the_config(tmp_path):
+    sc = parse_scenario(variant(name="z", engine="zero", offload_optimizer="nvme", nvme_path="swap"))
+    ds = ds_config.template(sc, sc.variants[-1], str(tmp_path))
+    assert ds["zero_optimization"]["offload_optimizer"] == {"device": "nvme", "nvme_path": str(tmp_path / "swap")}

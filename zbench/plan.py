@@ -228,8 +228,10 @@ def _plan_variant(sc: Scenario, v: VariantSpec, base_dir: str, world: int, arch:
                 load_config(ds_config.without_offload(final), world)
             except ConfigError:
                 raise ScenarioError(f"variant '{v.name}': {e}") from None
-            plan.status = "unsupported"
-            plan.reason = str(e) if "not supported" in str(e) else f"not supported yet: {e}"
+            if "not supported" not in str(e):  # a setting to fix, not a feature we lack: say so before launching
+                raise ScenarioError(f"variant '{v.name}': {e}" + ("; or give the variant nvme_path: DIR"
+                                                                  if "nvme_path" in str(e) else "")) from None
+            plan.status, plan.reason = "unsupported", str(e)
     return plan
 
 

@@ -129,6 +129,7 @@ class VariantSpec(Strict):
     stage: Annotated[int, Field(ge=0, le=3)] | None = None  # zero/deepspeed; default: the config's, else 2
     offload_optimizer: Device | None = None
     offload_param: Device | None = None
+    nvme_path: str | None = None  # folder for offload_optimizer: nvme (relative to the scenario file)
     ds_config: str | None = None  # a DeepSpeed JSON file
     accelerate_config: str | None = None  # an Accelerate YAML with distributed_type: DEEPSPEED
     batch_size: PosInt | None = None  # per GPU; overrides the scenario's
@@ -138,9 +139,11 @@ class VariantSpec(Strict):
     def _engine_settings(self) -> "VariantSpec":
         sharded = self.engine in ("zero", "deepspeed")
         if not sharded:
-            for key in ("stage", "offload_optimizer", "offload_param", "ds_config", "accelerate_config"):
+            for key in ("stage", "offload_optimizer", "offload_param", "nvme_path", "ds_config", "accelerate_config"):
                 if getattr(self, key) is not None:
                     raise ValueError(f"'{key}' applies to zero and deepspeed variants, not engine '{self.engine}'; remove it")
+        if self.nvme_path is not None and self.offload_optimizer != "nvme":
+            raise ValueError("'nvme_path' goes with offload_optimizer: nvme; set that or remove nvme_path")
         if self.ds_config and self.accelerate_config:
             raise ValueError("give ds_config or accelerate_config, not both")
         return self
