@@ -72,6 +72,13 @@ def test_quickstart_prints_the_table_last(quickstart):
         assert v["steady"] and v["tokens_per_s"] == pytest.approx(8 * 2 * 32 / (v["step_ms"] / 1e3))
         assert rows[v["variant"]]["Step (ms)"] == f"{v['step_ms']:.1f}"
     assert "leave out the first 2 optimizer steps" in body[-1]
+    floor = summary["floor"]  # measured on one rank before the variants
+    assert floor["fwd_bwd_ms"] > 0 and floor["optimizer_ms"] > 0 and floor["batch"] == 8
+    assert floor["shard_numel"] == -(-summary["variants"][0]["n_params"] // 2)
+    for v in summary["variants"]:
+        assert v["vs_floor"] == pytest.approx(v["step_ms"] / (floor["fwd_bwd_ms"] + floor["optimizer_ms"]))
+        assert rows[v["variant"]]["Step vs floor"] == f"{v['vs_floor']:.3f}x"
+    assert "floor: forward+backward alone" in body[-1]
     ref = summary["variants"][0]["losses"]
     assert len(ref) == 32 and ref[-1] < ref[0] - 1.0
     for v in summary["variants"][1:]:

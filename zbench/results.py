@@ -55,7 +55,7 @@ def measured_row(row: dict[str, Any], res: dict[str, Any], *, seq_len: int, sear
         train_s_per_epoch=train_s, eval_s_per_epoch=mean(e["eval_s"] for e in epochs),
         eval={k: v for k, v in epochs[-1]["eval"].items()},
         eval_per_epoch=[e["eval"] for e in epochs],
-        tokens_per_s=tps, step_ms=step_s * 1e3, steady=("steady_s" in epochs[0]),
+        tokens_per_s=tps, step_ms=step_s * 1e3, steady=("steady_s" in epochs[0]), grad_accum=res["grad_accum"],
         tflops_per_gpu=metrics.tflops_per_gpu(tps, res["world_size"], res["n_params"], res["layers"], res["hidden"],
                                               res["tokens_per_row"]),
         peak_gpu_gib=res["peak_gpu_gib"], peak_cpu_gib=res["peak_cpu_gib"], est_gpu_gib=est_gpu_gib,
@@ -82,6 +82,16 @@ def add_parity(rows: list[dict[str, Any]], tol: float) -> None:
             r["parity_note"] = "ok" if r["parity"] <= tol else "FAIL"
 
 
+def add_floor_ratio(rows: list[dict[str, Any]], floor: dict[str, float] | None) -> None:
+    """Each measured row's step time over the floor (forward+backward alone + optimizer phase)."""
+    if not floor:
+        return
+    limit = floor["fwd_bwd_ms"] + floor["optimizer_ms"]
+    for r in rows:
+        if r["status"] == "ok" and r.get("step_ms") and r.get("grad_accum") == 1 and r["batch"] == floor["batch"]:
+            r["vs_floor"] = r["step_ms"] / limit
+
+
 def _num(x: Any, fmt: str) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "–"
@@ -91,9 +101,11 @@ def _num(x: Any, fmt: str) -> str:
 def table_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Header and cells of the printed table."""
     cols = task_columns(summary)
+    floor = bool(summary.get("floor"))
     header = ["Variant", "Method", "Model", "Data", "Batch size (max)", "Train time per epoch (s)",
-              "Eval time per epoch (s)", *(METRIC_NAMES[c] for c in cols), "Tokens/s", "Step (ms)", "TFLOP/s per GPU",
-              "Peak GPU GiB", "Peak CPU GiB", "Loss parity vs DDP", "Notes"]
+              "Eval time per epoch (s)", *(METRIC_NAMES[c] for c in cols), "Tokens/s", "Step (ms)",
+              *(["Step vs floor"] if floor else []), "TFLOP/s per GPU", "Peak GPU GiB", "Peak CPU GiB",
+              "Loss parity vs DDP", "Notes"]
     out = []
     for r in summary["variants"]:
         model = f"{summary['init']} {summary['model']}"
@@ -101,7 +113,7 @@ def table_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         if r["status"] != "ok":
             note = r["note"] or ("OOM Error" if r["status"] == "oom" else r["status"])
             out.append([r["variant"], r["method"], model, data, "–", "–", "–", *("–" for _ in cols),
-                        *("–" for _ in range(6)), note])
+                        *("–" for _ in range(6 + floor)), note])
             continue
         step = r.get("batch_search_step") or 1
         batch = f"{r['batch']}" + ((f" (step {step})" if step > 1 else "") if r.get("batch_searched") else " (set)")
@@ -113,7 +125,9 @@ def table_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         out.append([
             r["variant"], r["method"], model, data, batch, _num(r["train_s_per_epoch"], ".2f"),
             _num(r["eval_s_per_epoch"], ".2f"), *(_num(r["eval"].get(c), ".2f" if c in ("perplexity", "bleu") else ".3f") for c in cols),
-            _num(r["tokens_per_s"], ",.0f"), _num(r.get("step_ms"), ".1f"), _num(r["tflops_per_gpu"], ".3g"), _num(r["peak_gpu_gib"], ".2f"),
+            _num(r["tokens_per_s"], ",.0f"), _num(r.get("step_ms"), ".1f"),
+            *([_num(r.get("vs_floor"), ".3f") + ("x" if r.get("vs_floor") else "")] if floor else []),
+            _num(r["tflops_per_gpu"], ".3g"), _num(r["peak_gpu_gib"], ".2f"),
             _num(r["peak_cpu_gib"], ".2f"), parity_cell, notes,
         ])
     return header, out
@@ -129,6 +143,11 @@ def markdown(summary: dict[str, Any]) -> str:
                f"{summary['device']}; loss parity tolerance {summary['parity_tol']:g}")
     if summary["task"] == "seq2seq":
         caption += "; " + SEQ2SEQ_NOTES[summary["data_kind"]]
+    fl = summary.get("floor")
+    if fl:
+        caption += (f"; floor: forward+backward alone {fl['fwd_bwd_ms']:.1f} ms on one device with "
+                    f"{summary['precision']} weights + optimizer phase {fl['optimizer_ms']:.1f} ms "
+                    f"for a {fl['shard_numel'] / 1e6:.1f} M-element shard")
     skip = (summary.get("scenario_config") or {}).get("timing_skip_steps")
     if skip:
         caption += f"; tokens/s, step time and TFLOP/s leave out the first {skip} optimizer steps"

@@ -24,7 +24,7 @@ from .launch import Nodes, OutOfMemory, RankFailure, launch, start_method
 from .models.configs import ArchConfig
 from .plan import Plan, VariantPlan
 from .progress import ProgressView
-from .results import add_parity, base_row, measured_row, write_files
+from .results import add_floor_ratio, add_parity, base_row, measured_row, write_files
 from .search import largest_fitting, largest_fitting_value
 
 _ENGINE_MODULES = {"ddp": ("zbench.variants.ddp",), "zero": ("zbench.variants.zero",),
@@ -96,6 +96,31 @@ class Runner:
             return False
         return not (row.get("status") == "oom" and os.path.isfile(os.path.join(self._checkpoint_dir(vp), "latest")))
 
+    def measure_floor(self) -> dict[str, float] | None:
+        """Forward+backward alone on one device plus the optimizer phase for one rank's shard (zbench/floor.py)."""
+        from .worker import run_job
+
+        sc = self.plan.scenario
+        if not sc.measure_floor or self.nodes.nnodes > 1 or self.nodes.node_rank:
+            return None
+        kept = os.path.join(self.run_dir, "floor.json")
+        if self.opts.resume and os.path.isfile(kept):  # the kept rows were compared with this one
+            with open(kept, encoding="utf-8") as f:
+                return json.load(f)
+        say(f"[floor] forward+backward alone on one device, batch {sc.batch_size}, plus the optimizer phase")
+        log_dir = os.path.join(self.run_dir, "logs", "floor")
+        os.makedirs(log_dir, exist_ok=True)
+        job = {"scenario": sc.model_dump(mode="json"), "base_dir": self.plan.base_dir,
+               "arch": asdict(self.plan.arch) if self.plan.arch else None, "engine": None, "ds": None,
+               "batch": sc.batch_size, "mode": "floor", "world_size": self.plan.world_size}
+        res = launch(run_job, json.dumps(job), Nodes(1), run_id="floor", log_dir=log_dir, index=self.launches,
+                     what="the floor measurement", fork_ok=self.opts.fork_ok)
+        self.launches += 1
+        floor = {**{k: v for k, v in res[0].items() if k != "rank"}, "batch": sc.batch_size}
+        with open(kept, "w", encoding="utf-8") as f:
+            json.dump(floor, f)
+        return floor
+
     def _fits(self, vp: VariantPlan, arch: ArchConfig | None, batch: int) -> bool:
         try:
             self._launch(vp, arch, batch, "probe")
@@ -163,6 +188,7 @@ class Runner:
                 for module in _ENGINE_MODULES[engine]:
                     importlib.import_module(module)
             importlib.import_module("zbench.worker")
+        floor = self.measure_floor()
         rows = []
         for vp in self.plan.variants:
             cached = os.path.join(self.run_dir, "variants", f"{vp.name}.json")
@@ -186,13 +212,14 @@ class Runner:
             rows.append(row)
         if not self.writer:
             return None
-        return self._finish(rows)
+        return self._finish(rows, floor)
 
-    def _finish(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    def _finish(self, rows: list[dict[str, Any]], floor: dict[str, float] | None = None) -> dict[str, Any]:
         import torch
 
         plan, sc = self.plan, self.plan.scenario
         add_parity(rows, sc.tolerance)
+        add_floor_ratio(rows, floor)
         measured = [r for r in rows if r["status"] == "ok"]
         summary = {
             "scenario": sc.name, "scenario_file": os.path.abspath(plan.path), "scenario_config": sc.model_dump(mode="json"),
@@ -200,7 +227,7 @@ class Runner:
             "precision": sc.precision, "world_size": plan.world_size, "nodes": plan.nnodes, "gpus_per_node": plan.gpus,
             "device": measured[0]["device"] if measured else plan.device, "init": plan.init, "model": plan.model_name,
             "data_kind": plan.data_kind, "data_desc": measured[0]["data"] if measured else None,
-            "parity_tol": sc.tolerance, "notes": plan.notes, "zbench": __version__, "torch": torch.__version__,
+            "parity_tol": sc.tolerance, "notes": plan.notes, "floor": floor, "zbench": __version__, "torch": torch.__version__,
             "variants": rows,
         }
         write_outputs(self.run_dir, summary, self.opts.wandb)

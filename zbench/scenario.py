@@ -177,6 +177,7 @@ class Scenario(Strict):
     checkpoint_every: PosInt | None = None  # optimizer steps between zero_core checkpoints (zero variants)
     comm_timeout_s: Annotated[float, Field(gt=0)] | None = None  # a collective waiting longer fails, naming itself
     timing_skip_steps: Annotated[int, Field(ge=0)] = 0  # first optimizer steps left out of tokens/s and step time
+    measure_floor: bool = False  # time forward+backward alone on one device + the optimizer phase (the "vs floor" column)
     variants: list[VariantSpec] = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -189,6 +190,8 @@ class Scenario(Strict):
         if self.steps is not None and self.timing_skip_steps >= self.steps:
             raise ValueError(f"timing_skip_steps {self.timing_skip_steps} leaves none of the {self.steps} steps to time; "
                              "lower it")
+        if self.measure_floor and self.batch_size is None:
+            raise ValueError("measure_floor needs the scenario's batch_size (the floor is timed at one batch); set it")
         names = [v.name for v in self.variants]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

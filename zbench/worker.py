@@ -90,6 +90,14 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
                           base_dir=job["base_dir"], tokenizer=sc.model.tokenizer or sc.model.pretrained,
                           num_labels=sc.model.num_labels or 2, target_len=sc.target_len)
     batch = job["batch"]
+    if job["mode"] == "floor":  # one rank: forward+backward alone plus the optimizer phase (zbench/floor.py)
+        from . import floor
+
+        if device.type == "cpu":  # one rank's share of the cores, as each rank of the real run has
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // job["world_size"]))
+
+        first = {k: v.to(device) for k, v in next(train_stream(splits.train, batch=batch, rank=0, world=1, seed=sc.seed)).items()}
+        return {"rank": 0, **floor.measure(bundle, first, sc.precision, job["world_size"], device)}
     gas = sc.grad_accum
     probe = job["mode"] == "probe"
     if probe:
