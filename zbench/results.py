@@ -61,7 +61,10 @@ def measured_row(row: dict[str, Any], res: dict[str, Any], *, seq_len: int, sear
         peak_gpu_gib=res["peak_gpu_gib"], peak_cpu_gib=res["peak_cpu_gib"], est_gpu_gib=est_gpu_gib,
         n_params=res["n_params"], losses=res["losses"], data=res["data"], data_real=res["data_real"],
         ds_config=res["ds_config"], seq_len=seq_len, skipped_steps=res.get("skipped_steps"),
+        recompute=res.get("recompute", False),
     )
+    if row["recompute"]:
+        row["method"] += " + activation checkpointing"  # TFLOP/s still counts model FLOPs (no recompute)
     return row
 
 

@@ -169,7 +169,11 @@ class Runner:
             return {**row, "status": "remote"}  # this node does not hold rank 0: nothing to measure here
         r0 = res[0]
         stage = 3 if vp.spec.engine == "fsdp2" else (vp.stage or 0)  # FSDP2 shards like ZeRO-3
-        est = estimate.model_states_gib(stage, r0["n_params"], r0["largest_layer"], self.plan.gpus, self.plan.nnodes)
+        zero = (r0.get("ds_config") or {}).get("zero_optimization") or {}
+        offloaded = {f"offload_{k}": isinstance(zero.get(f"offload_{k}"), dict)
+                     and zero[f"offload_{k}"].get("device", "none") != "none" for k in ("optimizer", "param")}
+        est = estimate.model_states_gib(stage, r0["n_params"], r0["largest_layer"], self.plan.gpus, self.plan.nnodes,
+                                        **offloaded)
         if "model_search" in row:
             row["model_search"]["n_params"] = n = r0["n_params"]
             shape = {**vp.spec.model_overrides, **{k: v for k, v in row["model_search"].items() if k != "n_params"}}

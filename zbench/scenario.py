@@ -164,6 +164,7 @@ class Scenario(Strict):
     batch_size: PosInt | None = None  # per GPU; absent: OOM-safe search per variant
     eval_batch_size: PosInt | None = None
     grad_accum: PosInt = 1
+    gradient_checkpointing: bool = False  # recompute each block in backward: activation memory for compute
     lr: Annotated[float, Field(gt=0)] = 1e-3
     weight_decay: Annotated[float, Field(ge=0)] = 0.0
     warmup_steps: Annotated[int, Field(ge=0)] = 0

@@ -86,6 +86,8 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
     arch = ArchConfig(**job["arch"]) if job["arch"] else None
     torch.manual_seed(sc.seed)  # the same initial weights in every variant
     bundle = build_model(task=sc.task, arch=arch, pretrained=sc.model.pretrained, num_labels=sc.model.num_labels or 2)
+    if sc.gradient_checkpointing:
+        bundle.model.gradient_checkpointing_enable()
     splits = build_splits(job["scenario"]["data"], task=sc.task, seq_len=sc.seq_len, vocab=bundle.vocab, seed=sc.seed,
                           base_dir=job["base_dir"], tokenizer=sc.model.tokenizer or sc.model.pretrained,
                           num_labels=sc.model.num_labels or 2, target_len=sc.target_len)
@@ -184,4 +186,10 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
         "layers": bundle.layers, "hidden": bundle.hidden, "peak_gpu_gib": peak_gpu, "peak_cpu_gib": peak_cpu,
         "skipped_steps": getattr(getattr(variant, "engine_obj", None), "skipped_steps", None),
         "ds_config": ds, "data": splits.description, "data_real": splits.real, "torch": torch.__version__,
+        "recompute": _recomputes(bundle.model),
     }
+
+
+def _recomputes(model: torch.nn.Module) -> bool:
+    """Whether the model as trained recomputes its blocks in backward (zbench's GPT or a transformers model)."""
+    return bool(getattr(model, "gradient_checkpointing", False) or getattr(model, "is_gradient_checkpointing", False))

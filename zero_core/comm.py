@@ -139,6 +139,37 @@ def all_gather_flat(full: torch.Tensor, shard: torch.Tensor, what: str = "all-ga
         full.data.copy_(shard)
 
 
+class PendingCollective:
+    """An asynchronous collective in flight; `wait()` orders the current stream after it (on the CPU it
+    blocks) and turns a backend failure into the same one-line errors as the blocking collectives."""
+
+    def __init__(self, work: Any, what: str) -> None:
+        self.work, self.what, self.started = work, what, time.monotonic()
+
+    def wait(self) -> None:
+        if self.work is None:
+            return
+        start = self.started
+        try:
+            self.work.wait()
+        except RuntimeError as e:
+            err = e if isinstance(e, CollectiveError) else _translate(e, self.what, time.monotonic() - start)
+            if err is e:
+                raise
+            raise err from e
+        finally:
+            self.work = None
+
+
+def all_gather_flat_async(full: torch.Tensor, shard: torch.Tensor, what: str = "all-gather") -> PendingCollective:
+    """`all_gather_flat` started now and finished by the returned handle's `wait()`."""
+    if world_size() > 1:
+        with _named(what):
+            return PendingCollective(_all_gather(full.data, shard, async_op=True), what)
+    full.data.copy_(shard)
+    return PendingCollective(None, what)
+
+
 def host_buffer(numel: int, dtype: torch.dtype, pin: bool) -> torch.Tensor:
     """A CPU buffer, page-locked when a GPU will copy to or from it (async copies need pinned memory)."""
     pinned = pin and torch.cuda.is_available()

@@ -171,6 +171,9 @@ class ZeroCoreConfig(Section):
     # stop with NonFiniteError after this many consecutive optimizer steps with NaN/inf gradients
     # (each one skipped and counted); 0 never stops, as DeepSpeed
     max_consecutive_nonfinite: Annotated[int, integer(0)] = 0
+    # stages 1-2 without offload: each bucket's weight all-gather starts right after its update and is
+    # waited for only by the modules that read it (weight_gather.py); false gathers all at the step's end
+    overlap_weight_gather: Bool = True
 
 
 _MONITOR = dict[str, Any] | None  # logging sections: carried through, not used by the engine

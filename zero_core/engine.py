@@ -25,6 +25,7 @@ from .param_gather import ParamGatherer
 from .opt_states import make_states
 from .sharded_optimizer import ShardedAdamW
 from .step_timer import StepBreakdown, enabled_for
+from .weight_gather import DeferredWeightGather
 
 
 
@@ -78,6 +79,16 @@ def _stage3_units(model: torch.nn.Module, trainable: set[int]) -> tuple[list[tor
     return ordered, bounds, units
 
 
+def _bucket_units(units: list, unit_params: list[torch.nn.Parameter], bounds: list[int], params: list[torch.nn.Parameter],
+                  layout: FlatLayout) -> list[tuple[torch.nn.Module, list[int]]]:
+    """Stage-3 units (module, unit indices it reads; the root unit first) re-expressed as the stage 1-2
+    buckets they read. `unit_params` is in unit order, `params` in layout order."""
+    index = {id(p): i for i, p in enumerate(params)}
+    ends = bounds[1:] + [len(unit_params)]
+    buckets_of_unit = [sorted({layout.slots[index[id(p)]].group for p in unit_params[lo:hi]}) for lo, hi in zip(bounds, ends)]
+    return [(module, sorted({b for u in needed for b in buckets_of_unit[u]})) for module, needed in units]
+
+
 class Engine:
     """Wraps a model for ZeRO data-parallel training; build it with `zero_core.initialize`."""
 
@@ -109,6 +120,8 @@ class Engine:
             layout = build_layout([(named[id(p)], p.shape) for p in params], self.world_size, group_bounds=bounds)
         else:
             params = trainable_params
+            if self.stage in (1, 2):  # the modules' forwards wait for their buckets' gathers (weight_gather.py)
+                unit_params, bounds, units = _stage3_units(model, {id(p) for p in trainable_params})
             layout_world = 1 if self.stage == 0 else self.world_size  # stage 0: every rank holds everything
             layout = build_layout([(named[id(p)], p.shape) for p in params], layout_world, bucket_numel=zero.reduce_bucket_size)
         self.layout: FlatLayout = layout
@@ -179,6 +192,14 @@ class Engine:
                 prefetch_numel=zero.stage3_prefetch_bucket_size, max_live_numel=zero.stage3_max_live_parameters,
                 side=comm.SideStream(self.device),  # its own stream: prefetches must not queue behind reductions
             )
+        self._deferred: DeferredWeightGather | None = None
+        if self.stage in (1, 2) and self._local is None and cfg.zero_core.overlap_weight_gather and self.world_size > 1:
+            bucket_units = _bucket_units(units, unit_params, bounds, params, layout)
+            self._deferred = DeferredWeightGather(bucket_units, self._start_gather, model)
+            # update (and so gather) first the buckets the model reads before its first block, then the rest
+            # in forward order: the first forward waits only for those
+            first = sorted(bucket_units[0][1]) if bucket_units else []
+            self.optimizer.segment_order = first + [i for i in range(len(layout.groups)) if i not in first]
         self.reducer = GradReducer(
             params, layout, self.optimizer, stage=self.stage, comm_dtype=cfg.comm_dtype, side=self.side, device=self.device,
             on_group_reduced=self.gatherer.on_group_reduced if self.gatherer else None, breakdown=self.breakdown,
@@ -246,6 +267,7 @@ class Engine:
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of `loss` scaled by the loss scale and 1/accumulation steps; reduces gradients."""
+        self.wait_for_weights()  # buckets no module's forward read (unused parameters)
         boundary = self.is_gradient_accumulation_boundary()
         window_pos = self.micro_steps % self.gradient_accumulation_steps
         scale = self.scaler.inv_scale / self.world_size
@@ -269,7 +291,9 @@ class Engine:
         if boundary:
             if self._uploader is not None:
                 self._uploader.begin()
-            self.optimizer.step(out=self._opt_out, publish=self._uploader)
+            self.wait_for_weights()  # the update rewrites the shards the last gathers read
+            self.optimizer.step(out=self._opt_out, publish=self._uploader,
+                                after_segment=self._deferred.start if self._deferred is not None else None)
             self.scaler.update(self.optimizer.overflow)
             self._nonfinite_run.add_(1.0).mul_(self.optimizer.overflow.to(self._nonfinite_run.dtype))
             self._publish_working()
@@ -277,8 +301,20 @@ class Engine:
             self.overflow_log.poll(self.global_step)
             self.breakdown.end_step()
 
+    def wait_for_weights(self) -> None:
+        """Finish the weight all-gathers still in flight after `step()` (stages 1-2 start them per bucket
+        and each module's forward waits for its own): call it before reading parameters outside a forward."""
+        if self._deferred is not None:
+            self._deferred.wait_all()
+
+    def _start_gather(self, bucket: int) -> comm.PendingCollective:
+        g = self.layout.groups[bucket]
+        return comm.all_gather_flat_async(self._full[g.index], self._shard_view(g),
+                                          what=f"all-gather of updated weights (bucket {g.index})")
+
     def refresh_working_weights(self) -> None:
         """Rewrite the working-precision weights from the fp32 masters (after loading a checkpoint)."""
+        self.wait_for_weights()
         with torch.no_grad():
             for lo, hi, v in self.optimizer.states.stream(("master",), write_back=False):
                 self._write_partition(lo, hi, v["master"])
@@ -286,6 +322,8 @@ class Engine:
                 self._uploader.begin()
                 self._uploader(0, self._opt_out.numel())
             self._publish_working()
+            if self._deferred is not None:
+                self._all_gather_weights()
 
     def _publish_working(self) -> None:
         """Make the updated working partition visible: copy it up from the host (the host step already
@@ -295,7 +333,7 @@ class Engine:
         else:
             if self._local is not None and self._opt_out is not self._local:
                 self._local.copy_(self._opt_out, non_blocking=True)  # type: ignore[arg-type]
-            if self.stage in (1, 2):
+            if self.stage in (1, 2) and self._deferred is None:
                 self._all_gather_weights()
         if self.gatherer is not None:
             self.gatherer.after_step()
@@ -334,12 +372,14 @@ class Engine:
         """
         from .checkpointing import save
 
+        self.wait_for_weights()
         return save(self, save_dir, tag, client_state, keep_last)
 
     def load_checkpoint(self, load_dir: str | os.PathLike, tag: str | None = None) -> dict[str, Any]:
         """Collective: load any zbench checkpoint (any world size, any stage) into this engine; returns client_state."""
         from .checkpointing import load
 
+        self.wait_for_weights()
         return load(self, load_dir, tag)
 
     def memory_bytes(self) -> dict[str, int]:
@@ -359,6 +399,7 @@ class Engine:
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Collective: the full fp32 state dict on CPU on every rank, keys as in `module.state_dict()`."""
+        self.wait_for_weights()
         by_param: dict[int, torch.Tensor] = {}
         for g in self.layout.groups:
             shard = self.optimizer.states.read("master", g.partition_offset, g.partition_offset + g.shard_numel)
@@ -395,6 +436,8 @@ class Engine:
     def close(self) -> None:
         """Detach the gradient hooks, stop the offload thread and free the NVMe state file. The engine
         cannot train afterwards. (Process exit frees the file too, however the process ends.)"""
+        if self._deferred is not None:
+            self._deferred.remove()
         self.reducer.remove()
         self.optimizer.close()
 

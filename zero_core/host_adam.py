@@ -105,7 +105,8 @@ class HostAdamW(ShardedAdamW):
         return g
 
     # -- the update --------------------------------------------------------------------------------
-    def _update(self, coef: torch.Tensor, out: torch.Tensor | None, publish: Publish | None) -> None:
+    def _update(self, coef: torch.Tensor, out: torch.Tensor | None, publish: Publish | None,
+                after_segment: None = None) -> None:  # stages 1-2 offload gather per bucket through `publish`
         if int(self.overflow[0]) != 0:
             return  # skipped: nothing changes, nothing to send
         c = float(coef[0])

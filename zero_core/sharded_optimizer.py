@@ -45,6 +45,7 @@ class ShardedAdamW:
         self.segments = list(segments) if segments else [(0, states.numel)]
         self._parts: dict[int, torch.Tensor] = {}  # partition offset -> that bucket's fp32 gradient
         self._segment_numel = dict(self.segments)
+        self.segment_order: list[int] | None = None  # the order segments are updated in (elementwise: any order)
         dev = states.device
         if isinstance(states, TensorStates):  # direct access where the states are tensors
             self.master, self.exp_avg, self.exp_avg_sq = states.master, states.exp_avg, states.exp_avg_sq
@@ -89,11 +90,13 @@ class ShardedAdamW:
         """This rank's [sum of squares, non-finite flag] of the pass that ends at this step."""
         return torch.cat([self.sumsq, self.nonfinite.float()])
 
-    def step(self, out: torch.Tensor | list[torch.Tensor] | None, publish: Callable[[int, int], None] | None = None) -> None:
+    def step(self, out: torch.Tensor | list[torch.Tensor] | None, publish: Callable[[int, int], None] | None = None,
+             after_segment: Callable[[int], None] | None = None) -> None:
         """Clip, update and write the working-precision copy into `out` (the partition, or one tensor per
         segment); skipped on a non-finite gradient.
 
-        `publish(lo, hi)` (host steps only) is called once out[lo:hi] holds its final values."""
+        `publish(lo, hi)` (host steps only) is called once out[lo:hi] holds its final values;
+        `after_segment(i)` once segment i's update is queued (stages 1-2 start its all-gather there)."""
         stats = self._local_stats()
         if self.shard_stats:
             comm.all_reduce_sum_on(stats, self.comm_device, what="all-reduce of the gradient norm and overflow flag")
@@ -108,12 +111,13 @@ class ShardedAdamW:
         ok = 1.0 - self.overflow.float()
         self.applied += ok
         self.skipped += 1.0 - ok
-        self._update(coef, out, publish)
+        self._update(coef, out, publish, after_segment)
 
     def _update(self, coef: torch.Tensor, out: torch.Tensor | list[torch.Tensor] | None,
-                publish: Callable[[int, int], None] | None) -> None:
+                publish: Callable[[int, int], None] | None, after_segment: Callable[[int], None] | None = None) -> None:
         current = torch.cuda.current_stream(self.sumsq.device) if self.sumsq.is_cuda else None
-        for i, (lo, n) in enumerate(self.segments):
+        for i in self.segment_order or range(len(self.segments)):
+            lo, n = self.segments[i]
             grad = self.gradient(lo, n)
             if current is not None:
                 grad.record_stream(current)  # allocated on the reduce stream, last read here
@@ -125,6 +129,8 @@ class ShardedAdamW:
                 beta1=self.beta1, beta2=self.beta2, eps=self.eps,
                 weight_decay=self.weight_decay, decoupled=self.decoupled,
             )
+            if after_segment is not None:
+                after_segment(i)
         self._parts = {}  # freed once the update kernels have read them (stream-ordered)
 
     def persistent_bytes(self) -> int:

@@ -16,6 +16,13 @@ elif [ "$mode" = overlap ]; then
   for stage in 1 2 3; do
     python3 -m zbench.cli train --model gpt2-xl --gpus 2 --config docs/benchmarks/scripts/gpt2xl_stage$stage.json --seq-len 1024 --steps 8 --warmup 3 2>&1 | grep -E "^(done|Traceback)|Error" | tee -a "$OUT/train_gpt2xl_overlap.txt"
   done
+elif [ "$mode" = gather ]; then
+  # stages 1-2: weight all-gathers overlapped with the optimizer and the next forward (default) vs all
+  # gathered at the end of the step (zero_core.overlap_weight_gather: false), back to back
+  ZB_TEST_DEVICE=cuda python3 -m pytest tests/test_weight_gather.py tests/test_gradient_checkpointing.py -q -p no:cacheprovider -k "not scenario" 2>&1 | tail -3 | tee "$OUT/gather_tests_cuda.txt"
+  for cfg in ${CONFIGS:-stage2 stage2_eager_gather stage1 stage1_eager_gather}; do
+    python3 -m zbench.cli train --model gpt2-xl --gpus 2 --config docs/benchmarks/scripts/gpt2xl_$cfg.json --seq-len 1024 --steps ${STEPS:-10} --warmup 3 2>&1 | grep -E "^(done|Traceback)|Error" | sed "s/^/$cfg: /" | tee -a "$OUT/train_gpt2xl_gather.txt"
+  done
 elif [ "$mode" = profile ]; then
   for stage in ${STAGES:-2 3}; do
     python3 -m torch.distributed.run --nproc-per-node 2 docs/benchmarks/scripts/profile_step.py --config docs/benchmarks/scripts/gpt2xl_stage$stage.json 2>&1 | grep -vE "^(USDT|W1|\*)" | sed "s/^/stage$stage: /" | tee -a "$OUT/profile_gpt2xl.txt"

@@ -1,0 +1,92 @@
+"""Stages 1-2 start each bucket's weight all-gather right after its update and let each module's forward
+wait for its own buckets. Here the gathers are made lazy (they run only when waited for), so a module
+that ran without waiting would read stale weights and change the loss: the deferred run must match the
+run that gathers everything at the end of the step, bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dist_harness import run_ranks
+from parity_workers import ds_config, make_batches, make_model
+
+
+STARTED: list[str] = []  # the order the gathers were started in (this process)
+
+
+class _LazyWork:
+    def __init__(self, full: torch.Tensor, shard: torch.Tensor, what: str) -> None:
+        self.args = (full, shard, what)
+        STARTED.append(what)
+
+    def wait(self) -> None:
+        from zero_core import comm
+
+        comm.all_gather_flat(*self.args)
+
+
+def _lazy_gathers() -> None:
+    from zero_core import comm
+
+    comm.all_gather_flat_async = lambda full, shard, what="": comm.PendingCollective(_LazyWork(full, shard, what), what)
+
+
+def _train(rank: int, world: int, stage: int, overlap: bool, sabotage: bool = False) -> dict:
+    import zero_core
+
+    _lazy_gathers()
+    micro = 2
+    cfg = ds_config(stage, "bf16", micro)
+    cfg["zero_core"] = {"overlap_weight_gather": overlap}
+    engine = zero_core.initialize(make_model(), cfg)
+    losses, in_flight_after_step = [], []
+    for x, y in make_batches(4, micro * world):
+        xs, ys = (t[rank * micro : (rank + 1) * micro].to(engine.device) for t in (x, y))
+        if sabotage and engine._deferred is not None and engine.global_step > 0:
+            for h in engine._deferred._hooks:  # forward no longer waits: it reads last step's weights
+                h.remove()
+        loss = engine(xs, ys).loss
+        losses.append(float(loss))
+        engine.backward(loss)
+        engine.step()
+        in_flight_after_step.append(engine._deferred.in_flight if engine._deferred is not None else 0)
+    state_via_module = {k: v.float().clone() for k, v in engine.module.state_dict().items()}  # waits (state_dict hook)
+    first_step = STARTED[: len(engine.layout.groups)]
+    root = sorted({engine.layout.slots[i].group for i, p in enumerate(engine.params)
+                   if any(p is q for q in engine.module._parameters.values())
+                   or any(p is q for m in (engine.module.wte, engine.module.wpe, engine.module.ln_f) for q in m.parameters())})
+    out = {"losses": losses, "in_flight": in_flight_after_step, "buckets": len(engine.layout.groups),
+           "first_step": [int(w.split("bucket ")[1].rstrip(")")) for w in first_step], "root_buckets": root,
+           "layout_names": [s.name for s in engine.layout.slots],
+           "model_names": [n for n, p in engine.module.named_parameters() if p.requires_grad],
+           "module_state": state_via_module, "state": engine.full_state_dict()}
+    engine.close()
+    return out
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_deferred_weight_gather_matches_gathering_at_step_end(stage):
+    deferred = run_ranks(_train, 2, stage, True)
+    eager = run_ranks(_train, 2, stage, False)
+    assert deferred["buckets"] > 3
+    assert deferred["in_flight"] == [deferred["buckets"]] * 4  # every bucket's gather was left in flight
+    assert eager["in_flight"] == [0] * 4
+    assert deferred["losses"] == eager["losses"]
+    # the buckets read before the first block are updated and gathered first, then the rest in forward order
+    root = deferred["root_buckets"]
+    assert 0 < len(root) < deferred["buckets"] and root[-1] == deferred["buckets"] - 1  # ln_f sits in the last bucket
+    assert deferred["first_step"] == root + [b for b in range(deferred["buckets"]) if b not in root]
+    assert deferred["layout_names"] == deferred["model_names"]  # buckets keep the model's order (backward frees them in turn)
+    for k, v in eager["state"].items():
+        assert torch.equal(deferred["state"][k], v), k
+    for k, v in eager["module_state"].items():
+        assert torch.equal(deferred["module_state"][k], v), k  # module.state_dict() waited for the gathers
+
+
+def test_a_forward_that_does_not_wait_reads_stale_weights():
+    """The check above can fail: without the hooks the lazy gathers are not done when the model runs."""
+    eager = run_ranks(_train, 2, 2, False)
+    unhooked = run_ranks(_train, 2, 2, True, True)
+    assert unhooked["losses"][0] == eager["losses"][0]
+    assert unhooked["losses"][1] != eager["losses"][1]
