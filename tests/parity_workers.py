@@ -62,7 +62,10 @@ def zero_train(rank: int, world: int, cases: list[dict]) -> list[dict]:
         batches = make_batches(case["steps"] * gas, micro * world)
         saved_env = {k: os.environ.get(k) for k in case.get("env", {})}
         os.environ.update(case.get("env", {}))  # e.g. tiny offload chunks, so that a small model has many
-        engine = zero_core.initialize(make_model(), ds_config(case["stage"], case["dtype"], micro, gas, case.get("clip", 0.0), **case.get("zero", {})))
+        cfg = ds_config(case["stage"], case["dtype"], micro, gas, case.get("clip", 0.0), **case.get("zero", {}))
+        if "zero_core" in case:
+            cfg["zero_core"] = case["zero_core"]
+        engine = zero_core.initialize(make_model(), cfg)
         losses, master_sums = [], [sums(engine)]  # [0]: before training
         for i, (x, y) in enumerate(batches):
             xs, ys = (t[rank * micro : (rank + 1) * micro].to(engine.device) for t in (x, y))

@@ -61,12 +61,15 @@ def test_a_shard_that_is_not_a_segment_is_refused():
         opt.accumulate(torch.ones(100), 0, torch.ones(1), False)
 
 
-def _engine_after_steps(stage: int, steps: int = 2):
+def _engine_after_steps(stage: int, steps: int = 2, **zero_core_keys):
     import zero_core
     from parity_workers import ds_config, make_batches, make_model
 
     extra = {"stage3_param_persistence_threshold": 0} if stage == 3 else {}  # blocks are released after use
-    engine = zero_core.initialize(make_model(), ds_config(stage, "bf16", 2, **extra))
+    cfg = ds_config(stage, "bf16", 2, **extra)
+    if zero_core_keys:
+        cfg["zero_core"] = zero_core_keys
+    engine = zero_core.initialize(make_model(), cfg)
     for x, y in make_batches(steps, 2):
         engine.backward(engine(x, y).loss)
         if steps and engine.is_gradient_accumulation_boundary():
@@ -86,3 +89,8 @@ def test_engine_keeps_no_gradient_and_no_16bit_shard_copy_between_steps(stage):
     assert mem["working_shard"] == (2 * n if stage == 3 else 0)
     full = sum(g.padded_numel for g in engine.layout.groups) * 2
     assert mem["working_weights"] == full if stage < 3 else mem["working_weights"] < full
+
+
+def test_stage3_gathering_from_the_master_keeps_no_16bit_shard_copy():
+    engine = _engine_after_steps(3, stage3_gather_from_master=True)
+    assert engine.memory_bytes()["working_shard"] == 0

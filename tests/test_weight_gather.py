@@ -90,3 +90,20 @@ def test_a_forward_that_does_not_wait_reads_stale_weights():
     unhooked = run_ranks(_train, 2, 2, True, True)
     assert unhooked["losses"][0] == eager["losses"][0]
     assert unhooked["losses"][1] != eager["losses"][1]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_stage3_gathering_from_the_fp32_master_equals_keeping_a_16bit_copy(dtype):
+    """zero_core.stage3_gather_from_master casts each unit's fp32 master shard on the way into its
+    all-gather; the 16-bit copy it replaces held the same cast, so training is bitwise the same,
+    skipped fp16 steps included."""
+    from parity_workers import zero_train
+
+    base = {"stage": 3, "dtype": dtype, "micro": 2, "gas": 2, "steps": 4, "clip": 1.0, "inject_inf_at": 3,
+            "zero": {"stage3_param_persistence_threshold": 0}}
+    cast, copy = run_ranks(zero_train, 2, [{**base, "zero_core": {"stage3_gather_from_master": flag}}
+                                           for flag in (True, False)])
+    assert cast["skipped"] == copy["skipped"] >= 1
+    assert cast["losses"] == copy["losses"]
+    for k, v in copy["state"].items():
+        assert torch.equal(cast["state"][k], v), k

@@ -174,6 +174,10 @@ class ZeroCoreConfig(Section):
     # stages 1-2 without offload: each bucket's weight all-gather starts right after its update and is
     # waited for only by the modules that read it (weight_gather.py); false gathers all at the step's end
     overlap_weight_gather: Bool = True
+    # stage 3 without offload: all-gather each unit from its fp32 master shard, cast on the way (as FSDP2
+    # does), instead of keeping a 16-bit copy of the partition (2 bytes per element of it). Off by default
+    # until its CUDA path is measured (docs/benchmarks/2026-11-23_h200x2_gpt2xl_engines.md)
+    stage3_gather_from_master: Bool = False
 
 
 _MONITOR = dict[str, Any] | None  # logging sections: carried through, not used by the engine

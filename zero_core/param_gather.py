@@ -11,7 +11,7 @@ gradients are reduced. Units under the persistence threshold are never released.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -58,7 +58,7 @@ class ParamGatherer:
         units: Sequence[tuple[torch.nn.Module, tuple[int, ...]]],
         layout: FlatLayout,
         full: Sequence[torch.Tensor],
-        local: torch.Tensor,
+        shard_of: Callable[[int, int], torch.Tensor],
         *,
         persistence_threshold: int,
         prefetch_numel: int,
@@ -67,7 +67,7 @@ class ParamGatherer:
     ) -> None:
         self.layout = layout
         self.full = list(full)  # per-group full buffers; parameters are views of these
-        self.local = local  # this rank's working-precision partition (written by the optimizer)
+        self.shard_of = shard_of  # (lo, hi) -> this rank's working-precision partition elements [lo, hi)
         self.persistent = [g.numel < persistence_threshold for g in layout.groups]
         self.prefetch_numel, self.max_live_numel = prefetch_numel, max_live_numel
         self.side = side
@@ -104,17 +104,20 @@ class ParamGatherer:
             self.full[g].untyped_storage().resize_(self._nbytes(g))
             self.live_numel += self.layout.groups[g].padded_numel
         group = self.layout.groups[g]
-        shard = self.local[group.partition_offset : group.partition_offset + group.shard_numel]
+        lo, hi = group.partition_offset, group.partition_offset + group.shard_numel
         device = self.full[g].device
         if asynchronous and self.side.stream is not None:
             with self.side.after_current():
-                comm.all_gather_flat(self.full[g], shard.to(device, non_blocking=True),  # offloaded shards come up first
+                # the shard (a cast of the master, or an offloaded shard brought up) is made on the side
+                # stream: made on the compute stream, its memory could be reused there mid-gather
+                comm.all_gather_flat(self.full[g], self.shard_of(lo, hi).to(device, non_blocking=True),
                                      what=f"all-gather of stage-3 unit {g}")
                 ev = torch.cuda.Event()
                 ev.record()
             self.pending[g] = ev
         else:
-            comm.all_gather_flat(self.full[g], shard.to(device, non_blocking=True), what=f"all-gather of stage-3 unit {g}")
+            comm.all_gather_flat(self.full[g], self.shard_of(lo, hi).to(device, non_blocking=True),
+                                 what=f"all-gather of stage-3 unit {g}")
         self.fresh[g] = True
 
     def _ensure(self, g: int) -> None:
