@@ -107,3 +107,66 @@ def test_stage3_gathering_from_the_fp32_master_equals_keeping_a_16bit_copy(dtype
     assert cast["losses"] == copy["losses"]
     for k, v in copy["state"].items():
         assert torch.equal(cast["state"][k], v), k
+
+
+class _FakeSide:
+    """A side stream on the CPU: records whether work is being queued 'on' it."""
+
+    def __init__(self) -> None:
+        self.stream, self.active = object(), False
+
+    def after_current(self):
+        import contextlib
+
+        @contextlib.contextmanager
+        def ctx():
+            self.active = True
+            try:
+                yield
+            finally:
+                self.active = False
+        return ctx()
+
+
+def test_stage3_prefetched_shards_are_made_on_the_stream_that_gathers_them(monkeypatch):
+    """A shard cast from the master on the compute stream and read by the side stream's all-gather can
+    have its memory reused mid-gather (what broke the first GPU run): prefetches must build it on the
+    side stream. Streams are faked on the CPU to check where each shard is made."""
+    import zero_core
+    from parity_workers import ds_config, make_batches, make_model
+
+    class _Event:
+        def record(self) -> None:
+            pass
+
+    class _Stream:
+        def wait_event(self, ev) -> None:
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Event", _Event)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: _Stream())
+    cfg = ds_config(3, "bf16", 2, stage3_param_persistence_threshold=0, stage3_prefetch_bucket_size=10**6)
+    cfg["zero_core"] = {"stage3_gather_from_master": True}
+    engine = zero_core.initialize(make_model(), cfg)
+    gatherer = engine.gatherer
+    side = gatherer.side = _FakeSide()
+    made: list[tuple[bool, bool]] = []  # (asynchronous gather, made while on the side stream)
+    issue, shard_of = gatherer._issue_gather, gatherer.shard_of
+    state = {"async": False}
+
+    def tracked_issue(g, asynchronous):
+        state["async"] = asynchronous
+        return issue(g, asynchronous)
+
+    def tracked_shard(lo, hi):
+        made.append((state["async"], side.active))
+        return shard_of(lo, hi)
+
+    gatherer._issue_gather, gatherer.shard_of = tracked_issue, tracked_shard
+    for x, y in make_batches(3, 2):
+        loss = engine(x, y).loss
+        engine.backward(loss)
+        engine.step()
+    prefetched = [on_side for asynchronous, on_side in made if asynchronous]
+    assert prefetched and all(prefetched)
+    engine.close()
