@@ -26,6 +26,12 @@ def _entry(rank: int, world: int, port: int, out: str, fn: Callable[..., Any], a
     cuda = os.environ.get("ZB_TEST_DEVICE") == "cuda"
     if cuda:
         torch.cuda.set_device(rank)
+        # bitwise comparisons need run-to-run determinism: cuBLAS with a fixed workspace, and the math
+        # attention kernels (the fused ones' backward accumulate with atomics)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        for backend in ("flash", "mem_efficient", "cudnn"):
+            getattr(torch.backends.cuda, f"enable_{backend}_sdp")(False)
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
     try:
         result = fn(rank, world, *args)

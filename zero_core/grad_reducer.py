@@ -55,6 +55,10 @@ class GradReducer:
         ]
         self.arrived = [0] * len(layout.groups)
         self.reduced = [False] * len(layout.groups)
+        self._seen: set[int] = set()  # parameters whose gradient reached a buffer in this pass
+        # stages 2-3 take a fresh buffer each pass and copy each gradient in once: only the padding between
+        # and after parameters needs zeros (not a memset of the whole bucket and an add over it)
+        self._gaps: list[torch.Tensor | None] = [None if self.keep_buffers else _gap_index(g, device) for g in layout.groups]
         self.reduce_now = False
         self.accumulate = False
         self.scale: torch.Tensor | None = None
@@ -66,6 +70,7 @@ class GradReducer:
         self.reduce_now, self.accumulate, self.scale = reduce_now, accumulate, scale
         self.arrived = [0] * len(self.layout.groups)
         self.reduced = [False] * len(self.layout.groups)
+        self._seen = set()
         if reduce_now:
             self.opt.reset_stats()
             if self.offload:
@@ -76,6 +81,7 @@ class GradReducer:
         if self.reduce_now:
             for g in range(len(self.layout.groups)):
                 if not self.reduced[g]:
+                    self._zero_missing(g)
                     self._reduce(g)
         if self.host_folder is not None:
             with self.breakdown.host("fold_wait"):
@@ -85,9 +91,28 @@ class GradReducer:
     def _buffer(self, g: int) -> torch.Tensor:
         buf = self.buffers[g]
         if buf is None:
-            buf = torch.zeros(self.layout.groups[g].padded_numel, dtype=self.comm_dtype, device=self.device)
+            gaps = self._gaps[g]
+            numel = self.layout.groups[g].padded_numel
+            if gaps is None:
+                buf = torch.zeros(numel, dtype=self.comm_dtype, device=self.device)
+            else:
+                buf = self._uninitialised(numel)
+                if gaps.numel():
+                    buf.index_fill_(0, gaps, 0)
             self.buffers[g] = buf
         return buf
+
+    def _uninitialised(self, numel: int) -> torch.Tensor:
+        return torch.empty(numel, dtype=self.comm_dtype, device=self.device)
+
+    def _zero_missing(self, g: int) -> None:
+        """Zero the slots of parameters that got no gradient in this pass (their memory is uninitialised)."""
+        if self.keep_buffers:
+            return
+        buf = self._buffer(g)
+        for s in self.layout.groups[g].slots:
+            if s.index not in self._seen:
+                buf[s.offset : s.offset + s.numel].zero_()
 
     def _make_hook(self, index: int) -> Callable[[torch.Tensor], None]:
         slot = self.layout.slots[index]
@@ -97,7 +122,11 @@ class GradReducer:
             if grad is None:
                 return
             view = self._buffer(slot.group)[slot.offset : slot.offset + slot.numel].view_as(grad)
-            view.add_(grad)  # add, not copy: stages 0-1 accumulate micro-steps here
+            if self.keep_buffers or slot.index in self._seen:
+                view.add_(grad)  # stages 0-1 accumulate micro-steps here; a second arrival in one pass adds
+            else:
+                view.copy_(grad)  # the first arrival in a fresh buffer: no zeroing pass, no read of it
+            self._seen.add(slot.index)
             p.grad = None
             self.arrived[slot.group] += 1
             if self.reduce_now and self.arrived[slot.group] == len(self.layout.groups[slot.group].slots):
@@ -159,3 +188,15 @@ class GradReducer:
             h.remove()
         if self.host_folder is not None:
             self.host_folder.close()
+
+
+def _gap_index(group, device: torch.device) -> torch.Tensor:
+    """Positions of a group's flat buffer that no parameter covers (alignment gaps and the tail)."""
+    ranges, end = [], 0
+    for s in sorted(group.slots, key=lambda s: s.offset):
+        if s.offset > end:
+            ranges.append(torch.arange(end, s.offset))
+        end = max(end, s.offset + s.numel)
+    if group.padded_numel > end:
+        ranges.append(torch.arange(end, group.padded_numel))
+    return (torch.cat(ranges) if ranges else torch.empty(0, dtype=torch.long)).to(device)
