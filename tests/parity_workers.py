@@ -77,10 +77,21 @@ def zero_train(rank: int, world: int, cases: list[dict]) -> list[dict]:
             if case.get("inject_inf_at") == i:
                 hook.remove()
             engine.step()
+            if case.get("after_step") == "wait":  # diagnostics: the weight gathers done before anything else
+                engine.wait_for_weights()
+            elif case.get("after_step") == "sync" and torch.cuda.is_available():
+                torch.cuda.synchronize()
             master_sums.append(sums(engine))
             mean = loss.detach().float().clone()
+            if case.get("reduce_losses_at_end"):  # no collective of the caller's between the steps
+                losses.append(mean)
+                continue
             dist.all_reduce(mean)
             losses.append(float(mean) / world)
+        if case.get("reduce_losses_at_end"):
+            stacked = torch.stack(losses)
+            dist.all_reduce(stacked)
+            losses = [float(v) / world for v in stacked]
         results.append({
             "losses": losses, "master_sums": master_sums, "state": engine.full_state_dict(), "skipped": engine.skipped_steps,
             "scale": engine.loss_scale, "global_step": engine.global_step,

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# A/B runs of 2026-11-23 on nvidia-h200-x2. Usage: bash docs/benchmarks/scripts/ab/run_ab.sh MODE... (tests control blocking probe gpt2xl final buckets deberta offload)
+set -uo pipefail
+source docs/benchmarks/scripts/gpu_env.sh
+ab=docs/benchmarks/scripts/ab
+# control and buckets compare with the reducer before this A/B (zero-filled buckets + add); the device machine
+# gets no .git, so write it here first: git show cb61518:zero_core/grad_reducer.py > docs/benchmarks/scripts/ab/grad_reducer_add.py
+run() {  # run NAME SCENARIO: the table on stdout, the run folder's results.json kept
+  name=$1; shift
+  python3 -m zbench.cli run "$@" --out "$OUT/runs_$name" --wandb off --no-progress 2>"$OUT/${name}_stderr.txt" | tee "$OUT/${name}_table.txt"
+  tail -8 "$OUT/${name}_stderr.txt"
+  cp "$OUT"/runs_$name/*/results.json "$OUT/${name}_results.json" 2>/dev/null
+}
+for mode in "$@"; do
+case $mode in
+tests)
+  ZB_TEST_DEVICE=cuda python3 -m pytest tests/test_weight_gather.py tests/test_grad_buffers.py -q -p no:cacheprovider \
+    --tb=short -k "${TESTS:-master or unwritten or repeats}" >"$OUT/tests_cuda.txt" 2>&1; grep -E "^E |^FAILED|passed|failed" "$OUT/tests_cuda.txt" | tail -40 ;;
+control)  # the same tests with the previous reducer (zeroed buffers + add): the poison patch is then inert,
+  # so test_grad_buffers compares two clean runs (a run-to-run determinism check)
+  cp zero_core/grad_reducer.py /tmp/grad_reducer_copy.py; cp $ab/grad_reducer_add.py zero_core/grad_reducer.py
+  ZB_TEST_DEVICE=cuda python3 -m pytest tests/test_weight_gather.py tests/test_grad_buffers.py -q -p no:cacheprovider \
+    --tb=line -k "${TESTS:-master or unwritten or repeats or deferred}" >"$OUT/tests_cuda_control.txt" 2>&1; grep -E "^/|^FAILED|passed|failed" "$OUT/tests_cuda_control.txt" | tail -20
+  cp /tmp/grad_reducer_copy.py zero_core/grad_reducer.py ;;
+probe) python3 $ab/cast_probe.py 2>&1 | tee "$OUT/cast_probe.txt" ;;
+blocking)  # the same tests with every kernel launch synchronous: a stream race would disappear
+  CUDA_LAUNCH_BLOCKING=1 ZB_TEST_DEVICE=cuda python3 -m pytest tests/test_weight_gather.py tests/test_grad_buffers.py -q \
+    -p no:cacheprovider --tb=line -k "${TESTS:-master or unwritten or repeats or deferred}" >"$OUT/tests_cuda_blocking.txt" 2>&1
+  grep -E "^/|^FAILED|passed|failed" "$OUT/tests_cuda_blocking.txt" | tail -20 ;;
+gpt2xl) run gpt2xl_ab $ab/gpt2xl_engines_ab.yaml ;;
+final) run gpt2xl_final $ab/gpt2xl_engines_final.yaml ;;
+buckets)
+  # gradient buckets: copy into fresh uninitialised buffers (this commit) vs zeroed buffers + add (before), ABA
+  cp zero_core/grad_reducer.py /tmp/grad_reducer_copy.py
+  for version in copy add copy; do
+    if [ $version = add ]; then cp $ab/grad_reducer_add.py zero_core/grad_reducer.py; else cp /tmp/grad_reducer_copy.py zero_core/grad_reducer.py; fi
+    python3 -m zbench.cli train --model gpt2-xl --gpus 2 --config docs/benchmarks/scripts/gpt2xl_stage2.json --seq-len 1024 \
+      --steps 10 --warmup 3 2>&1 | grep -E "^(done|Traceback)|Error" | sed "s/^/$version: /" | tee -a "$OUT/buckets_aba.txt"
+  done
+  cp /tmp/grad_reducer_copy.py zero_core/grad_reducer.py ;;
+deberta) run deberta_b40 $ab/deberta_b40.yaml ;;
+offload) run gpt2xl_offload_sbs $ab/gpt2xl_engines_offload.yaml ;;
+*) echo "unknown mode $mode"; exit 2 ;;
+esac
+done
