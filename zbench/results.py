@@ -61,7 +61,7 @@ def measured_row(row: dict[str, Any], res: dict[str, Any], *, seq_len: int, sear
         peak_gpu_gib=res["peak_gpu_gib"], peak_cpu_gib=res["peak_cpu_gib"], est_gpu_gib=est_gpu_gib,
         n_params=res["n_params"], losses=res["losses"], data=res["data"], data_real=res["data_real"],
         ds_config=res["ds_config"], seq_len=seq_len, skipped_steps=res.get("skipped_steps"),
-        recompute=res.get("recompute", False),
+        recompute=res.get("recompute", False), breakdown=res.get("breakdown") or {},
     )
     if row["recompute"]:
         row["method"] += " + activation checkpointing"  # TFLOP/s still counts model FLOPs (no recompute)
@@ -154,7 +154,14 @@ def markdown(summary: dict[str, Any]) -> str:
     skip = (summary.get("scenario_config") or {}).get("timing_skip_steps")
     if skip:
         caption += f"; tokens/s, step time and TFLOP/s leave out the first {skip} optimizer steps"
-    return "\n".join(lines) + "\n\n" + caption + "\n"
+    text = "\n".join(lines) + "\n\n" + caption + "\n"
+    split = [(r["variant"], r["breakdown"]) for r in summary["variants"] if r.get("status") == "ok" and r.get("breakdown")]
+    if split:  # optimizer offload: GPU compute, D2H, CPU Adam, H2D and the exposed rest, per step
+        from zero_core.step_timer import format_breakdown
+
+        text += "\nStep-time breakdown (rank 0, ms per optimizer step, the timed steps):\n"
+        text += "".join(f"- {name}: {format_breakdown(b)}\n" for name, b in split)
+    return text
 
 
 def frame(summary: dict[str, Any]) -> Any:

@@ -124,6 +124,8 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
     epoch_rows = []
     skip_micro = sc.timing_skip_steps * gas if not probe and done == 0 and sc.timing_skip_steps * gas < micro_per_epoch else 0
     steady_start = None
+    timer = getattr(getattr(variant, "engine_obj", None), "breakdown", None)  # zero_core's step-time breakdown
+    breakdown: dict[str, float] = {}
     for epoch in range(epochs):
         variant.train()
         _sync(device)
@@ -139,11 +141,15 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
             if epoch == 0 and skip_micro and i + 1 == skip_micro:  # steady state starts here (one sync)
                 _sync(device)
                 steady_start = time.perf_counter()
+                if timer is not None:
+                    timer.reset()  # the breakdown covers the same steady steps as the step time
             ckpt.after_micro_step(epoch * micro_per_epoch + i + 1, losses)
             progress.update(f"train epoch {epoch + 1}/{epochs}", i + 1, micro_per_epoch)
         _sync(device)
         end = time.perf_counter()
         train_s = end - start
+        if epoch == 0 and timer is not None:
+            breakdown = timer.summary()  # offload runs: where rank 0's step time went ({} when off)
         steady = {} if epoch or steady_start is None else {"steady_s": end - steady_start,
                                                            "steady_steps": (micro_per_epoch - skip_micro) // gas}
         if probe:
@@ -186,7 +192,7 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
         "layers": bundle.layers, "hidden": bundle.hidden, "peak_gpu_gib": peak_gpu, "peak_cpu_gib": peak_cpu,
         "skipped_steps": getattr(getattr(variant, "engine_obj", None), "skipped_steps", None),
         "ds_config": ds, "data": splits.description, "data_real": splits.real, "torch": torch.__version__,
-        "recompute": _recomputes(bundle.model),
+        "recompute": _recomputes(bundle.model), "breakdown": breakdown,
     }
 
 
