@@ -85,12 +85,12 @@ def test_engine_keeps_no_gradient_and_no_16bit_shard_copy_between_steps(stage):
     n = engine.layout.partition_numel
     assert mem["gradients"] == 0
     assert mem["optimizer_states"] == 12 * n  # fp32 master, exp_avg, exp_avg_sq
-    # stages 1-2 update the shard inside the full buffer; stage 3 keeps its 16-bit shard (the units are freed)
-    assert mem["working_shard"] == (2 * n if stage == 3 else 0)
+    # stages 1-2 update the shard inside the full buffer; stage 3 all-gathers from its fp32 master (by default)
+    assert mem["working_shard"] == 0
     full = sum(g.padded_numel for g in engine.layout.groups) * 2
     assert mem["working_weights"] == full if stage < 3 else mem["working_weights"] < full
 
 
-def test_stage3_gathering_from_the_master_keeps_no_16bit_shard_copy():
-    engine = _engine_after_steps(3, stage3_gather_from_master=True)
-    assert engine.memory_bytes()["working_shard"] == 0
+def test_stage3_keeps_a_16bit_shard_copy_only_when_told_to():
+    engine = _engine_after_steps(3, stage3_gather_from_master=False)
+    assert engine.memory_bytes()["working_shard"] == 2 * engine.layout.partition_numel

@@ -175,9 +175,9 @@ class ZeroCoreConfig(Section):
     # waited for only by the modules that read it (weight_gather.py); false gathers all at the step's end
     overlap_weight_gather: Bool = True
     # stage 3 without offload: all-gather each unit from its fp32 master shard, cast on the way (as FSDP2
-    # does), instead of keeping a 16-bit copy of the partition (2 bytes per element of it). Off by default
-    # until its CUDA path is measured (docs/benchmarks/2026-11-23_h200x2_gpt2xl_engines.md)
-    stage3_gather_from_master: Bool = False
+    # does), instead of keeping a 16-bit copy of the partition (2 bytes per element of it). GPT-2 XL on 2x
+    # H200: -1.46 GiB per GPU for 0.7% of speed (docs/benchmarks/2026-11-23_h200x2_gpt2xl_engines_final.md)
+    stage3_gather_from_master: Bool = True
 
 
 _MONITOR = dict[str, Any] | None  # logging sections: carried through, not used by the engine
