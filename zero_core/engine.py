@@ -155,9 +155,10 @@ class Engine:
         self._local: torch.Tensor | None
         if self.stage == 0:
             self._local = self._flat_working  # the whole flat buffer is this rank's partition
-        elif self.stage in (1, 2) and not self.offload_optimizer:
-            # the update writes each bucket's shard straight into the full buffer and the all-gather fills
-            # the rest in place: no separate 16-bit partition (GPT-2 XL on 2 ranks: 1.56 GB less per GPU)
+        elif self.stage in (1, 2):
+            # the update (or, with offload, the upload of the host's output) writes each bucket's shard straight
+            # into the full buffer and the all-gather fills the rest in place: no separate 16-bit partition on
+            # the device (GPT-2 XL on 2 ranks: 1.56 GB less per GPU)
             self._local = None
         elif self.stage == 3 and not self.offload_optimizer and not self.offload_param and cfg.zero_core.stage3_gather_from_master:
             self._local = None  # gathers cast the fp32 master shard: no 16-bit partition (GPT-2 XL, 2 ranks: 1.45 GiB)
@@ -172,8 +173,12 @@ class Engine:
         self._opt_out: torch.Tensor | list[torch.Tensor] | None
         if self._local is None and self.stage == 3:
             self._opt_out = None  # the update keeps only the fp32 master
-        elif self._local is None:
+        elif self._local is None and not self.offload_optimizer:
             self._opt_out = [self._shard_view(g) for g in layout.groups]  # one view per optimizer segment
+        elif self._local is None:  # the host step's 16-bit output, uploaded into the shards (below)
+            self._opt_out = comm.host_buffer(layout.partition_numel, self.dtype, pin=self.device.type == "cuda")
+            for g in layout.groups:
+                self._opt_out[g.partition_offset : g.partition_offset + g.shard_numel].copy_(self._shard_view(g))
         elif self._local.device == state_device:
             self._opt_out = self._local
         elif state_device.type == "cpu":
@@ -185,10 +190,12 @@ class Engine:
         # offload on CUDA: the host step sends each finished chunk up at once; stages 1-2 all-gather each
         # bucket as soon as its chunks are up
         self._uploader: WeightUploader | None = None
-        if self._local is not None and self._opt_out.device.type == "cpu" and self._local.is_cuda:
-            ends = [g.partition_offset + g.shard_numel for g in layout.groups] if self.stage in (1, 2) else []
-            self._uploader = WeightUploader(self._opt_out, self._local, self.breakdown, ends,
-                                            gather=lambda i: self._all_gather_group(self.layout.groups[i]))
+        if self._local is None and self.offload_optimizer:  # stages 1-2 (on the CPU too: the same path)
+            ends = [g.partition_offset + g.shard_numel for g in layout.groups]
+            self._uploader = WeightUploader(self._opt_out, [(g.partition_offset, self._shard_view(g)) for g in layout.groups],
+                                            self.breakdown, ends, gather=lambda i: self._all_gather_group(self.layout.groups[i]))
+        elif self._local is not None and self._opt_out.device.type == "cpu" and self._local.is_cuda:  # stage 3
+            self._uploader = WeightUploader(self._opt_out, [(0, self._local)], self.breakdown)
         if self.stage == 3:
             self.gatherer = ParamGatherer(
                 units, layout, full, self._stage3_shard_source(),
@@ -197,7 +204,8 @@ class Engine:
                 side=comm.SideStream(self.device),  # its own stream: prefetches must not queue behind reductions
             )
         self._deferred: DeferredWeightGather | None = None
-        if self.stage in (1, 2) and self._local is None and cfg.zero_core.overlap_weight_gather and self.world_size > 1:
+        if (self.stage in (1, 2) and not self.offload_optimizer and cfg.zero_core.overlap_weight_gather
+                and self.world_size > 1):  # (with offload the uploads start each bucket's gather)
             bucket_units = _bucket_units(units, unit_params, bounds, params, layout)
             self._deferred = DeferredWeightGather(bucket_units, self._start_gather, model)
             # update (and so gather) first the buckets the model reads before its first block, then the rest

@@ -17,6 +17,7 @@ cache-sized pieces on its own thread while backward goes on.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 
 import torch
@@ -130,26 +131,37 @@ class HostAdamW(ShardedAdamW):
 
 
 class WeightUploader:
-    """Sends 16-bit chunks from the pinned host output to the device partition on a copy stream as the
-    host step produces them, and all-gathers each bucket (stages 1-2: `bucket_ends[i]` is where bucket
-    i's shard ends in the partition) as soon as its copies are queued. Nothing here waits on the host."""
+    """Sends 16-bit chunks from the host output to the device as the host step produces them, and
+    all-gathers each bucket (stages 1-2: `bucket_ends[i]` is where bucket i's shard ends in the partition)
+    as soon as its copies are queued. Nothing here waits on the host.
 
-    def __init__(self, src: torch.Tensor, dst: torch.Tensor, breakdown: StepBreakdown,
+    `pieces` are (partition offset, destination view) pairs: one flat device partition (stage 3), or each
+    bucket's shard inside its full working buffer (stages 1-2, so no separate 16-bit partition exists on
+    the device). On CUDA the copies run on their own stream; on the CPU they are plain copies."""
+
+    def __init__(self, src: torch.Tensor, pieces: Sequence[tuple[int, torch.Tensor]], breakdown: StepBreakdown,
                  bucket_ends: Sequence[int] = (), gather: Callable[[int], None] | None = None) -> None:
-        self.src, self.dst, self.breakdown = src, dst, breakdown
+        self.src, self.breakdown = src, breakdown
+        self.pieces = sorted(pieces, key=lambda piece: piece[0])
+        self.numel = max(off + view.numel() for off, view in self.pieces)
         self.bucket_ends, self.gather = list(bucket_ends), gather
-        self.stream = torch.cuda.Stream(dst.device)
+        device = self.pieces[0][1].device
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.gathered = 0
 
     def begin(self) -> None:
-        """Order the copies after everything already queued on the compute stream (readers of dst)."""
+        """Order the copies after everything already queued on the compute stream (readers of the destination)."""
         self.gathered = 0
-        self.stream.wait_stream(torch.cuda.current_stream(self.dst.device))
+        if self.stream is not None:
+            self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
 
     def __call__(self, a: int, b: int) -> None:
         start = self.breakdown.event(self.stream)
-        with torch.cuda.stream(self.stream):
-            self.dst[a:b].copy_(self.src[a:b], non_blocking=True)
+        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+            for off, view in self.pieces:
+                lo, hi = max(a, off), min(b, off + view.numel())
+                if lo < hi:
+                    view[lo - off : hi - off].copy_(self.src[lo:hi], non_blocking=True)
         self.breakdown.span("h2d", start, self.breakdown.event(self.stream))
         self._gather_up_to(b)
 
@@ -163,11 +175,12 @@ class WeightUploader:
             self.gathered += 1
 
     def _join(self) -> None:
-        torch.cuda.current_stream(self.dst.device).wait_stream(self.stream)
+        if self.stream is not None:
+            torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)
 
     def finish(self) -> None:
         """The compute stream waits for the last copy (no host sync); the remaining buckets are gathered."""
         tail = self.breakdown.event()
         self._join()
         self.breakdown.span("h2d_tail", tail, self.breakdown.event())
-        self._gather_up_to(self.dst.numel())
+        self._gather_up_to(self.numel)
