@@ -49,6 +49,10 @@ def measured_row(row: dict[str, Any], res: dict[str, Any], *, seq_len: int, sear
         first = epochs[0]
         step_s = first["steady_s"] / first["steady_steps"]
         tps = metrics.tokens_per_s(res["tokens_per_epoch"] * res["grad_accum"] // res["micro_steps_per_epoch"], step_s)
+        if res.get("dynamic_padding"):  # tokens counted batch by batch (the width varies)
+            tps = metrics.tokens_per_s(first["steady_tokens"], first["steady_s"])
+    elif res.get("dynamic_padding"):
+        tps = metrics.tokens_per_s(sum(e["tokens"] for e in epochs), sum(e["train_s"] for e in epochs))
     row.update(
         batch=res["batch"], batch_searched=searched, batch_search_step=search_step if searched else None,
         world_size=res["world_size"], device=res["device_name"],

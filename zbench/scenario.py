@@ -63,10 +63,19 @@ class ModelSpec(Strict):
         return self
 
 
+class SyntheticLengths(Strict):
+    """Rows of varying length (normal, rounded, clipped to [min, seq_len]), right-padded with attention_mask 0."""
+
+    mean: Annotated[float, Field(gt=0)]
+    std: Annotated[float, Field(ge=0)]
+    min: PosInt = 8
+
+
 class SyntheticSpec(Strict):
     vocab: PosInt | None = None  # default: the model's vocabulary
     train_samples: PosInt = 1024
     eval_samples: PosInt = 128
+    lengths: SyntheticLengths | None = None  # default: every row seq_len tokens (classification/token tasks only)
 
 
 class TextPairsSpec(Strict):
@@ -179,6 +188,8 @@ class Scenario(Strict):
     comm_timeout_s: Annotated[float, Field(gt=0)] | None = None  # a collective waiting longer fails, naming itself
     timing_skip_steps: Annotated[int, Field(ge=0)] = 0  # first optimizer steps left out of tokens/s and step time
     measure_floor: bool = False  # time forward+backward alone on one device + the optimizer phase (the "vs floor" column)
+    # pad each micro-batch only to its longest row, as Hugging Face's examples do without --pad_to_max_length
+    dynamic_padding: bool = False
     variants: list[VariantSpec] = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -193,6 +204,18 @@ class Scenario(Strict):
                              "lower it")
         if self.measure_floor and self.batch_size is None:
             raise ValueError("measure_floor needs the scenario's batch_size (the floor is timed at one batch); set it")
+        padded = self.task in ("classification", "token_classification")  # rows with an attention_mask
+        if self.dynamic_padding and not padded:
+            raise ValueError(f"dynamic_padding applies to classification and token_classification, not task "
+                             f"'{self.task}'; remove it")
+        if self.dynamic_padding and self.measure_floor:
+            raise ValueError("measure_floor times one fixed batch shape, dynamic_padding varies it; drop one of them")
+        lengths = self.data.synthetic.lengths if self.data.synthetic is not None else None
+        if lengths is not None and not padded:
+            raise ValueError(f"data.synthetic.lengths applies to classification and token_classification, not task "
+                             f"'{self.task}'; remove it")
+        if lengths is not None and lengths.min > self.seq_len:
+            raise ValueError(f"data.synthetic.lengths.min {lengths.min} exceeds seq_len {self.seq_len}; lower it")
         names = [v.name for v in self.variants]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

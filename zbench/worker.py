@@ -7,6 +7,7 @@ returns; an out-of-memory error propagates, so the launcher stops every rank and
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import resource
@@ -20,7 +21,7 @@ import torch.distributed as dist
 
 from . import ds_config
 from .data import build_splits
-from .data.batches import eval_batches, steps_per_epoch, train_stream
+from .data.batches import eval_batches, steps_per_epoch, train_stream, trim_padding, widest_batch
 from .evaluation import EvalSums
 from .generation import TextGeneration
 from .models.configs import ArchConfig
@@ -115,6 +116,9 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
     texts = TextGeneration.for_run(sc.task, splits.tokenizer, bundle.model, variant.forward, sc.target_len or sc.seq_len)
     torch.manual_seed(sc.seed + 1 + rank)  # dropout differs per rank, identically in every variant
     stream = train_stream(splits.train, batch=batch, rank=rank, world=world, seed=sc.seed)
+    if probe and sc.dynamic_padding:  # OOM-safe search: every probe step runs the widest batch of the real run
+        real = sc.steps * gas if sc.steps else max(gas, steps_per_epoch(splits.train, batch, world) // gas * gas) * (sc.epochs or 1)
+        stream = itertools.repeat(widest_batch(splits.train, batch=batch, rank=rank, world=world, seed=sc.seed, micro_steps=real))
     progress = ProgressWriter(job.get("progress") if rank == 0 else None)
     eval_bs = sc.eval_batch_size or batch
     n_eval = -(-next(iter(splits.eval.values())).shape[0] // (eval_bs * world))
@@ -126,14 +130,19 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
     steady_start = None
     timer = getattr(getattr(variant, "engine_obj", None), "breakdown", None)  # zero_core's step-time breakdown
     breakdown: dict[str, float] = {}
+    shape = trim_padding if sc.dynamic_padding else (lambda b: b)
     for epoch in range(epochs):
         variant.train()
         _sync(device)
         start = time.perf_counter()
+        tokens = steady_tokens = 0  # positions computed on this rank (padding included, as the GPU runs them)
         for i in range(micro_per_epoch):
-            b = {k: v.to(device, non_blocking=True) for k, v in next(stream).items()}
+            b = {k: v.to(device, non_blocking=True) for k, v in shape(next(stream)).items()}
             if epoch * micro_per_epoch + i < done:  # already trained before the checkpoint: only advance the data
                 continue
+            width = b["input_ids"].numel()
+            tokens += width
+            steady_tokens += width if steady_start is not None else 0
             out = variant.forward(b)
             variant.backward(out.loss)
             variant.step()
@@ -151,16 +160,17 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
         if epoch == 0 and timer is not None:
             breakdown = timer.summary()  # offload runs: where rank 0's step time went ({} when off)
         steady = {} if epoch or steady_start is None else {"steady_s": end - steady_start,
-                                                           "steady_steps": (micro_per_epoch - skip_micro) // gas}
+                                                           "steady_steps": (micro_per_epoch - skip_micro) // gas,
+                                                           "steady_tokens": steady_tokens}
         if probe:
-            epoch_rows.append({"train_s": train_s})
+            epoch_rows.append({"train_s": train_s, "tokens": tokens})
             break
         variant.eval()
         sums = EvalSums(sc.task, device, bleu=texts is not None)
         start = time.perf_counter()
         with torch.no_grad():
             for j, (b, valid) in enumerate(eval_batches(splits.eval, batch=eval_bs, rank=rank, world=world)):
-                b = {k: v.to(device, non_blocking=True) for k, v in b.items()}
+                b = {k: v.to(device, non_blocking=True) for k, v in shape(b).items()}
                 out = variant.forward(b)
                 sums.add(out.logits, b["labels"], valid)
                 if texts is not None:  # seq2seq on real text: greedy outputs for BLEU
@@ -168,7 +178,7 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
                 progress.update(f"eval epoch {epoch + 1}/{epochs}", j + 1, n_eval)
         _sync(device)
         eval_s = time.perf_counter() - start
-        epoch_rows.append({"train_s": train_s, "eval_s": eval_s, "eval": sums.result(), **steady})
+        epoch_rows.append({"train_s": train_s, "eval_s": eval_s, "eval": sums.result(), "tokens": tokens, **steady})
     curve = torch.stack(losses)
     dist.all_reduce(curve)
     curve /= world
@@ -179,20 +189,28 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
         r["train_s"], r["eval_s"] = t, e
         if "steady_s" in r:
             r["steady_s"] = st
+    counts = torch.tensor([[r["tokens"], r.get("steady_tokens", 0)] for r in epoch_rows], dtype=torch.float64, device=device)
+    dist.all_reduce(counts)  # every rank's positions: the run's tokens
+    for r, (n, sn) in zip(epoch_rows, counts.tolist()):
+        r["tokens"] = int(n)
+        if "steady_tokens" in r:
+            r["steady_tokens"] = int(sn)
     peak_gpu, peak_cpu = _peaks(device)
     if rank != 0:
         return {"rank": rank}
     tokens_per_row = sc.seq_len + ((sc.target_len or sc.seq_len) if sc.task == "seq2seq" else 0)
+    if sc.dynamic_padding:  # the mean width the batches were cut to (what attention's FLOPs scale with)
+        tokens_per_row = sum(r["tokens"] for r in epoch_rows) / (len(epoch_rows) * micro_per_epoch * batch * world)
     return {
         "rank": 0, "status": "ok", "world_size": world, "device": device.type,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "batch": batch, "grad_accum": gas, "micro_steps_per_epoch": micro_per_epoch, "epochs": epoch_rows,
-        "losses": curve.tolist(), "tokens_per_epoch": micro_per_epoch * batch * world * tokens_per_row,
+        "losses": curve.tolist(), "tokens_per_epoch": round(micro_per_epoch * batch * world * tokens_per_row),
         "tokens_per_row": tokens_per_row, "n_params": bundle.n_params, "largest_layer": bundle.largest_layer,
         "layers": bundle.layers, "hidden": bundle.hidden, "peak_gpu_gib": peak_gpu, "peak_cpu_gib": peak_cpu,
         "skipped_steps": getattr(getattr(variant, "engine_obj", None), "skipped_steps", None),
         "ds_config": ds, "data": splits.description, "data_real": splits.real, "torch": torch.__version__,
-        "recompute": _recomputes(bundle.model), "breakdown": breakdown,
+        "recompute": _recomputes(bundle.model), "breakdown": breakdown, "dynamic_padding": sc.dynamic_padding,
     }
 
 

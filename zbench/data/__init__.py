@@ -48,11 +48,13 @@ def build_splits(data: dict, *, task: str, seq_len: int, vocab: int | None, seed
             raise ConfigError("data.synthetic.vocab is needed: the model does not say its vocabulary size")
         if vocab and v > vocab:
             raise ConfigError(f"data.synthetic.vocab {v} exceeds the model's vocabulary {vocab}; lower it")
+        lengths = syn.get("lengths")
         train = synthetic_split(task, syn.get("train_samples", 1024), seq_len, v, seed, num_labels=num_labels,
-                                target_len=target_len)
+                                target_len=target_len, lengths=lengths)
         evals = synthetic_split(task, syn.get("eval_samples", 128), seq_len, v, seed + 7919, num_labels=num_labels,
-                                target_len=target_len)
-        desc = "synthetic"
+                                target_len=target_len, lengths=lengths)
+        desc = "synthetic" if lengths is None else (f"synthetic, row lengths ~N({lengths['mean']:g}, "
+                                                    f"{lengths['std']:g}) in [{lengths.get('min', 8)}, {seq_len}]")
         real = False
     else:
         tok = load_tokenizer(tokenizer)

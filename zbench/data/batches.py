@@ -55,3 +55,24 @@ def eval_batches(split: Batch, *, batch: int, rank: int, world: int) -> Iterator
 
 def truncate(split: Batch, limit: int | None) -> Batch:
     return split if limit is None else {k: v[:limit] for k, v in split.items()}
+
+
+def trim_padding(b: Batch) -> Batch:
+    """Cut a right-padded batch to its longest row (Hugging Face's DataCollatorWithPadding without
+    pad_to_max_length): every tensor as wide as the attention mask loses the all-padding columns."""
+    mask = b.get("attention_mask")
+    if mask is None:
+        return b
+    width = mask.shape[1]
+    keep = max(1, int(mask.sum(dim=1).max()))
+    if keep == width:
+        return b
+    return {k: v[:, :keep] if v.dim() == 2 and v.shape[1] == width else v for k, v in b.items()}
+
+
+def widest_batch(split: Batch, *, batch: int, rank: int, world: int, seed: int, micro_steps: int) -> Batch:
+    """The widest (longest-row) micro-batch this rank meets in the first `micro_steps` of its stream: with
+    dynamic padding the batch search tries this one, so a batch that fits it fits the whole run."""
+    stream = train_stream(split, batch=batch, rank=rank, world=world, seed=seed)
+    return max((next(stream) for _ in range(max(1, micro_steps))), key=lambda b: int(b["attention_mask"].sum(dim=1).max()))
+

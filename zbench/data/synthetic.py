@@ -20,8 +20,10 @@ def synthetic_tokens(gen: torch.Generator, batch: int, length: int, vocab: int) 
 
 
 def synthetic_split(task: str, n: int, seq_len: int, vocab: int, seed: int, *, num_labels: int = 2,
-                    target_len: int | None = None) -> dict[str, torch.Tensor]:
-    """`n` rows for `task` as the tensors the batch iterator and the models take."""
+                    target_len: int | None = None, lengths: dict | None = None) -> dict[str, torch.Tensor]:
+    """`n` rows for `task` as the tensors the batch iterator and the models take. `lengths` ({mean, std,
+    min}): rows of normal random length, clipped to [min, seq_len], right-padded (id 0, attention_mask 0;
+    token labels -100 there, which the loss ignores)."""
     gen = torch.Generator().manual_seed(seed)
     if task == "lm":
         rows = synthetic_tokens(gen, n, seq_len + 1, vocab)
@@ -41,4 +43,11 @@ def synthetic_split(task: str, n: int, seq_len: int, vocab: int, seed: int, *, n
         labels = seq[:, seq_len:].contiguous()  # continue the sequence
     else:
         raise ValueError(f"unknown task {task!r}")
+    if lengths is not None:  # drawn last: rows of the same seed keep their tokens and labels
+        draw = torch.randn(n, generator=gen) * lengths["std"] + lengths["mean"]
+        keep = draw.round().clamp(min=lengths.get("min", 8), max=seq_len).long()
+        mask = (torch.arange(seq_len) < keep[:, None]).long()
+        ids = ids * mask
+        if task == "token_classification":
+            labels = labels.masked_fill(mask == 0, -100)
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
