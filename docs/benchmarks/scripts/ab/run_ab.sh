@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A/B runs of 2026-11-23 on nvidia-h200-x2. Usage: bash docs/benchmarks/scripts/ab/run_ab.sh MODE... (tests control blocking probe gpt2xl final buckets deberta offload)
+# A/B runs of 2026-11-23 on nvidia-h200-x2. Usage: bash docs/benchmarks/scripts/ab/run_ab.sh MODE... (tests control blocking probe gpt2xl final buckets deberta offload ctas dynamic)
 set -uo pipefail
 source docs/benchmarks/scripts/gpu_env.sh
 ab=docs/benchmarks/scripts/ab
@@ -39,6 +39,16 @@ buckets)
   done
   cp /tmp/grad_reducer_copy.py zero_core/grad_reducer.py ;;
 deberta) run deberta_b40 $ab/deberta_b40.yaml ;;
+ctas)  # next lever for ZeRO-2's distance from the floor (not run yet): reduce-scatter kernels that wait for
+  # the peer sit on SMs through backward (80 ms of them per step in the 2026-11-22 profile) while the traffic
+  # needs little bandwidth; cap NCCL's CTAs (one per channel) and time the stage-2 step, A/B/A
+  for n in default ${CTAS:-4 8 16} default; do
+    if [ $n = default ]; then unset NCCL_MAX_CTAS; else export NCCL_MAX_CTAS=$n; fi
+    python3 -m zbench.cli train --model gpt2-xl --gpus 2 --config docs/benchmarks/scripts/gpt2xl_stage2.json --seq-len 1024 \
+      --steps 10 --warmup 3 2>&1 | grep -E "^(done|Traceback)|Error" | sed "s/^/ctas $n: /" | tee -a "$OUT/ctas.txt"
+  done
+  unset NCCL_MAX_CTAS ;;
+dynamic) bash docs/benchmarks/scripts/scenarios_gpu.sh deberta_mrpc_dynamic ;;  # issue 5's DeBERTa target, as the article padded
 offload) run gpt2xl_offload_sbs $ab/gpt2xl_engines_offload.yaml ;;
 *) echo "unknown mode $mode"; exit 2 ;;
 esac
