@@ -90,6 +90,11 @@ def test_dynamic_padding_trains_the_same_and_counts_fewer_tokens(tmp_path):
     assert fixed["ddp"]["tokens_per_s"] * fixed["ddp"]["train_s_per_epoch"] == pytest.approx(rows * 48, rel=1e-6)
     counted = dynamic["ddp"]["tokens_per_s"] * dynamic["ddp"]["train_s_per_epoch"]
     assert rows * 8 <= counted < rows * 48 * 0.75
+    # TFLOP/s counts attention at the mean width run (12 L d T per token), not at seq_len
+    arch = json.load(open(TINY))["config"]
+    per_token = {k: r["ddp"]["tflops_per_gpu"] * 2 * 1e12 / r["ddp"]["tokens_per_s"] for k, r in (("fixed", fixed), ("dynamic", dynamic))}
+    assert per_token["fixed"] - per_token["dynamic"] == pytest.approx(
+        12 * arch["n_layer"] * arch["n_embd"] * (48 - counted / rows), rel=1e-6)
     counted_steady = steady["ddp"]["tokens_per_s"] * steady["ddp"]["step_ms"] / 1e3 * 2  # the last 2 of 4 steps
     assert rows // 2 * 8 <= counted_steady < rows // 2 * 48 * 0.75
 

@@ -135,13 +135,14 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
         variant.train()
         _sync(device)
         start = time.perf_counter()
-        tokens = steady_tokens = 0  # positions computed on this rank (padding included, as the GPU runs them)
+        tokens = steady_tokens = rows = 0  # positions computed on this rank (padding included, as the GPU runs them)
         for i in range(micro_per_epoch):
             b = {k: v.to(device, non_blocking=True) for k, v in shape(next(stream)).items()}
             if epoch * micro_per_epoch + i < done:  # already trained before the checkpoint: only advance the data
                 continue
             width = b["input_ids"].numel()
             tokens += width
+            rows += b["input_ids"].shape[0]
             steady_tokens += width if steady_start is not None else 0
             out = variant.forward(b)
             variant.backward(out.loss)
@@ -163,7 +164,7 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
                                                            "steady_steps": (micro_per_epoch - skip_micro) // gas,
                                                            "steady_tokens": steady_tokens}
         if probe:
-            epoch_rows.append({"train_s": train_s, "tokens": tokens})
+            epoch_rows.append({"train_s": train_s, "tokens": tokens, "rows": rows})
             break
         variant.eval()
         sums = EvalSums(sc.task, device, bleu=texts is not None)
@@ -178,7 +179,7 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
                 progress.update(f"eval epoch {epoch + 1}/{epochs}", j + 1, n_eval)
         _sync(device)
         eval_s = time.perf_counter() - start
-        epoch_rows.append({"train_s": train_s, "eval_s": eval_s, "eval": sums.result(), "tokens": tokens, **steady})
+        epoch_rows.append({"train_s": train_s, "eval_s": eval_s, "eval": sums.result(), "tokens": tokens, "rows": rows, **steady})
     curve = torch.stack(losses)
     dist.all_reduce(curve)
     curve /= world
@@ -189,18 +190,20 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
         r["train_s"], r["eval_s"] = t, e
         if "steady_s" in r:
             r["steady_s"] = st
-    counts = torch.tensor([[r["tokens"], r.get("steady_tokens", 0)] for r in epoch_rows], dtype=torch.float64, device=device)
-    dist.all_reduce(counts)  # every rank's positions: the run's tokens
-    for r, (n, sn) in zip(epoch_rows, counts.tolist()):
-        r["tokens"] = int(n)
+    counts = torch.tensor([[r["tokens"], r.get("steady_tokens", 0), r["rows"]] for r in epoch_rows], dtype=torch.float64,
+                          device=device)
+    dist.all_reduce(counts)  # every rank's positions and rows: the run's
+    for r, (n, sn, nr) in zip(epoch_rows, counts.tolist()):
+        r["tokens"], r["rows"] = int(n), int(nr)
         if "steady_tokens" in r:
             r["steady_tokens"] = int(sn)
     peak_gpu, peak_cpu = _peaks(device)
     if rank != 0:
         return {"rank": rank}
     tokens_per_row = sc.seq_len + ((sc.target_len or sc.seq_len) if sc.task == "seq2seq" else 0)
-    if sc.dynamic_padding:  # the mean width the batches were cut to (what attention's FLOPs scale with)
-        tokens_per_row = sum(r["tokens"] for r in epoch_rows) / (len(epoch_rows) * micro_per_epoch * batch * world)
+    if sc.dynamic_padding:  # the mean width the batches were cut to (what attention's FLOPs scale with);
+        # rows trained, not rows per epoch: a resumed run skips the steps before its checkpoint
+        tokens_per_row = sum(r["tokens"] for r in epoch_rows) / max(1, sum(r["rows"] for r in epoch_rows))
     return {
         "rank": 0, "status": "ok", "world_size": world, "device": device.type,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, Iterator
 
@@ -234,15 +234,16 @@ class SideStream:
     def __init__(self, device: torch.device, enabled: bool = True) -> None:
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" and enabled else None
 
+    def wait_current(self) -> None:
+        """Order the side stream after the work queued so far on the current stream."""
+        if self.stream is not None:
+            self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
+
     @contextmanager
     def after_current(self) -> Iterator[None]:
         """Run the block on the side stream, ordered after work queued so far on the current stream."""
-        if self.stream is None:
-            with nullcontext():
-                yield
-            return
-        self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
-        with torch.cuda.stream(self.stream):
+        self.wait_current()
+        with torch.cuda.stream(self.stream):  # a no-op context for None (the CPU)
             yield
 
     def keep_alive(self, t: torch.Tensor) -> None:

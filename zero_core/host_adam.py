@@ -17,7 +17,6 @@ cache-sized pieces on its own thread while backward goes on.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Sequence
 
 import torch
@@ -145,42 +144,36 @@ class WeightUploader:
         self.pieces = sorted(pieces, key=lambda piece: piece[0])
         self.numel = max(off + view.numel() for off, view in self.pieces)
         self.bucket_ends, self.gather = list(bucket_ends), gather
-        device = self.pieces[0][1].device
-        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.side = comm.SideStream(self.pieces[0][1].device)  # the copy stream (none on the CPU)
         self.gathered = 0
 
     def begin(self) -> None:
         """Order the copies after everything already queued on the compute stream (readers of the destination)."""
         self.gathered = 0
-        if self.stream is not None:
-            self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
+        self.side.wait_current()
 
     def __call__(self, a: int, b: int) -> None:
-        start = self.breakdown.event(self.stream)
-        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+        start = self.breakdown.event(self.side.stream)
+        with torch.cuda.stream(self.side.stream):
             for off, view in self.pieces:
                 lo, hi = max(a, off), min(b, off + view.numel())
                 if lo < hi:
                     view[lo - off : hi - off].copy_(self.src[lo:hi], non_blocking=True)
-        self.breakdown.span("h2d", start, self.breakdown.event(self.stream))
+        self.breakdown.span("h2d", start, self.breakdown.event(self.side.stream))
         self._gather_up_to(b)
 
     def _gather_up_to(self, end: int) -> None:
         joined = False
         while self.gather is not None and self.gathered < len(self.bucket_ends) and self.bucket_ends[self.gathered] <= end:
             if not joined:
-                self._join()
+                self.side.join()
                 joined = True
             self.gather(self.gathered)
             self.gathered += 1
 
-    def _join(self) -> None:
-        if self.stream is not None:
-            torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)
-
     def finish(self) -> None:
         """The compute stream waits for the last copy (no host sync); the remaining buckets are gathered."""
         tail = self.breakdown.event()
-        self._join()
+        self.side.join()
         self.breakdown.span("h2d_tail", tail, self.breakdown.event())
         self._gather_up_to(self.numel)
