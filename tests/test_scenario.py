@@ -64,6 +64,7 @@ def one_line_cli_error(tmp_path, args) -> str:
     (lambda d: d.update(timing_skip_steps=d["steps"]), "leaves none of the"),
     (lambda d: d["variants"][1].update(nvme_path="/tmp"), "'nvme_path' goes with offload_optimizer: nvme"),
     (lambda d: d.update(batch_search={"multiple_of": 0}), "batch_search.multiple_of"),
+    (lambda d: d.update(cuda_alloc_conf="expandable segments"), "e.g. 'expandable_segments:True'"),
 ])
 def test_schema_errors_are_one_line(mutate, expected):
     data = copy.deepcopy(BASE)
@@ -235,3 +236,26 @@ def test_variant_nvme_path_lands_in_the_config(tmp_path):
     sc = parse_scenario(variant(name="z", engine="zero", offload_optimizer="nvme", nvme_path="swap"))
     ds = ds_config.template(sc, sc.variants[-1], str(tmp_path))
     assert ds["zero_optimization"]["offload_optimizer"] == {"device": "nvme", "nvme_path": str(tmp_path / "swap")}
+
+
+def test_cuda_alloc_conf_reaches_the_ranks_before_anything_allocates(monkeypatch):
+    """The scenario's allocator setting is in each rank's environment before the process group (and so
+    CUDA) is set up: the allocator reads it once, at its first allocation."""
+    from zbench import worker
+
+    seen = {}
+
+    def stop(*_a, **_k):
+        seen["conf"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+        raise RuntimeError("stop here")
+
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.setattr(worker, "_setup", stop)
+    sc = parse_scenario({**copy.deepcopy(BASE), "cuda_alloc_conf": "expandable_segments:True"})
+    with pytest.raises(RuntimeError, match="stop here"):
+        worker.run_job(json.dumps({"scenario": sc.model_dump(mode="json")}))
+    assert seen["conf"] == "expandable_segments:True"
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
+    with pytest.raises(RuntimeError, match="stop here"):  # absent: the environment is left as the user set it
+        worker.run_job(json.dumps({"scenario": copy.deepcopy(BASE)}))
+    assert seen["conf"] is None

@@ -16,6 +16,7 @@ Checks that need the machine (files, DeepSpeed, GPU count) live in `plan.py`.
 from __future__ import annotations
 
 import os
+import re
 import typing
 from typing import Annotated, Any, Literal
 
@@ -190,10 +191,16 @@ class Scenario(Strict):
     measure_floor: bool = False  # time forward+backward alone on one device + the optimizer phase (the "vs floor" column)
     # pad each micro-batch only to its longest row, as Hugging Face's examples do without --pad_to_max_length
     dynamic_padding: bool = False
+    # PYTORCH_CUDA_ALLOC_CONF for every variant's ranks, e.g. "expandable_segments:True" (no fragmentation
+    # between the cap and what is allocated); the same for all engines, so the comparison stays fair
+    cuda_alloc_conf: str | None = None
     variants: list[VariantSpec] = Field(min_length=1)
 
     @model_validator(mode="after")
     def _consistent(self) -> "Scenario":
+        if self.cuda_alloc_conf is not None and not re.fullmatch(r"\w+:[\w.]+(,\w+:[\w.]+)*", self.cuda_alloc_conf):
+            raise ValueError(f"cuda_alloc_conf '{self.cuda_alloc_conf}' is not PYTORCH_CUDA_ALLOC_CONF's "
+                             "'key:value,key:value' form; e.g. 'expandable_segments:True'")
         if (self.epochs is None) == (self.steps is None):
             raise ValueError("give exactly one of 'epochs' or 'steps'")
         if self.metric is not None and self.metric not in TASK_METRICS[self.task]:

@@ -48,6 +48,12 @@ def _setup(comm_timeout_s: float | None = None) -> tuple[torch.device, int, int]
     return device, dist.get_rank(), dist.get_world_size()
 
 
+def apply_alloc_conf(conf: str | None) -> None:
+    """The scenario's PYTORCH_CUDA_ALLOC_CONF; read when CUDA first allocates, so set before anything does."""
+    if conf:
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = conf
+
+
 def _cap_memory(device: torch.device, cap_gib: float | None) -> None:
     """Pretend the GPU has `cap_gib` (the articles' 24 GB cards on a larger one)."""
     if cap_gib and device.type == "cuda":
@@ -74,6 +80,7 @@ def run_job(job_json: str) -> dict[str, Any]:
     job = json.loads(job_json)
     for sig in (signal.SIGTERM, signal.SIGINT):  # a forked rank inherits the agent's raising handlers
         signal.signal(sig, signal.SIG_DFL)
+    apply_alloc_conf(job["scenario"].get("cuda_alloc_conf"))
     device, rank, world = _setup(job["scenario"].get("comm_timeout_s"))
     try:
         return _run(job, device, rank, world)

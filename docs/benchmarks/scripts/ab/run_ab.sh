@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A/B runs of 2026-11-23 on nvidia-h200-x2. Usage: bash docs/benchmarks/scripts/ab/run_ab.sh MODE... (tests control blocking probe gpt2xl final buckets deberta offload ctas dynamic)
+# A/B runs of 2026-11-23 on nvidia-h200-x2. Usage: bash docs/benchmarks/scripts/ab/run_ab.sh MODE... (tests control blocking probe gpt2xl final buckets deberta offload ctas dynamic dynab memprobe dyn48 b40x b40plain)
 set -uo pipefail
 source docs/benchmarks/scripts/gpu_env.sh
 ab=docs/benchmarks/scripts/ab
@@ -49,6 +49,15 @@ ctas)  # next lever for ZeRO-2's distance from the floor (not run yet): reduce-s
   done
   unset NCCL_MAX_CTAS ;;
 dynamic) bash docs/benchmarks/scripts/scenarios_gpu.sh deberta_mrpc_dynamic ;;  # issue 5's DeBERTa target, as the article padded
+dynab) run deberta_dynamic $ab/deberta_dynamic_ab.yaml ;;  # the same, ZeRO-2 engines only, search from 32
+dyn48) run deberta_dyn48 $ab/deberta_dynamic_b48.yaml ;;  # both ZeRO-2 engines at batch 48, as the article padded
+b40x) run deberta_b40x $ab/deberta_b40_expandable.yaml ;;  # full padding, batch 40, expandable segments for every engine
+b40plain) run deberta_b40plain $ab/deberta_b40.yaml --variants zero2-b5e7 ;;  # the same without expandable segments
+memprobe)  # where DeBERTa's memory goes at full padding (no cap): zero_core vs DeepSpeed ZeRO-2 at 32, zero_core at 40
+  for probe in ${PROBES:-zero2:32 ds-zero2:32 zero2:40}; do
+    python3 -m torch.distributed.run --nproc-per-node 2 $ab/memory_probe.py scenarios/deberta_mrpc.yaml ${probe%:*} ${probe#*:} 3 \
+      >"$OUT/memprobe_${probe/:/_}.txt" 2>&1; grep -A40 "^== " "$OUT/memprobe_${probe/:/_}.txt" || tail -20 "$OUT/memprobe_${probe/:/_}.txt"
+  done ;;
 offload) run gpt2xl_offload_sbs $ab/gpt2xl_engines_offload.yaml ;;
 *) echo "unknown mode $mode"; exit 2 ;;
 esac
