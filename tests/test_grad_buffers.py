@@ -47,3 +47,47 @@ def test_unwritten_bucket_bytes_reduce_as_zeros(stage):
     init = make_model()
     init.unused = torch.nn.Linear(5, 3)
     assert not torch.equal(clean["state"]["unused.weight"], init.unused.weight.detach())
+
+
+def _bucket_at_first_gradient(rank: int, world: int, stage: int) -> dict:
+    """Watch the reducer right after the first gradient of a many-parameter group has arrived."""
+    import zero_core
+
+    model = make_model()
+    micro = 2
+    # one large bucket (stage 2) / the block units (stage 3): groups that fill over much of backward
+    engine = zero_core.initialize(model, ds_config(stage, "fp32", micro, reduce_bucket_size=10**8))
+    red = engine.reducer
+    index = {id(p): i for i, p in enumerate(engine.params)}
+    seen: list[dict] = []
+
+    def watch(p: torch.Tensor) -> None:
+        slot = red.layout.slots[index[id(p)]]
+        group = red.layout.groups[slot.group]
+        if red.arrived[slot.group] == 1 and len(group.slots) > 1:
+            held = sum(g.numel() for _, g in getattr(red, "_pending", {}).get(slot.group, ()))
+            seen.append({"allocated": red.buffers[slot.group] is not None, "held": held, "numel": slot.numel,
+                         "bucket": group.padded_numel})
+
+    for p in engine.params:
+        p.register_post_accumulate_grad_hook(watch)  # runs after the reducer's own hook
+    x, y = make_batches(1, micro * world)[0]
+    xs, ys = (t[rank * micro : (rank + 1) * micro].to(engine.device) for t in (x, y))
+    loss = engine(xs, ys).loss
+    engine.backward(loss)
+    engine.step()
+    out = {"seen": seen, "pending_after": len(getattr(red, "_pending", {})), "losses_finite": bool(torch.isfinite(loss))}
+    engine.close()
+    return out
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_bucket_is_allocated_when_complete_not_at_its_first_gradient(stage):
+    """Stages 2-3 hold a group's gradients as autograd made them and build the flat bucket once the group is
+    complete: a 5e8-element bucket allocated at backward's first gradient sat on top of every activation."""
+    out = run_ranks(_bucket_at_first_gradient, 2, stage)
+    assert out["seen"], "no group with several parameters was watched"
+    for s in out["seen"]:
+        assert not s["allocated"], s
+        assert s["held"] == s["numel"] < s["bucket"], s  # only the arrived gradient is held
+    assert out["pending_after"] == 0 and out["losses_finite"]

@@ -1,10 +1,14 @@
 """Gradient hooks and bucketed reduction into the fp32 gradient partition.
 
-Each trainable parameter's gradient is copied, as soon as autograd has accumulated it, into its
-group's flat buffer and freed. When a group has all its gradients and this pass reduces (every
-micro-step for stages 2-3, only at the accumulation boundary for 0-1) the group is reduced on the
-side stream while backward goes on: all-reduce for stage 0, reduce-scatter otherwise, then the
-epilogue kernel scales and folds the result into the fp32 partition.
+Stages 0-1 copy each gradient, as soon as autograd has accumulated it, into its group's persistent flat
+buffer (they accumulate micro-steps there). Stages 2-3 keep the gradients autograd made until their group
+has all of them, then copy them into a fresh flat buffer at once: the bucket's memory is taken when the
+bucket is complete, not at its first gradient. A large bucket (DeepSpeed's default 5e8 elements) would
+otherwise be allocated whole as backward starts, on top of every activation (0.7 GiB at DeBERTa-v2-xlarge
+on 2 ranks); its gradients instead grow layer by layer while backward frees the activations.
+When a group is complete and this pass reduces (every micro-step for stages 2-3, only at the accumulation
+boundary for 0-1) it is reduced on the side stream while backward goes on: all-reduce for stage 0,
+reduce-scatter otherwise, then the epilogue kernel scales and folds the result into the fp32 partition.
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ class GradReducer:
         self.arrived = [0] * len(layout.groups)
         self.reduced = [False] * len(layout.groups)
         self._seen: set[int] = set()  # parameters whose gradient reached a buffer in this pass
+        # stages 2-3: gradients held until their group is complete (group -> [(slot, grad)])
+        self._pending: dict[int, list] = {}
         # stages 2-3 take a fresh buffer each pass and copy each gradient in once: only the padding between
         # and after parameters needs zeros (not a memset of the whole bucket and an add over it)
         self._gaps: list[torch.Tensor | None] = [None if self.keep_buffers else _gap_index(g, device) for g in layout.groups]
@@ -71,6 +77,7 @@ class GradReducer:
         self.arrived = [0] * len(self.layout.groups)
         self.reduced = [False] * len(self.layout.groups)
         self._seen = set()
+        self._pending = {}
         if reduce_now:
             self.opt.reset_stats()
             if self.offload:
@@ -105,11 +112,23 @@ class GradReducer:
     def _uninitialised(self, numel: int) -> torch.Tensor:
         return torch.empty(numel, dtype=self.comm_dtype, device=self.device)
 
+    def _assemble(self, g: int) -> torch.Tensor:
+        """The group's flat buffer with every gradient held for it copied in (stages 2-3), then released."""
+        buf = self._buffer(g)
+        for slot, grad in self._pending.pop(g, ()):
+            view = buf[slot.offset : slot.offset + slot.numel].view_as(grad)
+            if slot.index in self._seen:
+                view.add_(grad)  # a second arrival in one pass (a parameter used by two hooks' passes) adds
+            else:
+                view.copy_(grad)  # the first arrival in a fresh buffer: no zeroing pass, no read of it
+                self._seen.add(slot.index)
+        return buf
+
     def _zero_missing(self, g: int) -> None:
         """Zero the slots of parameters that got no gradient in this pass (their memory is uninitialised)."""
         if self.keep_buffers:
             return
-        buf = self._buffer(g)
+        buf = self._assemble(g)
         for s in self.layout.groups[g].slots:
             if s.index not in self._seen:
                 buf[s.offset : s.offset + s.numel].zero_()
@@ -121,12 +140,11 @@ class GradReducer:
             grad = p.grad
             if grad is None:
                 return
-            view = self._buffer(slot.group)[slot.offset : slot.offset + slot.numel].view_as(grad)
-            if self.keep_buffers or slot.index in self._seen:
-                view.add_(grad)  # stages 0-1 accumulate micro-steps here; a second arrival in one pass adds
-            else:
-                view.copy_(grad)  # the first arrival in a fresh buffer: no zeroing pass, no read of it
-            self._seen.add(slot.index)
+            if self.keep_buffers:  # stages 0-1 accumulate micro-steps in the persistent buffer
+                self._buffer(slot.group)[slot.offset : slot.offset + slot.numel].view_as(grad).add_(grad)
+                self._seen.add(slot.index)
+            else:  # held until the group is complete (_assemble)
+                self._pending.setdefault(slot.group, []).append((slot, grad))
             p.grad = None
             self.arrived[slot.group] += 1
             if self.reduce_now and self.arrived[slot.group] == len(self.layout.groups[slot.group].slots):
@@ -136,7 +154,7 @@ class GradReducer:
 
     def _reduce(self, g: int) -> None:
         group = self.layout.groups[g]
-        buf = self._buffer(g)
+        buf = self._buffer(g) if self.keep_buffers else self._assemble(g)
         assert self.scale is not None
         with self.side.after_current():
             if self.stage == 0:
