@@ -31,6 +31,18 @@ def make_batches(steps: int, global_batch: int) -> list[tuple[torch.Tensor, torc
     return [(d[:, :-1], d[:, 1:]) for d in data]
 
 
+def train_local(engine, rank: int, world: int, micro: int, steps: int) -> list[float]:
+    """Train `steps` micro-steps on this rank's slice of make_batches; this rank's loss of each."""
+    losses = []
+    for x, y in make_batches(steps, micro * world):
+        xs, ys = (t[rank * micro : (rank + 1) * micro].to(engine.device) for t in (x, y))
+        loss = engine(xs, ys).loss
+        losses.append(float(loss.detach()))
+        engine.backward(loss)
+        engine.step()
+    return losses
+
+
 def ds_config(stage: int, dtype: str, micro: int, gas: int = 1, clip: float = 0.0, **zero: Any) -> dict:
     cfg: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": micro,

@@ -4,11 +4,13 @@ byte left unwritten would make the step non-finite (and skipped) or change the w
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from dist_harness import run_ranks
-from parity_workers import ds_config, make_batches, make_model
+from parity_workers import ds_config, make_model, train_local
 
 
 def _train(rank: int, world: int, stage: int, poison: bool) -> dict:
@@ -22,13 +24,7 @@ def _train(rank: int, world: int, stage: int, poison: bool) -> dict:
     model.unused = torch.nn.Linear(5, 3)  # trainable, never called: no gradient ever arrives
     micro = 2
     engine = zero_core.initialize(model, ds_config(stage, "fp32", micro, gas=2))
-    losses = []
-    for x, y in make_batches(6, micro * world):
-        xs, ys = (t[rank * micro : (rank + 1) * micro].to(engine.device) for t in (x, y))
-        loss = engine(xs, ys).loss
-        losses.append(float(loss.detach()))
-        engine.backward(loss)
-        engine.step()
+    losses = train_local(engine, rank, world, micro, 6)
     out = {"losses": losses, "skipped": engine.skipped_steps,
            "state": {k: v.cpu() for k, v in engine.full_state_dict().items()}}
     engine.close()
@@ -71,12 +67,8 @@ def _bucket_at_first_gradient(rank: int, world: int, stage: int) -> dict:
 
     for p in engine.params:
         p.register_post_accumulate_grad_hook(watch)  # runs after the reducer's own hook
-    x, y = make_batches(1, micro * world)[0]
-    xs, ys = (t[rank * micro : (rank + 1) * micro].to(engine.device) for t in (x, y))
-    loss = engine(xs, ys).loss
-    engine.backward(loss)
-    engine.step()
-    out = {"seen": seen, "pending_after": len(getattr(red, "_pending", {})), "losses_finite": bool(torch.isfinite(loss))}
+    (loss,) = train_local(engine, rank, world, micro, 1)
+    out = {"seen": seen, "pending_after": len(getattr(red, "_pending", {})), "losses_finite": math.isfinite(loss)}
     engine.close()
     return out
 

@@ -9,7 +9,7 @@ import torch
 import yaml
 
 from dist_harness import run_ranks
-from parity_workers import ds_config, make_batches, make_model
+from parity_workers import ds_config, make_batches, make_model, train_local
 from test_runner import TINY, table, zbench
 
 
@@ -43,13 +43,7 @@ def _train(rank: int, world: int, stage: int, recompute: bool, zero: dict) -> tu
     if recompute:
         model.gradient_checkpointing_enable()
     engine = zero_core.initialize(model, ds_config(stage, "fp32", micro, **zero))
-    losses = []
-    for x, y in make_batches(3, micro * world):
-        xs, ys = (t[rank * micro : (rank + 1) * micro].to(engine.device) for t in (x, y))
-        loss = engine(xs, ys).loss
-        losses.append(float(loss.detach()))
-        engine.backward(loss)
-        engine.step()
+    losses = train_local(engine, rank, world, micro, 3)
     state = engine.full_state_dict()
     engine.close()
     return losses, state

@@ -43,16 +43,16 @@ def measured_row(row: dict[str, Any], res: dict[str, Any], *, seq_len: int, sear
     """Fill a row from rank 0's summary of a finished training launch."""
     epochs = res["epochs"]
     train_s = mean(e["train_s"] for e in epochs)
-    tps = metrics.tokens_per_s(res["tokens_per_epoch"], train_s)
-    step_s = train_s * res["grad_accum"] / res["micro_steps_per_epoch"]
-    if "steady_s" in epochs[0]:  # the scenario left the first steps out of the timing
-        first = epochs[0]
-        step_s = first["steady_s"] / first["steady_steps"]
+    first = epochs[0]
+    steady = "steady_s" in first  # the scenario left the first steps out of the timing
+    step_s = first["steady_s"] / first["steady_steps"] if steady else train_s * res["grad_accum"] / res["micro_steps_per_epoch"]
+    if res.get("dynamic_padding"):  # tokens counted batch by batch (the width varies)
+        tps = (metrics.tokens_per_s(first["steady_tokens"], first["steady_s"]) if steady
+               else metrics.tokens_per_s(sum(e["tokens"] for e in epochs), sum(e["train_s"] for e in epochs)))
+    elif steady:
         tps = metrics.tokens_per_s(res["tokens_per_epoch"] * res["grad_accum"] // res["micro_steps_per_epoch"], step_s)
-        if res.get("dynamic_padding"):  # tokens counted batch by batch (the width varies)
-            tps = metrics.tokens_per_s(first["steady_tokens"], first["steady_s"])
-    elif res.get("dynamic_padding"):
-        tps = metrics.tokens_per_s(sum(e["tokens"] for e in epochs), sum(e["train_s"] for e in epochs))
+    else:
+        tps = metrics.tokens_per_s(res["tokens_per_epoch"], train_s)
     row.update(
         batch=res["batch"], batch_searched=searched, batch_search_step=search_step if searched else None,
         world_size=res["world_size"], device=res["device_name"],

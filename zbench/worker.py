@@ -110,13 +110,8 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
         return {"rank": 0, **floor.measure(bundle, first, sc.precision, job["world_size"], device)}
     gas = sc.grad_accum
     probe = job["mode"] == "probe"
-    if probe:
-        micro_per_epoch, epochs = sc.batch_search.steps * gas, 1
-    elif sc.steps:
-        micro_per_epoch, epochs = sc.steps * gas, 1
-    else:
-        micro_per_epoch = max(gas, steps_per_epoch(splits.train, batch, world) // gas * gas)
-        epochs = sc.epochs or 1
+    run_micro, run_epochs = _schedule(sc, splits.train, batch, world)
+    micro_per_epoch, epochs = (sc.batch_search.steps * gas, 1) if probe else (run_micro, run_epochs)
     total_steps = epochs * micro_per_epoch // gas
     ds = ds_config.finalize(job["ds"], sc=sc, batch=batch, world_size=world, total_steps=total_steps, hidden=bundle.hidden)
     variant = build_variant(job["engine"], bundle, ds, device)
@@ -124,8 +119,8 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
     torch.manual_seed(sc.seed + 1 + rank)  # dropout differs per rank, identically in every variant
     stream = train_stream(splits.train, batch=batch, rank=rank, world=world, seed=sc.seed)
     if probe and sc.dynamic_padding:  # OOM-safe search: every probe step runs the widest batch of the real run
-        real = sc.steps * gas if sc.steps else max(gas, steps_per_epoch(splits.train, batch, world) // gas * gas) * (sc.epochs or 1)
-        stream = itertools.repeat(widest_batch(splits.train, batch=batch, rank=rank, world=world, seed=sc.seed, micro_steps=real))
+        stream = itertools.repeat(widest_batch(splits.train, batch=batch, rank=rank, world=world, seed=sc.seed,
+                                               micro_steps=run_micro * run_epochs))
     progress = ProgressWriter(job.get("progress") if rank == 0 else None)
     eval_bs = sc.eval_batch_size or batch
     n_eval = -(-next(iter(splits.eval.values())).shape[0] // (eval_bs * world))
@@ -222,6 +217,14 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
         "ds_config": ds, "data": splits.description, "data_real": splits.real, "torch": torch.__version__,
         "recompute": _recomputes(bundle.model), "breakdown": breakdown, "dynamic_padding": sc.dynamic_padding,
     }
+
+
+def _schedule(sc: Scenario, train: dict, batch: int, world: int) -> tuple[int, int]:
+    """(micro-steps per epoch, epochs) of the training run: `steps` as one epoch, or whole epochs of the data."""
+    gas = sc.grad_accum
+    if sc.steps:
+        return sc.steps * gas, 1
+    return max(gas, steps_per_epoch(train, batch, world) // gas * gas), sc.epochs or 1
 
 
 def _recomputes(model: torch.nn.Module) -> bool:

@@ -59,7 +59,7 @@ class GradReducer:
         ]
         self.arrived = [0] * len(layout.groups)
         self.reduced = [False] * len(layout.groups)
-        self._seen: set[int] = set()  # parameters whose gradient reached a buffer in this pass
+        self._seen: set[int] = set()  # stages 2-3: parameters whose gradient reached the fresh buffer this pass
         # stages 2-3: gradients held until their group is complete (group -> [(slot, grad)])
         self._pending: dict[int, list] = {}
         # stages 2-3 take a fresh buffer each pass and copy each gradient in once: only the padding between
@@ -113,12 +113,12 @@ class GradReducer:
         return torch.empty(numel, dtype=self.comm_dtype, device=self.device)
 
     def _assemble(self, g: int) -> torch.Tensor:
-        """The group's flat buffer with every gradient held for it copied in (stages 2-3), then released."""
+        """The group's flat buffer, with the gradients held for it (stages 2-3) copied in and released."""
         buf = self._buffer(g)
         for slot, grad in self._pending.pop(g, ()):
             view = buf[slot.offset : slot.offset + slot.numel].view_as(grad)
             if slot.index in self._seen:
-                view.add_(grad)  # a second arrival in one pass (a parameter used by two hooks' passes) adds
+                view.add_(grad)  # the parameter's hook fired twice in this pass: the gradients add
             else:
                 view.copy_(grad)  # the first arrival in a fresh buffer: no zeroing pass, no read of it
                 self._seen.add(slot.index)
@@ -142,7 +142,6 @@ class GradReducer:
                 return
             if self.keep_buffers:  # stages 0-1 accumulate micro-steps in the persistent buffer
                 self._buffer(slot.group)[slot.offset : slot.offset + slot.numel].view_as(grad).add_(grad)
-                self._seen.add(slot.index)
             else:  # held until the group is complete (_assemble)
                 self._pending.setdefault(slot.group, []).append((slot, grad))
             p.grad = None
@@ -154,7 +153,7 @@ class GradReducer:
 
     def _reduce(self, g: int) -> None:
         group = self.layout.groups[g]
-        buf = self._buffer(g) if self.keep_buffers else self._assemble(g)
+        buf = self._assemble(g)  # stages 0-1 hold nothing pending: their persistent buffer as it is
         assert self.scale is not None
         with self.side.after_current():
             if self.stage == 0:
