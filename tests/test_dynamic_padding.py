@@ -82,7 +82,9 @@ def test_dynamic_padding_trains_the_same_and_counts_fewer_tokens(tmp_path):
     fixed, dynamic, steady = runs["fixed"], runs["dynamic"], runs["dynamic_steady"]
     for name in ("ddp", "zero2"):
         assert dynamic[name]["losses"] == pytest.approx(fixed[name]["losses"], abs=1e-5)
-        assert dynamic[name]["eval"]["loss"] == pytest.approx(fixed[name]["eval"]["loss"], abs=1e-5)
+        # fp32 GEMMs of other widths round differently (blocking differs by CPU); 4 Adam steps at lr 3e-3 carry
+        # that into the weights: 2.1e-5 seen on one machine, far below what padding left in the loss would do
+        assert dynamic[name]["eval"]["loss"] == pytest.approx(fixed[name]["eval"]["loss"], abs=1e-4)
         assert steady[name]["losses"] == dynamic[name]["losses"]
     assert "row lengths ~N(16, 4) in [8, 48]" in dynamic["ddp"]["data"]
     # fixed: 4 steps x 4 rows x 2 ranks x 48 positions; dynamic: each rank's batch cut to its longest row

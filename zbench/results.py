@@ -66,6 +66,7 @@ def measured_row(row: dict[str, Any], res: dict[str, Any], *, seq_len: int, sear
         n_params=res["n_params"], losses=res["losses"], data=res["data"], data_real=res["data_real"],
         ds_config=res["ds_config"], seq_len=seq_len, skipped_steps=res.get("skipped_steps"),
         recompute=res.get("recompute", False), breakdown=res.get("breakdown") or {},
+        compiled=res.get("compiled"), compiled_graphs=res.get("compiled_graphs", 0), dropout=res.get("dropout", False),
     )
     if row["recompute"]:
         row["method"] += " + activation checkpointing"  # TFLOP/s still counts model FLOPs (no recompute)
@@ -84,6 +85,9 @@ def add_parity(rows: list[dict[str, Any]], tol: float) -> None:
             r["parity"], r["parity_note"] = 0.0, "reference"
         elif r["batch"] != ref["batch"]:
             r["parity"], r["parity_note"] = None, f"batch {r['batch']} vs ddp {ref['batch']}"
+        elif r.get("dropout") and (r.get("compiled") or None) != (ref.get("compiled") or None):
+            # compiled code draws its dropout masks from its own generator: per-step losses cannot match
+            r["parity"], r["parity_note"] = None, "dropout masks differ (compiled vs eager)"
         else:
             r["parity"] = metrics.loss_parity(r["losses"], ref["losses"])
             r["parity_note"] = "ok" if r["parity"] <= tol else "FAIL"
@@ -95,7 +99,8 @@ def add_floor_ratio(rows: list[dict[str, Any]], floor: dict[str, float] | None) 
         return
     limit = floor["fwd_bwd_ms"] + floor["optimizer_ms"]
     for r in rows:
-        if r["status"] == "ok" and r.get("step_ms") and r.get("grad_accum") == 1 and r["batch"] == floor["batch"]:
+        same_model = (r.get("compiled") or None) == (floor.get("compiled") or None)  # compiled blocks run faster
+        if r["status"] == "ok" and r.get("step_ms") and r.get("grad_accum") == 1 and r["batch"] == floor["batch"] and same_model:
             r["vs_floor"] = r["step_ms"] / limit
 
 
@@ -109,7 +114,10 @@ def table_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Header and cells of the printed table."""
     cols = task_columns(summary)
     floor = bool(summary.get("floor"))
-    header = ["Variant", "Method", "Model", "Data", "Batch size (max)", "Train time per epoch (s)",
+    # a column of its own when any variant ran compiled, so eager and compiled rows are never mistaken
+    compiled = any(r.get("compiled") for r in summary["variants"])
+    header = ["Variant", "Method", *(["torch.compile"] if compiled else []), "Model", "Data", "Batch size (max)",
+              "Train time per epoch (s)",
               "Eval time per epoch (s)", *(METRIC_NAMES[c] for c in cols), "Tokens/s", "Step (ms)",
               *(["Step vs floor"] if floor else []), "TFLOP/s per GPU", "Peak GPU GiB", "Peak CPU GiB",
               "Loss parity vs DDP", "Notes"]
@@ -119,7 +127,7 @@ def table_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         data = summary["data_kind"]
         if r["status"] != "ok":
             note = r["note"] or ("OOM Error" if r["status"] == "oom" else r["status"])
-            out.append([r["variant"], r["method"], model, data, "–", "–", "–", *("–" for _ in cols),
+            out.append([r["variant"], r["method"], *(["–"] if compiled else []), model, data, "–", "–", "–", *("–" for _ in cols),
                         *("–" for _ in range(6 + floor)), note])
             continue
         step = r.get("batch_search_step") or 1
@@ -130,7 +138,8 @@ def table_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         if r.get("skipped_steps"):  # engines that count them (zero_core, DeepSpeed): NaN/inf steps left out
             notes = "; ".join(filter(None, [notes, f"{r['skipped_steps']} step(s) skipped (non-finite gradients)"]))
         out.append([
-            r["variant"], r["method"], model, data, batch, _num(r["train_s_per_epoch"], ".2f"),
+            r["variant"], r["method"], *([r.get("compiled") or "no"] if compiled else []), model, data, batch,
+            _num(r["train_s_per_epoch"], ".2f"),
             _num(r["eval_s_per_epoch"], ".2f"), *(_num(r["eval"].get(c), ".2f" if c in ("perplexity", "bleu") else ".3f") for c in cols),
             _num(r["tokens_per_s"], ",.0f"), _num(r.get("step_ms"), ".1f"),
             *([_num(r.get("vs_floor"), ".3f") + ("x" if r.get("vs_floor") else "")] if floor else []),
@@ -152,7 +161,8 @@ def markdown(summary: dict[str, Any]) -> str:
         caption += "; " + SEQ2SEQ_NOTES[summary["data_kind"]]
     fl = summary.get("floor")
     if fl:
-        caption += (f"; floor: forward+backward alone {fl['fwd_bwd_ms']:.1f} ms on one device with "
+        how = f" (blocks compiled, {fl['compiled']})" if fl.get("compiled") else ""
+        caption += (f"; floor: forward+backward alone{how} {fl['fwd_bwd_ms']:.1f} ms on one device with "
                     f"{summary['precision']} weights + optimizer phase {fl['optimizer_ms']:.1f} ms "
                     f"for a {fl['shard_numel'] / 1e6:.1f} M-element shard")
     skip = (summary.get("scenario_config") or {}).get("timing_skip_steps")

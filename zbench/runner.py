@@ -75,7 +75,8 @@ class Runner:
         os.makedirs(log_dir, exist_ok=True)
         job = {"scenario": self.plan.scenario.model_dump(mode="json"), "base_dir": self.plan.base_dir,
                "arch": asdict(arch) if arch else None, "engine": vp.spec.engine, "ds": vp.ds_template,
-               "batch": batch, "mode": mode, "progress": os.path.join(log_dir, f"progress-{index}.jsonl")}
+               "batch": batch, "mode": mode, "progress": os.path.join(log_dir, f"progress-{index}.jsonl"),
+               "compile": self.plan.scenario.compile_backend(vp.spec)}
         if mode == "train" and vp.spec.engine == "zero" and self.plan.scenario.checkpoint_every:
             # a rerun with --resume continues from here, on any number of ranks
             job["checkpoint_dir"] = self._checkpoint_dir(vp)
@@ -112,7 +113,8 @@ class Runner:
         os.makedirs(log_dir, exist_ok=True)
         job = {"scenario": sc.model_dump(mode="json"), "base_dir": self.plan.base_dir,
                "arch": asdict(self.plan.arch) if self.plan.arch else None, "engine": None, "ds": None,
-               "batch": sc.batch_size, "mode": "floor", "world_size": self.plan.world_size}
+               "batch": sc.batch_size, "mode": "floor", "world_size": self.plan.world_size,
+               "compile": sc.compile_backend()}
         res = launch(run_job, json.dumps(job), Nodes(1), run_id="floor", log_dir=log_dir, index=self.launches,
                      what="the floor measurement", fork_ok=self.opts.fork_ok)
         self.launches += 1

@@ -21,7 +21,7 @@ import typing
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from zero_core import ConfigError
 from zero_core.config_errors import dotted, from_validation_error, primary_error, unknown_key_message
@@ -30,6 +30,19 @@ Engine = Literal["ddp", "zero", "fsdp2", "deepspeed"]
 Task = Literal["lm", "classification", "seq2seq", "token_classification"]
 Metric = Literal["perplexity", "loss", "f1", "accuracy", "bleu"]
 Device = Literal["none", "cpu", "nvme"]
+# torch.compile backends a scenario may ask for: inductor (fused kernels, what `true` means) and
+# aot_eager (dynamo + AOTAutograd without code generation: the same graphs, for checking and debugging)
+COMPILE_BACKENDS = ("inductor", "aot_eager")
+
+
+def _compile_value(v: Any) -> Any:
+    if v is None or isinstance(v, bool) or v in COMPILE_BACKENDS:
+        return v
+    raise ValueError(f"compile is true, false or a backend ({', '.join(repr(b) for b in COMPILE_BACKENDS)}), "
+                     f"got {v!r}")
+
+
+Compile = Annotated[bool | Literal["inductor", "aot_eager"] | None, BeforeValidator(_compile_value)]
 PosInt = Annotated[int, Field(ge=1)]
 
 # The metric a task reports first, and every metric it can report.
@@ -144,6 +157,7 @@ class VariantSpec(Strict):
     accelerate_config: str | None = None  # an Accelerate YAML with distributed_type: DEEPSPEED
     batch_size: PosInt | None = None  # per GPU; overrides the scenario's
     model_overrides: dict[str, Any] = {}  # arch fields for this variant only (e.g. a wider minGPT for ZeRO-3)
+    compile: Compile = None  # this variant's torch.compile; default: the scenario's
 
     @model_validator(mode="after")
     def _engine_settings(self) -> "VariantSpec":
@@ -175,6 +189,9 @@ class Scenario(Strict):
     eval_batch_size: PosInt | None = None
     grad_accum: PosInt = 1
     gradient_checkpointing: bool = False  # recompute each block in backward: activation memory for compute
+    # torch.compile each repeated block's forward, for every variant (a variant's own `compile` overrides):
+    # true = inductor; engines' hooks stay outside the compiled code, so every engine gets the same model
+    compile: Compile = False
     lr: Annotated[float, Field(gt=0)] = 1e-3
     weight_decay: Annotated[float, Field(ge=0)] = 0.0
     warmup_steps: Annotated[int, Field(ge=0)] = 0
@@ -228,6 +245,11 @@ class Scenario(Strict):
         if dupes:
             raise ValueError(f"variant name '{dupes[0]}' is used twice; names must be unique")
         return self
+
+    def compile_backend(self, variant: VariantSpec | None = None) -> str | None:
+        """The torch.compile backend for `variant` (the scenario's when it sets none), None for eager."""
+        value = self.compile if variant is None or variant.compile is None else variant.compile
+        return "inductor" if value is True else (value or None)
 
     @property
     def headline_metric(self) -> str:

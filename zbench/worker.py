@@ -25,7 +25,8 @@ from .data.batches import eval_batches, steps_per_epoch, train_stream, trim_padd
 from .evaluation import EvalSums
 from .generation import TextGeneration
 from .models.configs import ArchConfig
-from .models.factory import build_model
+from .models.compiled import compile_blocks, graphs_compiled
+from .models.factory import build_model, uses_dropout
 from .progress import ProgressWriter
 from .resume import Checkpointing
 from .scenario import Scenario
@@ -96,6 +97,8 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
     bundle = build_model(task=sc.task, arch=arch, pretrained=sc.model.pretrained, num_labels=sc.model.num_labels or 2)
     if sc.gradient_checkpointing:
         bundle.model.gradient_checkpointing_enable()
+    if job.get("compile"):
+        compile_blocks(bundle, job["compile"])
     splits = build_splits(job["scenario"]["data"], task=sc.task, seq_len=sc.seq_len, vocab=bundle.vocab, seed=sc.seed,
                           base_dir=job["base_dir"], tokenizer=sc.model.tokenizer or sc.model.pretrained,
                           num_labels=sc.model.num_labels or 2, target_len=sc.target_len)
@@ -107,7 +110,8 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // job["world_size"]))
 
         first = {k: v.to(device) for k, v in next(train_stream(splits.train, batch=batch, rank=0, world=1, seed=sc.seed)).items()}
-        return {"rank": 0, **floor.measure(bundle, first, sc.precision, job["world_size"], device)}
+        return {"rank": 0, **floor.measure(bundle, first, sc.precision, job["world_size"], device),
+                "compiled": job.get("compile")}
     gas = sc.grad_accum
     probe = job["mode"] == "probe"
     run_micro, run_epochs = _schedule(sc, splits.train, batch, world)
@@ -216,6 +220,8 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
         "skipped_steps": getattr(getattr(variant, "engine_obj", None), "skipped_steps", None),
         "ds_config": ds, "data": splits.description, "data_real": splits.real, "torch": torch.__version__,
         "recompute": _recomputes(bundle.model), "breakdown": breakdown, "dynamic_padding": sc.dynamic_padding,
+        "compiled": job.get("compile"), "compiled_graphs": graphs_compiled() if job.get("compile") else 0,
+        "dropout": uses_dropout(bundle.model),
     }
 
 

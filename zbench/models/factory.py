@@ -44,6 +44,16 @@ def count_params(model: nn.Module) -> tuple[int, int]:
     return total, largest
 
 
+def uses_dropout(model: nn.Module) -> bool:
+    """Whether training draws random dropout masks: a dropout module with p > 0, or a config rate > 0 that
+    the model applies functionally (zbench's GPT and many transformers models pass it to attention)."""
+    if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
+        return True
+    cfg = getattr(model, "cfg", None) or getattr(model, "config", None)
+    items = vars(cfg).items() if cfg is not None and hasattr(cfg, "__dict__") else ()
+    return any(k.endswith(("dropout", "dropout_prob", "pdrop")) and isinstance(v, float) and v > 0 for k, v in items)
+
+
 def require_transformers() -> Any:
     try:
         import transformers

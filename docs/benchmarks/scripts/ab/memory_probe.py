@@ -2,7 +2,8 @@
 
     torchrun --nproc-per-node 2 docs/benchmarks/scripts/ab/memory_probe.py SCENARIO VARIANT BATCH [STEPS]
 
-TIMING=1: no allocator history; STEPS micro-steps under the scenario's memory cap, then STEPS without it,
+SIM_WORLD=N (python, no torchrun): rank 0 of N simulated on one GPU (sim_world.py). COMPILE=1: each
+block's forward through torch.compile. TIMING=1: no allocator history; STEPS micro-steps under the scenario's memory cap, then STEPS without it,
 each step's milliseconds and the allocator's retries (a full cache flush and re-allocation on hitting the
 cap) printed; dynamic padding as the scenario sets it.
 
@@ -28,7 +29,10 @@ from zbench.data.batches import train_stream, trim_padding
 from zbench.models.factory import build_model
 from zbench.plan import build_plan
 from zbench.variants import build_variant
-from zbench.worker import _cap_memory, _setup
+from zbench.worker import _cap_memory
+
+sys.path.insert(0, os.path.dirname(__file__))
+from sim_world import compile_blocks, setup_from_env  # noqa: E402
 
 GIB = 2**30
 OURS = ("zero_core/", "zbench/", "deepspeed/", "transformers/", "torch/distributed/fsdp/", "torch/optim/")
@@ -76,7 +80,7 @@ def model_data(plan, vp, batch: int, world: int):
 def main() -> None:
     path, name, batch = sys.argv[1], sys.argv[2], int(sys.argv[3])
     steps = int(sys.argv[4]) if len(sys.argv) > 4 else 3
-    device, rank, world = _setup()
+    device, rank, world = setup_from_env()
     if device.type != "cuda":  # a dry run of the script's plumbing on the CPU
         for fn in ("_record_memory_history", "reset_peak_memory_stats", "synchronize", "memory_allocated", "max_memory_allocated"):
             setattr(torch.cuda, fn, lambda *a, **k: 0)
@@ -87,6 +91,7 @@ def main() -> None:
     if rank == 0:
         torch.cuda.memory._record_memory_history(max_entries=3_000_000, stacks="python")
     bundle, splits, ds = model_data(plan, vp, batch, world)
+    compile_blocks(bundle)
     variant = build_variant(vp.spec.engine, bundle, ds, device)
     torch.cuda.synchronize()
     marks = [f"built: {torch.cuda.memory_allocated() / GIB:.2f} GiB (peak so far {torch.cuda.max_memory_allocated() / GIB:.2f})"]
@@ -122,14 +127,16 @@ def main() -> None:
 
 
 def timing(path: str, name: str, batch: int, steps: int) -> None:
-    device, rank, world = _setup()
+    device, rank, world = setup_from_env()
     plan = build_plan(path, only=[name], gpus=world)
     vp, sc = plan.variants[0], plan.scenario
     bundle, splits, ds = model_data(plan, vp, batch, world)
+    compile_blocks(bundle)
     _cap_memory(device, float(os.environ.get("CAP", sc.gpu_memory_cap_gib or 0)))  # CAP=GiB overrides the scenario's
     variant = build_variant(vp.spec.engine, bundle, ds, device)
     stream = train_stream(splits.train, batch=batch, rank=rank, world=world, seed=sc.seed)
     variant.train()
+    uncapped_ms: list[float] = []
     for capped in (True, False):
         if not capped:
             torch.cuda.set_per_process_memory_fraction(1.0, device)
@@ -138,17 +145,39 @@ def timing(path: str, name: str, batch: int, steps: int) -> None:
             b = {k: v.to(device) for k, v in (trim_padding(b) if sc.dynamic_padding else b).items()}
             torch.cuda.synchronize()
             t0, r0 = time.perf_counter(), torch.cuda.memory_stats()["num_alloc_retries"]
-            out = variant.forward(b)
-            variant.backward(out.loss)
-            variant.step()
-            torch.cuda.synchronize()
+            try:
+                out = variant.forward(b)
+                variant.backward(out.loss)
+                variant.step()
+                torch.cuda.synchronize()
+            except torch.OutOfMemoryError:
+                if rank == 0:
+                    print(f"{'cap' if capped else 'no cap'} step {i}: out of memory "
+                          f"(reserved {torch.cuda.memory_reserved() / GIB:.2f} GiB)", flush=True)
+                break
+            ms = (time.perf_counter() - t0) * 1e3
             st = torch.cuda.memory_stats()
+            if not capped and i >= 2:
+                uncapped_ms.append(ms)
             if rank == 0:
-                print(f"{'cap' if capped else 'no cap'} step {i}: width {b['input_ids'].shape[1]}, "
-                      f"{(time.perf_counter() - t0) * 1e3:.1f} ms, alloc retries +{st['num_alloc_retries'] - r0}, "
+                print(f"{'cap' if capped else 'no cap'} step {i}: width {b['input_ids'].shape[1]}, {ms:.1f} ms, "
+                      f"loss {out.loss.item():.4f}, alloc retries +{st['num_alloc_retries'] - r0}, "
                       f"reserved {torch.cuda.memory_reserved() / GIB:.2f} GiB, peak {torch.cuda.max_memory_allocated() / GIB:.2f}",
                       flush=True)
             del out
+    if os.environ.get("FLOOR") and uncapped_ms and rank == 0:  # the runner's floor for the same batch and world
+        from zbench import floor
+
+        step_ms = sorted(uncapped_ms)[len(uncapped_ms) // 2]
+        del variant
+        torch.cuda.empty_cache()
+        fresh, _, _ = model_data(plan, vp, batch, world)
+        compile_blocks(fresh)
+        first = {k: v.to(device) for k, v in next(train_stream(splits.train, batch=batch, rank=0, world=1, seed=sc.seed)).items()}
+        f = floor.measure(fresh, first, sc.precision, world, device)
+        total = f["fwd_bwd_ms"] + f["optimizer_ms"]
+        print(f"median step (no cap, steps 2+) {step_ms:.1f} ms; floor: forward+backward {f['fwd_bwd_ms']:.1f} ms + "
+              f"optimizer {f['optimizer_ms']:.1f} ms = {total:.1f} ms; step / floor {step_ms / total:.3f}x", flush=True)
     torch.distributed.destroy_process_group()
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A/B runs of 2026-11-23 on nvidia-h200-x2. Usage: bash docs/benchmarks/scripts/ab/run_ab.sh MODE... (tests control blocking probe gpt2xl final buckets deberta offload ctas dynamic dynab memprobe dyn48 b40x b40plain)
+# A/B runs of 2026-11-23 on nvidia-h200-x2. Usage: bash docs/benchmarks/scripts/ab/run_ab.sh MODE... (tests control blocking probe gpt2xl final buckets deberta offload ctas dynamic dynab memprobe dyn48 b40x b40plain simmem simdeb simcompile simgpt simruns simrunc simcompiled compiled1)
 set -uo pipefail
 source docs/benchmarks/scripts/gpu_env.sh
 ab=docs/benchmarks/scripts/ab
@@ -58,6 +58,39 @@ memprobe)  # where DeBERTa's memory goes at full padding (no cap): zero_core vs 
     python3 -m torch.distributed.run --nproc-per-node 2 $ab/memory_probe.py scenarios/deberta_mrpc.yaml ${probe%:*} ${probe#*:} 3 \
       >"$OUT/memprobe_${probe/:/_}.txt" 2>&1; grep -A40 "^== " "$OUT/memprobe_${probe/:/_}.txt" || tail -20 "$OUT/memprobe_${probe/:/_}.txt"
   done ;;
+# one GPU, rank 0 of 2 simulated (sim_world.py): per-rank memory and the compute part of the step, no NCCL
+simmem)  # DeBERTa b40 at full padding: what is alive at rank 0's peak, no cap
+  SIM_WORLD=2 python3 $ab/memory_probe.py scenarios/deberta_mrpc.yaml zero2 40 3 >"$OUT/simmem.txt" 2>&1
+  grep -A40 "^== " "$OUT/simmem.txt" || tail -20 "$OUT/simmem.txt" ;;
+simdeb)  # the same under the 24 GiB cap, default allocator then expandable segments; the floor once
+  SIM_WORLD=2 TIMING=1 FLOOR=1 python3 $ab/memory_probe.py scenarios/deberta_mrpc.yaml zero2 ${BATCH:-40} 6 >"$OUT/simdeb.txt" 2>&1
+  grep -E "step|median|Error" "$OUT/simdeb.txt" | tail -16
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True SIM_WORLD=2 TIMING=1 python3 $ab/memory_probe.py scenarios/deberta_mrpc.yaml \
+    zero2 ${BATCH:-40} 6 >"$OUT/simdeb_x.txt" 2>&1; grep -E "step|Error" "$OUT/simdeb_x.txt" | tail -14 ;;
+simcompile)  # the same with each DeBERTa layer's forward compiled (torch.compile), expandable segments
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True COMPILE=1 SIM_WORLD=2 TIMING=1 FLOOR=1 python3 $ab/memory_probe.py \
+    scenarios/deberta_mrpc.yaml zero2 ${BATCH:-40} 6 >"$OUT/simcompile.txt" 2>&1; grep -E "step|median|Error" "$OUT/simcompile.txt" | tail -16 ;;
+simgpt)  # GPT-2 XL stage 2, micro-batch 8: the engine's step without communication against the floor
+  SIM_WORLD=2 TIMING=1 FLOOR=1 python3 $ab/memory_probe.py scenarios/gpt2xl_engines.yaml zero2 8 8 >"$OUT/simgpt.txt" 2>&1
+  grep -E "step|median|Error" "$OUT/simgpt.txt" | tail -12 ;;
+simruns)  # the runner's own loop, simulated rank 0 of 2: b40 with expandable segments, b32 as the 2026-11-22 table ran
+  for r in "$ab/deberta_b40_expandable.yaml zero2 40" "scenarios/deberta_mrpc.yaml zero2 32"; do
+    read -r f v b <<<"$r"; log="$OUT/simrun_$(basename $f .yaml)_$b.txt"
+    SIM_WORLD=2 python3 $ab/sim_run.py $f $v $b >"$log" 2>&1; echo "== sim_run $r"; grep -E "^(epoch|loss|\{)|Error" "$log"
+  done ;;
+simrunc)  # the same b40 run with each DeBERTa layer compiled
+  COMPILE=1 SIM_WORLD=2 python3 $ab/sim_run.py $ab/deberta_b40_expandable.yaml zero2 40 >"$OUT/simrun_compile.txt" 2>&1
+  echo "== sim_run compiled b40"; grep -E "^(epoch|loss|\{)|Error" "$OUT/simrun_compile.txt" ;;
+simcompiled)  # compiled DeBERTa: the runner's loop at 48 (3 epochs), then which batch fits the cap; GPT-2 XL compiled vs its floor
+  log="$OUT/simrun_compiled_48.txt"; SIM_WORLD=2 python3 $ab/sim_run.py scenarios/deberta_mrpc_compiled.yaml zero2 48 >"$log" 2>&1
+  echo "== sim_run compiled 48"; grep -E "^(epoch|loss|\{)|Error" "$log"
+  for b in ${BATCHES:-64 56}; do
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True COMPILE=1 SIM_WORLD=2 TIMING=1 python3 $ab/memory_probe.py \
+      scenarios/deberta_mrpc.yaml zero2 $b 4 >"$OUT/simfit_$b.txt" 2>&1; echo "== compiled batch $b"; grep -E "^cap step|Error" "$OUT/simfit_$b.txt" | tail -3
+  done
+  COMPILE=1 SIM_WORLD=2 TIMING=1 FLOOR=1 python3 $ab/memory_probe.py scenarios/gpt2xl_engines.yaml zero2 8 8 >"$OUT/simgpt_compiled.txt" 2>&1
+  echo "== GPT-2 XL compiled"; grep -E "step [4-7]|median|Error" "$OUT/simgpt_compiled.txt" | tail -6 ;;
+compiled1) run deberta_compiled_1gpu $ab/deberta_compiled_1gpu.yaml ;;  # the compile key through the runner, one GPU
 offload) run gpt2xl_offload_sbs $ab/gpt2xl_engines_offload.yaml ;;
 *) echo "unknown mode $mode"; exit 2 ;;
 esac
