@@ -26,9 +26,13 @@ from zero_core import ConfigError
 @click.option("--rdzv-endpoint", help="HOST:PORT of node 0 for multi-node runs (each launch uses PORT + its index).")
 @click.option("--rdzv-backend", default="static", show_default=True, type=click.Choice(["static", "c10d"]))
 @click.option("--rdzv-id", default="zbench", show_default=True, help="Rendezvous id shared by the nodes (c10d).")
+@click.option("--simulate-ranks", "simulate", type=click.IntRange(2),
+              help="Run each variant as rank 0 of N ranks in one process on one GPU (or the CPU): per-rank memory "
+                   "and max batch of an N-GPU run, without communication.")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 def run(scenario: str, only: str | None, gpus: int | None, out: str, wandb_mode: str, resume: str | None, nnodes: int,
-        node_rank: int, rdzv_endpoint: str | None, rdzv_backend: str, rdzv_id: str, no_progress: bool) -> None:
+        node_rank: int, rdzv_endpoint: str | None, rdzv_backend: str, rdzv_id: str, simulate: int | None,
+        no_progress: bool) -> None:
     """Run every variant of SCENARIO (a YAML file) and print the comparison table."""
     from .launch import Nodes, RankFailure
     from .plan import build_plan
@@ -37,8 +41,8 @@ def run(scenario: str, only: str | None, gpus: int | None, out: str, wandb_mode:
 
     names = [n.strip() for n in only.split(",") if n.strip()] if only else None
     try:
-        plan = build_plan(scenario, only=names, gpus=gpus, nnodes=nnodes)
-        nodes = Nodes(plan.gpus, nnodes, node_rank, rdzv_endpoint, rdzv_backend, rdzv_id)
+        plan = build_plan(scenario, only=names, gpus=gpus, nnodes=nnodes, simulate=simulate)
+        nodes = Nodes(plan.procs_per_node, nnodes, node_rank, rdzv_endpoint, rdzv_backend, rdzv_id)
         nodes.check()
         if rdzv_endpoint and not rdzv_endpoint.rpartition(":")[2].isdigit():
             raise ConfigError(f"--rdzv-endpoint {rdzv_endpoint!r} must be HOST:PORT")

@@ -53,6 +53,12 @@ class Plan:
     device: Literal["cuda", "cpu"]
     variants: list[VariantPlan]
     notes: list[str] = field(default_factory=list)
+    simulated: bool = False  # one process stands for rank 0 of `gpus` ranks (--simulate-ranks)
+
+    @property
+    def procs_per_node(self) -> int:
+        """Processes each launch starts here: one per rank, or one in all when simulated."""
+        return 1 if self.simulated else self.gpus
 
     @property
     def world_size(self) -> int:
@@ -199,7 +205,8 @@ def default_label(v: VariantSpec, stage: int | None, ds: dict[str, Any]) -> str:
     return f"{who} ZeRO Stage {stage}{suffix}"
 
 
-def _plan_variant(sc: Scenario, v: VariantSpec, base_dir: str, world: int, arch: ArchConfig | None) -> VariantPlan:
+def _plan_variant(sc: Scenario, v: VariantSpec, base_dir: str, world: int, arch: ArchConfig | None,
+                  simulated: bool = False) -> VariantPlan:
     try:
         ds = ds_config.template(sc, v, base_dir)
         if v.model_overrides:
@@ -212,6 +219,9 @@ def _plan_variant(sc: Scenario, v: VariantSpec, base_dir: str, world: int, arch:
     stage = ds["zero_optimization"]["stage"] if v.engine in ("zero", "deepspeed") else None
     batch = v.batch_size or ds_config.fixed_batch(ds) or sc.batch_size
     plan = VariantPlan(v, default_label(v, stage, ds), ds, batch, arch)
+    if v.engine == "deepspeed" and simulated:
+        plan.status, plan.reason = "unsupported", "simulated ranks: DeepSpeed's communication needs real peers"
+        return plan
     if v.engine == "deepspeed" and not deepspeed_available():
         raise ScenarioError(f"variant '{v.name}' needs DeepSpeed, which is not installed here; pip install deepspeed, "
                             "or leave the variant out with --variants")
@@ -235,15 +245,24 @@ def _plan_variant(sc: Scenario, v: VariantSpec, base_dir: str, world: int, arch:
     return plan
 
 
-def build_plan(path: str, *, only: list[str] | None = None, gpus: int | None = None, nnodes: int = 1) -> Plan:
-    """Load `path` and check it against this machine; raises ScenarioError (one line) on any problem."""
+def build_plan(path: str, *, only: list[str] | None = None, gpus: int | None = None, nnodes: int = 1,
+               simulate: int | None = None) -> Plan:
+    """Load `path` and check it against this machine; raises ScenarioError (one line) on any problem.
+    `simulate`: plan an N-rank world that one process runs as its rank 0 (one GPU, or the CPU)."""
     sc = load_scenario(path)
     base_dir = os.path.dirname(os.path.abspath(path))
     arch = _check_model(sc, base_dir)
     _check_data(sc, base_dir)
     notes: list[str] = []
-    per_node = gpus or sc.gpus
-    device = _check_gpus(per_node, notes, sc.gpu_memory_cap_gib)
+    if simulate and (gpus or nnodes > 1):
+        raise ScenarioError("--simulate-ranks N stands for all the ranks on one device; drop --gpus and --nnodes")
+    per_node = simulate or gpus or sc.gpus
+    device = _check_gpus(1 if simulate else per_node, notes, sc.gpu_memory_cap_gib)
+    if simulate:
+        notes.append(f"simulated: each variant runs as rank 0 of {simulate} in one process (torch's fake process group): "
+                     f"memory per rank and the batch that fits are a {simulate}-rank run's; nothing is communicated, so "
+                     "times are lower bounds, and metrics cover rank 0's share of the eval rows"
+                     + ("; no checkpoints are written (rank 0 alone cannot save an N-rank one)" if sc.checkpoint_every else ""))
     chosen = list(sc.variants)
     if only:
         names = [v.name for v in sc.variants]
@@ -255,7 +274,7 @@ def build_plan(path: str, *, only: list[str] | None = None, gpus: int | None = N
         if arch is None:
             raise ScenarioError("model_search needs model.arch (a pretrained model has a fixed shape)")
         load_arch(str(sc.model.arch), base_dir, {**sc.model.overrides, sc.model_search.key: sc.model_search.values[0]})
-    plans = [_plan_variant(sc, v, base_dir, per_node * nnodes, arch) for v in chosen]
+    plans = [_plan_variant(sc, v, base_dir, per_node * nnodes, arch, bool(simulate)) for v in chosen]
     if nnodes > 1:
         if sc.model_search:
             raise ScenarioError("model_search runs on one node; remove it for a multi-node run")
@@ -263,4 +282,4 @@ def build_plan(path: str, *, only: list[str] | None = None, gpus: int | None = N
         if unsized:
             raise ScenarioError(f"variant '{unsized[0]}' has no batch_size and the batch search runs on one node; "
                                 "set batch_size for a multi-node run")
-    return Plan(sc, path, base_dir, arch, per_node, nnodes, device, plans, notes)
+    return Plan(sc, path, base_dir, arch, per_node, nnodes, device, plans, notes, simulated=bool(simulate))

@@ -67,6 +67,7 @@ def measured_row(row: dict[str, Any], res: dict[str, Any], *, seq_len: int, sear
         ds_config=res["ds_config"], seq_len=seq_len, skipped_steps=res.get("skipped_steps"),
         recompute=res.get("recompute", False), breakdown=res.get("breakdown") or {},
         compiled=res.get("compiled"), compiled_graphs=res.get("compiled_graphs", 0), dropout=res.get("dropout", False),
+        simulated=res.get("simulated", False),
     )
     if row["recompute"]:
         row["method"] += " + activation checkpointing"  # TFLOP/s still counts model FLOPs (no recompute)
@@ -79,7 +80,9 @@ def add_parity(rows: list[dict[str, Any]], tol: float) -> None:
     for r in rows:
         if r["status"] != "ok":
             continue
-        if ref is None:
+        if r.get("simulated"):  # one rank's gradients, other ranks' shards never updated: not the run's numbers
+            r["parity"], r["parity_note"] = None, "simulated ranks: not compared"
+        elif ref is None:
             r["parity"], r["parity_note"] = None, "no ddp row"
         elif r is ref:
             r["parity"], r["parity_note"] = 0.0, "reference"
@@ -149,14 +152,21 @@ def table_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return header, out
 
 
+def _where(summary: dict[str, Any]) -> str:
+    if summary.get("simulated"):
+        return (f"rank 0 of {summary['world_size']} simulated on one {summary['device']} (memory per rank as "
+                f"{summary['world_size']} ranks; nothing communicated: times are lower bounds)")
+    return f"{summary['world_size']} rank(s) on {summary['device']}"
+
+
 def markdown(summary: dict[str, Any]) -> str:
     """The table as a markdown pipe table (the articles' layout), with a caption line."""
     header, rows = table_rows(summary)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cells) + " |" for cells in rows]
     caption = (f"{summary['scenario']}: {summary['init']} {summary['model']}, {summary['data_kind']} data "
-               f"({summary.get('data_desc') or 'n/a'}), {summary['precision']}, {summary['world_size']} rank(s) on "
-               f"{summary['device']}; loss parity tolerance {summary['parity_tol']:g}")
+               f"({summary.get('data_desc') or 'n/a'}), {summary['precision']}, " + _where(summary)
+               + f"; loss parity tolerance {summary['parity_tol']:g}")
     if summary["task"] == "seq2seq":
         caption += "; " + SEQ2SEQ_NOTES[summary["data_kind"]]
     fl = summary.get("floor")

@@ -59,7 +59,7 @@ def new_run_dir(out: str, name: str, node_rank: int) -> str:
 class Runner:
     def __init__(self, plan: Plan, opts: RunOptions) -> None:
         self.plan, self.opts = plan, opts
-        self.nodes = opts.nodes or Nodes(plan.gpus)
+        self.nodes = opts.nodes or Nodes(plan.procs_per_node)
         self.run_dir = opts.resume or new_run_dir(opts.out, str(plan.scenario.name), self.nodes.node_rank)
         self.launches = 0
         self.writer = self.nodes.node_rank == 0  # corrected by the first launch: whoever gets global rank 0
@@ -76,8 +76,9 @@ class Runner:
         job = {"scenario": self.plan.scenario.model_dump(mode="json"), "base_dir": self.plan.base_dir,
                "arch": asdict(arch) if arch else None, "engine": vp.spec.engine, "ds": vp.ds_template,
                "batch": batch, "mode": mode, "progress": os.path.join(log_dir, f"progress-{index}.jsonl"),
-               "compile": self.plan.scenario.compile_backend(vp.spec)}
-        if mode == "train" and vp.spec.engine == "zero" and self.plan.scenario.checkpoint_every:
+               "compile": self.plan.scenario.compile_backend(vp.spec),
+               "simulate_world": self.plan.world_size if self.plan.simulated else None}
+        if mode == "train" and vp.spec.engine == "zero" and self.plan.scenario.checkpoint_every and not self.plan.simulated:
             # a rerun with --resume continues from here, on any number of ranks
             job["checkpoint_dir"] = self._checkpoint_dir(vp)
         title = f"{vp.name} (batch {batch})"
@@ -161,7 +162,8 @@ class Runner:
             searched = True
             if batch is None:
                 return {**row, "status": "oom", "note": f"OOM Error even at batch {sc.batch_search.start}"}
-        say(f"[{vp.name}] training: batch {batch} per rank on {self.plan.world_size} rank(s)")
+        ranks = f"rank 0 of {self.plan.world_size}, simulated" if self.plan.simulated else f"{self.plan.world_size} rank(s)"
+        say(f"[{vp.name}] training: batch {batch} per rank on {ranks}")
         try:
             res = self._launch(vp, arch, batch, "train")
         except OutOfMemory as e:
@@ -233,7 +235,7 @@ class Runner:
             "precision": sc.precision, "world_size": plan.world_size, "nodes": plan.nnodes, "gpus_per_node": plan.gpus,
             "device": measured[0]["device"] if measured else plan.device, "init": plan.init, "model": plan.model_name,
             "data_kind": plan.data_kind, "data_desc": measured[0]["data"] if measured else None,
-            "parity_tol": sc.tolerance, "notes": plan.notes, "floor": floor, "zbench": __version__, "torch": torch.__version__,
+            "parity_tol": sc.tolerance, "notes": plan.notes, "floor": floor, "simulated": plan.simulated, "zbench": __version__, "torch": torch.__version__,
             "variants": rows,
         }
         write_outputs(self.run_dir, summary, self.opts.wandb)

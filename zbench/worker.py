@@ -33,13 +33,22 @@ from .scenario import Scenario
 from .variants import build_variant
 
 
-def _setup(comm_timeout_s: float | None = None) -> tuple[torch.device, int, int]:
+def _setup(comm_timeout_s: float | None = None, simulate: int | None = None) -> tuple[torch.device, int, int]:
+    """This rank's device and process group; `simulate` = N: rank 0 of N over torch's fake process group
+    (no peers: collectives return at once; zero_core keeps its results finite, see zero_core/comm.py)."""
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     threads = os.environ.get("OMP_NUM_THREADS")  # set it when ranks of several "nodes" share one machine
     torch.set_num_threads(int(threads) if threads else max(1, (os.cpu_count() or 1) // local_world))
     timeout = timedelta(seconds=comm_timeout_s) if comm_timeout_s else None  # None: torch's default
-    if torch.cuda.is_available():
+    if simulate:
+        from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
+
+        device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=simulate)
+    elif torch.cuda.is_available():
         device = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", device_id=device, timeout=timeout)
@@ -82,7 +91,7 @@ def run_job(job_json: str) -> dict[str, Any]:
     for sig in (signal.SIGTERM, signal.SIGINT):  # a forked rank inherits the agent's raising handlers
         signal.signal(sig, signal.SIG_DFL)
     apply_alloc_conf(job["scenario"].get("cuda_alloc_conf"))
-    device, rank, world = _setup(job["scenario"].get("comm_timeout_s"))
+    device, rank, world = _setup(job["scenario"].get("comm_timeout_s"), job.get("simulate_world"))
     try:
         return _run(job, device, rank, world)
     finally:
@@ -186,9 +195,11 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
         _sync(device)
         eval_s = time.perf_counter() - start
         epoch_rows.append({"train_s": train_s, "eval_s": eval_s, "eval": sums.result(), "tokens": tokens, "rows": rows, **steady})
+    simulated = bool(job.get("simulate_world"))  # one process for all ranks: its own values stand for theirs
     curve = torch.stack(losses)
-    dist.all_reduce(curve)
-    curve /= world
+    if not simulated:
+        dist.all_reduce(curve)
+        curve /= world
     times = torch.tensor([[r["train_s"], r.get("eval_s", 0.0), r.get("steady_s", 0.0)] for r in epoch_rows],
                          dtype=torch.float64, device=device)
     dist.all_reduce(times, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
@@ -198,7 +209,10 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
             r["steady_s"] = st
     counts = torch.tensor([[r["tokens"], r.get("steady_tokens", 0), r["rows"]] for r in epoch_rows], dtype=torch.float64,
                           device=device)
-    dist.all_reduce(counts)  # every rank's positions and rows: the run's
+    if simulated:
+        counts *= world  # every rank as many as rank 0
+    else:
+        dist.all_reduce(counts)  # every rank's positions and rows: the run's
     for r, (n, sn, nr) in zip(epoch_rows, counts.tolist()):
         r["tokens"], r["rows"] = int(n), int(nr)
         if "steady_tokens" in r:
@@ -221,7 +235,7 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
         "ds_config": ds, "data": splits.description, "data_real": splits.real, "torch": torch.__version__,
         "recompute": _recomputes(bundle.model), "breakdown": breakdown, "dynamic_padding": sc.dynamic_padding,
         "compiled": job.get("compile"), "compiled_graphs": graphs_compiled() if job.get("compile") else 0,
-        "dropout": uses_dropout(bundle.model),
+        "dropout": uses_dropout(bundle.model), "simulated": simulated,
     }
 
 

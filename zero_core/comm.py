@@ -112,6 +112,18 @@ _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_sc
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
+def simulated() -> bool:
+    """Whether this process stands for rank 0 of a larger world with no peers (torch's fake process group,
+    `zbench run --simulate-ranks`). Its collectives return at once and, depending on the torch release,
+    leave outputs unwritten, so the flat collectives below write this rank's own share instead: the
+    memory, shapes and kernels of an N-rank run, with finite numbers and no communication."""
+    return dist.is_initialized() and dist.get_backend() == "fake"
+
+
+def _own_slice(flat: torch.Tensor) -> torch.Tensor:
+    return flat.view(world_size(), -1)[rank()]
+
+
 def all_reduce_sum(t: torch.Tensor, what: str = "all-reduce") -> None:
     """In-place sum across ranks."""
     if world_size() > 1:
@@ -121,7 +133,9 @@ def all_reduce_sum(t: torch.Tensor, what: str = "all-reduce") -> None:
 
 def reduce_scatter_sum(out: torch.Tensor, full: torch.Tensor, what: str = "reduce-scatter") -> None:
     """Sum `full` across ranks and keep this rank's equal slice in `out`."""
-    if world_size() > 1:
+    if world_size() > 1 and simulated():
+        out.copy_(_own_slice(full))
+    elif world_size() > 1:
         with _named(what):
             _reduce_scatter(out, full, op=dist.ReduceOp.SUM)
     else:
@@ -130,13 +144,24 @@ def reduce_scatter_sum(out: torch.Tensor, full: torch.Tensor, what: str = "reduc
 
 def all_gather_flat(full: torch.Tensor, shard: torch.Tensor, what: str = "all-gather") -> None:
     """Concatenate every rank's `shard` into `full` (rank order)."""
-    if world_size() > 1:
+    if world_size() > 1 and simulated():
+        _gather_own(full, shard)
+    elif world_size() > 1:
         # .data: writing through an alias with its own version counter keeps autograd's saved views
         # of these parameters valid after the re-gather (stage 3 re-gathers between forward and backward).
         with _named(what):
             _all_gather(full.data, shard)
     else:
         full.data.copy_(shard)
+
+
+def _gather_own(full: torch.Tensor, shard: torch.Tensor) -> None:
+    """A simulated all-gather. Stages 1-2 update their shard inside `full`: the other slots keep the last
+    weights they had. Elsewhere (stage 3's freshly allocated units) every slot gets a copy of this rank's
+    shard: finite weights, and the whole unit written, as a real all-gather writes it."""
+    own = _own_slice(full.data)
+    if own.data_ptr() != shard.data_ptr():
+        full.data.view(world_size(), -1).copy_(shard.view(1, -1).expand(world_size(), -1))
 
 
 class PendingCollective:
@@ -163,10 +188,13 @@ class PendingCollective:
 
 def all_gather_flat_async(full: torch.Tensor, shard: torch.Tensor, what: str = "all-gather") -> PendingCollective:
     """`all_gather_flat` started now and finished by the returned handle's `wait()`."""
-    if world_size() > 1:
+    if world_size() > 1 and simulated():
+        _gather_own(full, shard)
+    elif world_size() > 1:
         with _named(what):
             return PendingCollective(_all_gather(full.data, shard, async_op=True), what)
-    full.data.copy_(shard)
+    else:
+        full.data.copy_(shard)
     return PendingCollective(None, what)
 
 
@@ -210,8 +238,8 @@ def barrier(what: str = "barrier") -> None:
 
 def all_gather_object(obj: Any, what: str = "all-gather of objects") -> list[Any]:
     """Every rank's picklable `obj`, in rank order."""
-    if world_size() == 1:
-        return [obj]
+    if world_size() == 1 or simulated():
+        return [obj] * world_size()  # simulated: every rank as rank 0
     out: list[Any] = [None] * world_size()
     with _named(what):
         dist.all_gather_object(out, obj)

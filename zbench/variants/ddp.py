@@ -9,6 +9,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from zero_core.comm import simulated
+
 from ..models.factory import ModelBundle
 from .base import Variant
 from .torch_optim import TorchOptim
@@ -25,6 +27,8 @@ class DDPVariant(Variant):
         # global tokens): find them as HF's Trainer does by default; zbench's own GPT uses every parameter
         unused = bundle.family == "hf"
         self.ddp = DistributedDataParallel(model, device_ids=ids, find_unused_parameters=unused)  # broadcasts rank 0's
+        if simulated():  # the fake process group's all-reduce yields no tensor, which DDP's default hook needs
+            self.ddp.register_comm_hook(None, _local_bucket)
         self.optim = TorchOptim(model.parameters(), ds, dist.get_world_size(), device)
         self._no_sync = ExitStack()
 
@@ -47,3 +51,10 @@ class DDPVariant(Variant):
 
     def step(self) -> None:
         self.optim.step()
+
+
+def _local_bucket(state, bucket):  # unannotated: DDP checks annotations as objects, these would be strings
+    """Simulated ranks (`--simulate-ranks`): the bucket reduced over one rank, i.e. as it is."""
+    done = torch.futures.Future()
+    done.set_result(bucket.buffer())
+    return done

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A/B runs of 2026-11-23 on nvidia-h200-x2. Usage: bash docs/benchmarks/scripts/ab/run_ab.sh MODE... (tests control blocking probe gpt2xl final buckets deberta offload ctas dynamic dynab memprobe dyn48 b40x b40plain simmem simdeb simcompile simgpt simruns simrunc simcompiled compiled1)
+# A/B runs of 2026-11-23 on nvidia-h200-x2. Usage: bash docs/benchmarks/scripts/ab/run_ab.sh MODE... (tests control blocking probe gpt2xl final buckets deberta offload ctas dynamic dynab memprobe dyn48 b40x b40plain simmem simdeb simcompile simgpt simruns simrunc simcompiled compiled1 simsearch)
 set -uo pipefail
 source docs/benchmarks/scripts/gpu_env.sh
 ab=docs/benchmarks/scripts/ab
@@ -91,6 +91,7 @@ simcompiled)  # compiled DeBERTa: the runner's loop at 48 (3 epochs), then which
   COMPILE=1 SIM_WORLD=2 TIMING=1 FLOOR=1 python3 $ab/memory_probe.py scenarios/gpt2xl_engines.yaml zero2 8 8 >"$OUT/simgpt_compiled.txt" 2>&1
   echo "== GPT-2 XL compiled"; grep -E "step [4-7]|median|Error" "$OUT/simgpt_compiled.txt" | tail -6 ;;
 compiled1) run deberta_compiled_1gpu $ab/deberta_compiled_1gpu.yaml ;;  # the compile key through the runner, one GPU
+simsearch) run deberta_sim_search $ab/deberta_sim_search.yaml --simulate-ranks 2 ;;  # the product flag vs 2026-11-22's 2-GPU search
 offload) run gpt2xl_offload_sbs $ab/gpt2xl_engines_offload.yaml ;;
 *) echo "unknown mode $mode"; exit 2 ;;
 esac

@@ -39,7 +39,7 @@ def main() -> None:
     arch = vp.arch or plan.arch
     job = {"scenario": plan.scenario.model_dump(mode="json"), "base_dir": plan.base_dir,
            "arch": asdict(arch) if arch else None, "engine": vp.spec.engine, "ds": vp.ds_template,
-           "batch": batch, "mode": "train",
+           "batch": batch, "mode": "train", "simulate_world": world,
            "compile": "inductor" if os.environ.get("COMPILE") else plan.scenario.compile_backend(vp.spec)}
     res = worker._run(job, device, rank, world)
     keep = ("batch", "micro_steps_per_epoch", "peak_gpu_gib", "skipped_steps", "tokens_per_row", "compiled")
