@@ -9,11 +9,10 @@ import pathlib
 
 import pytest
 import torch
-import yaml
 
 from dist_harness import run_ranks
 from parity_workers import ds_config, make_batches, make_model, train_local
-from test_runner import TINY, table, zbench
+from test_runner import table, tiny_scenario, zbench
 from zbench.models.compiled import compile_blocks, graphs_compiled
 from zbench.models.factory import ModelBundle
 
@@ -67,18 +66,9 @@ def test_a_model_without_blocks_is_a_clear_error():
         compile_blocks(ModelBundle(torch.nn.Linear(2, 2), None, 0, 0, 0, 0, None, []), "inductor")
 
 
-def _scenario(tmp_path: pathlib.Path, **extra) -> pathlib.Path:
-    data = {
-        "model": {"arch": TINY},
-        "data": {"synthetic": {"train_samples": 32, "eval_samples": 8}},
-        "seq_len": 16, "steps": 3, "batch_size": 4, "gpus": 2, "lr": 3e-3,
-        "variants": [{"name": "ddp", "engine": "ddp"}, {"name": "zero2", "engine": "zero", "stage": 2},
-                     {"name": "zero2-eager", "engine": "zero", "stage": 2, "compile": False}],
-        **extra,
-    }
-    path = tmp_path / "compiled.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+def _scenario(tmp_path: pathlib.Path, **extra) -> str:
+    return tiny_scenario(tmp_path, "compiled", [{"name": "ddp", "engine": "ddp"}, {"name": "zero2", "engine": "zero", "stage": 2},
+                                                {"name": "zero2-eager", "engine": "zero", "stage": 2, "compile": False}], **extra)
 
 
 def test_scenario_compiles_every_variant_unless_one_says_otherwise(tmp_path):
@@ -95,11 +85,8 @@ def test_scenario_compiles_every_variant_unless_one_says_otherwise(tmp_path):
 
 
 def test_an_eager_scenario_has_no_compile_column(tmp_path):
-    data = yaml.safe_load(_scenario(tmp_path).read_text())
-    data["variants"] = data["variants"][:1]
-    path = tmp_path / "eager.yaml"
-    path.write_text(yaml.safe_dump(data))
-    proc = zbench("run", str(path), "--out", str(tmp_path / "runs"), "--wandb", "off")
+    path = tiny_scenario(tmp_path, "eager", [{"name": "ddp", "engine": "ddp"}])
+    proc = zbench("run", path, "--out", str(tmp_path / "runs"), "--wandb", "off")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "torch.compile" not in proc.stdout and "Batch size" in proc.stdout
 

@@ -28,6 +28,15 @@ def zbench(*args: str, env: dict | None = None, timeout: int = 300, script: tupl
                           env={**os.environ, "WANDB_SILENT": "true", **(env or {})})
 
 
+def tiny_scenario(tmp_path, name: str, variants: list[dict], samples: int = 32, **extra) -> str:
+    """A scenario file for the tiny GPT on synthetic tokens, 2 ranks, 3 steps of batch 4; `extra` overrides."""
+    data = {"model": {"arch": TINY}, "data": {"synthetic": {"train_samples": samples, "eval_samples": samples // 4}},
+            "seq_len": 16, "steps": 3, "batch_size": 4, "gpus": 2, "lr": 3e-3, "variants": variants, **extra}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
 def table(stdout: str) -> dict[str, list[str]]:
     """Rows of the printed markdown table by variant name (first cell)."""
     lines = [line for line in stdout.splitlines() if line.startswith("| ")]

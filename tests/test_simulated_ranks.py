@@ -11,10 +11,9 @@ import pathlib
 import pytest
 import torch
 import torch.distributed as dist
-import yaml
 
 from parity_workers import ds_config, make_model, train_local
-from test_runner import TINY, table, zbench
+from test_runner import TINY, table, tiny_scenario, zbench
 from zero_core import comm
 
 
@@ -85,19 +84,10 @@ def test_the_engine_holds_one_quarter_of_the_states_and_trains(fake_world, stage
     assert held["optimizer_states"] < alone["optimizer_states"] / 3 and shard > 0
 
 
-def _scenario(tmp_path: pathlib.Path, **extra) -> pathlib.Path:
-    data = {
-        "model": {"arch": TINY},
-        "data": {"synthetic": {"train_samples": 64, "eval_samples": 16}},
-        "seq_len": 16, "steps": 3, "batch_size": 4, "gpus": 2, "lr": 3e-3,
-        "variants": [{"name": "ddp", "engine": "ddp"}, {"name": "zero2", "engine": "zero", "stage": 2},
-                     {"name": "zero3", "engine": "zero", "stage": 3}, {"name": "fsdp2", "engine": "fsdp2"},
-                     {"name": "ds-zero2", "engine": "deepspeed", "stage": 2}],
-        **extra,
-    }
-    path = tmp_path / "sim.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+def _scenario(tmp_path: pathlib.Path) -> str:
+    return tiny_scenario(tmp_path, "sim", [{"name": "ddp", "engine": "ddp"}, {"name": "zero2", "engine": "zero", "stage": 2},
+                                           {"name": "zero3", "engine": "zero", "stage": 3}, {"name": "fsdp2", "engine": "fsdp2"},
+                                           {"name": "ds-zero2", "engine": "deepspeed", "stage": 2}], samples=64)
 
 
 def test_run_simulates_every_variant_in_one_process(tmp_path):
