@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A/B runs of 2026-11-23 on nvidia-h200-x2. Usage: bash docs/benchmarks/scripts/ab/run_ab.sh MODE... (tests control blocking probe gpt2xl final buckets deberta offload ctas dynamic dynab memprobe dyn48 b40x b40plain simmem simdeb simcompile simgpt simruns simrunc simcompiled compiled1 simsearch)
+# A/B runs of 2026-11-23 on nvidia-h200-x2. Usage: bash docs/benchmarks/scripts/ab/run_ab.sh MODE... (tests control blocking probe gpt2xl final buckets deberta offload ctas dynamic dynab memprobe dyn48 b40x b40plain simmem simdeb simcompile simgpt simruns simrunc simcompiled compiled1 simsearch sim8)
 set -uo pipefail
 source docs/benchmarks/scripts/gpu_env.sh
 ab=docs/benchmarks/scripts/ab
@@ -92,6 +92,7 @@ simcompiled)  # compiled DeBERTa: the runner's loop at 48 (3 epochs), then which
   echo "== GPT-2 XL compiled"; grep -E "step [4-7]|median|Error" "$OUT/simgpt_compiled.txt" | tail -6 ;;
 compiled1) run deberta_compiled_1gpu $ab/deberta_compiled_1gpu.yaml ;;  # the compile key through the runner, one GPU
 simsearch) run deberta_sim_search $ab/deberta_sim_search.yaml --simulate-ranks 2 ;;  # the product flag vs 2026-11-22's 2-GPU search
+sim8) run gpt2xl_sim8 $ab/gpt2xl_sim8.yaml --simulate-ranks 8 ;;  # issue 8's engines table: memory per GPU at 8 ranks
 offload) run gpt2xl_offload_sbs $ab/gpt2xl_engines_offload.yaml ;;
 *) echo "unknown mode $mode"; exit 2 ;;
 esac
