@@ -4,6 +4,7 @@ N-rank run. zero_core's flat collectives write the rank's own share there (zero_
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import pathlib
@@ -17,29 +18,26 @@ from test_runner import TINY, table, tiny_scenario, zbench
 from zero_core import comm
 
 
-@pytest.fixture
-def fake_world():
-    """This process as rank 0 of a fake world of 4 (torch's testing backend), torn down afterwards."""
+@contextlib.contextmanager
+def fake_world(rank: int = 0):
+    """This process as `rank` of a fake world of 4 (torch's testing backend), torn down afterwards."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=4)
     try:
-        yield 4
+        yield
     finally:
         dist.destroy_process_group()
 
 
 def test_flat_collectives_write_this_ranks_share(monkeypatch):
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
     def backend(*args, **kwargs):  # older torch releases leave the outputs of fake collectives unwritten
         raise AssertionError("a simulated rank must not call the fake backend's collectives")
 
     monkeypatch.setattr(comm, "_reduce_scatter", backend)
     monkeypatch.setattr(comm, "_all_gather", backend)
     # rank 1, not 0: torch's own fake collectives (some releases) copy the first chunk, whoever asks
-    dist.init_process_group("fake", store=FakeStore(), rank=1, world_size=4)
-    try:
+    with fake_world(rank=1):
         assert comm.simulated() and comm.world_size() == 4
         full = torch.arange(12.0)
         out = torch.full((3,), -1.0)
@@ -54,28 +52,21 @@ def test_flat_collectives_write_this_ranks_share(monkeypatch):
         comm.all_gather_flat(in_place, in_place[3:6])
         assert in_place.tolist() == list(range(12))
         assert comm.all_gather_object({"a": 1}) == [{"a": 1}] * 4
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
-def test_the_engine_holds_one_quarter_of_the_states_and_trains(fake_world, stage):
+def test_the_engine_holds_one_quarter_of_the_states_and_trains(stage):
     import zero_core
 
-    sim = zero_core.initialize(make_model(), ds_config(stage, "fp32", 2))
-    losses = train_local(sim, 0, 4, 2, 4)
-    held = sim.memory_bytes()
-    shard = sim.layout.groups[-1].shard_numel
-    sim.close()
-    dist.destroy_process_group()
-    try:
-        whole = zero_core.initialize(make_model(), ds_config(stage, "fp32", 2))  # no process group: world 1
-        alone = whole.memory_bytes()
-        whole.close()
-    finally:
-        from torch.testing._internal.distributed.fake_pg import FakeStore
-
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+    whole = zero_core.initialize(make_model(), ds_config(stage, "fp32", 2))  # no process group: world 1
+    alone = whole.memory_bytes()
+    whole.close()
+    with fake_world():
+        sim = zero_core.initialize(make_model(), ds_config(stage, "fp32", 2))
+        losses = train_local(sim, 0, 4, 2, 4)
+        held = sim.memory_bytes()
+        shard = sim.layout.groups[-1].shard_numel
+        sim.close()
     assert all(torch.isfinite(torch.tensor(losses)))
     if stage < 3:  # stage 3's other slots hold copies of rank 0's shard: finite, but no model to train
         assert losses[-1] < losses[0]

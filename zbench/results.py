@@ -88,7 +88,7 @@ def add_parity(rows: list[dict[str, Any]], tol: float) -> None:
             r["parity"], r["parity_note"] = 0.0, "reference"
         elif r["batch"] != ref["batch"]:
             r["parity"], r["parity_note"] = None, f"batch {r['batch']} vs ddp {ref['batch']}"
-        elif r.get("dropout") and (r.get("compiled") or None) != (ref.get("compiled") or None):
+        elif r.get("dropout") and r.get("compiled") != ref.get("compiled"):
             # compiled code draws its dropout masks from its own generator: per-step losses cannot match
             r["parity"], r["parity_note"] = None, "dropout masks differ (compiled vs eager)"
         else:
@@ -102,7 +102,7 @@ def add_floor_ratio(rows: list[dict[str, Any]], floor: dict[str, float] | None) 
         return
     limit = floor["fwd_bwd_ms"] + floor["optimizer_ms"]
     for r in rows:
-        same_model = (r.get("compiled") or None) == (floor.get("compiled") or None)  # compiled blocks run faster
+        same_model = r.get("compiled") == floor.get("compiled")  # compiled blocks run faster
         if r["status"] == "ok" and r.get("step_ms") and r.get("grad_accum") == 1 and r["batch"] == floor["batch"] and same_model:
             r["vs_floor"] = r["step_ms"] / limit
 

@@ -56,6 +56,14 @@ def new_run_dir(out: str, name: str, node_rank: int) -> str:
     return path
 
 
+def variant_job(plan: Plan, vp: VariantPlan, arch: ArchConfig | None, batch: int, mode: str) -> dict[str, Any]:
+    """What one launch of a variant runs (zbench.worker.run_job's argument, before progress and checkpoints)."""
+    return {"scenario": plan.scenario.model_dump(mode="json"), "base_dir": plan.base_dir,
+            "arch": asdict(arch) if arch else None, "engine": vp.spec.engine, "ds": vp.ds_template,
+            "batch": batch, "mode": mode, "compile": plan.scenario.compile_backend(vp.spec),
+            "simulate_world": plan.world_size if plan.simulated else None}
+
+
 class Runner:
     def __init__(self, plan: Plan, opts: RunOptions) -> None:
         self.plan, self.opts = plan, opts
@@ -73,11 +81,7 @@ class Runner:
         self.launches += 1
         log_dir = os.path.join(self.run_dir, "logs", vp.name)
         os.makedirs(log_dir, exist_ok=True)
-        job = {"scenario": self.plan.scenario.model_dump(mode="json"), "base_dir": self.plan.base_dir,
-               "arch": asdict(arch) if arch else None, "engine": vp.spec.engine, "ds": vp.ds_template,
-               "batch": batch, "mode": mode, "progress": os.path.join(log_dir, f"progress-{index}.jsonl"),
-               "compile": self.plan.scenario.compile_backend(vp.spec),
-               "simulate_world": self.plan.world_size if self.plan.simulated else None}
+        job = {**variant_job(self.plan, vp, arch, batch, mode), "progress": os.path.join(log_dir, f"progress-{index}.jsonl")}
         if mode == "train" and vp.spec.engine == "zero" and self.plan.scenario.checkpoint_every and not self.plan.simulated:
             # a rerun with --resume continues from here, on any number of ranks
             job["checkpoint_dir"] = self._checkpoint_dir(vp)

@@ -32,7 +32,8 @@ Metric = Literal["perplexity", "loss", "f1", "accuracy", "bleu"]
 Device = Literal["none", "cpu", "nvme"]
 # torch.compile backends a scenario may ask for: inductor (fused kernels, what `true` means) and
 # aot_eager (dynamo + AOTAutograd without code generation: the same graphs, for checking and debugging)
-COMPILE_BACKENDS = ("inductor", "aot_eager")
+CompileBackend = Literal["inductor", "aot_eager"]
+COMPILE_BACKENDS = typing.get_args(CompileBackend)
 
 
 def _compile_value(v: Any) -> Any:
@@ -42,7 +43,7 @@ def _compile_value(v: Any) -> Any:
                      f"got {v!r}")
 
 
-Compile = Annotated[bool | Literal["inductor", "aot_eager"] | None, BeforeValidator(_compile_value)]
+Compile = Annotated[bool | CompileBackend | None, BeforeValidator(_compile_value)]
 PosInt = Annotated[int, Field(ge=1)]
 
 # The metric a task reports first, and every metric it can report.

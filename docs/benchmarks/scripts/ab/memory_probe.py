@@ -27,12 +27,11 @@ from zbench import ds_config
 from zbench.data import build_splits
 from zbench.data.batches import train_stream, trim_padding
 from zbench.models.factory import build_model
-from zbench.plan import build_plan
 from zbench.variants import build_variant
 from zbench.worker import _cap_memory
 
 sys.path.insert(0, os.path.dirname(__file__))
-from sim_world import compile_blocks, setup_from_env  # noqa: E402
+from sim_world import compile_blocks, plan_for, setup_from_env  # noqa: E402
 
 GIB = 2**30
 OURS = ("zero_core/", "zbench/", "deepspeed/", "transformers/", "torch/distributed/fsdp/", "torch/optim/")
@@ -86,7 +85,7 @@ def main() -> None:
             setattr(torch.cuda, fn, lambda *a, **k: 0)
             setattr(torch.cuda.memory, fn, lambda *a, **k: 0)
         torch.cuda.memory._snapshot = lambda: {"device_traces": [[]]}
-    plan = build_plan(path, only=[name], gpus=world)
+    plan = plan_for(path, name, world)
     vp, sc = plan.variants[0], plan.scenario
     if rank == 0:
         torch.cuda.memory._record_memory_history(max_entries=3_000_000, stacks="python")
@@ -128,7 +127,7 @@ def main() -> None:
 
 def timing(path: str, name: str, batch: int, steps: int) -> None:
     device, rank, world = setup_from_env()
-    plan = build_plan(path, only=[name], gpus=world)
+    plan = plan_for(path, name, world)
     vp, sc = plan.variants[0], plan.scenario
     bundle, splits, ds = model_data(plan, vp, batch, world)
     compile_blocks(bundle)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import asdict
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -24,23 +23,17 @@ from sim_world import setup_simulated  # noqa: E402
 def main() -> None:
     path, name, batch = sys.argv[1], sys.argv[2], int(sys.argv[3])
     world = int(os.environ.get("SIM_WORLD", "2"))
-    import yaml
-
-    with open(path) as f:
-        conf = (yaml.safe_load(f) or {}).get("cuda_alloc_conf")
-    if conf:
-        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = conf
-    device, rank, world = setup_simulated(world)
     from zbench import worker
     from zbench.plan import build_plan
+    from zbench.runner import variant_job
 
-    plan = build_plan(path, only=[name], gpus=world)
+    plan = build_plan(path, only=[name], simulate=world)  # starts no CUDA: the allocator setting still applies
+    worker.apply_alloc_conf(plan.scenario.cuda_alloc_conf)
+    device, rank, world = setup_simulated(world)
     vp = plan.variants[0]
-    arch = vp.arch or plan.arch
-    job = {"scenario": plan.scenario.model_dump(mode="json"), "base_dir": plan.base_dir,
-           "arch": asdict(arch) if arch else None, "engine": vp.spec.engine, "ds": vp.ds_template,
-           "batch": batch, "mode": "train", "simulate_world": world,
-           "compile": "inductor" if os.environ.get("COMPILE") else plan.scenario.compile_backend(vp.spec)}
+    job = variant_job(plan, vp, vp.arch or plan.arch, batch, "train")
+    if os.environ.get("COMPILE"):
+        job["compile"] = "inductor"
     res = worker._run(job, device, rank, world)
     keep = ("batch", "micro_steps_per_epoch", "peak_gpu_gib", "skipped_steps", "tokens_per_row", "compiled")
     print(json.dumps({k: res.get(k) for k in keep}))

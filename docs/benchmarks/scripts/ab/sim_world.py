@@ -20,11 +20,7 @@ def setup_simulated(world: int) -> tuple[torch.device, int, int]:
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE=str(world), LOCAL_WORLD_SIZE="1")
     from zbench.worker import _setup
 
-    device, rank, world = _setup(simulate=world)
-    import zbench.plan  # the plan checks that the machine has `world` GPUs; here one stands for them all
-
-    zbench.plan._check_gpus = lambda gpus, notes, cap: device.type
-    return device, rank, world
+    return _setup(simulate=world)
 
 
 def setup_from_env() -> tuple[torch.device, int, int]:
@@ -34,6 +30,15 @@ def setup_from_env() -> tuple[torch.device, int, int]:
     from zbench.worker import _setup
 
     return _setup()
+
+
+def plan_for(path: str, name: str, world: int):
+    """The scenario's plan for one variant: simulated with SIM_WORLD (one GPU stands for `world`), else real."""
+    from zbench.plan import build_plan
+
+    if os.environ.get("SIM_WORLD"):
+        return build_plan(path, only=[name], simulate=world)
+    return build_plan(path, only=[name], gpus=world)
 
 
 def compile_blocks(bundle) -> None:
