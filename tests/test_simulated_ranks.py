@@ -112,3 +112,13 @@ def test_simulation_flags_that_cannot_apply_are_one_line_errors(tmp_path, args, 
     proc = zbench("run", str(_scenario(tmp_path)), *args, "--out", str(tmp_path / "runs"), "--wandb", "off")
     err = proc.stderr.strip()
     assert proc.returncode != 0 and "Traceback" not in err and message in err, err
+
+
+def test_a_simulated_run_writes_no_checkpoint_and_says_so(tmp_path):
+    out = tmp_path / "runs"
+    path = tiny_scenario(tmp_path, "simckpt", [{"name": "zero2", "engine": "zero", "stage": 2}], checkpoint_every=1)
+    proc = zbench("run", path, "--simulate-ranks", "2", "--out", str(out), "--wandb", "off")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "no checkpoints are written" in proc.stderr
+    run = next(out.glob("*/"))
+    assert (run / "results.json").is_file() and not (run / "checkpoints").exists()  # rank 0 alone saved nothing
