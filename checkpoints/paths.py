@@ -1,0 +1,72 @@
+"""One containment rule for every path derived from a file or a name.
+
+A checkpoint, a scenario or a run folder names other files: rank files in a manifest, chunk files in
+DCP's `.metadata`, a tag in `latest`, a variant's name that becomes a folder. Each such name is
+untrusted: it must be a relative path that resolves inside its folder, and, unless the caller
+allows it (`--follow-symlinks`), nothing on the way from the folder to the file may be a symbolic
+link. The folder itself is the user's choice and may be a link.
+
+    path = inside(folder, rel, what="rank file")     # the resolved path, or CheckpointError
+    name = plain_name(text, what="tag")              # one path component, or CheckpointError
+
+Errors are one line naming the path, the folder and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .source import CheckpointError
+
+NAME_MAX_BYTES = 255  # a path component on every common file system
+
+
+def plain_name(name: object, what: str, fix: str = "use a plain folder name") -> str:
+    """`name` as one path component: a non-empty str without separators, NUL or a leading '.',
+    at most 255 bytes; raises CheckpointError naming `what` otherwise."""
+    shown = repr(name) if not isinstance(name, str) or len(name) <= 80 else repr(name[:80] + "...")
+    if not isinstance(name, str) or not name:
+        raise CheckpointError(f"{what} {shown} is not a name; {fix}")
+    if len(name.encode("utf-8", "surrogatepass")) > NAME_MAX_BYTES:
+        raise CheckpointError(f"{what} {shown} is longer than {NAME_MAX_BYTES} bytes; {fix}")
+    if "/" in name or "\\" in name or "\0" in name or name.startswith(".") or name != name.strip():
+        raise CheckpointError(f"{what} {shown} is not a plain name (no '/', '\\', NUL, leading '.' or "
+                              f"surrounding spaces); {fix}")
+    return name
+
+
+def _symlink_on_the_way(folder: Path, rel: Path) -> Path | None:
+    """The first component of folder/rel (below folder) that is a symbolic link, if any."""
+    here = folder
+    for part in rel.parts:
+        here = here / part
+        if here.is_symlink():
+            return here
+    return None
+
+
+def inside(folder: str | os.PathLike, rel: str | os.PathLike, *, what: str, follow_symlinks: bool = False) -> Path:
+    """folder/rel, checked to stay inside `folder`; CheckpointError (one line) otherwise.
+
+    `rel` must be relative and must not climb out of `folder` ('..'). Without `follow_symlinks` no
+    component below `folder` may be a symbolic link, so the file really lies inside the folder; with it,
+    links are followed wherever they point (the user vouches for them)."""
+    folder = Path(folder)
+    text = os.fspath(rel)
+    if not text or "\0" in text:
+        raise CheckpointError(f"{what} {text!r} in {folder} is not a file name; the checkpoint is damaged or crafted: "
+                              "use one written by its tool")
+    if os.path.isabs(text):
+        raise CheckpointError(f"{what} {text} is an absolute path, outside {folder}; files are read only from inside "
+                              "their folder: the checkpoint is damaged or crafted, use one written by its tool")
+    normal = os.path.normpath(text)
+    if normal == os.pardir or normal.startswith(os.pardir + os.sep):
+        raise CheckpointError(f"{what} {text} points outside {folder}; files are read only from inside their folder: "
+                              "the checkpoint is damaged or crafted, use one written by its tool")
+    if not follow_symlinks:
+        link = _symlink_on_the_way(folder, Path(normal))
+        if link is not None:
+            raise CheckpointError(f"{what} {link} is a symbolic link (to {os.readlink(link)}), inside {folder}; "
+                                  "replace it with the file itself, or pass --follow-symlinks to read through links")
+    return folder / normal
