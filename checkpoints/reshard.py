@@ -13,8 +13,10 @@ from typing import Any
 
 import torch
 
+from . import manifest as mf
 from . import zbench_format as fmt
 from .layout import build_layout
+from .paths import inside
 from .safetensors_stream import StreamingWriter
 from .source import CheckpointError
 from .zbench_source import FragmentReader, ZbenchSource
@@ -38,7 +40,7 @@ def reshard_to_zbench(source: object, out: str | Path, world_size: int) -> Path:
     layout = build_layout([(p["name"], p["shape"]) for p in trainable], new_world, group_bounds=bounds, align=m["layout"]["align"])
     tag = m["tag"]
     created = [p for p in [out, *out.parents] if not p.exists()]  # removed again if the write fails
-    staged = fmt.partial_dir(out, tag)
+    staged = fmt.staging_dir(out, tag, fmt.new_token())
     try:
         staged.mkdir(parents=True)
         _write(source, layout, world_size, new_world, staged, out, tag)
@@ -51,14 +53,14 @@ def reshard_to_zbench(source: object, out: str | Path, world_size: int) -> Path:
 def _write(source: ZbenchSource, layout: Any, world_size: int, new_world: int, staged: Path, out: Path, tag: str) -> None:
     """Stream every new rank file, the frozen tensors and the manifest into `staged`, then commit."""
     m = source.manifest
-    reader = FragmentReader(source.folder, m)
+    reader = FragmentReader(source.folder, m, source.follow_symlinks)
     files = {}
     try:
         for r in range(new_world):
-            name = fmt.rank_file(r)
+            name = mf.rank_file(r)
             frags = layout.fragments(r)
-            w = StreamingWriter(staged / name, [(k, torch.float32, [layout.partition_numel]) for k in fmt.PARTITION_KEYS])
-            for key in fmt.PARTITION_KEYS:
+            w = StreamingWriter(staged / name, [(k, torch.float32, [layout.partition_numel]) for k in mf.PARTITION_KEYS])
+            for key in mf.PARTITION_KEYS:
                 pos = 0
                 for f in frags:
                     if f.partition_offset > pos:  # alignment padding between fragments
@@ -70,14 +72,13 @@ def _write(source: ZbenchSource, layout: Any, world_size: int, new_world: int, s
                     pos = f.partition_offset + f.numel
                 w.write(torch.zeros(layout.partition_numel - pos))
             w.close()
-            files[name] = {"sha256": fmt.sha256_file(staged / name), "bytes": (staged / name).stat().st_size}
+            files[name] = mf.file_record(staged / name)
     finally:
         reader.close()
-    shutil.copy2(source.folder / fmt.FROZEN_FILE, staged / fmt.FROZEN_FILE)
-    files[fmt.FROZEN_FILE] = m["files"][fmt.FROZEN_FILE]
-    manifest = {**m, "world_size": world_size, "rng": {}, "files": files,
-                "layout": {**m["layout"], "world_size": new_world, "partition_numel": layout.partition_numel},
-                "fragments": {fmt.rank_file(r): [[f.param_index, f.param_start, f.partition_offset, f.numel]
-                                                 for f in layout.fragments(r)] for r in range(new_world)}}
-    fmt.write_json_atomic(staged / fmt.MANIFEST, manifest)
-    fmt.commit(out, tag)
+    frozen = inside(source.folder, mf.FROZEN_FILE, what="frozen tensors file", follow_symlinks=source.follow_symlinks)
+    shutil.copy2(frozen, staged / mf.FROZEN_FILE)
+    files[mf.FROZEN_FILE] = m["files"][mf.FROZEN_FILE]
+    manifest = {**m, "version": mf.VERSION, "world_size": world_size, "rng": {}, "files": files,
+                "layout": mf.layout_record(layout), "fragments": mf.fragment_records(layout)}
+    mf.write(staged, manifest)
+    fmt.commit(out, tag, staged)

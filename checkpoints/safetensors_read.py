@@ -8,6 +8,7 @@ the checkpoint's size. Positioned reads keep memory at the size of the destinati
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 from typing import BinaryIO
@@ -20,6 +21,43 @@ _DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "
            "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
 
 
+MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit
+_ITEM = {"F32": 4, "BF16": 2, "F16": 2, "F64": 8, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+
+
+def header_problem(header: object, data_bytes: int) -> str | None:
+    """What is wrong with a parsed safetensors header for a data section of `data_bytes`, or None: every
+    entry a known dtype, a shape of non-negative ints, offsets that match dtype x shape, inside the data,
+    not overlapping; `__metadata__` text to text."""
+    if not isinstance(header, dict):
+        return "its header is not a JSON object"
+    meta = header.get("__metadata__", {})
+    if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+        return "its __metadata__ is not text to text"
+    spans = []
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        if not (isinstance(t, dict) and isinstance(t.get("dtype"), str) and t["dtype"] in _ITEM and isinstance(t.get("shape"), list) and len(t["shape"]) <= 32
+                and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 48 for d in t["shape"])
+                and isinstance(t.get("data_offsets"), list) and len(t["data_offsets"]) == 2
+                and all(isinstance(o, int) and not isinstance(o, bool) for o in t["data_offsets"])):
+            return f"tensor {str(name)[:60]!r} has a malformed header entry"
+        a, b = t["data_offsets"]
+        n = 1
+        for d in t["shape"]:
+            n *= d
+        if 0 <= a <= b and b - a == n * _ITEM[t["dtype"]] and b > data_bytes:
+            return f"the file is truncated: tensor {str(name)[:60]!r} runs past its end"
+        if not 0 <= a <= b <= data_bytes or b - a != n * _ITEM[t["dtype"]]:
+            return f"tensor {str(name)[:60]!r} has offsets {a}..{b} that do not fit its shape or the file"
+        spans.append((a, b))
+    spans.sort()
+    if any(x[1] > y[0] for x, y in zip(spans, spans[1:])):
+        return "two tensors overlap in the file"
+    return None
+
+
 class SafetensorsFile:
     """The header of one safetensors file and positioned reads of its tensors' elements."""
 
@@ -27,19 +65,26 @@ class SafetensorsFile:
         self.path = Path(path)
         try:
             self._f: BinaryIO = open(self.path, "rb")
+        except OSError as e:
+            raise CheckpointError(f"{self.path} cannot be opened ({e.strerror}); restore it or use an earlier checkpoint") from None
+        try:
+            size = os.fstat(self._f.fileno()).st_size
             (n,) = struct.unpack("<Q", self._f.read(8))
-            size = self.path.stat().st_size
-            if n > size - 8:
-                raise ValueError("header longer than the file")
+            if n > min(size - 8, MAX_HEADER_BYTES):
+                raise ValueError("header longer than the file or than safetensors allows")
             header = json.loads(self._f.read(n))
-        except (OSError, ValueError, struct.error, UnicodeDecodeError) as e:
-            raise CheckpointError(f"{self.path} is not a readable safetensors file ({e}); restore it or use an earlier checkpoint")
+            problem = header_problem(header, size - 8 - n)
+        except (OSError, ValueError, struct.error, UnicodeDecodeError, RecursionError) as e:
+            self._f.close()
+            raise CheckpointError(f"{self.path} is not a readable safetensors file ({e.__class__.__name__}: {str(e)[:80]}); "
+                                  "restore it or use an earlier checkpoint") from None
+        if problem:
+            self._f.close()
+            raise CheckpointError(f"{self.path} is not a valid safetensors file ({problem}); restore it or use an "
+                                  "earlier checkpoint")
         self.metadata = header.pop("__metadata__", {})
         self.tensors = header
         self._data_start = 8 + n
-        for name, t in header.items():
-            if t["data_offsets"][1] + self._data_start > size:
-                raise CheckpointError(f"{self.path} is truncated (tensor {name} runs past the end); restore it or use an earlier checkpoint")
 
     def dtype(self, name: str) -> torch.dtype:
         return _DTYPES[self.tensors[name]["dtype"]]

@@ -7,7 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from . import manifest as mf
 from . import zbench_format as fmt
+from .manifest_checks import header_problem
+from .paths import inside
 from .safetensors_read import SafetensorsFile
 from .source import CheckpointError, ParamInfo, SourceSummary
 
@@ -15,8 +18,8 @@ from .source import CheckpointError, ParamInfo, SourceSummary
 class FragmentReader:
     """Reads any element range of any saved parameter, opening only the rank files that hold it."""
 
-    def __init__(self, folder: Path, manifest: dict[str, Any]) -> None:
-        self.folder, self.manifest = folder, manifest
+    def __init__(self, folder: Path, manifest: dict[str, Any], follow_symlinks: bool = False) -> None:
+        self.folder, self.manifest, self.follow_symlinks = folder, manifest, follow_symlinks
         self.by_param: dict[int, list[tuple[str, int, int, int]]] = defaultdict(list)
         for fname, frags in manifest["fragments"].items():
             for index, param_start, offset, numel in frags:
@@ -25,8 +28,13 @@ class FragmentReader:
         self._handles: dict[str, SafetensorsFile] = {}
 
     def _handle(self, fname: str) -> SafetensorsFile:
+        """The open rank file, its header checked against the manifest when first opened."""
         if fname not in self._handles:
-            self._handles[fname] = SafetensorsFile(self.folder / fname)
+            path = inside(self.folder, fname, what="rank file", follow_symlinks=self.follow_symlinks)
+            problem = header_problem(path, fname, self.manifest) if path.is_file() else f"{path} is missing"
+            if problem:
+                raise CheckpointError(f"{problem}; restore it or use an earlier checkpoint")
+            self._handles[fname] = SafetensorsFile(path)
         return self._handles[fname]
 
     def files_for(self, names: list[str]) -> list[str]:
@@ -42,7 +50,11 @@ class FragmentReader:
             lo, hi = max(start, p_start), min(end, p_start + numel)
             if lo >= hi:
                 continue
-            self._handle(fname).read_into(key, offset + lo - p_start, out[lo - start : hi - start])
+            try:
+                self._handle(fname).read_into(key, offset + lo - p_start, out[lo - start : hi - start])
+            except FileNotFoundError:
+                raise CheckpointError(f"{self.folder / fname} disappeared while it was read (another process removed this "
+                                      "checkpoint, e.g. a save with keep_last); read a newer one") from None
             covered += hi - lo
         if covered != out.numel():
             raise CheckpointError(f"{self.folder}: fragments of {name} cover {covered} of {out.numel()} elements; the manifest is damaged")
@@ -56,10 +68,11 @@ class FragmentReader:
 class ZbenchSource:
     """`CheckpointSource` over a zbench checkpoint folder (fp32 masters, frozen tensors as stored)."""
 
-    def __init__(self, path: str | Path, tag: str | None = None) -> None:
-        self.folder = fmt.resolve(path, tag)
-        self.manifest = fmt.read_manifest(self.folder)
-        self.reader = FragmentReader(self.folder, self.manifest)
+    def __init__(self, path: str | Path, tag: str | None = None, follow_symlinks: bool = False) -> None:
+        self.follow_symlinks = follow_symlinks
+        self.folder = fmt.resolve(path, tag, follow_symlinks)
+        self.manifest = mf.read(self.folder, follow_symlinks)
+        self.reader = FragmentReader(self.folder, self.manifest, follow_symlinks)
 
     def params(self) -> list[ParamInfo]:
         return [ParamInfo(p["name"], tuple(p["shape"]), p["dtype"], p["trainable"], p.get("tied_to")) for p in self.manifest["params"]]
@@ -71,8 +84,7 @@ class ZbenchSource:
         if entry.get("tied_to"):
             return self.load(entry["tied_to"])
         if not entry["trainable"]:
-            with SafetensorsFile(self.folder / fmt.FROZEN_FILE) as f:
-                t = f.read(name)
+            t = read_frozen(self.folder, self.manifest, [name], self.follow_symlinks)[name]
             return t.float() if t.is_floating_point() else t
         out = torch.empty(int(torch.Size(entry["shape"]).numel()), dtype=torch.float32)
         self.reader.read_into(out, name, "master", 0)
@@ -89,4 +101,14 @@ class ZbenchSource:
                              dict(dtypes), size, {"tag": m["tag"], "format_version": m["version"]})
 
     def verify(self) -> list[str]:
-        return fmt.verify_files(self.folder, self.manifest)
+        return mf.verify_files(self.folder, self.manifest, follow_symlinks=self.follow_symlinks)
+
+
+def read_frozen(folder: Path, manifest: dict[str, Any], names: list[str], follow_symlinks: bool = False) -> dict[str, torch.Tensor]:
+    """The frozen tensors `names` from frozen.safetensors, its header checked against the manifest first."""
+    path = inside(folder, mf.FROZEN_FILE, what="frozen tensors file", follow_symlinks=follow_symlinks)
+    problem = header_problem(path, mf.FROZEN_FILE, manifest) if path.is_file() else f"{path} is missing"
+    if problem:
+        raise CheckpointError(f"{problem}; restore it or use an earlier checkpoint")
+    with SafetensorsFile(path) as f:
+        return {n: f.read(n) for n in names}

@@ -1,18 +1,17 @@
-"""Engine save/load in zbench's checkpoint format, resharding on load.
+"""Engine save/load in zbench's checkpoint format (checkpoints/manifest.py), resharding on load.
 
 Save: every rank writes only its own partition (no gather); rank 0 adds frozen tensors and the
-manifest and commits atomically. A rank that cannot write (disk full, quota, permissions) does not
-leave the others waiting: the ranks agree on the outcome, the staged folder is removed, and every
-rank raises the same one-line CheckpointError; `latest` and the previous checkpoint stay as they were.
+manifest and commits atomically (checkpoints/zbench_format.py). A rank that cannot write (disk full,
+quota, permissions) does not leave the others waiting: the ranks agree on the outcome, rank 0 removes
+the staging folder it made, and every rank raises the same one-line CheckpointError; `latest` and the
+previous checkpoint stay as they were.
 Load: every rank reads, through the fragment maps, just the elements of its *current* partition,
-whatever world size, stage or bucketing the save used.
+whatever world size, stage or bucketing the save used. RNG states are plain data (rng_state.py).
 """
 
 from __future__ import annotations
 
-import base64
 import os
-import random
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,21 +19,21 @@ from typing import TYPE_CHECKING, Any
 import torch
 from safetensors.torch import save_file
 
+from checkpoints import manifest as mf
 from checkpoints import zbench_format as fmt
 from checkpoints.io_errors import ACCESS, SPACE, write_cause
-from checkpoints.safetensors_read import SafetensorsFile
+from checkpoints.paths import plain_name
 from checkpoints.source import CheckpointError
-from checkpoints.zbench_source import FragmentReader
+from checkpoints.zbench_source import FragmentReader, read_frozen
 
 from . import comm
 from .opt_states import NAMES, TensorStates
+from .rng_state import capture_rng, restore_rng
 
 if TYPE_CHECKING:
     from .engine import Engine
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-
-
 _FIXES = {SPACE: "free space on that disk or pass another save_dir, then save again",
           ACCESS: "make the folder writable or pass another save_dir, then save again",
           None: "fix that and save again"}
@@ -47,36 +46,18 @@ def _cause(e: BaseException) -> tuple[str, str]:
 
 
 def _save_failed(root: Path, tag: str, problem: tuple[str, str]) -> CheckpointError:
-    latest = fmt.read_latest(root) if root.is_dir() else None
+    try:
+        latest = fmt.read_latest(root) if root.is_dir() else None
+    except CheckpointError:
+        latest = None
     before = f"the previous checkpoint ({latest}) and 'latest' are unchanged" if latest else "no earlier checkpoint exists there"
     return CheckpointError(f"checkpoint {tag} was not saved in {root}: {problem[0]}; {problem[1]}; {before}")
-
-
-def _clear_debris(root: Path) -> None:
-    """Staged folders of saves that crashed: they hold disk space a new save may need."""
-    for d in root.glob(".*.partial"):
-        if d.is_dir():
-            shutil.rmtree(d, ignore_errors=True)
-
-
-def _rng_state(device: torch.device) -> dict[str, Any]:
-    state = {"torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(), "python": repr(random.getstate())}
-    if device.type == "cuda":
-        state["cuda"] = base64.b64encode(torch.cuda.get_rng_state(device).numpy().tobytes()).decode()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any], device: torch.device) -> None:
-    torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch"])), dtype=torch.uint8))
-    random.setstate(eval(state["python"], {"__builtins__": {}}))  # a tuple of ints and a float: repr round-trips
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["cuda"])), dtype=torch.uint8), device)
 
 
 def _write_synced(tensors: dict[str, torch.Tensor], path: Path) -> dict[str, Any]:
     save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, str(path))
     fmt.fsync_path(path)
-    return {"sha256": fmt.sha256_file(path), "bytes": path.stat().st_size}
+    return mf.file_record(path)
 
 
 def _write_states(states: Any, path: Path) -> dict[str, Any]:
@@ -90,93 +71,74 @@ def _write_states(states: Any, path: Path) -> dict[str, Any]:
         for _, _, views in states.stream((n,), write_back=False):
             writer.write(views[n])
     writer.close()  # fsyncs
-    return {"sha256": fmt.sha256_file(path), "bytes": path.stat().st_size}
+    return mf.file_record(path)
 
 
 def _param_entries(engine: "Engine") -> list[dict[str, Any]]:
-    """Every state-dict entry: trainable ones point at their layout slot, tied names at their owner."""
     slot_of = {id(p): i for i, p in enumerate(engine.params)}
-    first_name: dict[int, str] = {}
-    entries = []
-    for name, t in engine.module.state_dict(keep_vars=True).items():
-        entry: dict[str, Any] = {"name": name, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."),
-                                 "trainable": id(t) in slot_of, "tied_to": first_name.get(id(t)), "slot": None}
-        if entry["trainable"] and entry["tied_to"] is None:
-            entry["slot"] = slot_of[id(t)]
-        first_name.setdefault(id(t), name)
-        entries.append(entry)
-    return entries
+    return mf.param_entries(engine.module.state_dict(keep_vars=True).items(), slot_of)
+
+
+def _prepare(root: Path, tag: str) -> tuple[Path, list[Path]]:
+    """Rank 0: the root folder, a tag replaced by a save that died put back, and a fresh staging folder;
+    also the staging folders that dead saves left (reported, never removed: they are not ours)."""
+    root.mkdir(parents=True, exist_ok=True)
+    fmt.recover(root)
+    staged = fmt.staging_dir(root, tag, fmt.new_token())
+    staged.mkdir()
+    return staged, fmt.leftovers(root)
 
 
 def save(engine: "Engine", save_dir: str | os.PathLike, tag: str | None = None,
          client_state: dict[str, Any] | None = None, keep_last: int | None = None) -> Path:
     """Collective. Returns the committed checkpoint folder."""
     root = Path(save_dir)
-    tag = tag or f"global_step{engine.global_step}"
-    if "/" in tag or tag.startswith("."):
-        raise CheckpointError(f"tag {tag!r} must be a plain folder name (no '/', not starting with '.')")
-    staged = fmt.partial_dir(root, tag)
-    problem: tuple[str, str] | None = None
+    tag = plain_name(tag or f"global_step{engine.global_step}", "checkpoint tag", "pass a plain folder name as tag")
+    if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
+        raise CheckpointError(f"keep_last must be a whole number >= 1 or None, got {keep_last!r}")
+    staged, problem = root, None
     if engine.rank == 0:
         try:
-            root.mkdir(parents=True, exist_ok=True)
-            _clear_debris(root)
-            staged.mkdir()
+            staged, stale = _prepare(root, tag)
+            if stale:
+                print(f"zero_core: {len(stale)} folder(s) left in {root} by saves that died ({', '.join(d.name for d in stale[:3])}); "
+                      "they hold disk space: delete them once no save is running", flush=True)
         except OSError as e:
             what, fix = _cause(e)
-            problem = (f"cannot create {staged} ({what})", fix)
-    problem = comm.broadcast_object(problem, what="broadcast of the checkpoint folder's status")
+            problem = (f"cannot create {e.filename or root} ({what})", fix)
+    staged, problem = comm.broadcast_object((str(staged), problem), what="broadcast of the checkpoint folder's status")
+    staged = Path(staged)
     if problem:
         raise _save_failed(root, tag, problem)
-    opt = engine.optimizer
     files: dict[str, Any] = {}
     writes_partition = engine.layout.world_size > 1 or engine.rank == 0  # stage 0: one copy is enough
     target = staged
     try:
         if writes_partition:
-            name = fmt.rank_file(engine.rank)
+            name = mf.rank_file(engine.rank)
             target = staged / name
-            files[name] = _write_states(opt.states, target)
+            files[name] = _write_states(engine.optimizer.states, target)
         if engine.rank == 0:
             frozen = {e["name"]: t.detach() for e, t in zip(_param_entries(engine), engine.module.state_dict(keep_vars=True).values())
                       if not e["trainable"] and not e["tied_to"]}  # safetensors stores shared storage once
-            target = staged / fmt.FROZEN_FILE
-            files[fmt.FROZEN_FILE] = _write_synced(frozen, target)
+            target = staged / mf.FROZEN_FILE
+            files[mf.FROZEN_FILE] = _write_synced(frozen, target)
     except Exception as e:  # OSError, or safetensors' own error type carrying the OS error's text
         what, fix = _cause(e)
         problem = (f"rank {engine.rank} could not write {target} ({what})", fix)
-    gathered = comm.all_gather_object({"files": files, "rng": _rng_state(engine.device), "problem": problem},
+    gathered = comm.all_gather_object({"files": files, "rng": capture_rng(engine.device), "problem": problem},
                                       what="all-gather of the checkpoint's file list")
     problem = next((g["problem"] for g in gathered if g["problem"]), None)
     if engine.rank == 0 and problem is None:
-        layout = engine.layout
-        all_files = {k: v for g in gathered for k, v in g["files"].items()}
-        fragments = {fmt.rank_file(r): [[f.param_index, f.param_start, f.partition_offset, f.numel] for f in layout.fragments(r)]
-                     for r in range(layout.world_size)}
-        c = engine.config
-        manifest = {
-            "format": fmt.FORMAT, "version": fmt.VERSION, "tag": tag, "step": engine.global_step,
-            "micro_steps": engine.micro_steps, "world_size": engine.world_size, "stage": engine.stage,
-            "dtype": _DTYPE_NAMES[engine.dtype],
-            "layout": {"world_size": layout.world_size, "align": layout.align, "partition_numel": layout.partition_numel,
-                       "groups": [[s.index for s in g.slots] for g in layout.groups]},
-            "params": _param_entries(engine), "fragments": fragments, "files": all_files,
-            "optimizer": {"type": c.optimizer.type, "lr": c.optimizer.params.lr, "betas": list(c.optimizer.params.betas),
-                          "eps": c.optimizer.params.eps, "weight_decay": c.optimizer.params.weight_decay,
-                          "decoupled": c.optimizer.decoupled, "gradient_clipping": c.gradient_clipping,
-                          "applied": float(opt.applied), "skipped": float(opt.skipped)},
-            "loss_scaler": {k: (v.tolist() if isinstance(v, torch.Tensor) else v) for k, v in engine.scaler.state_dict().items()},
-            "rng": {str(r): g["rng"] for r, g in enumerate(gathered)},
-            "client_state": client_state or {},
-        }
         try:
-            fmt.write_json_atomic(staged / fmt.MANIFEST, manifest)
-            fmt.commit(root, tag)
+            mf.write(staged, _manifest(engine, tag, {k: v for g in gathered for k, v in g["files"].items()},
+                                       {str(r): g["rng"] for r, g in enumerate(gathered)}, client_state))
+            fmt.commit(root, tag, staged)
         except OSError as e:
             what, fix = _cause(e)
             problem = (f"rank 0 could not write the manifest or commit {tag} ({what})", fix)
     if engine.rank == 0 and problem is not None:
-        shutil.rmtree(staged, ignore_errors=True)
+        shutil.rmtree(staged, ignore_errors=True)  # made by this rank's _prepare above
     problem = comm.broadcast_object(problem, what="broadcast of the checkpoint's commit status")
     if problem:
         raise _save_failed(root, tag, problem)
@@ -185,23 +147,48 @@ def save(engine: "Engine", save_dir: str | os.PathLike, tag: str | None = None,
     return root / tag
 
 
-def load(engine: "Engine", load_dir: str | os.PathLike, tag: str | None = None) -> dict[str, Any]:
-    """Collective. Loads weights, optimizer state and counters into this engine; returns client_state."""
-    folder = fmt.resolve(load_dir, tag)
-    manifest = fmt.read_manifest(folder)
+def _manifest(engine: "Engine", tag: str, files: dict[str, Any], rng: dict[str, Any],
+              client_state: dict[str, Any] | None) -> dict[str, Any]:
+    c, opt = engine.config, engine.optimizer
+    return {
+        "format": mf.FORMAT, "version": mf.VERSION, "tag": tag, "step": engine.global_step,
+        "micro_steps": engine.micro_steps, "world_size": engine.world_size, "stage": engine.stage,
+        "dtype": _DTYPE_NAMES[engine.dtype], "layout": mf.layout_record(engine.layout),
+        "params": _param_entries(engine), "fragments": mf.fragment_records(engine.layout), "files": files,
+        "optimizer": {"type": c.optimizer.type, "lr": c.optimizer.params.lr, "betas": list(c.optimizer.params.betas),
+                      "eps": c.optimizer.params.eps, "weight_decay": c.optimizer.params.weight_decay,
+                      "decoupled": c.optimizer.decoupled, "gradient_clipping": c.gradient_clipping,
+                      "applied": float(opt.applied), "skipped": float(opt.skipped)},
+        "loss_scaler": {k: (v.tolist() if isinstance(v, torch.Tensor) else v) for k, v in engine.scaler.state_dict().items()},
+        "rng": rng, "client_state": client_state or {},
+    }
+
+
+def _check_model(folder: Path, manifest: dict[str, Any], current: list[dict[str, Any]]) -> None:
     saved = {p["name"]: p for p in manifest["params"]}
-    current = _param_entries(engine)
     missing = [e["name"] for e in current if e["name"] not in saved]
     unexpected = [n for n in saved if n not in {e["name"] for e in current}]
     if missing or unexpected:
-        raise CheckpointError(f"{folder} is from another model: missing {missing[:3]} unexpected {unexpected[:3]}; load a checkpoint of this model")
+        raise CheckpointError(f"{folder} is from another model: missing {missing[:3]} unexpected {unexpected[:3]}; "
+                              "load a checkpoint of this model")
     for e in current:
         if list(saved[e["name"]]["shape"]) != e["shape"] or saved[e["name"]]["trainable"] != e["trainable"]:
-            raise CheckpointError(f"{folder}: {e['name']} is {saved[e['name']]['shape']} in the checkpoint but {e['shape']} in the model; load a checkpoint of this model")
+            raise CheckpointError(f"{folder}: {e['name']} is {saved[e['name']]['shape']} in the checkpoint but {e['shape']} "
+                                  "in the model; load a checkpoint of this model")
+
+
+def load(engine: "Engine", load_dir: str | os.PathLike, tag: str | None = None) -> dict[str, Any]:
+    """Collective. Loads weights, optimizer state and counters into this engine; returns client_state."""
+    folder = fmt.resolve(load_dir, tag)
+    manifest = mf.read(folder)
+    current = _param_entries(engine)
+    _check_model(folder, manifest, current)
     reader = FragmentReader(folder, manifest)  # after the model checks: nothing opened for a refused checkpoint
     mine = engine.layout.fragments(engine.rank if engine.layout.world_size > 1 else 0)
     names = [engine.layout.slots[f.param_index].name for f in mine]
-    fmt.check_files(folder, manifest, reader.files_for(names) + [fmt.FROZEN_FILE])
+    mf.check_files(folder, manifest, reader.files_for(names) + [mf.FROZEN_FILE])
+    rng = manifest["rng"].get(str(engine.rank)) if manifest["world_size"] == engine.world_size else None
+    restore = restore_rng(rng, manifest["version"], folder) if rng is not None else None  # checked before any change
     opt = engine.optimizer
     with torch.no_grad():
         try:
@@ -217,10 +204,9 @@ def load(engine: "Engine", load_dir: str | os.PathLike, tag: str | None = None) 
         finally:
             reader.close()
         state = engine.module.state_dict(keep_vars=True)
-        with SafetensorsFile(folder / fmt.FROZEN_FILE) as fz:
-            for e in current:
-                if not e["trainable"] and not e["tied_to"]:
-                    state[e["name"]].data.copy_(fz.read(e["name"]))
+        frozen = [e["name"] for e in current if not e["trainable"] and not e["tied_to"]]
+        for name, t in read_frozen(folder, manifest, frozen).items():
+            state[name].data.copy_(t)
         engine.refresh_working_weights()
         o = manifest["optimizer"]
         opt.applied.fill_(o["applied"])
@@ -228,7 +214,6 @@ def load(engine: "Engine", load_dir: str | os.PathLike, tag: str | None = None) 
         engine.scaler.load_state_dict(manifest["loss_scaler"])
     engine.global_step = manifest["step"]
     engine.micro_steps = manifest["micro_steps"]
-    rng = manifest["rng"].get(str(engine.rank))
-    if rng is not None and manifest["world_size"] == engine.world_size:
-        _set_rng_state(rng, engine.device)
+    if restore is not None:
+        restore(engine.device)
     return manifest["client_state"]
