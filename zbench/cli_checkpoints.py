@@ -2,13 +2,16 @@
 
 Both read any kind `checkpoints.detect` knows (zbench, DeepSpeed ZeRO-1/2/3, DeepSpeed universal,
 torch.distributed.checkpoint). User errors are one `Error: ...` line with the fix, and leave disk untouched.
+Links inside SRC are refused unless `--follow-symlinks`.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from contextlib import contextmanager
 from dataclasses import asdict
+from typing import Iterator
 
 import click
 import torch
@@ -29,11 +32,25 @@ def _human(n: int) -> str:
     return str(n)
 
 
-def _open(src: str, tag: str | None, kind: str | None) -> CheckpointSource:
+@contextmanager
+def _one_line() -> Iterator[None]:
+    """A checkpoint problem, or an OS error while reading one, as one `Error:` line."""
     try:
-        return open_source(src, tag=tag, kind=kind)
+        yield
     except CheckpointError as e:
         raise click.ClickException(str(e))
+    except OSError as e:
+        raise click.ClickException(f"cannot read {e.filename or 'the checkpoint'}: {e.strerror or e}; "
+                                   "check the path and its permissions")
+
+
+def _open(src: str, tag: str | None, kind: str | None, follow_symlinks: bool) -> CheckpointSource:
+    with _one_line():
+        return open_source(src, tag=tag, kind=kind, follow_symlinks=follow_symlinks)
+
+
+_FOLLOW = click.option("--follow-symlinks", is_flag=True,
+                       help="Read through symbolic links inside SRC (refused by default: they may point anywhere).")
 
 
 def _first_problem(problems: list[str]) -> str:
@@ -50,8 +67,9 @@ def _first_problem(problems: list[str]) -> str:
 @click.option("--from", "kind", default=None, type=click.Choice(kinds()), help="Source kind (default: detected).")
 @click.option("--world-size", default=None, type=click.IntRange(1), help="Ranks of the resharded checkpoint (--to zbench).")
 @click.option("--no-verify", is_flag=True, help="Skip the checksum/CRC check of the source files before converting.")
+@_FOLLOW
 def convert(src: str, to: str, out: str, max_shard_size: str, tag: str | None, kind: str | None,
-            world_size: int | None, no_verify: bool) -> None:
+            world_size: int | None, no_verify: bool, follow_symlinks: bool) -> None:
     """Convert checkpoint SRC into consolidated safetensors (fp32/bf16/fp16) or a resharded zbench checkpoint."""
     from checkpoints.consolidate import check_out_dir
 
@@ -67,9 +85,10 @@ def convert(src: str, to: str, out: str, max_shard_size: str, tag: str | None, k
         check_out_dir(out)  # before any reading: a refused --out costs nothing
     except CheckpointError as e:
         raise click.ClickException(str(e))
-    source = _open(src, tag, kind)
+    source = _open(src, tag, kind, follow_symlinks)
     if not no_verify:
-        problems = source.verify()
+        with _one_line():
+            problems = source.verify()
         if problems:
             raise click.ClickException(_first_problem(problems))
     try:
@@ -100,12 +119,14 @@ def convert(src: str, to: str, out: str, max_shard_size: str, tag: str | None, k
 @click.option("--tag", default=None, help="Checkpoint tag folder inside SRC (default: the one named by SRC/latest).")
 @click.option("--from", "kind", default=None, type=click.Choice(kinds()), help="Source kind (default: detected).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def inspect(src: str, tag: str | None, kind: str | None, as_json: bool) -> None:
+@_FOLLOW
+def inspect(src: str, tag: str | None, kind: str | None, as_json: bool, follow_symlinks: bool) -> None:
     """Say what checkpoint SRC is (kind, step, stage, world size, params, dtypes, size) and check its files."""
-    source = _open(src, tag, kind)
-    s = source.summary()
-    infos = source.params()
-    problems = source.verify()
+    source = _open(src, tag, kind, follow_symlinks)
+    with _one_line():
+        s = source.summary()
+        infos = source.params()
+        problems = source.verify()
     if as_json:
         click.echo(json.dumps({**asdict(s), "tensors": len(infos), "problems": problems}, indent=2, default=str))
     else:
