@@ -2,7 +2,8 @@
 
 Both read any kind `checkpoints.detect` knows (zbench, DeepSpeed ZeRO-1/2/3, DeepSpeed universal,
 torch.distributed.checkpoint). User errors are one `Error: ...` line with the fix, and leave disk untouched.
-Links inside SRC are refused unless `--follow-symlinks`.
+Links inside SRC are refused unless `--follow-symlinks`; the output is claimed, staged and renamed
+into place by checkpoints.output_claim, and never inside SRC.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 from checkpoints.consolidate import parse_size, write_consolidated
 from checkpoints.detect import kinds, open_source
 from checkpoints.io_errors import ACCESS, SPACE, write_cause
+from checkpoints.output_claim import check_output
 from checkpoints.source import CheckpointError, CheckpointSource
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -71,8 +73,6 @@ def _first_problem(problems: list[str]) -> str:
 def convert(src: str, to: str, out: str, max_shard_size: str, tag: str | None, kind: str | None,
             world_size: int | None, no_verify: bool, follow_symlinks: bool) -> None:
     """Convert checkpoint SRC into consolidated safetensors (fp32/bf16/fp16) or a resharded zbench checkpoint."""
-    from checkpoints.consolidate import check_out_dir
-
     try:
         shard_bytes = parse_size(max_shard_size)
     except ValueError as e:
@@ -82,9 +82,11 @@ def convert(src: str, to: str, out: str, max_shard_size: str, tag: str | None, k
     if to != "zbench" and world_size is not None:
         raise click.ClickException(f"--world-size applies to --to zbench only; drop it for --to {to}")
     try:
-        check_out_dir(out)  # before any reading: a refused --out costs nothing
+        check_output(out, protect=[src])  # before any reading: a refused --out costs nothing
     except CheckpointError as e:
         raise click.ClickException(str(e))
+    except OSError as e:
+        raise _cannot_write(out, e)
     source = _open(src, tag, kind, follow_symlinks)
     if not no_verify:
         with _one_line():
@@ -97,21 +99,25 @@ def convert(src: str, to: str, out: str, max_shard_size: str, tag: str | None, k
                 from checkpoints.reshard import reshard_to_zbench
             except ImportError:
                 raise click.ClickException("--to zbench is not available yet in this version; use --to fp32|bf16|fp16")
-            written = reshard_to_zbench(source, out, world_size)
+            written = reshard_to_zbench(source, out, world_size, protect=[src])
             click.echo(f"wrote a zbench checkpoint for {world_size} ranks to {written}")
             return
-        files = write_consolidated(source, out, _DTYPES[to], shard_bytes, progress=sys.stderr.isatty())
+        files = write_consolidated(source, out, _DTYPES[to], shard_bytes, progress=sys.stderr.isatty(), protect=[src])
     except CheckpointError as e:
         raise click.ClickException(str(e))
     except OSError as e:  # a full disk, a quota, a folder we may not write: the output was removed again
-        what, kind = write_cause(e)
-        fix = {SPACE: "free space there or pass --out on another disk", ACCESS: "pass a writable --out"}.get(kind, "fix that")
-        raise click.ClickException(f"cannot write {out}: {what}; {fix}; nothing was written")
+        raise _cannot_write(out, e)
     infos = source.params()
     tied = sum(1 for i in infos if i.tied_to)
     size = sum(f.stat().st_size for f in files)
     click.echo(f"wrote {len(infos)} tensors ({tied} tied, stored once) as {to} in {len(files)} file(s), "
                f"{_human(size)}, to {out}")
+
+
+def _cannot_write(out: str, e: OSError) -> click.ClickException:
+    what, kind = write_cause(e)
+    fix = {SPACE: "free space there or pass --out on another disk", ACCESS: "pass a writable --out"}.get(kind, "fix that")
+    return click.ClickException(f"cannot write {out}: {what}; {fix}; nothing was written")
 
 
 @click.command()
