@@ -7,20 +7,21 @@ once, under its owner's name; the index maps both names to that shard, and the s
 records `alias.<name>: <owner>` in the safetensors metadata. Floating tensors are cast to `dtype`
 (from the fp32 the source gives); integer and bool buffers keep their dtype.
 
-Everything is written into a hidden temporary folder beside `out_dir` and renamed into place at the
-end, so a failure leaves nothing behind.
+Everything is written into a staging folder beside `out_dir`, claimed for this process alone, and
+renamed into place at the end (output_claim.py), so a failure leaves nothing behind and two converts
+into one folder cannot spoil each other's output.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 from pathlib import Path
+from typing import Iterable
 
 import torch
 
+from .output_claim import claimed_output
 from .safetensors_stream import StreamingWriter
 from .source import CheckpointError, CheckpointSource, ParamInfo
 
@@ -67,18 +68,13 @@ def plan_shards(sizes: list[tuple[str, int]], max_shard_size: int) -> list[list[
     return shards
 
 
-def check_out_dir(out_dir: str | Path) -> None:
-    """Refuse an output folder that already holds anything (or is a file)."""
-    out_dir = Path(out_dir)
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise CheckpointError(f"output folder {out_dir} already holds files; pass an empty or new --out")
-
-
 def write_consolidated(source: CheckpointSource, out_dir: str | Path, dtype: torch.dtype, max_shard_size: int,
-                       progress: bool = True) -> list[Path]:
-    """Stream every parameter of `source` into safetensors under `out_dir`; returns the files written."""
+                       progress: bool = True, protect: Iterable[str | Path] = ()) -> list[Path]:
+    """Stream every parameter of `source` into safetensors under `out_dir`; returns the files written.
+
+    `out_dir` must be new or empty and outside the source's folder and the `protect` folders."""
     out_dir = Path(out_dir)
-    check_out_dir(out_dir)
+    protect = [*protect, *([source.folder] if hasattr(source, "folder") else [])]
     infos = source.params()
     stored = [i for i in infos if not i.tied_to]
     out_dtypes = {i.name: _out_dtype(i, dtype) for i in stored}
@@ -89,35 +85,22 @@ def write_consolidated(source: CheckpointSource, out_dir: str | Path, dtype: tor
     by_name = {i.name: i for i in stored}
     aliases = {i.name: i.tied_to for i in infos if i.tied_to}
 
-    missing = [p for p in [out_dir.parent, *out_dir.parent.parents] if not p.exists()]  # removed again on failure
-    tmp = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}"
-    tmp.mkdir(parents=True)
-    try:
-        with _progress(progress, sum(_nbytes(i, out_dtypes[i.name]) for i in stored)) as bar:
-            for fname, shard in zip(names, shards):
-                meta = {"format": "pt"}
-                if len(shards) == 1:
-                    meta.update({f"alias.{a}": o for a, o in aliases.items()})
-                w = StreamingWriter(tmp / fname, [(n, out_dtypes[n], by_name[n].shape) for n in shard], metadata=meta)
-                for n in shard:
-                    _write_one(w, source, by_name[n], out_dtypes[n])
-                    bar(n, _nbytes(by_name[n], out_dtypes[n]))
-                w.close()
+    total = sum(_nbytes(i, out_dtypes[i.name]) for i in stored)
+    with claimed_output(out_dir, protect) as tmp, _progress(progress, total) as bar:
+        for fname, shard in zip(names, shards):
+            meta = {"format": "pt"}
+            if len(shards) == 1:
+                meta.update({f"alias.{a}": o for a, o in aliases.items()})
+            w = StreamingWriter(tmp / fname, [(n, out_dtypes[n], by_name[n].shape) for n in shard], metadata=meta)
+            for n in shard:
+                _write_one(w, source, by_name[n], out_dtypes[n])
+                bar(n, _nbytes(by_name[n], out_dtypes[n]))
+            w.close()
         if len(shards) > 1:
             weight_map = {i.name: shard_of[i.tied_to or i.name] for i in infos}
-            total = sum(_nbytes(i, out_dtypes[i.name]) for i in stored)
             index = {"metadata": {"total_size": total}, "weight_map": weight_map}
             (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
             names.append("model.safetensors.index.json")
-        check_out_dir(out_dir)  # nobody wrote there meanwhile
-        if out_dir.exists():
-            out_dir.rmdir()  # empty: replaced by the finished folder
-        os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if missing:
-            shutil.rmtree(missing[-1], ignore_errors=True)
-        raise
     return [out_dir / n for n in names]
 
 

@@ -9,7 +9,9 @@ default FileSystemWriter. Which entries are model parameters:
 Tied parameters are stored once per name by DCP, so each name is read on its own. No process
 group is needed: each `load(name)` asks `dcp.load` for that one key, which reads only the byte
 ranges of its chunks. `.metadata` is a pickle: we unpickle it with an allowlist of DCP's own
-metadata classes, so a crafted file cannot run code.
+metadata classes, so a crafted file cannot run code, then check the types of the fields we use.
+It names the chunk files: each must lie inside the folder (checkpoints.paths), and DCP's reader is
+given only those checked paths, so a crafted `.metadata` cannot make us read a file elsewhere.
 """
 
 from __future__ import annotations
@@ -26,13 +28,19 @@ from typing import Any
 
 import torch
 
+from .paths import inside
 from .source import CheckpointError, ParamInfo, SourceSummary
 
-_DCP_MODULES = {"torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem",
-                "torch.distributed.checkpoint.planner", "torch.distributed.checkpoint._extension"}
+# DCP's metadata classes (plain dataclasses and an enum): the modules also hold readers, writers and
+# thread pools, whose constructors a crafted pickle must not be able to call.
+_DCP_CLASSES = {"torch.distributed.checkpoint.metadata": {
+    "Metadata", "MetadataIndex", "StorageMeta", "TensorStorageMetadata", "BytesStorageMetadata",
+    "ChunkStorageMetadata", "TensorProperties", "_MEM_FORMAT_ENCODING"},
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"}}
 _SAFE = {("pathlib", n) for n in ("Path", "PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath")} | {
     ("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
-    ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "slice")}
+    ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "slice")} | {
+    (module, name) for module, names in _DCP_CLASSES.items() for name in names}
 
 
 def is_dcp_folder(folder: Path) -> bool:
@@ -43,25 +51,63 @@ def is_dcp_folder(folder: Path) -> bool:
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         ok = (module, name) in _SAFE or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
-        if module in _DCP_MODULES:
-            ok = isinstance(getattr(__import__(module, fromlist=[name]), name, None), type)
         if not ok:
             raise pickle.UnpicklingError(f"{module}.{name} is not a DCP metadata class")
         return super().find_class(module, name)
 
 
-def read_metadata(folder: Path) -> Any:
-    """Unpickle `folder/.metadata` with only DCP's metadata classes allowed."""
-    path = folder / ".metadata"
+def read_metadata(folder: Path, follow_symlinks: bool = False) -> Any:
+    """Unpickle `folder/.metadata` with only DCP's metadata classes allowed, and check its field types."""
+    path = inside(folder, ".metadata", what="DCP metadata", follow_symlinks=follow_symlinks)
     try:
         with open(path, "rb") as f:
             md = _MetadataUnpickler(f).load()
-    except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError, ImportError) as e:
+    except OSError as e:
+        raise CheckpointError(f"cannot read {path}: {e.strerror}; check its permissions") from None
+    except Exception as e:  # whatever the allowed constructors raise on crafted arguments
         raise CheckpointError(f"{path} is truncated, corrupt or not DCP metadata ({str(e)[:120]}); "
                               "copy the folder again from where it was saved") from None
-    if not hasattr(md, "state_dict_metadata") or not hasattr(md, "storage_data"):
-        raise CheckpointError(f"{path} is not torch.distributed.checkpoint metadata")
+    problem = _field_problem(md)
+    if problem:
+        raise CheckpointError(f"{path} is not valid torch.distributed.checkpoint metadata ({problem}); "
+                              "the checkpoint is damaged or crafted: copy the folder again from where it was saved")
     return md
+
+
+def _count(x: object) -> bool:
+    return type(x) is int and x >= 0
+
+
+def _field_problem(md: Any) -> str | None:
+    """The first field of DCP's metadata (as we use it) with the wrong type, or None."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex, TensorStorageMetadata
+
+    entries, storage = getattr(md, "state_dict_metadata", None), getattr(md, "storage_data", None)
+    planner = getattr(md, "planner_data", None)
+    if not isinstance(entries, dict) or not isinstance(storage, dict):
+        return "no state_dict_metadata and storage_data mappings"
+    for key, entry in entries.items():
+        if not isinstance(key, str) or not isinstance(entry, (TensorStorageMetadata, BytesStorageMetadata)):
+            return f"entry {str(key)[:60]!r} is not a tensor or bytes entry"
+        if isinstance(entry, TensorStorageMetadata) and not (
+                isinstance(getattr(getattr(entry, "properties", None), "dtype", None), torch.dtype)
+                and isinstance(getattr(entry, "size", None), tuple) and all(_count(d) for d in entry.size)
+                and isinstance(getattr(entry, "chunks", None), list)):
+            return f"tensor {key[:60]!r} has no dtype, size or chunk list"
+    for index, info in storage.items():
+        where = getattr(index, "fqn", None)
+        if not isinstance(index, MetadataIndex) or not isinstance(where, str) or not isinstance(info, _StorageInfo):
+            return "a storage entry is not a (MetadataIndex, _StorageInfo) pair"
+        descriptors = getattr(info, "transform_descriptors", None)
+        if not (isinstance(getattr(info, "relative_path", None), str) and _count(getattr(info, "offset", None))
+                and _count(getattr(info, "length", None))
+                and (descriptors is None or isinstance(descriptors, (list, tuple)))):
+            return f"the storage of {where[:60]!r} has no file name, offset or length"
+    if planner is not None and not (isinstance(planner, dict) and all(
+            isinstance(p, (list, tuple)) and all(isinstance(x, (str, int)) for x in p) for p in planner.values())):
+        return "planner_data is not a mapping of key paths"
+    return None
 
 
 class DcpSource:
@@ -69,14 +115,29 @@ class DcpSource:
 
     kind = "dcp"
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, follow_symlinks: bool = False) -> None:
         from torch.distributed.checkpoint import FileSystemReader
+        from torch.distributed.checkpoint.filesystem import FileSystem
         from torch.distributed.checkpoint.metadata import StorageMeta, TensorStorageMetadata
 
         self.folder = Path(folder)
-        self.metadata = md = read_metadata(self.folder)
-        if getattr(md, "storage_meta", None) is None:
+        self.metadata = md = read_metadata(self.folder, follow_symlinks)
+        if not isinstance(getattr(md, "storage_meta", None), StorageMeta):
             md.storage_meta = StorageMeta()
+        # every chunk file checked before anything is read; DCP's reader gets only these paths
+        self._paths = {rel: inside(self.folder, rel, what="chunk file", follow_symlinks=follow_symlinks)
+                       for rel in sorted({info.relative_path for info in md.storage_data.values()})}
+        self._files = list(self._paths)
+        for path in self._paths.values():
+            if not path.is_file():
+                raise CheckpointError(f"missing rank file {path}; copy it from the run that saved this checkpoint")
+        checked = self._paths
+
+        class _CheckedFiles(FileSystem):  # DCP opens folder / relative_path: only the checked ones exist
+            def concat_path(inner, path: Any, suffix: str) -> Path:
+                if suffix not in checked:
+                    raise CheckpointError(f"DCP asked for {suffix!r}, a file not named in {self.folder}/.metadata")
+                return checked[suffix]
 
         class _Reader(FileSystemReader):  # serve the safely read metadata instead of pickle.load
             def read_metadata(inner, *args: Any, **kwargs: Any) -> Any:
@@ -84,10 +145,7 @@ class DcpSource:
                 return md
 
         self._reader = _Reader(str(self.folder))
-        self._files = sorted({info.relative_path for info in md.storage_data.values()})
-        for rel in self._files:
-            if not (self.folder / rel).is_file():
-                raise CheckpointError(f"missing rank file {self.folder / rel}; copy it from the run that saved this checkpoint")
+        self._reader.fs = _CheckedFiles()
         tensors = {k: v for k, v in md.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)}
         paths = getattr(md, "planner_data", None) or {}
         path_of = {k: tuple(paths.get(k) or k.split(".")) for k in tensors}
@@ -115,8 +173,8 @@ class DcpSource:
         from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
 
         md = self._tensors[key]
-        out = torch.empty(tuple(md.size), dtype=md.properties.dtype)
         try:
+            out = torch.empty(tuple(md.size), dtype=md.properties.dtype)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # "no process group: loading in a single process" is what we want
                 dcp.load({key: out}, storage_reader=self._reader)
@@ -152,7 +210,7 @@ class DcpSource:
     def _check(self, items: list[Any]) -> list[str]:
         bad: dict[str, str] = {}
         for info in items:
-            path = self.folder / info.relative_path
+            path = self._paths[info.relative_path]
             if str(path) in bad:
                 continue
             if not path.is_file():

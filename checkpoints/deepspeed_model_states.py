@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from .deepspeed_pickle import MappedFiles, load_pickle
+from .paths import inside
 from .source import CheckpointError, ParamInfo
 
 
@@ -27,19 +28,20 @@ def _dtype_name(t: torch.Tensor) -> str:
 class ModelStates:
     """Parsed model-states file(s) of one tag folder; tensors are read lazily through `files`."""
 
-    def __init__(self, folder: Path, files: MappedFiles, world_size: int | None = None) -> None:
+    def __init__(self, folder: Path, files: MappedFiles, world_size: int | None = None, follow_symlinks: bool = False) -> None:
         self.folder = Path(folder)
         self.files = files
         self.zero3 = any(self.folder.glob("zero_pp_rank_*_mp_rank_00_model_states.pt"))
-        first = self.folder / ("zero_pp_rank_0_mp_rank_00_model_states.pt" if self.zero3 else "mp_rank_00_model_states.pt")
+        first = inside(self.folder, "zero_pp_rank_0_mp_rank_00_model_states.pt" if self.zero3 else "mp_rank_00_model_states.pt",
+                       what="model-states file", follow_symlinks=follow_symlinks)
         if not first.is_file():
             raise CheckpointError(f"missing rank file {first}; copy it from the run that saved this checkpoint")
         state = load_pickle(first)
         if not isinstance(state, dict) or "module" not in state:
             raise CheckpointError(f"{first} is not a DeepSpeed model-states file (no 'module' entry)")
         self.world_size = int(state.get("dp_world_size") or world_size or 1)
-        self.paths = ([self.folder / f"zero_pp_rank_{r}_mp_rank_00_model_states.pt" for r in range(self.world_size)]
-                      if self.zero3 else [first])
+        self.paths = ([inside(self.folder, f"zero_pp_rank_{r}_mp_rank_00_model_states.pt", what="model-states file",
+                              follow_symlinks=follow_symlinks) for r in range(self.world_size)] if self.zero3 else [first])
         for p in self.paths:
             if not p.is_file():
                 raise CheckpointError(f"missing rank file {p} (world size {self.world_size}); copy it from the run that saved this checkpoint")

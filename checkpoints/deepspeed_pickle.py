@@ -90,7 +90,9 @@ def load_pickle(path: Path, mmap: bool = True) -> Any:
                 "DeepSpeed's checkpoint classes are accepted); is this really a checkpoint file?"
             ) from None
         raise CheckpointError(f"{path} is truncated or corrupt ({_first_line(e)}); copy the file again from where it was saved") from None
-    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile, KeyError, IndexError, TypeError) as e:
+    except OSError as e:  # the file is there but cannot be opened or read (permissions, I/O error)
+        raise CheckpointError(f"cannot read {path}: {e.strerror or _first_line(e)}; check that the file is readable") from None
+    except (RuntimeError, EOFError, ValueError, zipfile.BadZipFile, KeyError, IndexError, TypeError) as e:
         raise CheckpointError(
             f"{path} is truncated or corrupt ({_first_line(e)}); copy the file again from where it was saved"
         ) from None

@@ -20,6 +20,7 @@ from . import deepspeed_layout as layout
 from .deepspeed_model_states import ModelStates
 from .deepspeed_pickle import MappedFiles, check_zip_file, load_pickle
 from .page_drop import drop_file_pages
+from .paths import inside
 from .source import CheckpointError, ParamInfo, SourceSummary
 
 _CHUNK = 1 << 23  # elements copied per step: the pages read stay mapped only up to MappedFiles' budget
@@ -48,14 +49,15 @@ class DeepSpeedSource:
 
     kind = "deepspeed"
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, follow_symlinks: bool = False) -> None:
         self.folder = Path(folder)
         self._files = MappedFiles()
         optim = self._find_optim_files()
-        self.model = ModelStates(self.folder, self._files, world_size=max(optim) + 1)
+        self.model = ModelStates(self.folder, self._files, world_size=max(optim) + 1, follow_symlinks=follow_symlinks)
         self.world_size = self.model.world_size
         prefix = optim[min(optim)].name.split("zero_pp_rank_")[0]
-        self.optim_files = [self.folder / f"{prefix}zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(self.world_size)]
+        self.optim_files = [inside(self.folder, f"{prefix}zero_pp_rank_{r}_mp_rank_00_optim_states.pt", what="rank file",
+                                   follow_symlinks=follow_symlinks) for r in range(self.world_size)]
         for f in self.optim_files:
             if not f.is_file():
                 raise CheckpointError(f"missing rank file {f} (world size {self.world_size}); copy it from the run that saved this checkpoint")

@@ -17,6 +17,7 @@ import torch
 from .deepspeed_model_states import ModelStates
 from .deepspeed_pickle import MappedFiles, check_zip_file, load_pickle
 from .deepspeed_source import summarize
+from .paths import inside
 from .source import CheckpointError, ParamInfo, SourceSummary
 
 
@@ -37,13 +38,14 @@ class UniversalSource:
 
     kind = "deepspeed-universal"
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, follow_symlinks: bool = False) -> None:
         self.folder = Path(folder)
         self.zero = self.folder / "zero"
+        self._follow = follow_symlinks
         self._files = MappedFiles()
         has_states = (self.folder / "mp_rank_00_model_states.pt").is_file() or any(
             self.folder.glob("zero_pp_rank_*_model_states.pt"))
-        self.model = ModelStates(self.folder, self._files) if has_states else None
+        self.model = ModelStates(self.folder, self._files, follow_symlinks=follow_symlinks) if has_states else None
         if self.model:
             self._infos = self.model.infos()
             for i in self._infos:
@@ -52,11 +54,16 @@ class UniversalSource:
                                           "run ds_to_universal.py again")
         else:
             self._infos = [ParamInfo(p.parent.name, tuple(_param_of(load_pickle(p), p).shape), "float32")
-                           for p in sorted(self.zero.glob("*/fp32.pt"))]
+                           for p in map(self._fp32_path, sorted(p.parent.name for p in self.zero.glob("*/fp32.pt")))]
         self._by_name = {i.name: i for i in self._infos}
+        # verify reads every .pt file of the folder: each must lie inside it too, links refused
+        self._pt_files = [self._inside(p.relative_to(self.folder), "file") for p in sorted(self.folder.rglob("*.pt"))]
+
+    def _inside(self, rel: str | Path, what: str) -> Path:
+        return inside(self.folder, rel, what=what, follow_symlinks=self._follow)
 
     def _fp32_path(self, name: str) -> Path:
-        return self.zero / name / "fp32.pt"
+        return self._inside(f"zero/{name}/fp32.pt", "parameter file")
 
     def params(self) -> list[ParamInfo]:
         """Every state-dict entry, in the source model's order when its model states are present."""
@@ -81,7 +88,7 @@ class UniversalSource:
         m = self.model
         step = m.step if m else None
         if step is None:
-            first = next(iter(self.zero.glob("*/step.pt")), None)
+            first = next((self._inside(p.relative_to(self.folder), "file") for p in self.zero.glob("*/step.pt")), None)
             step = int(_param_of(load_pickle(first), first).item()) if first else None
         return summarize(self.kind, self.folder, self._infos, step=step,
                          stage=m.stage_hint if m else None, world_size=m.world_size if m else None,
@@ -90,4 +97,4 @@ class UniversalSource:
 
     def verify(self) -> list[str]:
         """CRC-check every .pt file of the folder (torch.save's zip records carry CRCs)."""
-        return [p for f in sorted(self.folder.rglob("*.pt")) if (p := check_zip_file(f))]
+        return [p for f in self._pt_files if (p := check_zip_file(f))]

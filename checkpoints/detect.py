@@ -7,12 +7,18 @@ sub-folder explicitly. The kind is detected from the files in the chosen folder,
   deepspeed-universal  zero/<param>/fp32.pt
   deepspeed            *_model_states.pt or *zero_pp_rank_*_optim_states.pt
   dcp                  .metadata
-Readers register with `register_source(kind, probe, opener)` (a later call replaces a kind).
-Every error is one CheckpointError line.
+Readers register with `register_source(kind, probe, opener)` (a later call replaces a kind); an
+opener is called as `opener(folder, follow_symlinks=...)`.
+
+SRC is the user's choice and may be a link; everything found inside it is untrusted: the pointer
+file and the tag folder must be plain names inside SRC and, unless `follow_symlinks`, not links
+(checkpoints.paths). Every error, OS errors included, is one CheckpointError line.
 """
 
 from __future__ import annotations
 
+import errno
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -20,10 +26,12 @@ from typing import Callable
 from .dcp_source import DcpSource, is_dcp_folder
 from .deepspeed_source import DeepSpeedSource, is_deepspeed_folder
 from .deepspeed_universal_source import UniversalSource, is_universal_folder
+from .paths import inside, plain_name, read_pointer
 from .source import CheckpointError, CheckpointSource
+from .zbench_format import set_aside_copy
 
 Probe = Callable[[Path], bool]
-Opener = Callable[[Path], CheckpointSource]
+Opener = Callable[..., CheckpointSource]  # opener(folder, follow_symlinks=bool)
 
 
 @dataclass
@@ -47,10 +55,10 @@ def kinds() -> list[str]:
     return list(_KINDS)
 
 
-def _open_zbench(folder: Path) -> CheckpointSource:
+def _open_zbench(folder: Path, follow_symlinks: bool = False) -> CheckpointSource:
     from .zbench_source import ZbenchSource  # imported on demand: the native reader is optional here
 
-    return ZbenchSource(folder)
+    return ZbenchSource(folder, follow_symlinks=follow_symlinks)
 
 
 register_source("zbench", lambda f: (f / "manifest.json").is_file(), _open_zbench, "manifest.json")
@@ -75,9 +83,7 @@ def _refuse_other_kind(folder: Path, kind: str | None) -> None:
         raise CheckpointError(f"{folder} is a {other} checkpoint, not {kind}; drop --from or pass --from {other}")
 
 
-def resolve(path: str | Path, tag: str | None = None, kind: str | None = None) -> tuple[Path, str]:
-    """The checkpoint folder `path` (and `tag`) designate, and its kind."""
-    root = Path(path)
+def _resolve(root: Path, tag: str | None, kind: str | None, follow_symlinks: bool) -> tuple[Path, str]:
     if kind is not None and kind not in _KINDS:
         raise CheckpointError(f"unknown checkpoint kind {kind!r}; use one of {', '.join(_KINDS)}")
     looked = ", ".join(_KINDS[k].looks_for for k in ([kind] if kind else _KINDS))
@@ -85,6 +91,8 @@ def resolve(path: str | Path, tag: str | None = None, kind: str | None = None) -
         raise CheckpointError(f"{root} does not exist; pass a checkpoint folder")
     if not root.is_dir():
         raise CheckpointError(f"{root} is a file; pass the checkpoint folder that holds it")
+    if tag is not None:
+        tag = plain_name(tag, "tag (--tag)", f"pass --tag with the name of a tag folder in {root}")
     found = _match(root, kind)
     if found and (tag is None or tag == root.name):
         return root, found
@@ -92,16 +100,19 @@ def resolve(path: str | Path, tag: str | None = None, kind: str | None = None) -
     via = "--tag"
     if tag is None:
         pointers = ["latest_universal"] if kind == "deepspeed-universal" else ["latest", "latest_universal"]
-        pointer = next((root / p for p in pointers if (root / p).is_file()), None)
+        pointer = next((p for p in pointers if os.path.lexists(root / p)), None)
         if pointer is None:
             tags = _tags(root, kind)
             hint = f"; it holds checkpoints {', '.join(tags)}: pass --tag with one of them" if tags else (
                 "; pass the folder that holds the checkpoint files")
             raise CheckpointError(f"{root} is not a checkpoint folder (looked for latest, {looked}){hint}")
-        tag, via = pointer.read_text(encoding="utf-8", errors="replace").strip(), f"named by {pointer.name}"
-    folder = root / tag
+        tag, via = read_pointer(root, pointer, follow_symlinks), f"named by {pointer}"
+    folder = inside(root, tag, what="tag folder", follow_symlinks=follow_symlinks)
     found = _match(folder, kind)
     _refuse_other_kind(folder, kind)
+    aside = None if found or kind not in (None, "zbench") else set_aside_copy(root, tag)
+    if aside is not None:  # a re-save of this tag died between its renames: its complete old copy
+        return aside, "zbench"
     if not found:
         tags = _tags(root, kind)
         raise CheckpointError(f"tag {tag!r} ({via}) is not a checkpoint in {root}; tags present: "
@@ -109,10 +120,33 @@ def resolve(path: str | Path, tag: str | None = None, kind: str | None = None) -
     return folder, found
 
 
-def open_source(path: str | Path, tag: str | None = None, kind: str | None = None) -> CheckpointSource:
-    """Open the checkpoint at `path` (a checkpoint folder, or its parent with `latest` / `tag`)."""
-    folder, found = resolve(path, tag, kind)
+def _os_error(path: str | Path, e: OSError) -> CheckpointError:
+    path = e.filename if isinstance(e.filename, str) else path  # the file that failed, when the OS says
+    shown = str(path) if len(str(path)) <= 200 else f"{str(path)[:120]}...{str(path)[-40:]}"
+    code = errno.errorcode.get(e.errno, "") if e.errno else ""
+    return CheckpointError(f"cannot read {shown}: {e.strerror or type(e).__name__}{f' ({code})' if code else ''}; "
+                           "check the path and its permissions")
+
+
+def resolve(path: str | Path, tag: str | None = None, kind: str | None = None,
+            follow_symlinks: bool = False) -> tuple[Path, str]:
+    """The checkpoint folder `path` (and `tag`) designate, and its kind."""
+    try:
+        return _resolve(Path(path), tag, kind, follow_symlinks)
+    except OSError as e:  # a name too long, a link loop, a folder we may not list
+        raise _os_error(path, e) from None
+
+
+def open_source(path: str | Path, tag: str | None = None, kind: str | None = None,
+                follow_symlinks: bool = False) -> CheckpointSource:
+    """Open the checkpoint at `path` (a checkpoint folder, or its parent with `latest` / `tag`).
+
+    Links inside `path` are refused unless `follow_symlinks` (the user vouches for them)."""
+    folder, found = resolve(path, tag, kind, follow_symlinks)
     opener = _KINDS[found].opener
     if opener is None:
         raise CheckpointError(f"{folder} is a {found} checkpoint, but its reader is not available in this version")
-    return opener(folder)
+    try:
+        return opener(folder, follow_symlinks=follow_symlinks)
+    except OSError as e:
+        raise _os_error(folder, e) from None

@@ -156,8 +156,8 @@ def verify_files(folder: Path, manifest: dict[str, Any], names: list[str] | None
     for name, meta in manifest["files"].items():
         if names is not None and name not in names:
             continue
+        p = inside(folder, name, what="checkpoint file", follow_symlinks=follow_symlinks)  # a refusal, not damage
         try:
-            p = inside(folder, name, what="checkpoint file", follow_symlinks=follow_symlinks)
             if not p.is_file():
                 problems.append(f"{p} is missing")
             elif p.stat().st_size != meta["bytes"]:

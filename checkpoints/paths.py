@@ -15,11 +15,13 @@ Errors are one line naming the path, the folder and the fix.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from .source import CheckpointError
 
 NAME_MAX_BYTES = 255  # a path component on every common file system
+POINTER_MAX_BYTES = 4096  # `latest` holds one tag name; anything larger is not a pointer
 
 
 def plain_name(name: object, what: str, fix: str = "use a plain folder name") -> str:
@@ -70,3 +72,25 @@ def inside(folder: str | os.PathLike, rel: str | os.PathLike, *, what: str, foll
             raise CheckpointError(f"{what} {link} is a symbolic link (to {os.readlink(link)}), inside {folder}; "
                                   "replace it with the file itself, or pass --follow-symlinks to read through links")
     return folder / normal
+
+
+def read_pointer(root: Path, name: str, follow_symlinks: bool = False) -> str:
+    """The tag a pointer file (`latest`, `latest_universal`) in `root` names: one plain name, read with a
+    size bound (and never blocking: a FIFO is refused, not waited on)."""
+    path = inside(root, name, what="tag pointer", follow_symlinks=follow_symlinks)
+    fix = f"write the name of a tag folder of {root} into it, or pass --tag"
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise CheckpointError(f"{path} is {'a folder' if stat.S_ISDIR(mode) else 'not a regular file'}, "
+                              f"not a tag pointer file; {fix}")
+    with os.fdopen(fd, "rb") as f:
+        raw = f.read(POINTER_MAX_BYTES + 1)
+    if len(raw) > POINTER_MAX_BYTES:
+        raise CheckpointError(f"{path} is larger than {POINTER_MAX_BYTES} bytes, not a tag pointer file; {fix}")
+    try:
+        text = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{path} is not UTF-8 text, not a tag pointer file; {fix}") from None
+    return plain_name(text, f"tag named by {path}:", fix)

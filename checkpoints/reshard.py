@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 
 from . import manifest as mf
 from . import zbench_format as fmt
 from .layout import build_layout
+from .output_claim import claimed_output
 from .paths import inside
 from .safetensors_stream import StreamingWriter
 from .source import CheckpointError
@@ -24,29 +25,26 @@ from .zbench_source import FragmentReader, ZbenchSource
 _CHUNK = 1 << 24  # elements per read: bounds memory for very large fragments
 
 
-def reshard_to_zbench(source: object, out: str | Path, world_size: int) -> Path:
-    """Write `source` (a zbench checkpoint) as a checkpoint laid out for `world_size` ranks under `out`."""
+def reshard_to_zbench(source: object, out: str | Path, world_size: int, protect: Iterable[str | Path] = ()) -> Path:
+    """Write `source` (a zbench checkpoint) as a checkpoint laid out for `world_size` ranks under `out`.
+
+    `out` must be new or empty and outside the source's folder and the `protect` folders."""
     if not isinstance(source, ZbenchSource):
         raise CheckpointError("--to zbench reshards zbench checkpoints only; convert other kinds with --to fp32")
     if world_size < 1:
         raise CheckpointError(f"--world-size must be >= 1, got {world_size}")
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        raise CheckpointError(f"output folder {out} already holds files; pass an empty or new --out")
+    protect = [*protect, source.folder]
     m = source.manifest
     trainable = sorted((p for p in m["params"] if p.get("slot") is not None), key=lambda p: p["slot"])
     bounds = [group[0] for group in m["layout"]["groups"]]
     new_world = 1 if m["layout"]["world_size"] == 1 else world_size  # stage 0 keeps one replicated copy
     layout = build_layout([(p["name"], p["shape"]) for p in trainable], new_world, group_bounds=bounds, align=m["layout"]["align"])
     tag = m["tag"]
-    created = [p for p in [out, *out.parents] if not p.exists()]  # removed again if the write fails
-    staged = fmt.staging_dir(out, tag, fmt.new_token())
-    try:
-        staged.mkdir(parents=True)
-        _write(source, layout, world_size, new_world, staged, out, tag)
-    except BaseException:  # a full disk or a refused write leaves nothing behind
-        shutil.rmtree(created[-1] if created else staged, ignore_errors=True)
-        raise
+    with claimed_output(out, protect) as root:  # a full disk or a refused write leaves nothing behind
+        staged = fmt.staging_dir(root, tag, fmt.new_token())
+        staged.mkdir()
+        _write(source, layout, world_size, new_world, staged, root, tag)
     return out / tag
 
 

@@ -23,7 +23,7 @@ import shutil
 from pathlib import Path
 
 from .manifest import MANIFEST
-from .paths import inside, plain_name
+from .paths import inside, plain_name, read_pointer
 from .source import CheckpointError
 
 LATEST = "latest"
@@ -138,21 +138,15 @@ def prune(root: Path, keep_last: int) -> list[str]:
 
 def read_latest(root: Path, follow_symlinks: bool = False) -> str | None:
     """The tag `latest` names (None when there is no `latest`); one line of a plain folder name."""
+    if not os.path.lexists(root / LATEST):
+        return None
     try:
-        path = inside(root, LATEST, what="pointer file", follow_symlinks=follow_symlinks)
-        if not path.is_file():
-            return None
-        with open(path, "rb") as f:
-            raw = f.read(4097)
+        return read_pointer(root, LATEST, follow_symlinks)
     except OSError as e:
         raise CheckpointError(f"cannot read {root / LATEST} ({e.strerror}); pass --tag or fix the file") from None
-    if len(raw) > 4096:
-        raise CheckpointError(f"{root / LATEST} is {len(raw)}+ bytes, not a tag name; delete it or pass --tag")
-    text = raw.decode("utf-8", "replace").strip()
-    return plain_name(text, f"{root / LATEST} names", "restore the file (it holds one tag, e.g. global_step2) or pass --tag")
 
 
-def _set_aside_copy(root: Path, tag: str) -> Path | None:
+def set_aside_copy(root: Path, tag: str) -> Path | None:
     """The complete old copy of `tag` left by a replacement that died between its renames, if any."""
     for d in leftovers(root):
         m = _AUX.match(d.name)
@@ -180,7 +174,7 @@ def resolve(path: str | os.PathLike, tag: str | None = None, follow_symlinks: bo
         plain_name(tag, "tag", "pass the name of a checkpoint folder, e.g. --tag global_step2")
     folder = inside(root, tag, what="checkpoint folder", follow_symlinks=follow_symlinks)
     if not (folder / MANIFEST).is_file():
-        aside = _set_aside_copy(root, tag)
+        aside = set_aside_copy(root, tag)
         if aside is not None:
             return aside
         present = ", ".join(t for _, t in complete_tags(root)) or "none"

@@ -181,6 +181,8 @@ def test_a_crash_while_replacing_a_tag_leaves_a_loadable_checkpoint(tmp_path):
     engine = zero_core.initialize(make_model(), config(2, 1))
     engine.load_checkpoint(tmp_path)  # `latest` names best: its complete old copy is read
     assert all(torch.equal(engine.full_state_dict()[k], v) for k, v in expected.items())
+    res, errors = _cli("inspect", str(tmp_path))
+    assert res.exit_code == 0 and errors == [] and ".best.old-" in res.output, res.output
     engine.save_checkpoint(tmp_path, tag="other")  # the next save puts the old copy back first
     assert (tmp_path / "best").is_dir() and not list(tmp_path.glob(".best.old-*"))
 

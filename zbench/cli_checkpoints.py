@@ -2,13 +2,17 @@
 
 Both read any kind `checkpoints.detect` knows (zbench, DeepSpeed ZeRO-1/2/3, DeepSpeed universal,
 torch.distributed.checkpoint). User errors are one `Error: ...` line with the fix, and leave disk untouched.
+Links inside SRC are refused unless `--follow-symlinks`; the output is claimed, staged and renamed
+into place by checkpoints.output_claim, and never inside SRC.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from contextlib import contextmanager
 from dataclasses import asdict
+from typing import Iterator
 
 import click
 import torch
@@ -16,6 +20,7 @@ import torch
 from checkpoints.consolidate import parse_size, write_consolidated
 from checkpoints.detect import kinds, open_source
 from checkpoints.io_errors import ACCESS, SPACE, write_cause
+from checkpoints.output_claim import check_output
 from checkpoints.source import CheckpointError, CheckpointSource
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -29,11 +34,25 @@ def _human(n: int) -> str:
     return str(n)
 
 
-def _open(src: str, tag: str | None, kind: str | None) -> CheckpointSource:
+@contextmanager
+def _one_line() -> Iterator[None]:
+    """A checkpoint problem, or an OS error while reading one, as one `Error:` line."""
     try:
-        return open_source(src, tag=tag, kind=kind)
+        yield
     except CheckpointError as e:
         raise click.ClickException(str(e))
+    except OSError as e:
+        raise click.ClickException(f"cannot read {e.filename or 'the checkpoint'}: {e.strerror or e}; "
+                                   "check the path and its permissions")
+
+
+def _open(src: str, tag: str | None, kind: str | None, follow_symlinks: bool) -> CheckpointSource:
+    with _one_line():
+        return open_source(src, tag=tag, kind=kind, follow_symlinks=follow_symlinks)
+
+
+_FOLLOW = click.option("--follow-symlinks", is_flag=True,
+                       help="Read through symbolic links inside SRC (refused by default: they may point anywhere).")
 
 
 def _first_problem(problems: list[str]) -> str:
@@ -50,11 +69,10 @@ def _first_problem(problems: list[str]) -> str:
 @click.option("--from", "kind", default=None, type=click.Choice(kinds()), help="Source kind (default: detected).")
 @click.option("--world-size", default=None, type=click.IntRange(1), help="Ranks of the resharded checkpoint (--to zbench).")
 @click.option("--no-verify", is_flag=True, help="Skip the checksum/CRC check of the source files before converting.")
+@_FOLLOW
 def convert(src: str, to: str, out: str, max_shard_size: str, tag: str | None, kind: str | None,
-            world_size: int | None, no_verify: bool) -> None:
+            world_size: int | None, no_verify: bool, follow_symlinks: bool) -> None:
     """Convert checkpoint SRC into consolidated safetensors (fp32/bf16/fp16) or a resharded zbench checkpoint."""
-    from checkpoints.consolidate import check_out_dir
-
     try:
         shard_bytes = parse_size(max_shard_size)
     except ValueError as e:
@@ -64,12 +82,15 @@ def convert(src: str, to: str, out: str, max_shard_size: str, tag: str | None, k
     if to != "zbench" and world_size is not None:
         raise click.ClickException(f"--world-size applies to --to zbench only; drop it for --to {to}")
     try:
-        check_out_dir(out)  # before any reading: a refused --out costs nothing
+        check_output(out, protect=[src])  # before any reading: a refused --out costs nothing
     except CheckpointError as e:
         raise click.ClickException(str(e))
-    source = _open(src, tag, kind)
+    except OSError as e:
+        raise _cannot_write(out, e)
+    source = _open(src, tag, kind, follow_symlinks)
     if not no_verify:
-        problems = source.verify()
+        with _one_line():
+            problems = source.verify()
         if problems:
             raise click.ClickException(_first_problem(problems))
     try:
@@ -78,16 +99,14 @@ def convert(src: str, to: str, out: str, max_shard_size: str, tag: str | None, k
                 from checkpoints.reshard import reshard_to_zbench
             except ImportError:
                 raise click.ClickException("--to zbench is not available yet in this version; use --to fp32|bf16|fp16")
-            written = reshard_to_zbench(source, out, world_size)
+            written = reshard_to_zbench(source, out, world_size, protect=[src])
             click.echo(f"wrote a zbench checkpoint for {world_size} ranks to {written}")
             return
-        files = write_consolidated(source, out, _DTYPES[to], shard_bytes, progress=sys.stderr.isatty())
+        files = write_consolidated(source, out, _DTYPES[to], shard_bytes, progress=sys.stderr.isatty(), protect=[src])
     except CheckpointError as e:
         raise click.ClickException(str(e))
     except OSError as e:  # a full disk, a quota, a folder we may not write: the output was removed again
-        what, kind = write_cause(e)
-        fix = {SPACE: "free space there or pass --out on another disk", ACCESS: "pass a writable --out"}.get(kind, "fix that")
-        raise click.ClickException(f"cannot write {out}: {what}; {fix}; nothing was written")
+        raise _cannot_write(out, e)
     infos = source.params()
     tied = sum(1 for i in infos if i.tied_to)
     size = sum(f.stat().st_size for f in files)
@@ -95,17 +114,25 @@ def convert(src: str, to: str, out: str, max_shard_size: str, tag: str | None, k
                f"{_human(size)}, to {out}")
 
 
+def _cannot_write(out: str, e: OSError) -> click.ClickException:
+    what, kind = write_cause(e)
+    fix = {SPACE: "free space there or pass --out on another disk", ACCESS: "pass a writable --out"}.get(kind, "fix that")
+    return click.ClickException(f"cannot write {out}: {what}; {fix}; nothing was written")
+
+
 @click.command()
 @click.argument("src", type=click.Path())
 @click.option("--tag", default=None, help="Checkpoint tag folder inside SRC (default: the one named by SRC/latest).")
 @click.option("--from", "kind", default=None, type=click.Choice(kinds()), help="Source kind (default: detected).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def inspect(src: str, tag: str | None, kind: str | None, as_json: bool) -> None:
+@_FOLLOW
+def inspect(src: str, tag: str | None, kind: str | None, as_json: bool, follow_symlinks: bool) -> None:
     """Say what checkpoint SRC is (kind, step, stage, world size, params, dtypes, size) and check its files."""
-    source = _open(src, tag, kind)
-    s = source.summary()
-    infos = source.params()
-    problems = source.verify()
+    source = _open(src, tag, kind, follow_symlinks)
+    with _one_line():
+        s = source.summary()
+        infos = source.params()
+        problems = source.verify()
     if as_json:
         click.echo(json.dumps({**asdict(s), "tensors": len(infos), "problems": problems}, indent=2, default=str))
     else:
