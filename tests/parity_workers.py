@@ -63,7 +63,7 @@ def zero_train(rank: int, world: int, cases: list[dict]) -> list[dict]:
     """For each case: train with zero_core, return mean losses per step and the full fp32 state dict."""
     import zero_core
 
-    from zero_core.opt_states import state_sum
+    from zero_core.optim.states import state_sum
 
     def sums(engine) -> float:  # streams the states: works wherever they live (device, host, NVMe)
         return state_sum(engine.optimizer.states, "master") + state_sum(engine.optimizer.states, "exp_avg")

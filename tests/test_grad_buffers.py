@@ -15,7 +15,7 @@ from parity_workers import ds_config, make_model, train_local
 
 def _train(rank: int, world: int, stage: int, poison: bool) -> dict:
     import zero_core
-    from zero_core.grad_reducer import GradReducer
+    from zero_core.stages.grad_buckets import GradReducer
 
     if poison:
         GradReducer._uninitialised = lambda self, numel: torch.full((numel,), float("nan"), dtype=self.comm_dtype,

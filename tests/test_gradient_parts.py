@@ -6,31 +6,31 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zero_core.opt_states import TensorStates
-from zero_core.sharded_optimizer import ShardedAdamW
+from zero_core.optim import DeviceAdamW
+from zero_core.optim.states import TensorStates
 
 HYPER = dict(betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0, decoupled=True, clip=0.0,
              lr_at=lambda applied: torch.full((1,), 1e-2), shard_stats=False, comm_device=torch.device("cpu"))
 SEGMENTS = [(0, 128), (128, 64), (192, 256)]
 
 
-def _optimizer() -> ShardedAdamW:
+def _optimizer() -> DeviceAdamW:
     states = TensorStates(448, torch.device("cpu"))
     w = states.writer()
     w.write(torch.linspace(-1, 1, 448))
     w.close()
-    return ShardedAdamW(states, segments=SEGMENTS, **HYPER)
+    return DeviceAdamW(states, segments=SEGMENTS, **HYPER)
 
 
 def test_parts_live_from_first_reduction_to_the_step():
     opt = _optimizer()
-    assert opt.grad is None and opt._parts == {}
+    assert opt._parts == {}
     one = torch.full((1,), 1.0)
-    opt.reset_stats()
-    opt.accumulate(torch.full((128,), 2.0), 0, one, False)
-    opt.reset_stats()  # the next micro-step's pass: only the last pass counts for the norm
-    opt.accumulate(torch.full((128,), 3.0), 0, one, True)  # a second micro-step adds
-    opt.accumulate(torch.full((256,), 1.0, dtype=torch.bfloat16), 192, torch.full((1,), 0.5), False)
+    opt.begin_pass(one, accumulate=False, final=False)
+    opt.receive(torch.full((128,), 2.0), 0)
+    opt.begin_pass(one, accumulate=True, final=True)  # the next micro-step's pass: only the last counts for the norm
+    opt.receive(torch.full((128,), 3.0), 0)  # a second micro-step adds
+    opt.receive(torch.full((256,), 0.5, dtype=torch.bfloat16), 192)  # a first arrival starts fresh
     assert sorted(opt._parts) == [0, 192]  # the middle bucket got nothing: no part yet
     assert torch.equal(opt.gradient(0, 128), torch.full((128,), 5.0))
     assert torch.equal(opt.gradient(192, 256), torch.full((256,), 0.5))
@@ -47,18 +47,19 @@ def test_parts_live_from_first_reduction_to_the_step():
 def test_first_reduction_after_a_step_does_not_accumulate_stale_values():
     opt = _optimizer()
     one = torch.full((1,), 1.0)
-    opt.reset_stats()
-    opt.accumulate(torch.full((64,), 7.0), 128, one, False)
+    opt.begin_pass(one, accumulate=False, final=True)
+    opt.receive(torch.full((64,), 7.0), 128)
     opt.step(out=None)
-    opt.reset_stats()
-    opt.accumulate(torch.full((64,), 1.0), 128, one, True)  # "accumulate" into a freed part: starts fresh
+    opt.begin_pass(one, accumulate=True, final=True)
+    opt.receive(torch.full((64,), 1.0), 128)  # "accumulate" into a freed part: starts fresh
     assert torch.equal(opt.gradient(128, 64), torch.ones(64))
 
 
 def test_a_shard_that_is_not_a_segment_is_refused():
     opt = _optimizer()
     with pytest.raises(ValueError, match="not one of the optimizer's segments"):
-        opt.accumulate(torch.ones(100), 0, torch.ones(1), False)
+        opt.begin_pass(torch.ones(1), accumulate=False, final=True)
+        opt.receive(torch.ones(100), 0)
 
 
 def _engine_after_steps(stage: int, steps: int = 2, **zero_core_keys):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from zero_core.host_folder import HostFolder
+from zero_core.optim.host_folder import HostFolder
 
 
 def test_jobs_run_in_order_and_wait_blocks():

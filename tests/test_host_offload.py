@@ -10,11 +10,9 @@ import torch
 from parity_workers import ds_config, make_batches, make_model
 
 import zero_core
-from zero_core import affinity, nvme_states
-from zero_core.host_adam import HostAdamW
-from zero_core.nvme_states import NvmeStates
-from zero_core.opt_states import NAMES, TensorStates, state_sum
-from zero_core.sharded_optimizer import ShardedAdamW
+from zero_core.optim import DeviceAdamW, HostAdamW, affinity, nvme_states
+from zero_core.optim.nvme_states import NvmeStates
+from zero_core.optim.states import NAMES, TensorStates, state_sum
 
 HYPER = dict(betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, decoupled=True, lr_at=lambda applied: torch.full((1,), 1e-2),
              shard_stats=False, comm_device=torch.device("cpu"))
@@ -28,31 +26,21 @@ def _fill(states, numel: int) -> None:
     w.close()
 
 
-def _run(opt, groups: list[int], steps: int, gas: int, host: bool, comm_dtype: torch.dtype) -> list[torch.Tensor]:
+def _run(opt, groups: list[int], steps: int, gas: int, comm_dtype: torch.dtype) -> list[torch.Tensor]:
     """`steps` updates of `gas` micro-steps each (stage-2 style: every micro-step reduces); gradients
-    fed group by group as the reducer feeds them."""
+    fed group by group through the optimizer interface, as the reducer feeds them."""
     n = sum(groups)
     g = torch.Generator().manual_seed(11)
     outs = []
     for _ in range(steps):
         for micro in range(gas):
             grads = (torch.randn(n, generator=g) * 3).to(comm_dtype)
-            scale = torch.full((1,), 0.5)
-            opt.reset_stats()
-            if host:
-                opt.begin_pass(lazy=gas == 1, scale=scale)
+            opt.begin_pass(torch.full((1,), 0.5), accumulate=micro > 0, final=micro == gas - 1)
             start = 0
             for size in groups:
-                reduced = grads[start : start + size]
-                if not host:
-                    opt.accumulate(reduced, start, scale, micro > 0)
-                elif opt.lazy:
-                    opt.reduced_stats(reduced, scale)
-                    opt.staging[start : start + size].copy_(reduced)
-                else:
-                    opt.staging[start : start + size].copy_(reduced)
-                    opt.fold(start, size, scale, accumulate=micro > 0)
+                opt.receive(grads[start : start + size], start)
                 start += size
+            opt.end_pass()
         out = torch.empty(n, dtype=torch.bfloat16)
         opt.step(out)
         outs.append(out)
@@ -84,12 +72,13 @@ def test_chunked_host_step_equals_unchunked_and_device_path_bitwise(monkeypatch,
         host = name != "device-path"
         segments = [(sum(groups[:i]), size) for i, size in enumerate(groups)]
         opt = (HostAdamW(states, comm_dtype=comm_dtype, clip=clip, **HYPER) if host
-               else ShardedAdamW(states, clip=clip, segments=segments, **HYPER))
-        outs = _run(opt, groups, steps=3, gas=gas, host=host, comm_dtype=comm_dtype)
+               else DeviceAdamW(states, clip=clip, segments=segments, **HYPER))
+        outs = _run(opt, groups, steps=3, gas=gas, comm_dtype=comm_dtype)
         results[name] = (outs, _states(opt))
         # no fp32 gradient partition without accumulation on the host; on the device none between steps
-        assert (opt.grad is None) == (not host or gas == 1)
-        if not host:
+        if host:
+            assert (opt.grad is None) == (gas == 1)
+        else:
             assert opt._parts == {}
         opt.close()
     ref_outs, ref_states = results["unchunked"]
@@ -110,10 +99,9 @@ def test_skipped_step_writes_nothing_and_publishes_nothing():
     _fill(states, 4096)
     opt = HostAdamW(states, comm_dtype=torch.float32, clip=0.0, **HYPER)
     before = _states(opt)
-    opt.staging.fill_(float("inf"))
-    opt.reset_stats()
-    opt.begin_pass(lazy=True, scale=torch.ones(1))
-    opt.reduced_stats(opt.staging, torch.ones(1))
+    opt.begin_pass(torch.ones(1), accumulate=False, final=True)
+    opt.receive(torch.full((4096,), float("inf")), 0)
+    opt.end_pass()
     out = torch.full((4096,), 7.0, dtype=torch.bfloat16)
     published = []
     opt.step(out, publish=lambda a, b: published.append((a, b)))

@@ -63,7 +63,7 @@ def test_weights_released_between_uses_and_eval_matches_stage_2():
     for engine in (s3, s2):
         engine.backward(engine(x, y).loss)
         engine.step()
-    gatherer = s3.gatherer
+    gatherer = s3.strategy.gatherer
     assert all(buf.untyped_storage().size() == 0 for buf in gatherer.full)  # nothing held after the step
     with torch.no_grad():
         a, b = s3(x).logits, s2(x).logits
@@ -79,5 +79,5 @@ def test_persistence_threshold_keeps_small_units():
     engine.step()
     engine(x)
     kept = [g.numel < 2000 for g in engine.layout.groups]
-    held = [buf.untyped_storage().size() > 0 for buf in engine.gatherer.full]
+    held = [buf.untyped_storage().size() > 0 for buf in engine.strategy.gatherer.full]
     assert any(kept) and held == kept

@@ -43,14 +43,14 @@ def _train(rank: int, world: int, stage: int, overlap: bool, sabotage: bool = Fa
     losses, in_flight_after_step = [], []
     for x, y in make_batches(4, micro * world):
         xs, ys = (t[rank * micro : (rank + 1) * micro].to(engine.device) for t in (x, y))
-        if sabotage and engine._deferred is not None and engine.global_step > 0:
-            for h in engine._deferred._hooks:  # forward no longer waits: it reads last step's weights
+        if sabotage and engine.strategy.deferred is not None and engine.global_step > 0:
+            for h in engine.strategy.deferred._hooks:  # forward no longer waits: it reads last step's weights
                 h.remove()
         loss = engine(xs, ys).loss
         losses.append(float(loss))
         engine.backward(loss)
         engine.step()
-        in_flight_after_step.append(engine._deferred.in_flight if engine._deferred is not None else 0)
+        in_flight_after_step.append(engine.strategy.deferred.in_flight if engine.strategy.deferred is not None else 0)
     state_via_module = {k: v.float().clone() for k, v in engine.module.state_dict().items()}  # waits (state_dict hook)
     first_step = STARTED[: len(engine.layout.groups)]
     root = sorted({engine.layout.slots[i].group for i, p in enumerate(engine.params)
@@ -150,7 +150,7 @@ def test_stage3_prefetched_shards_are_made_on_the_stream_that_gathers_them(monke
     cfg = ds_config(3, "bf16", 2, stage3_param_persistence_threshold=0, stage3_prefetch_bucket_size=10**6)
     cfg["zero_core"] = {"stage3_gather_from_master": True}
     engine = zero_core.initialize(make_model(), cfg)
-    gatherer = engine.gatherer
+    gatherer = engine.strategy.gatherer
     side = gatherer.side = _FakeSide()
     made: list[tuple[bool, bool]] = []  # (asynchronous gather, made while on the side stream)
     issue, shard_of = gatherer._issue_gather, gatherer.shard_of

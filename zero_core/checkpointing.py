@@ -27,7 +27,7 @@ from checkpoints.source import CheckpointError
 from checkpoints.zbench_source import FragmentReader, read_frozen
 
 from . import comm
-from .opt_states import NAMES, TensorStates
+from .optim.states import NAMES, TensorStates
 from .rng_state import capture_rng, restore_rng
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ What DeepSpeed does (read in microsoft/DeepSpeed):
   optimizer reports no overflow, `lr_scheduler.step()`. An fp16 overflow step therefore does not
   advance the schedule (`skipped_steps += 1` instead). The engine never steps the scheduler at
   initialisation (`_configure_lr_scheduler` only builds it). So the schedule is a function of APPLIED
-  updates: the engine must pass a counter that skips overflow steps, which ShardedAdamW's `applied` is.
+  updates: the engine must pass a counter that skips overflow steps, which the optimizer's `applied` is.
 - deepspeed/runtime/lr_schedules.py, `WarmupLR.__init__`: with last_batch_iteration == -1 it writes
   `get_lr()` into the optimizer, and `get_lr()` returns warmup_min_lr while last_batch_iteration < 0
   (added by DeepSpeed PR #6597, Oct 2024; before it the first update used optimizer.params.lr). With

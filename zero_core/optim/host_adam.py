@@ -17,15 +17,16 @@ cache-sized pieces on its own thread while backward goes on.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from typing import Callable
 
 import torch
 
-from . import comm
-from .kernels import cpu as host_kernels
+from .. import comm
+from ..kernels import cpu as host_kernels
+from ..step_timer import StepBreakdown
+from .base import Output, PartitionOptimizer, Publish
+from .host_folder import HostFolder
 from .nvme_states import ALIGN, chunk_numel_from_env
-from .sharded_optimizer import ShardedAdamW
-from .step_timer import StepBreakdown
 
 # 4 Mi elements (16 MiB per fp32 state): with 8-16 threads per rank each thread's slice is 256-512 Ki
 # elements, far above OpenMP's fork/join cost per op, and its 1-2 MiB of fp32 master is still in its
@@ -40,40 +41,67 @@ HOST_CHUNK_NUMEL = 4 << 20
 # but not tunable: its pieces decide the summation order of the gradient norm.
 FOLD_CHUNK_NUMEL = HOST_CHUNK_NUMEL
 
-Publish = Callable[[int, int], None]
 
+class HostAdamW(PartitionOptimizer):
+    """AdamW whose states live in host memory or on NVMe (`states`), updated chunk by chunk on the host."""
 
-class HostAdamW(ShardedAdamW):
-    """ShardedAdamW whose states live in host memory or on NVMe (`states`), updated chunk by chunk."""
+    on_host = True
 
     def __init__(self, states, *, comm_dtype: torch.dtype, breakdown: StepBreakdown | None = None, **kw) -> None:
         super().__init__(states, **kw)
+        if not host_kernels.available():
+            raise ValueError("optimizer offload needs torch's fused CPU Adam (torch._fused_adamw_, torch >= 2.4); upgrade torch")
         self.chunk = chunk_numel_from_env(HOST_CHUNK_NUMEL, "ZERO_CORE_HOST_CHUNK_NUMEL")
         assert self.chunk % ALIGN == 0
         n = states.numel
         self.staging = comm.host_buffer(n, comm_dtype, pin=True)  # reduced shards land here (D2H target)
+        self.grad: torch.Tensor | None = None  # fp32 host gradients, allocated by the first fold that keeps them
         self.breakdown = breakdown or StepBreakdown(torch.device("cpu"), enabled=False)
         self._step_scratch = torch.empty(min(n, self.chunk), dtype=torch.float32)
         self.lazy = False  # this pass's gradient is staging * scale, rebuilt chunk by chunk in the step
         self._lazy_scale = 1.0
         # lazy passes' sum of squares and non-finite count, where the shards are reduced
         self._lazy_stats = torch.zeros(2, dtype=torch.float32, device=self.comm_device)
-        if not host_kernels.available():
-            raise ValueError("optimizer offload needs torch's fused CPU Adam (torch._fused_adamw_, torch >= 2.4); upgrade torch")
-
-    def _new_grad(self, numel: int, device: torch.device) -> torch.Tensor | None:
-        return None  # allocated on the first fold that must keep fp32 gradients (gradient accumulation)
+        self._folder = HostFolder()  # folds shards on its own thread while backward goes on
 
     # -- gradients ---------------------------------------------------------------------------------
-    def reset_stats(self) -> None:
-        super().reset_stats()
+    def begin_pass(self, scale: torch.Tensor, accumulate: bool, final: bool) -> None:
+        """Lazy when the step follows and nothing accumulates: statistics come from each shard where it
+        was reduced, and the step rebuilds gradients as staging * scale (no fp32 gradient partition)."""
+        super().begin_pass(scale, accumulate, final)
         self._lazy_stats.zero_()
-
-    def begin_pass(self, lazy: bool, scale: torch.Tensor) -> None:
-        """Before a reduction pass; `lazy`: the step follows it and it does not accumulate, so the
-        statistics come from `reduced_stats` and the step rebuilds gradients as staging * scale."""
-        self.lazy = lazy
+        self.lazy = final and not accumulate
         self._lazy_scale = float(scale[0])
+
+    def receive(self, reduced: torch.Tensor, offset: int) -> None:
+        """Copy the shard into pinned staging (on the caller's stream, the reduce stream on CUDA); the
+        folding thread takes it once the copy landed."""
+        numel, scale, accumulate = reduced.numel(), self.scale, self.accumulate
+        assert scale is not None, "receive() outside a reduction pass"
+        if self.lazy:
+            self.reduced_stats(reduced, scale)
+        start = self.breakdown.event()
+        self.staging[offset : offset + numel].copy_(reduced, non_blocking=True)
+        landed = None
+        if reduced.is_cuda:
+            landed = torch.cuda.Event(enable_timing=self.breakdown.cuda)
+            landed.record()
+            self.breakdown.span("d2h", start, landed if self.breakdown.cuda else None)
+        self._folder.submit(landed, self._fold_job(offset, numel, scale, accumulate))
+
+    def _fold_job(self, offset: int, numel: int, scale: torch.Tensor, accumulate: bool) -> Callable[[], None]:
+        if self.lazy:
+            return lambda: None  # the step rebuilds this shard's gradient from staging
+
+        def job() -> None:
+            with self.breakdown.host("host_fold"):
+                self.fold(offset, numel, scale, accumulate)
+
+        return job
+
+    def end_pass(self) -> None:
+        with self.breakdown.host("fold_wait"):
+            self._folder.wait()
 
     def reduced_stats(self, reduced: torch.Tensor, scale: torch.Tensor) -> None:
         """Lazy passes: add sum((reduced * scale)^2) and a non-finite count, on reduced's device."""
@@ -90,25 +118,24 @@ class HostAdamW(ShardedAdamW):
             b = min(numel, a + FOLD_CHUNK_NUMEL)
             host_kernels.reduce_epilogue(src[a:b], self.grad[start + a : start + b], scale, accumulate, self.sumsq, self.nonfinite)
 
-    def accumulate(self, reduced: torch.Tensor, start: int, scale: torch.Tensor, accumulate: bool) -> None:
-        raise AssertionError("offloaded gradients go through HostAdamW.fold / reduced_stats")
-
     def _local_stats(self) -> torch.Tensor:
         host = torch.cat([self.sumsq, self.nonfinite.float()])
         return host.to(self._lazy_stats.device) + self._lazy_stats
 
     def _grad(self, a: int, b: int) -> torch.Tensor:
         if not self.lazy:
+            assert self.grad is not None
             return self.grad[a:b]
         g = self._step_scratch[: b - a]
         host_kernels.scaled_copy(self.staging[a:b], g, self._lazy_scale)
         return g
 
     # -- the update --------------------------------------------------------------------------------
-    def _update(self, coef: torch.Tensor, out: torch.Tensor | None, publish: Publish | None,
-                after_segment: None = None) -> None:  # stages 1-2 offload gather per bucket through `publish`
+    def _update(self, coef: torch.Tensor, out: Output, publish: Publish | None,
+                after_segment: Callable[[int], None] | None = None) -> None:  # buckets are gathered through `publish`
         if int(self.overflow[0]) != 0:
             return  # skipped: nothing changes, nothing to send
+        assert out is None or isinstance(out, torch.Tensor), "the host update writes one flat 16-bit partition"
         c = float(coef[0])
         fused = torch._fused_adamw_ if self.decoupled else torch._fused_adam_
         hyper = dict(lr=float(self.lr[0]), beta1=self.beta1, beta2=self.beta2, weight_decay=self.weight_decay,
@@ -128,52 +155,6 @@ class HostAdamW(ShardedAdamW):
                         publish(a, b)
         self.breakdown.add("nvme_wait", getattr(self.states, "wait_seconds", 0.0) - waited)
 
-
-class WeightUploader:
-    """Sends 16-bit chunks from the host output to the device as the host step produces them, and
-    all-gathers each bucket (stages 1-2: `bucket_ends[i]` is where bucket i's shard ends in the partition)
-    as soon as its copies are queued. Nothing here waits on the host.
-
-    `pieces` are (partition offset, destination view) pairs: one flat device partition (stage 3), or each
-    bucket's shard inside its full working buffer (stages 1-2, so no separate 16-bit partition exists on
-    the device). On CUDA the copies run on their own stream; on the CPU they are plain copies."""
-
-    def __init__(self, src: torch.Tensor, pieces: Sequence[tuple[int, torch.Tensor]], breakdown: StepBreakdown,
-                 bucket_ends: Sequence[int] = (), gather: Callable[[int], None] | None = None) -> None:
-        self.src, self.breakdown = src, breakdown
-        self.pieces = sorted(pieces, key=lambda piece: piece[0])
-        self.numel = max(off + view.numel() for off, view in self.pieces)
-        self.bucket_ends, self.gather = list(bucket_ends), gather
-        self.side = comm.SideStream(self.pieces[0][1].device)  # the copy stream (none on the CPU)
-        self.gathered = 0
-
-    def begin(self) -> None:
-        """Order the copies after everything already queued on the compute stream (readers of the destination)."""
-        self.gathered = 0
-        self.side.wait_current()
-
-    def __call__(self, a: int, b: int) -> None:
-        start = self.breakdown.event(self.side.stream)
-        with torch.cuda.stream(self.side.stream):
-            for off, view in self.pieces:
-                lo, hi = max(a, off), min(b, off + view.numel())
-                if lo < hi:
-                    view[lo - off : hi - off].copy_(self.src[lo:hi], non_blocking=True)
-        self.breakdown.span("h2d", start, self.breakdown.event(self.side.stream))
-        self._gather_up_to(b)
-
-    def _gather_up_to(self, end: int) -> None:
-        joined = False
-        while self.gather is not None and self.gathered < len(self.bucket_ends) and self.bucket_ends[self.gathered] <= end:
-            if not joined:
-                self.side.join()
-                joined = True
-            self.gather(self.gathered)
-            self.gathered += 1
-
-    def finish(self) -> None:
-        """The compute stream waits for the last copy (no host sync); the remaining buckets are gathered."""
-        tail = self.breakdown.event()
-        self.side.join()
-        self.breakdown.span("h2d_tail", tail, self.breakdown.event())
-        self._gather_up_to(self.numel)
+    def close(self) -> None:
+        self._folder.close()
+        super().close()

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from . import comm
+from .. import comm
 from checkpoints.layout import FlatLayout
 
 

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import torch
 
-from . import comm
+from .. import comm
 
 NAMES = ("master", "exp_avg", "exp_avg_sq")
 Views = dict[str, torch.Tensor]

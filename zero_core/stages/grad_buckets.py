@@ -7,8 +7,9 @@ bucket is complete, not at its first gradient. A large bucket (DeepSpeed's defau
 otherwise be allocated whole as backward starts, on top of every activation (0.7 GiB at DeBERTa-v2-xlarge
 on 2 ranks); its gradients instead grow layer by layer while backward frees the activations.
 When a group is complete and this pass reduces (every micro-step for stages 2-3, only at the accumulation
-boundary for 0-1) it is reduced on the side stream while backward goes on: all-reduce for stage 0,
-reduce-scatter otherwise, then the epilogue kernel scales and folds the result into the fp32 partition.
+boundary for 0-1) it is reduced on the side stream while backward goes on, by the collective its stage
+chooses (all-reduce at stage 0, reduce-scatter otherwise), and handed to the optimizer, which folds it into
+its fp32 gradient wherever its states live (zero_core/optim/).
 """
 
 from __future__ import annotations
@@ -17,42 +18,24 @@ from typing import Callable, Sequence
 
 import torch
 
-from . import comm
-from .host_folder import HostFolder
 from checkpoints.layout import FlatLayout
-from .sharded_optimizer import ShardedAdamW
-from .step_timer import StepBreakdown
+
+from .. import comm
+from ..optim import PartitionOptimizer
+from .base import Stage
 
 
 class GradReducer:
-    def __init__(
-        self,
-        params: Sequence[torch.nn.Parameter],
-        layout: FlatLayout,
-        optimizer: ShardedAdamW,
-        *,
-        stage: int,
-        comm_dtype: torch.dtype,
-        side: comm.SideStream,
-        device: torch.device,
-        on_group_reduced: Callable[[int], None] | None = None,
-        breakdown: StepBreakdown | None = None,
-    ) -> None:
+    def __init__(self, params: Sequence[torch.nn.Parameter], layout: FlatLayout, optimizer: PartitionOptimizer,
+                 stage: Stage, *, comm_dtype: torch.dtype, side: comm.SideStream, device: torch.device) -> None:
         self.params = list(params)
         self.layout = layout
         self.opt = optimizer
-        self.stage = stage
+        self.stage = stage  # the collective that reduces a bucket, and what happens once it is reduced
         self.comm_dtype = comm_dtype
         self.side = side
-        self.on_group_reduced = on_group_reduced
-        self.keep_buffers = stage <= 1  # stages 0-1 accumulate full gradients across micro-steps
+        self.keep_buffers = stage.persistent_buckets  # stages 0-1 accumulate full gradients across micro-steps
         self.device = device
-        # optimizer offload: reduced shards go to the optimizer's pinned host staging area; the CPU folds
-        # them in as their copies land, while backward goes on (HostAdamW.fold; on a CPU-only run too)
-        self.host_staging: torch.Tensor | None = getattr(optimizer, "staging", None)
-        self.offload = self.host_staging is not None
-        self.host_folder = HostFolder() if self.offload else None
-        self.breakdown = breakdown or StepBreakdown(device, enabled=False)
         self.buffers: list[torch.Tensor | None] = [
             torch.zeros(g.padded_numel, dtype=comm_dtype, device=device) if self.keep_buffers else None
             for g in layout.groups
@@ -66,22 +49,18 @@ class GradReducer:
         # and after parameters needs zeros (not a memset of the whole bucket and an add over it)
         self._gaps: list[torch.Tensor | None] = [None if self.keep_buffers else _gap_index(g, device) for g in layout.groups]
         self.reduce_now = False
-        self.accumulate = False
-        self.scale: torch.Tensor | None = None
         self._handles = [p.register_post_accumulate_grad_hook(self._make_hook(i)) for i, p in enumerate(self.params)]
 
     def begin(self, reduce_now: bool, accumulate: bool, scale: torch.Tensor, final: bool = True) -> None:
         """Called before each backward. `scale` multiplies reduced sums (1 / (world * loss scale));
-        `final`: the optimizer step follows this backward (the offload fold may then skip the fp32 copy)."""
-        self.reduce_now, self.accumulate, self.scale = reduce_now, accumulate, scale
+        `accumulate`: reduced shards add to earlier micro-steps'; `final`: the optimizer step follows."""
+        self.reduce_now = reduce_now
         self.arrived = [0] * len(self.layout.groups)
         self.reduced = [False] * len(self.layout.groups)
         self._seen = set()
         self._pending = {}
         if reduce_now:
-            self.opt.reset_stats()
-            if self.offload:
-                self.opt.begin_pass(lazy=final and not accumulate, scale=scale)  # type: ignore[attr-defined]
+            self.opt.begin_pass(scale, accumulate, final)
 
     def finish(self) -> None:
         """After backward: reduce groups some of whose parameters got no gradient, then join the side stream."""
@@ -90,9 +69,7 @@ class GradReducer:
                 if not self.reduced[g]:
                     self._zero_missing(g)
                     self._reduce(g)
-        if self.host_folder is not None:
-            with self.breakdown.host("fold_wait"):
-                self.host_folder.wait()
+        self.opt.end_pass()
         self.side.join()
 
     def _buffer(self, g: int) -> torch.Tensor:
@@ -154,57 +131,21 @@ class GradReducer:
     def _reduce(self, g: int) -> None:
         group = self.layout.groups[g]
         buf = self._assemble(g)  # stages 0-1 hold nothing pending: their persistent buffer as it is
-        assert self.scale is not None
         with self.side.after_current():
-            if self.stage == 0:
-                comm.all_reduce_sum(buf, what=f"all-reduce of gradient bucket {g}")
-                reduced = buf
-            else:
-                reduced = torch.empty(group.shard_numel, dtype=self.comm_dtype, device=buf.device)
-                comm.reduce_scatter_sum(reduced, buf, what=f"reduce-scatter of gradient bucket {g}")
-            if self.offload:
-                assert self.host_staging is not None
-                host = self.host_staging[group.partition_offset : group.partition_offset + reduced.numel()]
-                if self.opt.lazy:  # type: ignore[attr-defined]
-                    self.opt.reduced_stats(reduced, self.scale)  # type: ignore[attr-defined]
-                start = self.breakdown.event()
-                host.copy_(reduced, non_blocking=True)
-                ev = None
-                if reduced.is_cuda:
-                    ev = torch.cuda.Event(enable_timing=self.breakdown.cuda)
-                    ev.record()
-                    self.breakdown.span("d2h", start, ev if self.breakdown.cuda else None)
-                assert self.host_folder is not None
-                self.host_folder.submit(ev, self._fold_job(group.partition_offset, reduced.numel()))
-            else:
-                self.opt.accumulate(reduced, group.partition_offset, self.scale, self.accumulate)
+            reduced = self.stage.reduce(buf, group)
+            self.opt.receive(reduced, group.partition_offset)
             if self.keep_buffers:
                 buf.zero_()
             else:
                 self.side.keep_alive(buf)
                 self.buffers[g] = None
         self.reduced[g] = True
-        if self.on_group_reduced is not None:
-            self.on_group_reduced(g)
-
-    def _fold_job(self, offset: int, numel: int) -> Callable[[], None]:
-        """What the host thread does once the shard's copy landed: fold it, or (lazy pass) nothing."""
-        opt, timer, scale, accumulate = self.opt, self.breakdown, self.scale, self.accumulate
-        if opt.lazy:  # type: ignore[attr-defined]
-            return lambda: None
-
-        def job() -> None:
-            with timer.host("host_fold"):
-                opt.fold(offset, numel, scale, accumulate)  # type: ignore[attr-defined]
-
-        return job
+        self.stage.on_group_reduced(g)
 
     def remove(self) -> None:
-        """Detach the hooks from the parameters and stop the host thread."""
+        """Detach the hooks from the parameters."""
         for h in self._handles:
             h.remove()
-        if self.host_folder is not None:
-            self.host_folder.close()
 
 
 def _gap_index(group, device: torch.device) -> torch.Tensor:

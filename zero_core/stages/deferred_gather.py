@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .comm import PendingCollective
+from ..comm import PendingCollective
 
 
 class DeferredWeightGather:

@@ -27,7 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from .opt_states import NAMES, Views
+from .states import NAMES, Views
 
 ALIGN = 1024  # elements (4 KiB of fp32): O_DIRECT's offset/length unit, and a multiple of any vector width
 # 4 Mi elements = 16 MiB per state per request: far past the ~1 MiB where an NVMe drive reaches its

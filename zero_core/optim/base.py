@@ -1,0 +1,105 @@
+"""What every optimizer of a rank's partition does, wherever its states live.
+
+The gradient reducer talks to an optimizer through three calls per reduction pass, and the engine
+through `step`:
+
+    opt.begin_pass(scale, accumulate, final)   # before a backward that reduces: statistics start afresh
+    opt.receive(reduced, offset)               # each reduced gradient shard, on the reduce stream
+    opt.end_pass()                             # after backward: every shard received is accounted for
+    opt.step(out, publish, after_segment)      # clip, update, write the 16-bit weights into `out`
+
+`step` is shared: one all-reduce makes the sum of squares and the non-finite flag global, and the
+clip coefficient, the learning rate and the skip flag are computed as device tensors, so the hot loop
+never waits on the host. Subclasses decide where the states live and how the update runs:
+DeviceAdamW (device_adam.py: Triton kernels on the GPU) and HostAdamW (host_adam.py: host memory or
+NVMe, torch's fused CPU Adam in chunks).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Callable
+
+import torch
+
+from .. import comm
+
+Publish = Callable[[int, int], None]
+Output = torch.Tensor | list[torch.Tensor] | None
+
+
+class PartitionOptimizer(ABC):
+    """AdamW over this rank's contiguous fp32 partition (master, exp_avg, exp_avg_sq in `states`)."""
+
+    on_host: bool = False  # states and update on the host (the engine then uploads the 16-bit output)
+
+    def __init__(self, states, *, betas: tuple[float, float], eps: float, weight_decay: float, decoupled: bool,
+                 clip: float, lr_at: Callable[[torch.Tensor], torch.Tensor], shard_stats: bool,
+                 comm_device: torch.device) -> None:
+        self.states = states
+        self.comm_device = comm_device
+        self.beta1, self.beta2 = betas
+        self.eps, self.weight_decay, self.decoupled, self.clip = eps, weight_decay, decoupled, clip
+        self.lr_at = lr_at
+        self.shard_stats = shard_stats  # False when every rank holds the whole gradient (stage 0)
+        dev = states.device
+        self.sumsq = torch.zeros(1, dtype=torch.float32, device=dev)
+        self.nonfinite = torch.zeros(1, dtype=torch.int32, device=dev)
+        self.applied = torch.zeros(1, dtype=torch.float32, device=dev)  # updates actually applied
+        self.skipped = torch.zeros(1, dtype=torch.float32, device=dev)
+        self.lr = lr_at(self.applied)
+        self.grad_norm = torch.zeros(1, dtype=torch.float32, device=dev)
+        self.overflow = torch.zeros(1, dtype=torch.int32, device=dev)
+        self.scale: torch.Tensor | None = None  # this pass's multiplier of reduced sums (1 / (world * loss scale))
+        self.accumulate = False  # this pass adds to gradients kept from earlier micro-steps
+
+    # -- a reduction pass ----------------------------------------------------------------------------
+    def begin_pass(self, scale: torch.Tensor, accumulate: bool, final: bool) -> None:
+        """Before a backward that reduces; `final`: the step follows it. Only the last pass before a step
+        counts for the norm and the overflow flag."""
+        self.scale, self.accumulate = scale, accumulate
+        self.sumsq.zero_()
+        self.nonfinite.zero_()
+
+    @abstractmethod
+    def receive(self, reduced: torch.Tensor, offset: int) -> None:
+        """Take a reduced gradient shard for partition elements [offset, offset + reduced.numel())."""
+
+    def end_pass(self) -> None:
+        """After backward: every received shard is folded in (a no-op where that happened on receipt)."""
+
+    # -- the update ------------------------------------------------------------------------------------
+    def _local_stats(self) -> torch.Tensor:
+        """This rank's [sum of squares, non-finite flag] of the pass that ends at this step."""
+        return torch.cat([self.sumsq, self.nonfinite.float()])
+
+    def step(self, out: Output, publish: Publish | None = None, after_segment: Callable[[int], None] | None = None) -> None:
+        """Clip, update and write the working-precision copy into `out` (the partition, or one tensor per
+        segment); skipped on a non-finite gradient. `publish(lo, hi)` (host updates) is called once
+        out[lo:hi] holds its final values; `after_segment(i)` once segment i's update is queued."""
+        stats = self._local_stats()
+        if self.shard_stats:
+            comm.all_reduce_sum_on(stats, self.comm_device, what="all-reduce of the gradient norm and overflow flag")
+        stats = stats.to(self.sumsq.device)
+        self.grad_norm = stats[:1].sqrt()
+        self.overflow = (stats[1:] > 0).to(torch.int32)
+        if self.clip > 0:
+            coef = (self.clip / (self.grad_norm + 1e-6)).clamp(max=1.0)
+        else:
+            coef = torch.ones_like(self.grad_norm)
+        self.lr = self.lr_at(self.applied)
+        ok = 1.0 - self.overflow.float()
+        self.applied += ok
+        self.skipped += 1.0 - ok
+        self._update(coef, out, publish, after_segment)
+
+    @abstractmethod
+    def _update(self, coef: torch.Tensor, out: Output, publish: Publish | None,
+                after_segment: Callable[[int], None] | None) -> None: ...
+
+    def live_gradient_bytes(self) -> int:
+        """Bytes of fp32 gradients this optimizer holds now (memory reports)."""
+        return 0
+
+    def close(self) -> None:
+        self.states.close()

@@ -1,0 +1,73 @@
+"""The optimizer step on the device: this rank's partition updated by the fused Triton kernels.
+
+The fp32 gradient exists only between a bucket's first reduction and the step that consumes it: one
+tensor per bucket (`segments`), allocated when the bucket is reduced and freed after the update.
+Backward frees activations as fast as these fill up, so the gradient partition never adds to the peak
+at the end of forward (on GPT-2 XL, 2 ranks: 3.1 GB per GPU less than a persistent one).
+
+Each received shard goes through the reduce epilogue (kernels/: scale, accumulate to fp32, sum of
+squares, non-finite flag in one pass); the step runs the fused AdamW kernel per segment, reading the
+clip coefficient, learning rate, step count and skip flag from device memory: no host sync.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+
+from ..kernels import adamw_step, reduce_epilogue
+from .base import Output, PartitionOptimizer, Publish
+
+
+class DeviceAdamW(PartitionOptimizer):
+    """AdamW whose fp32 states are tensors on the device (`states`: optim/states.py's TensorStates)."""
+
+    def __init__(self, states, *, segments: Sequence[tuple[int, int]] | None = None, **kw) -> None:
+        super().__init__(states, **kw)
+        self.master, self.exp_avg, self.exp_avg_sq = states.master, states.exp_avg, states.exp_avg_sq
+        # (partition offset, numel) of each bucket's shard: the unit of gradient allocation and update
+        self.segments = list(segments) if segments else [(0, states.numel)]
+        self._segment_numel = dict(self.segments)
+        self._parts: dict[int, torch.Tensor] = {}  # partition offset -> that bucket's fp32 gradient
+        self.segment_order: list[int] | None = None  # the order segments are updated in (elementwise: any order)
+
+    def receive(self, reduced: torch.Tensor, offset: int) -> None:
+        """Fold a reduced gradient shard into partition elements [offset, offset + numel)."""
+        assert self.scale is not None, "receive() outside a reduction pass"
+        if self._segment_numel.get(offset) != reduced.numel():
+            raise ValueError(f"gradient shard [{offset}, {offset + reduced.numel()}) is not one of the optimizer's segments")
+        acc = self._parts.get(offset)
+        accumulate = self.accumulate
+        if acc is None:  # the bucket's first reduction since the last step: nothing to accumulate into
+            acc = self._parts[offset] = torch.empty(reduced.numel(), dtype=torch.float32, device=reduced.device)
+            accumulate = False
+        reduce_epilogue(reduced, acc, self.scale, accumulate, self.sumsq, self.nonfinite)
+
+    def gradient(self, start: int, numel: int) -> torch.Tensor:
+        """The fp32 gradient of partition elements [start, start + numel) (one segment); zeros if none arrived."""
+        part = self._parts.get(start)
+        return part if part is not None else torch.zeros(numel, dtype=torch.float32, device=self.sumsq.device)
+
+    def _update(self, coef: torch.Tensor, out: Output, publish: Publish | None,
+                after_segment: Callable[[int], None] | None) -> None:
+        current = torch.cuda.current_stream(self.sumsq.device) if self.sumsq.is_cuda else None
+        for i in self.segment_order or range(len(self.segments)):
+            lo, n = self.segments[i]
+            grad = self.gradient(lo, n)
+            if current is not None:
+                grad.record_stream(current)  # allocated on the reduce stream, last read here
+            hi = lo + n
+            adamw_step(
+                self.master[lo:hi], grad, self.exp_avg[lo:hi], self.exp_avg_sq[lo:hi],
+                None if out is None else out[i] if isinstance(out, list) else out[lo:hi],
+                lr=self.lr, step=self.applied, coef=coef, skip=self.overflow,
+                beta1=self.beta1, beta2=self.beta2, eps=self.eps,
+                weight_decay=self.weight_decay, decoupled=self.decoupled,
+            )
+            if after_segment is not None:
+                after_segment(i)
+        self._parts = {}  # freed once the update kernels have read them (stream-ordered)
+
+    def live_gradient_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self._parts.values())

@@ -1,0 +1,91 @@
+"""Stage 3: weights sharded too. Each unit (a transformer block, or the root unit of everything outside the
+blocks: units.py) has its own flat 16-bit buffer, allocated only while the unit is gathered.
+
+Gradient path: as stage 2, per unit: each unit's bucket is reduce-scattered once complete, every
+micro-step; once reduced, the unit's full weights are released (param_gather.py).
+
+Where this rank's 16-bit shard of each unit comes from when it is gathered:
+- by default, a cast of the fp32 master shard on the way (as FSDP2 does): no 16-bit partition at all;
+- with `zero_core.stage3_gather_from_master: false`, or with optimizer offload, a 16-bit partition on
+  the device, which the update writes (on the host, then uploaded chunk by chunk: optim/weight_upload.py);
+- with parameter offload, that partition lives in pinned host memory and is copied up per unit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .. import comm
+from ..optim.weight_upload import WeightUploader
+from .base import Stage
+from .param_gather import ParamGatherer
+
+
+class PartitionedStage(Stage):
+    contiguous = False
+
+    def __init__(self, model, params, layout, cfg, rank, device, units: list) -> None:
+        super().__init__(model, params, layout, cfg, rank, device)
+        self.units = units
+        off_param = cfg.zero_optimization.offload_param
+        self.offload_param = off_param is not None and off_param.device == "cpu"
+        self.gatherer: ParamGatherer | None = None
+
+    def attach(self, optimizer: Any, breakdown: Any) -> None:
+        layout, zero = self.layout, self.cfg.zero_optimization
+        if not optimizer.on_host and not self.offload_param and self.cfg.zero_core.stage3_gather_from_master:
+            master, dtype = optimizer.states.master, self.dtype  # the update keeps only the fp32 master
+            shard_of = lambda lo, hi: master[lo:hi].to(dtype)  # noqa: E731
+        else:
+            self.local = (comm.host_buffer(layout.partition_numel, self.dtype, pin=True) if self.offload_param
+                          else torch.empty(layout.partition_numel, dtype=self.dtype, device=self.device))
+            for g in layout.groups:
+                lo, hi = layout.shard_range(g.index, self.rank)
+                self.local[g.partition_offset : g.partition_offset + g.shard_numel].copy_(self.full[g.index][lo:hi])
+            self.output = self._output_for(optimizer)
+            if self.output is not self.local:
+                self.output.copy_(self.local)
+            if self.output.device.type == "cpu" and self.local.is_cuda:  # host update: upload chunk by chunk
+                self.uploader = WeightUploader(self.output, [(0, self.local)], breakdown)
+                self.publish_chunk = self.uploader
+            local = self.local
+            shard_of = lambda lo, hi: local[lo:hi]  # noqa: E731
+        self.gatherer = ParamGatherer(
+            self.units, layout, self.full, shard_of,
+            persistence_threshold=zero.stage3_param_persistence_threshold,
+            prefetch_numel=zero.stage3_prefetch_bucket_size, max_live_numel=zero.stage3_max_live_parameters,
+            side=comm.SideStream(self.device),  # its own stream: prefetches must not queue behind reductions
+        )
+
+    def _output_for(self, optimizer: Any) -> torch.Tensor:
+        """Where the update writes its 16-bit output: the partition itself where the states live beside it,
+        else a buffer on the states' side that is copied across after the update."""
+        assert self.local is not None
+        state_device = torch.device("cpu") if optimizer.on_host else self.device
+        if self.local.device == state_device:
+            return self.local
+        if state_device.type == "cpu":
+            return comm.host_buffer(self.layout.partition_numel, self.dtype, pin=True)
+        return torch.empty(self.layout.partition_numel, dtype=self.dtype, device=state_device)
+
+    def on_group_reduced(self, g: int) -> None:
+        assert self.gatherer is not None
+        self.gatherer.on_group_reduced(g)
+
+    def after_backward(self) -> None:
+        assert self.gatherer is not None
+        self.gatherer.end_backward()
+
+    def begin_update(self) -> None:
+        if self.uploader is not None:
+            self.uploader.begin()
+
+    def finish_update(self) -> None:
+        if self.uploader is not None:
+            self.uploader.finish()
+        elif self.local is not None and self.output is not self.local:
+            self.local.copy_(self.output, non_blocking=True)
+        assert self.gatherer is not None
+        self.gatherer.after_step()  # every gathered copy is stale now
