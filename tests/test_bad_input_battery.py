@@ -8,6 +8,8 @@ over existing data, an unwritable folder; the engine API cases below add a check
 
 from __future__ import annotations
 
+import copy
+import functools
 import hashlib
 import json
 import shutil
@@ -17,6 +19,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+import bad_input_cases
 import zero_core
 from checkpoints.source import CheckpointError
 from fault_workers import tiny_checkpoint, unwritable
@@ -36,15 +39,20 @@ def good_checkpoint(tmp_path_factory) -> Path:
     return tiny_checkpoint(tmp_path_factory.mktemp("good") / "ckpt")
 
 
+@functools.cache
+def _quickstart() -> dict:
+    return yaml.safe_load(QUICKSTART.read_text())
+
+
 def _scenario(**changes) -> str:
-    data = yaml.safe_load(QUICKSTART.read_text())
+    data = copy.deepcopy(_quickstart())
     data["model"] = {"arch": str(REPO / "scenarios" / "models" / "tiny-gpt.json")}
     for key, value in changes.items():
         if value is None:
             data.pop(key, None)
         else:
             data[key] = value
-    return yaml.safe_dump(data, allow_unicode=True)
+    return yaml.dump(data, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), allow_unicode=True)
 
 
 @pytest.fixture
@@ -107,6 +115,7 @@ def box(tmp_path: Path, good_checkpoint: Path) -> Path:
     victim.write_bytes(victim.read_bytes()[:-64])
     (tmp_path / "ckpt empty manifest" / "global_step1" / "manifest.json").write_text("")
     (tmp_path / "a file").write_text("not a folder")
+    bad_input_cases.write_inputs(tmp_path, _scenario)
     return tmp_path
 
 
@@ -116,43 +125,43 @@ CASES = [
     (["train", "--config", "{b}/missing.json"], "cannot read"),
     (["train", "--config", "{b}/empty.json"], "not valid JSON"),
     (["train", "--config", "{b}/truncated.json"], "not valid JSON"),
-    (["train", "--config", "{b}/list.json"], ""),
+    (["train", "--config", "{b}/list.json"], "config must be an object"),
     (["train", "--config", "{b}/typo.json"], "did you mean 'stage'"),
     (["train", "--config", "{b}/bad type.json"], "train_micro_batch_size_per_gpu"),
     (["train", "--config", "{b}/dup.json"], "train_micro_batch_size_per_gpu"),
     (["train", "--config", "{b}/nvme.json"], "nvme"),
     (["train", "--seq-len", "100000"], "block size"),
-    (["train", "--gpus", "0"], ""),
-    (["train", "--stage", "4"], ""),
-    (["train", "--precision", "fp8"], ""),
+    (["train", "--gpus", "0"], "'--gpus': 0 is not in the range 1<=x<=1024"),
+    (["train", "--stage", "4"], "'--stage': 4 is not in the range 0<=x<=3"),
+    (["train", "--precision", "fp8"], "'fp8' is not one of 'fp32', 'bf16', 'fp16'"),
     (["bench", "kernels", "--numel", "lots"], "--numel"),
     (["bench", "kernels", "--numel", "-5"], "--numel"),
     # zbench convert / inspect
-    (["convert", "{b}/missing", "--to", "fp32", "--out", "{b}/out"], ""),
+    (["convert", "{b}/missing", "--to", "fp32", "--out", "{b}/out"], "missing does not exist; pass a checkpoint folder"),
     (["convert", "{b}/notes", "--to", "fp32", "--out", "{b}/out"], "not a checkpoint"),
     (["convert", DS, "--to", "fp32", "--out", "{b}/full"], "already holds files"),
     (["convert", DS, "--to", "fp32", "--out", "{b}/out", "--tag", "global_step99"], "global_step99"),
-    (["convert", DS, "--to", "fp64", "--out", "{b}/out"], ""),
-    (["convert", DS, "--to", "fp32", "--out", "{b}/out", "--max-shard-size", "huge"], ""),
-    (["convert", DS, "--to", "fp32", "--out", "{b}/out", "--from", "dcp"], ""),
-    (["convert", DS, "--to", "zbench", "--world-size", "2", "--out", "{b}/out"], ""),
-    (["convert", "{b}/dcp fake", "--to", "fp32", "--out", "{b}/out"], ""),
-    (["convert", "{b}/ds fake", "--to", "fp32", "--out", "{b}/out"], ""),
-    (["inspect", "{b}/missing"], ""),
+    (["convert", DS, "--to", "fp64", "--out", "{b}/out"], "'fp64' is not one of 'fp32', 'bf16', 'fp16', 'zbench'"),
+    (["convert", DS, "--to", "fp32", "--out", "{b}/out", "--max-shard-size", "huge"], "size 'huge' is not understood; write e.g. 5GB"),
+    (["convert", DS, "--to", "fp32", "--out", "{b}/out", "--from", "dcp"], "is a deepspeed checkpoint, not dcp; drop --from"),
+    (["convert", DS, "--to", "zbench", "--world-size", "2", "--out", "{b}/out"], "--to zbench reshards zbench checkpoints only"),
+    (["convert", "{b}/dcp fake", "--to", "fp32", "--out", "{b}/out"], ".metadata is truncated, corrupt or not DCP metadata"),
+    (["convert", "{b}/ds fake", "--to", "fp32", "--out", "{b}/out"], "no *_optim_states.pt files"),
+    (["inspect", "{b}/missing"], "missing does not exist; pass a checkpoint folder"),
     (["inspect", "{b}/notes"], "not a checkpoint"),
-    (["inspect", "{b}/ds fake"], ""),
+    (["inspect", "{b}/ds fake"], "no *_optim_states.pt files"),
     # zbench run / report / estimate
-    (["run", "{b}/missing.yaml"], ""),
+    (["run", "{b}/missing.yaml"], "cannot read scenario"),
     (["run", "{b}/scenario typo.yaml", "--out", "{b}/runs"], "seq_lne"),
-    (["run", "{b}/scenario empty.yaml", "--out", "{b}/runs"], ""),
-    (["run", "{b}/scenario list.yaml", "--out", "{b}/runs"], ""),
-    (["run", "{b}/not yaml.yaml", "--out", "{b}/runs"], ""),
+    (["run", "{b}/scenario empty.yaml", "--out", "{b}/runs"], "is empty; write the scenario's keys"),
+    (["run", "{b}/scenario list.yaml", "--out", "{b}/runs"], "must be a YAML mapping, got a list"),
+    (["run", "{b}/not yaml.yaml", "--out", "{b}/runs"], "is not valid YAML at line 2"),
     (["run", str(REPO / "scenarios" / "quickstart.yaml"), "--variants", "nosuch", "--out", "{b}/runs"], "nosuch"),
-    (["run", str(REPO / "scenarios" / "quickstart.yaml"), "--gpus", "4096", "--out", "{b}/runs"], ""),
-    (["run", str(REPO / "scenarios" / "quickstart.yaml"), "--resume", "{b}/notes", "--out", "{b}/runs"], ""),
-    (["report", "{b}/notes"], ""),
-    (["estimate", "--model", "{b}/missing.json", "--gpus", "2"], ""),
-    (["estimate", "--model", "{b}/model.json", "--gpus", "2"], ""),
+    (["run", str(REPO / "scenarios" / "quickstart.yaml"), "--gpus", "4096", "--out", "{b}/runs"], "4096 is not in the range 1<=x<=1024"),
+    (["run", str(REPO / "scenarios" / "quickstart.yaml"), "--resume", "{b}/notes", "--out", "{b}/runs"], "has no scenario.yaml: it is not a zbench run folder"),
+    (["report", "{b}/notes"], "notes is not a zbench run folder (no results.json); pass a folder written by zbench run"),
+    (["estimate", "--model", "{b}/missing.json", "--gpus", "2"], "no model config file"),
+    (["estimate", "--model", "{b}/model.json", "--gpus", "2"], 'must be {"family": "gpt"|"hf", "config": {...}}'),
     # typos and wrong types on the command line, in zero_core's section, in scenarios and their files
     (["train", "--stgae", "2"], "--stgae"),
     (["train", "--steps", "many"], "--steps"),
@@ -184,17 +193,17 @@ CASES = [
     (["train", "--config", "{b}/folder.json"], "folder.json"),
     (["train", "--config", "{b}/scenario typo.yaml"], "not valid JSON"),
     (["run", "{b}/typo.json", "--out", "{b}/runs"], "train_micro_batch_size_per_gpu"),
-    (["inspect", "{b}/a file"], ""),
-    (["convert", DS, "--to", "fp32", "--out", "{b}/out", "--from", "zbench"], ""),
+    (["inspect", "{b}/a file"], "is a file; pass the checkpoint folder that holds it"),
+    (["convert", DS, "--to", "fp32", "--out", "{b}/out", "--from", "zbench"], "is a deepspeed checkpoint, not zbench"),
     (["report", "{b}/ckpt"], "results.json"),
-    (["estimate", "--model", "{b}/typo.json", "--gpus", "2"], ""),
+    (["estimate", "--model", "{b}/typo.json", "--gpus", "2"], 'must be {"family": "gpt"|"hf"'),
     # empty or truncated files and folders
     (["inspect", "{b}/empty ckpt"], "not a checkpoint"),
     (["inspect", "{b}/ckpt empty manifest"], "manifest.json"),
     (["convert", "{b}/ckpt truncated", "--to", "fp32", "--out", "{b}/out"], "truncated"),
     (["convert", "{b}/ckpt empty manifest", "--to", "bf16", "--out", "{b}/out"], "manifest.json"),
-    (["report", "{b}/empty run"], "not valid JSON"),
-    (["run", "{b}/truncated.yaml", "--out", "{b}/runs"], ""),
+    (["report", "{b}/empty run"], "is not a zbench run folder (results.json is not valid JSON"),
+    (["run", "{b}/truncated.yaml", "--out", "{b}/runs"], "model is required; add it to the scenario"),
     # output over existing data
     (["convert", "{b}/ckpt", "--to", "zbench", "--world-size", "2", "--out", "{b}/full"], "already holds files"),
     (["convert", "{b}/ckpt", "--to", "fp16", "--out", "{b}/a file"], "already holds files"),
@@ -204,6 +213,8 @@ CASES = [
     (["convert", "{b}/ckpt", "--to", "fp32", "--out", "{b}/locked/out"], "writable --out"),
     (["convert", "{b}/ckpt", "--to", "zbench", "--world-size", "3", "--out", "{b}/locked/out"], "writable --out"),
     (["run", str(QUICKSTART), "--out", "{b}/locked", "--wandb", "off"], "writable --out"),
+    # the scenario runner's inputs: model config values, numbers, YAML, names, folders that are not runs, flags
+    *bad_input_cases.CASES,
 ]
 
 

@@ -95,6 +95,12 @@ def test_quickstart_prints_the_table_last(quickstart):
     for name in ("results.csv", "table.md", "throughput.png", "memory.png", "loss.png", "scenario.yaml"):
         assert os.path.getsize(os.path.join(folder, name)) > 0
     assert glob.glob(os.path.join(folder, "logs", "zero3", "zero3-train*", "attempt_0", "1", "stdout.log"))
+    from zbench.run_summary import load_kept, load_summary
+
+    assert load_summary(folder) == summary  # what report and estimate --run accept: a real run's files
+    for v in summary["variants"]:
+        load_kept(folder, os.path.join(folder, "variants", f"{v['variant']}.json"), "row")
+    load_kept(folder, os.path.join(folder, "floor.json"), "floor")
 
 
 def test_wandb_offline_runs_read_back_with_wandbs_reader(quickstart):

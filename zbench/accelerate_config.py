@@ -22,11 +22,13 @@ import json
 import os
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from zero_core import ConfigError
 from zero_core.config_errors import from_validation_error
+
+from .limits import MAX_GRAD_ACCUM, MAX_NODES, MAX_RANKS, Flag, count, real
+from .yaml_strict import read_yaml
 
 
 class _Strict(BaseModel):
@@ -39,10 +41,10 @@ class DeepSpeedPluginKeys(_Strict):
     offload_param_device: Literal["none", "cpu", "nvme"] | None = None
     offload_optimizer_nvme_path: str | None = None
     offload_param_nvme_path: str | None = None
-    gradient_accumulation_steps: int | None = None
-    gradient_clipping: float | None = None
-    zero3_init_flag: bool | None = None  # meaningful to transformers' from_pretrained only; carried, unused
-    zero3_save_16bit_model: bool | None = None
+    gradient_accumulation_steps: count(1, MAX_GRAD_ACCUM) | None = None
+    gradient_clipping: real(0) | None = None
+    zero3_init_flag: Flag | None = None  # meaningful to transformers' from_pretrained only; carried, unused
+    zero3_save_16bit_model: Flag | None = None
     deepspeed_config_file: str | None = None
     deepspeed_hostfile: str | None = None
     deepspeed_multinode_launcher: str | None = None
@@ -63,13 +65,13 @@ class AccelerateConfig(_Strict):
     enable_cpu_affinity: bool | None = None
     fsdp_config: dict | None = None
     gpu_ids: Any = None
-    machine_rank: int | None = None
+    machine_rank: count(0, MAX_NODES) | None = None
     main_process_ip: str | None = None
-    main_process_port: int | None = None
+    main_process_port: count(0, 65_535) | None = None
     main_training_function: str | None = None
     megatron_lm_config: dict | None = None
-    num_machines: int | None = None
-    num_processes: int | None = None
+    num_machines: count(1, MAX_NODES) | None = None
+    num_processes: count(1, MAX_NODES * MAX_RANKS) | None = None
     rdzv_backend: str | None = None
     same_network: bool | None = None
     use_cpu: bool | None = None
@@ -86,13 +88,7 @@ _PLUGIN_ONLY = ("zero_stage", "offload_optimizer_device", "offload_param_device"
 
 def load_accelerate_config(path: str) -> dict[str, Any]:
     """The DeepSpeed dict an Accelerate YAML describes (relative paths inside are relative to the YAML)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            raw = yaml.safe_load(f)
-    except OSError as e:
-        raise ConfigError(f"cannot read accelerate_config {path}: {e.strerror}; pass an existing YAML file") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"accelerate_config {path} is not valid YAML: {getattr(e, 'problem', e)}; fix the syntax") from None
+    raw = read_yaml(path, "accelerate_config", ConfigError)  # plain data, no duplicate keys or alias bombs
     try:
         acc = AccelerateConfig.model_validate(raw if isinstance(raw, dict) else {})
     except ValidationError as err:

@@ -3,15 +3,48 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
+from typing import Any
 
 import click
 
+from .interrupt import Interrupted, interruptible
+from .limits import MAX_BATCH, MAX_RANKS, MAX_SEQ, MAX_STEPS
 from .train_demo import PRESETS, TrainJob, default_ds_config, launch
+
+MAX_NUMEL = 10**10  # elements in the kernel benchmark's partition (40 GB of fp32, plus its moments)
 
 
 def _fail(message: str) -> "click.ClickException":
     return click.ClickException(message)
+
+
+class _FiniteFloat(click.ParamType):
+    """A float flag > 0 and finite: click's FloatRange lets 'nan' and 'inf' through."""
+
+    name = "float"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            number = math.nan
+        if not math.isfinite(number) or number <= 0:
+            self.fail(f"{value!r} is not a finite number above 0, e.g. 3e-3", param, ctx)
+        return number
+
+
+def _numel(text: str) -> int:
+    """--numel: a whole number of elements, written 1e9 or 1000000."""
+    try:
+        number = float(text)
+    except ValueError:
+        number = math.nan
+    if not (math.isfinite(number) and number.is_integer() and 1 <= number <= MAX_NUMEL):
+        raise _fail(f"--numel {text!r} is not a whole number of elements from 1 to {MAX_NUMEL:,} (1e10); write e.g. "
+                    "1e9 or 1000000")
+    return int(number)
 
 
 @click.group()
@@ -21,16 +54,17 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--gpus", "nproc", default=2, show_default=True, type=click.IntRange(1), help="Local ranks (GPUs, or CPU processes without GPUs).")
+@click.option("--gpus", "nproc", default=2, show_default=True, type=click.IntRange(1, MAX_RANKS), help="Local ranks (GPUs, or CPU processes without GPUs).")
 @click.option("--stage", default=2, show_default=True, type=click.IntRange(0, 3), help="ZeRO stage when no --config is given.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="DeepSpeed-style JSON config (overrides --stage/--micro-batch/--precision).")
-@click.option("--steps", default=30, show_default=True, type=click.IntRange(1))
-@click.option("--micro-batch", default=4, show_default=True, type=click.IntRange(1))
-@click.option("--seq-len", default=32, show_default=True, type=click.IntRange(1))
+@click.option("--steps", default=30, show_default=True, type=click.IntRange(1, MAX_STEPS))
+@click.option("--micro-batch", default=4, show_default=True, type=click.IntRange(1, MAX_BATCH))
+@click.option("--seq-len", default=32, show_default=True, type=click.IntRange(1, MAX_SEQ))
 @click.option("--precision", default="fp32", show_default=True, type=click.Choice(["fp32", "bf16", "fp16"]))
 @click.option("--model", "preset", default="tiny", show_default=True, type=click.Choice(sorted(PRESETS)), help="GPT shape (random init).")
-@click.option("--lr", default=3e-3, show_default=True, type=click.FloatRange(min=0, min_open=True), help="AdamW learning rate when no --config is given.")
-@click.option("--warmup", default=0, show_default=True, type=click.IntRange(0), help="Untimed steps before the timed ones.")
+@click.option("--lr", default=3e-3, show_default=True, type=_FiniteFloat(), help="AdamW learning rate when no --config is given.")
+@click.option("--warmup", default=0, show_default=True, type=click.IntRange(0, MAX_STEPS),
+              help="Untimed steps before the timed ones.")
 def train(nproc: int, stage: int, config_path: str | None, steps: int, micro_batch: int, seq_len: int, precision: str,
           preset: str, lr: float, warmup: int) -> None:
     """Train a tiny GPT on synthetic tokens with zero_core (CPU-friendly default)."""
@@ -60,9 +94,13 @@ def train(nproc: int, stage: int, config_path: str | None, steps: int, micro_bat
     from .launch import RankFailure
 
     try:
-        summary = launch(job, nproc)
+        with interruptible():
+            summary = launch(job, nproc)
     except RankFailure as e:  # one error naming the rank, then its last log lines; no traceback of ours
         raise _fail(str(e)) from None
+    except Interrupted as e:  # the launcher stopped every rank
+        click.echo("interrupted; every rank was stopped", err=True)
+        sys.exit(e.exit_code)
     click.echo(
         f"done: stage {summary['stage']} on {summary['world_size']} ranks, {summary['steps']} timed steps "
         f"(+{summary['warmup']} warm-up), "
@@ -83,20 +121,15 @@ def bench() -> None:
 
 
 @bench.command("kernels")
-@click.option("--numel", default="1e9", show_default=True, help="Elements in the fp32 partition.")
-@click.option("--device", default=None, help="cuda or cpu (default: cuda if available).")
+@click.option("--numel", default="1e9", show_default=True, help="Elements in the fp32 partition (1 to 1e10).")
+@click.option("--device", default=None, type=click.Choice(["cuda", "cpu"]), help="Default: cuda if available.")
 def bench_kernels_cmd(numel: str, device: str | None) -> None:
     """Achieved GB/s of the reduce-epilogue and AdamW kernels next to the device's copy bandwidth."""
     import torch
 
     from zero_core.kernels.bench import bench_kernels, format_rows
 
-    try:
-        n = int(float(numel))
-    except ValueError:
-        raise _fail(f"--numel {numel!r} is not a number; write e.g. 1e9 or 1000000")
-    if n < 1:
-        raise _fail(f"--numel must be positive, got {numel}")
+    n = _numel(numel)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         raise _fail("--device cuda but no GPU is visible; use --device cpu")

@@ -14,6 +14,9 @@ starts at once. Forking is only safe from a process that has run no torch op (a 
 in the first multi-threaded op if its parent's OpenMP pool exists) and never with CUDA, so ranks are
 forked only when the caller says its process is fresh (`fork_ok`: the `zbench run` command) and the
 machine has no GPU; otherwise spawned. ZBENCH_START_METHOD=fork|spawn overrides.
+
+SIGINT/SIGTERM during a launch: the agent stops every rank (SIGTERM, then SIGKILL after its timeout) and
+`Interrupted` is raised here (zbench/interrupt.py).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
+
+from .interrupt import agent_signals
 
 
 class RankFailure(RuntimeError):
@@ -89,8 +94,11 @@ def _config(nodes: Nodes, run_id: str, index: int, log_dir: str | None, fork_ok:
 
 @contextmanager
 def _quiet_agent() -> Iterator[None]:
-    """The agent logs each failure at length; we raise one clear error instead."""
-    logs = [logging.getLogger(name) for name in ("torch.distributed.elastic", "torch.multiprocessing")]
+    """The agent logs each failure (and a Ctrl-C) at length; we raise one clear error instead. Its module
+    loggers set their own level, so each is quieted, not only the parents."""
+    prefixes = ("torch.distributed.elastic", "torch.multiprocessing")
+    names = [n for n in list(logging.root.manager.loggerDict) if n.startswith(prefixes)]
+    logs = [logging.getLogger(name) for name in {*prefixes, *names}]
     levels = [log.level for log in logs]
     for log in logs:
         log.setLevel(logging.CRITICAL)
@@ -123,7 +131,7 @@ def launch(fn: Callable[[str], Any], arg: str, nodes: Nodes, *, run_id: str, log
     if log_dir:
         os.makedirs(log_dir, exist_ok=True)
     try:
-        with _quiet_agent():
+        with _quiet_agent(), agent_signals():  # Ctrl-C/SIGTERM: the agent stops every rank, then Interrupted
             return elastic_launch(_config(nodes, run_id, index, log_dir, fork_ok), fn)(arg)
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()

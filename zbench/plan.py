@@ -17,7 +17,7 @@ from typing import Any, Literal
 from zero_core import ConfigError, load_config
 
 from . import ds_config
-from .models.configs import ArchConfig, load_arch
+from .models.configs import ArchConfig, load_arch, size_keys
 from .scenario import Scenario, ScenarioError, VariantSpec, load_scenario
 
 CPU_RANKS_PER_CORE = 4  # gloo ranks allowed per core on a machine without GPUs
@@ -105,7 +105,7 @@ def _check_model(sc: Scenario, base_dir: str) -> ArchConfig | None:
             raise ScenarioError(f"model.pretrained '{m.pretrained}' is not a folder; pass a local model folder or a hub id")
         _need_transformers(f"model.pretrained '{m.pretrained}'")
         return None
-    arch = load_arch(str(m.arch), base_dir, m.overrides)
+    arch = load_arch(str(m.arch), base_dir, m.overrides)  # every value checked, the file's and the overrides'
     if arch.family == "hf":
         _need_transformers(f"model '{arch.name}' (a transformers architecture)")
     elif sc.task not in ("lm", "classification"):
@@ -114,6 +114,15 @@ def _check_model(sc: Scenario, base_dir: str) -> ArchConfig | None:
     if arch.max_positions and sc.seq_len > arch.max_positions:
         raise ScenarioError(f"seq_len {sc.seq_len} exceeds the {arch.max_positions} positions of '{arch.name}'; "
                             "lower seq_len")
+    if sc.task == "seq2seq" and arch.max_positions and (sc.target_len or 0) > arch.max_positions:
+        raise ScenarioError(f"target_len {sc.target_len} exceeds the {arch.max_positions} positions of '{arch.name}'; "
+                            "lower target_len")
+    from .data.tokenize import ByteTokenizer
+
+    byte_ids = ByteTokenizer.vocab_size  # real text without a tokenizer is read as bytes
+    if sc.data.real and not (m.tokenizer or m.pretrained) and arch.vocab_size and arch.vocab_size < byte_ids:
+        raise ScenarioError(f"real text without model.tokenizer is read as bytes ({byte_ids} ids), but '{arch.name}' "
+                            f"has a vocabulary of {arch.vocab_size}; name a tokenizer or raise vocab_size")
     syn = sc.data.synthetic
     if syn and syn.vocab and arch.vocab_size and syn.vocab > arch.vocab_size:
         raise ScenarioError(f"data.synthetic.vocab {syn.vocab} exceeds the {arch.vocab_size} tokens of '{arch.name}'; "
@@ -212,7 +221,8 @@ def _plan_variant(sc: Scenario, v: VariantSpec, base_dir: str, world: int, arch:
         if v.model_overrides:
             if arch is None:
                 raise ConfigError("model_overrides needs model.arch (a pretrained model has a fixed shape)")
-            arch = load_arch(str(sc.model.arch), base_dir, {**sc.model.overrides, **v.model_overrides})
+            arch = load_arch(str(sc.model.arch), base_dir, {**sc.model.overrides, **v.model_overrides},
+                             where=f"variants[{sc.variants.index(v)}].model_overrides")
     except ConfigError as e:
         raise ScenarioError(f"variant '{v.name}': {e}") from None
     hidden = arch.shape()[1] if arch else 1024
@@ -245,6 +255,23 @@ def _plan_variant(sc: Scenario, v: VariantSpec, base_dir: str, world: int, arch:
     return plan
 
 
+def _check_model_search(sc: Scenario, base_dir: str, arch: ArchConfig | None) -> None:
+    """The searched key is a size field of the model, and every value gives a valid model."""
+    search = sc.model_search
+    assert search is not None
+    if arch is None:
+        raise ScenarioError("model_search needs model.arch (a pretrained model has a fixed shape)")
+    keys = size_keys(arch)
+    if search.key not in keys:
+        raise ScenarioError(f"model_search.key '{search.key}' is not a size field of '{arch.name}'; use one of "
+                            f"{', '.join(keys) or '(none: the config names no sizes)'}")
+    for value in search.values:
+        try:
+            load_arch(str(sc.model.arch), base_dir, {**sc.model.overrides, search.key: value}, where="model_search.values")
+        except ConfigError as e:
+            raise ScenarioError(str(e)) from None
+
+
 def build_plan(path: str, *, only: list[str] | None = None, gpus: int | None = None, nnodes: int = 1,
                simulate: int | None = None) -> Plan:
     """Load `path` and check it against this machine; raises ScenarioError (one line) on any problem.
@@ -271,9 +298,7 @@ def build_plan(path: str, *, only: list[str] | None = None, gpus: int | None = N
             raise ScenarioError(f"--variants: no variant named '{missing[0]}' in {path}; the variants are {', '.join(names)}")
         chosen = [v for v in sc.variants if v.name in only]
     if sc.model_search:
-        if arch is None:
-            raise ScenarioError("model_search needs model.arch (a pretrained model has a fixed shape)")
-        load_arch(str(sc.model.arch), base_dir, {**sc.model.overrides, sc.model_search.key: sc.model_search.values[0]})
+        _check_model_search(sc, base_dir, arch)
     plans = [_plan_variant(sc, v, base_dir, per_node * nnodes, arch, bool(simulate)) for v in chosen]
     if nnodes > 1:
         if sc.model_search:

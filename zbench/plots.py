@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
+
+from .run_folder import run_path
 
 
 def _pyplot() -> Any:
@@ -40,7 +41,7 @@ def write_plots(run_dir: str, summary: dict[str, Any]) -> list[str]:
         return []
     names = [r["variant"] for r in ok]
     title = summary["scenario"]
-    paths = [os.path.join(run_dir, n) for n in ("throughput.png", "memory.png", "loss.png")]
+    paths = [run_path(run_dir, n) for n in ("throughput.png", "memory.png", "loss.png")]
     _bar(plt, names, {"tokens/s": [r["tokens_per_s"] for r in ok]}, "tokens/s", f"{title}: throughput", paths[0])
     memory = {"peak CPU RSS GiB": [r["peak_cpu_gib"] for r in ok]}
     if any(r["peak_gpu_gib"] is not None and not math.isnan(r["peak_gpu_gib"]) for r in ok):

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from statistics import mean
 from typing import Any
 
 from . import metrics
+from .run_folder import run_path, write_atomic
 
 METRIC_NAMES = {"f1": "F1", "accuracy": "Accuracy", "loss": "Eval loss", "perplexity": "Perplexity", "bleu": "BLEU"}
 TASK_COLUMNS = {
@@ -213,15 +213,7 @@ def _json_safe(x: Any) -> Any:
 
 
 def write_files(run_dir: str, summary: dict[str, Any]) -> None:
-    """results.json, results.csv and table.md in `run_dir`."""
-    with open(os.path.join(run_dir, "results.json"), "w", encoding="utf-8") as f:
-        json.dump(_json_safe(summary), f, indent=1, default=str)
-    frame(summary).to_csv(os.path.join(run_dir, "results.csv"), index=False)
-    with open(os.path.join(run_dir, "table.md"), "w", encoding="utf-8") as f:
-        f.write(markdown(summary))
-
-
-def load_summary(run_dir: str) -> dict[str, Any]:
-    path = os.path.join(run_dir, "results.json")
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    """results.json, results.csv and table.md in `run_dir`, each replaced whole (an interrupt leaves the old one)."""
+    write_atomic(run_path(run_dir, "results.json"), json.dumps(_json_safe(summary), indent=1, default=str))
+    write_atomic(run_path(run_dir, "results.csv"), frame(summary).to_csv(index=False))
+    write_atomic(run_path(run_dir, "table.md"), markdown(summary))

@@ -13,18 +13,20 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from . import __version__, estimate
+from .interrupt import raise_if_dropped
 from .launch import Nodes, OutOfMemory, RankFailure, launch, start_method
 from .models.configs import ArchConfig
 from .plan import Plan, VariantPlan
 from .progress import ProgressView
 from .results import add_floor_ratio, add_parity, base_row, measured_row, write_files
+from .run_folder import run_path, write_atomic
+from .run_summary import NotARunFolder, load_kept
 from .search import largest_fitting, largest_fitting_value
 
 _ENGINE_MODULES = {"ddp": ("zbench.variants.ddp",), "zero": ("zbench.variants.zero",),
@@ -48,7 +50,7 @@ def say(message: str) -> None:
 
 def new_run_dir(out: str, name: str, node_rank: int) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = os.path.join(out, f"{name}-{stamp}" + (f"-node{node_rank}" if node_rank else ""))
+    base = run_path(out, f"{name}-{stamp}" + (f"-node{node_rank}" if node_rank else ""))
     path, n = base, 1
     while os.path.exists(path):
         n += 1
@@ -79,9 +81,10 @@ class Runner:
 
         index = self.launches
         self.launches += 1
-        log_dir = os.path.join(self.run_dir, "logs", vp.name)
+        log_dir = run_path(self.run_dir, "logs", vp.name)
         os.makedirs(log_dir, exist_ok=True)
-        job = {**variant_job(self.plan, vp, arch, batch, mode), "progress": os.path.join(log_dir, f"progress-{index}.jsonl")}
+        progress = run_path(self.run_dir, "logs", vp.name, f"progress-{index}.jsonl")
+        job = {**variant_job(self.plan, vp, arch, batch, mode), "progress": progress}
         if mode == "train" and vp.spec.engine == "zero" and self.plan.scenario.checkpoint_every and not self.plan.simulated:
             # a rerun with --resume continues from here, on any number of ranks
             job["checkpoint_dir"] = self._checkpoint_dir(vp)
@@ -93,7 +96,7 @@ class Runner:
         return res
 
     def _checkpoint_dir(self, vp: VariantPlan) -> str:
-        return os.path.join(self.run_dir, "checkpoints", vp.name)
+        return run_path(self.run_dir, "checkpoints", vp.name)
 
     def _finished(self, row: dict[str, Any], vp: VariantPlan) -> bool:
         """A kept row needs no rerun: not failed, and not killed after saving a checkpoint (a rank killed by
@@ -109,12 +112,11 @@ class Runner:
         sc = self.plan.scenario
         if not sc.measure_floor or self.nodes.nnodes > 1 or self.nodes.node_rank:
             return None
-        kept = os.path.join(self.run_dir, "floor.json")
-        if self.opts.resume and os.path.isfile(kept):  # the kept rows were compared with this one
-            with open(kept, encoding="utf-8") as f:
-                return json.load(f)
+        kept = run_path(self.run_dir, "floor.json")
+        if self.opts.resume and os.path.lexists(kept):  # the kept rows were compared with this one
+            return load_kept(self.run_dir, kept, "floor")
         say(f"[floor] forward+backward alone on one device, batch {sc.batch_size}, plus the optimizer phase")
-        log_dir = os.path.join(self.run_dir, "logs", "floor")
+        log_dir = run_path(self.run_dir, "logs", "floor")
         os.makedirs(log_dir, exist_ok=True)
         job = {"scenario": sc.model_dump(mode="json"), "base_dir": self.plan.base_dir,
                "arch": asdict(self.plan.arch) if self.plan.arch else None, "engine": None, "ds": None,
@@ -124,8 +126,7 @@ class Runner:
                      what="the floor measurement", fork_ok=self.opts.fork_ok)
         self.launches += 1
         floor = {**{k: v for k, v in res[0].items() if k != "rank"}, "batch": sc.batch_size}
-        with open(kept, "w", encoding="utf-8") as f:
-            json.dump(floor, f)
+        write_atomic(kept, json.dumps(floor))
         return floor
 
     def _fits(self, vp: VariantPlan, arch: ArchConfig | None, batch: int) -> bool:
@@ -193,8 +194,9 @@ class Runner:
     # -- the whole run ----------------------------------------------------------------------------
     def run(self) -> dict[str, Any] | None:
         """Run every variant; the summary on the writing node, None elsewhere."""
-        os.makedirs(os.path.join(self.run_dir, "variants"), exist_ok=True)
-        shutil.copyfile(self.plan.path, os.path.join(self.run_dir, "scenario.yaml"))
+        os.makedirs(run_path(self.run_dir, "variants"), exist_ok=True)
+        with open(self.plan.path, "rb") as f:  # whole or absent: --resume checks it first
+            write_atomic(run_path(self.run_dir, "scenario.yaml"), f.read())
         if start_method(self.opts.fork_ok) == "fork":  # import once here rather than in every forked rank
             for engine in {v.spec.engine for v in self.plan.variants if v.status == "ready"}:
                 for module in _ENGINE_MODULES[engine]:
@@ -203,10 +205,10 @@ class Runner:
         floor = self.measure_floor()
         rows = []
         for vp in self.plan.variants:
-            cached = os.path.join(self.run_dir, "variants", f"{vp.name}.json")
-            if self.opts.resume and os.path.isfile(cached):
-                with open(cached, encoding="utf-8") as f:
-                    kept = json.load(f)
+            raise_if_dropped()  # a Ctrl-C that CPython could not raise where it arrived
+            cached = run_path(self.run_dir, "variants", f"{vp.name}.json")
+            if self.opts.resume and os.path.lexists(cached):
+                kept = load_kept(self.run_dir, cached, "row")
                 if self._finished(kept, vp):  # failed variants run again (from their checkpoint, if any)
                     rows.append(kept)
                     say(f"[{vp.name}] kept from {cached}")
@@ -219,9 +221,9 @@ class Runner:
                 row = {**base_row(vp.name, vp.label, vp.spec.engine, vp.stage, "failed"), "note": f"failed: {first}"}
                 say(f"[{vp.name}] failed: {first}")
             if row["status"] != "remote":
-                with open(cached, "w", encoding="utf-8") as f:
-                    json.dump(row, f, default=str)
+                write_atomic(cached, json.dumps(row, default=str))
             rows.append(row)
+        raise_if_dropped()
         if not self.writer:
             return None
         return self._finish(rows, floor)
@@ -246,15 +248,32 @@ class Runner:
         return summary
 
 
-def check_resume(run_dir: str, scenario_path: str) -> None:
-    """A resumed folder must come from the same scenario file (its finished rows are reused by name)."""
-    kept = os.path.join(run_dir, "scenario.yaml")
+def check_resume(run_dir: str, plan: Plan) -> None:
+    """Before anything runs: a resumed folder comes from the same scenario file (its finished rows are
+    reused by name), every file it keeps is one the runner wrote, and no path the run will write
+    leaves it (a link planted in the folder)."""
+    kept = run_path(run_dir, "scenario.yaml")
     if not os.path.isfile(kept):
-        raise ValueError(f"--resume {run_dir} has no scenario.yaml: it is not a zbench run folder")
-    with open(kept, encoding="utf-8") as a, open(scenario_path, encoding="utf-8") as b:
-        if a.read() != b.read():
-            raise ValueError(f"--resume {run_dir} was run with another version of the scenario ({kept}); "
-                             "resume with that file or start a new run")
+        raise NotARunFolder(f"--resume {run_dir} has no scenario.yaml: it is not a zbench run folder; pass a folder "
+                            "written by zbench run")
+    same = os.path.getsize(kept) == os.path.getsize(plan.path)
+    if same:
+        with open(kept, "rb") as a, open(plan.path, "rb") as b:
+            same = a.read() == b.read()
+    if not same:
+        raise ValueError(f"--resume {run_dir} was run with another version of the scenario ({kept}); "
+                         "resume with that file or start a new run")
+    for name in ("results.json", "results.csv", "table.md", "throughput.png", "memory.png", "loss.png", "wandb",
+                 "floor.json", "logs/floor"):
+        run_path(run_dir, name)
+    for vp in plan.variants:
+        for part in ("logs", "checkpoints"):
+            run_path(run_dir, part, vp.name)
+        row = run_path(run_dir, "variants", f"{vp.name}.json")
+        if os.path.lexists(row):
+            load_kept(run_dir, row, "row")
+    if plan.scenario.measure_floor and os.path.lexists(run_path(run_dir, "floor.json")):
+        load_kept(run_dir, run_path(run_dir, "floor.json"), "floor")
 
 
 def write_outputs(run_dir: str, summary: dict[str, Any], wandb_mode: str = "off") -> None:

@@ -20,11 +20,16 @@ import re
 import typing
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from zero_core import ConfigError
-from zero_core.config_errors import dotted, from_validation_error, primary_error, unknown_key_message
+from zero_core.config_errors import leaf
+
+from .limits import (MAX_BATCH, MAX_EPOCHS, MAX_GRAD_ACCUM, MAX_LABELS, MAX_RANKS, MAX_SAMPLES, MAX_SEED, MAX_SEQ,
+                     MAX_STEPS, MAX_TIMEOUT_S, Flag, count, real)
+from .models.gpt import GPT_RANGES
+from .run_folder import default_name, name_problem
+from .scenario_errors import ScenarioError, translate
+from .yaml_strict import read_yaml
 
 Engine = Literal["ddp", "zero", "fsdp2", "deepspeed"]
 Task = Literal["lm", "classification", "seq2seq", "token_classification"]
@@ -43,8 +48,22 @@ def _compile_value(v: Any) -> Any:
                      f"got {v!r}")
 
 
+def _run_name(v: Any) -> Any:
+    problem = name_problem(v)
+    if problem:
+        raise leaf(problem)
+    return v
+
+
 Compile = Annotated[bool | CompileBackend | None, BeforeValidator(_compile_value)]
-PosInt = Annotated[int, Field(ge=1)]
+RunName = Annotated[str, BeforeValidator(_run_name)]  # becomes a folder name: checked here, joined safely later
+Batch = count(1, MAX_BATCH)
+SeqLen = count(1, MAX_SEQ)
+Steps = count(0, MAX_STEPS)
+Positive = real(0, lo_open=True)
+NonNegative = real(0)
+Fraction = real(0, 1, lo_open=True, hi_open=True)
+Samples = count(1, MAX_SAMPLES)
 
 # The metric a task reports first, and every metric it can report.
 TASK_METRICS: dict[str, tuple[str, ...]] = {
@@ -56,10 +75,6 @@ TASK_METRICS: dict[str, tuple[str, ...]] = {
 DATA_SOURCES = ("mrpc_tsv", "mrpc_hf", "text_files", "text_pairs", "synthetic")
 
 
-class ScenarioError(ConfigError):
-    """A user error in a scenario: one line naming the key and the fix."""
-
-
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -69,7 +84,7 @@ class ModelSpec(Strict):
     pretrained: str | None = None  # a local folder or a hub id (needs transformers)
     overrides: dict[str, Any] = {}  # replace fields of the arch config (e.g. n_layer)
     tokenizer: str | None = None  # a HF tokenizer; default: the pretrained model's, else bytes
-    num_labels: PosInt | None = None  # classification heads (default 2; token classification: required)
+    num_labels: count(1, MAX_LABELS) | None = None  # classification heads (default 2; token classification: required)
 
     @model_validator(mode="after")
     def _one_source(self) -> "ModelSpec":
@@ -81,15 +96,15 @@ class ModelSpec(Strict):
 class SyntheticLengths(Strict):
     """Rows of varying length (normal, rounded, clipped to [min, seq_len]), right-padded with attention_mask 0."""
 
-    mean: Annotated[float, Field(gt=0)]
-    std: Annotated[float, Field(ge=0)]
-    min: PosInt = 8
+    mean: real(0, MAX_SEQ, lo_open=True)
+    std: real(0, MAX_SEQ)
+    min: SeqLen = 8
 
 
 class SyntheticSpec(Strict):
-    vocab: PosInt | None = None  # default: the model's vocabulary
-    train_samples: PosInt = 1024
-    eval_samples: PosInt = 128
+    vocab: count(1, GPT_RANGES["vocab_size"][1]) | None = None  # default: the model's vocabulary
+    train_samples: Samples = 1024
+    eval_samples: Samples = 128
     lengths: SyntheticLengths | None = None  # default: every row seq_len tokens (classification/token tasks only)
 
 
@@ -109,9 +124,9 @@ class DataSpec(Strict):
     text_files: list[str] | None = None  # plain-text files cut into blocks of seq_len tokens
     text_pairs: TextPairsSpec | None = None  # seq2seq source/target pairs
     synthetic: SyntheticSpec | None = None  # learnable synthetic tokens
-    eval_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.1  # text_files/text_pairs without eval: share held out
-    max_train_samples: PosInt | None = None
-    max_eval_samples: PosInt | None = None
+    eval_fraction: Fraction = 0.1  # text_files/text_pairs without eval: share held out
+    max_train_samples: Samples | None = None
+    max_eval_samples: Samples | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> "DataSpec":
@@ -133,30 +148,37 @@ class DataSpec(Strict):
 class BatchSearch(Strict):
     """The OOM-safe search for the largest batch per GPU (each try is a fresh launch)."""
 
-    start: PosInt = 1
-    max: PosInt = 1024
-    steps: PosInt = 2  # optimizer steps per try (the first one allocates the optimizer state)
-    multiple_of: PosInt = 1  # try only multiples of this (fewer launches for big models)
+    start: Batch = 1
+    max: Batch = 1024
+    steps: count(1, 1000) = 2  # optimizer steps per try (the first one allocates the optimizer state)
+    multiple_of: Batch = 1  # try only multiples of this (fewer launches for big models)
+
+    @model_validator(mode="after")
+    def _something_to_try(self) -> "BatchSearch":
+        if -(-self.start // self.multiple_of) * self.multiple_of > self.max:
+            raise ValueError(f"no batch {'that is a multiple of ' + str(self.multiple_of) + ' ' if self.multiple_of > 1 else ''}"
+                             f"lies between start {self.start} and max {self.max}; raise max or lower start")
+        return self
 
 
 class ModelSearch(Strict):
     """Find the largest model that fits: try `values` of one arch field (e.g. n_layer), largest fitting wins."""
 
-    key: str
-    values: list[PosInt] = Field(min_length=1)
+    key: str  # checked against the arch in plan.py (a size field of the model)
+    values: list[Samples] = Field(min_length=1, max_length=64)  # each checked as that field
 
 
 class VariantSpec(Strict):
-    name: str = Field(min_length=1)
+    name: RunName
     engine: Engine
     label: str | None = None  # the "Method" column; default from engine and stage
-    stage: Annotated[int, Field(ge=0, le=3)] | None = None  # zero/deepspeed; default: the config's, else 2
+    stage: count(0, 3) | None = None  # zero/deepspeed; default: the config's, else 2
     offload_optimizer: Device | None = None
     offload_param: Device | None = None
     nvme_path: str | None = None  # folder for offload_optimizer: nvme (relative to the scenario file)
     ds_config: str | None = None  # a DeepSpeed JSON file
     accelerate_config: str | None = None  # an Accelerate YAML with distributed_type: DEEPSPEED
-    batch_size: PosInt | None = None  # per GPU; overrides the scenario's
+    batch_size: Batch | None = None  # per GPU; overrides the scenario's
     model_overrides: dict[str, Any] = {}  # arch fields for this variant only (e.g. a wider minGPT for ZeRO-3)
     compile: Compile = None  # this variant's torch.compile; default: the scenario's
 
@@ -175,44 +197,44 @@ class VariantSpec(Strict):
 
 
 class Scenario(Strict):
-    name: str | None = None  # default: the file name
+    name: RunName | None = None  # default: the file name
     description: str | None = None
     model: ModelSpec
     data: DataSpec
     task: Task = "lm"
     metric: Metric | None = None  # the headline metric; default: the task's first
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
-    seq_len: PosInt
-    target_len: PosInt | None = None  # seq2seq decoder length (default seq_len)
-    epochs: PosInt | None = None
-    steps: PosInt | None = None  # optimizer steps instead of epochs (reported as one epoch)
-    batch_size: PosInt | None = None  # per GPU; absent: OOM-safe search per variant
-    eval_batch_size: PosInt | None = None
-    grad_accum: PosInt = 1
-    gradient_checkpointing: bool = False  # recompute each block in backward: activation memory for compute
+    seq_len: SeqLen
+    target_len: SeqLen | None = None  # seq2seq decoder length (default seq_len)
+    epochs: count(1, MAX_EPOCHS) | None = None
+    steps: count(1, MAX_STEPS) | None = None  # optimizer steps instead of epochs (reported as one epoch)
+    batch_size: Batch | None = None  # per GPU; absent: OOM-safe search per variant
+    eval_batch_size: Batch | None = None
+    grad_accum: count(1, MAX_GRAD_ACCUM) = 1
+    gradient_checkpointing: Flag = False  # recompute each block in backward: activation memory for compute
     # torch.compile each repeated block's forward, for every variant (a variant's own `compile` overrides):
     # true = inductor; engines' hooks stay outside the compiled code, so every engine gets the same model
     compile: Compile = False
-    lr: Annotated[float, Field(gt=0)] = 1e-3
-    weight_decay: Annotated[float, Field(ge=0)] = 0.0
-    warmup_steps: Annotated[int, Field(ge=0)] = 0
-    max_grad_norm: Annotated[float, Field(ge=0)] = 1.0
-    seed: int = 0
-    gpus: PosInt = 1  # ranks per node
-    gpu_memory_cap_gib: Annotated[float, Field(gt=0)] | None = None  # pretend the GPU is this small
+    lr: Positive = 1e-3
+    weight_decay: NonNegative = 0.0
+    warmup_steps: Steps = 0
+    max_grad_norm: NonNegative = 1.0
+    seed: count(0, MAX_SEED) = 0
+    gpus: count(1, MAX_RANKS) = 1  # ranks per node
+    gpu_memory_cap_gib: Positive | None = None  # pretend the GPU is this small
     batch_search: BatchSearch = BatchSearch()
     model_search: ModelSearch | None = None
-    parity_tol: Annotated[float, Field(gt=0)] | None = None  # default: 1e-3 fp32, 5e-2 bf16/fp16
-    checkpoint_every: PosInt | None = None  # optimizer steps between zero_core checkpoints (zero variants)
-    comm_timeout_s: Annotated[float, Field(gt=0)] | None = None  # a collective waiting longer fails, naming itself
-    timing_skip_steps: Annotated[int, Field(ge=0)] = 0  # first optimizer steps left out of tokens/s and step time
-    measure_floor: bool = False  # time forward+backward alone on one device + the optimizer phase (the "vs floor" column)
+    parity_tol: Positive | None = None  # default: 1e-3 fp32, 5e-2 bf16/fp16
+    checkpoint_every: count(1, MAX_STEPS) | None = None  # optimizer steps between zero_core checkpoints (zero variants)
+    comm_timeout_s: real(0, MAX_TIMEOUT_S, lo_open=True) | None = None  # a collective waiting longer fails, naming itself
+    timing_skip_steps: Steps = 0  # first optimizer steps left out of tokens/s and step time
+    measure_floor: Flag = False  # time forward+backward alone on one device + the optimizer phase (the "vs floor" column)
     # pad each micro-batch only to its longest row, as Hugging Face's examples do without --pad_to_max_length
-    dynamic_padding: bool = False
+    dynamic_padding: Flag = False
     # PYTORCH_CUDA_ALLOC_CONF for every variant's ranks, e.g. "expandable_segments:True" (no fragmentation
     # between the cap and what is allocated); the same for all engines, so the comparison stays fair
     cuda_alloc_conf: str | None = None
-    variants: list[VariantSpec] = Field(min_length=1)
+    variants: list[VariantSpec] = Field(min_length=1, max_length=256)
 
     @model_validator(mode="after")
     def _consistent(self) -> "Scenario":
@@ -261,77 +283,22 @@ class Scenario(Strict):
         return self.parity_tol or (1e-3 if self.precision == "fp32" else 5e-2)
 
 
-def _model_at(root: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
-    """The pydantic model at `loc` below `root`, stepping through lists and optionals."""
-    model: Any = root
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        field = model.model_fields.get(str(part)) if model is not None else None
-        model = _inner_model(field.annotation) if field is not None else None
-    return model
-
-
-def _inner_model(annotation: Any) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in typing.get_args(annotation):
-        found = _inner_model(arg)
-        if found is not None:
-            return found
-    return None
-
-
-def _path(loc: tuple[Any, ...]) -> str:
-    """variants[1].stage rather than variants.1.stage."""
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-def translate(err: ValidationError) -> ScenarioError:
-    """The primary pydantic error as one line, list items written as variants[1]."""
-    first = primary_error(err)
-    loc = tuple(first["loc"])
-    ints = [i for i, p in enumerate(loc) if isinstance(p, int)]
-    if first["type"] == "extra_forbidden" and ints:
-        # zero_core's helper walks nested models but not lists: hand it the list item's model
-        cut = ints[-1] + 1
-        item = _model_at(Scenario, loc[:cut])
-        if item is not None:
-            msg = unknown_key_message(item, loc[cut:])
-            return ScenarioError(msg.replace(f"'{dotted(loc[cut:])}'", f"'{_path(loc)}'", 1))
-    if first["type"] == "missing":
-        return ScenarioError(f"{_path(loc)} is required; add it to the scenario")
-    if first["type"] == "value_error":
-        where = _path(loc)
-        text = str(first["msg"]).removeprefix("Value error, ")
-        return ScenarioError(f"{where}: {text}" if where else text)
-    msg = str(from_validation_error(err, Scenario))
-    return ScenarioError(msg.replace(dotted(loc), _path(loc), 1) if loc else msg)
-
-
 def parse_scenario(data: Any, name: str = "scenario") -> Scenario:
     """Validate scenario data (already parsed YAML); the name defaults to `name`."""
     if not isinstance(data, dict):
-        raise ScenarioError(f"a scenario must be a YAML mapping (key: value lines), got {type(data).__name__}")
+        got = {list: "a list", str: "a single string"}.get(type(data), f"a {type(data).__name__}")
+        raise ScenarioError(f"a scenario must be a YAML mapping, got {got}; write one 'key: value' per line "
+                            "(model, data, seq_len, variants, ...)")
     try:
         sc = Scenario.model_validate(data)
     except ValidationError as err:
-        raise translate(err) from None
+        raise translate(err, Scenario) from None
     return sc if sc.name else sc.model_copy(update={"name": name})
 
 
 def load_scenario(path: str) -> Scenario:
     """Read and validate a scenario file (syntax and schema only; see plan.py for the machine checks)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-    except OSError as e:
-        raise ScenarioError(f"cannot read scenario {path}: {e.strerror}; pass an existing YAML file") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise ScenarioError(f"scenario {path} is not valid YAML{where}: {getattr(e, 'problem', e)}; fix the syntax") from None
-    return parse_scenario(data, os.path.splitext(os.path.basename(path))[0])
+    data = read_yaml(path, "scenario", ScenarioError)
+    if data is None:
+        raise ScenarioError(f"scenario {path} is empty; write the scenario's keys (model, data, seq_len, variants, ...)")
+    return parse_scenario(data, default_name(os.path.splitext(os.path.basename(path))[0]))

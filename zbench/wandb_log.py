@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from .results import table_rows
+from .run_folder import run_path
 
 PROJECT = "zbench"
 
@@ -30,6 +31,7 @@ def log_runs(run_dir: str, summary: dict[str, Any], mode: str) -> list[str]:
     except ImportError:
         print("warning: wandb is not installed; skipping W&B logging (pip install wandb)", file=sys.stderr)
         return []
+    run_path(run_dir, "wandb")  # W&B writes below run_dir/wandb: never through a link planted there
     stamp = os.path.basename(os.path.normpath(run_dir))
     common = dict(project=os.environ.get("WANDB_PROJECT", PROJECT), group=summary["scenario"], dir=run_dir,
                   mode=mode, reinit="create_new", settings=_settings(wandb))

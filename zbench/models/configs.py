@@ -7,16 +7,18 @@ The numbers come from the public model cards; `source` says which.
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import dataclass, fields
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any, Callable, Literal
 
 from zero_core import ConfigError
+from zero_core.config import read_config_file
 
-from .gpt import GPTConfig
+from .arch_values import HF_SIZES, check_gpt, check_gpt_shape, check_hf
+from .gpt import GPT_RANGES, GPTConfig
 
 MODELS_DIR = "models"  # next to the scenario files: scenarios/models/
+MAX_FILE_BYTES = 1 << 20  # 1 MiB: a model config is a few hundred bytes
 
 
 @dataclass(frozen=True)
@@ -63,45 +65,65 @@ def resolve_arch_path(arch: str, base_dir: str) -> str:
     return os.path.join(base_dir, MODELS_DIR, f"{arch}.json")
 
 
-def load_arch(arch: str, base_dir: str, overrides: dict[str, Any] | None = None) -> ArchConfig:
-    """Read and check one architecture config; `overrides` replace fields of its "config"."""
+def _read_json(path: str) -> Any:
+    """The config file's JSON through zero_core's reader (duplicate keys refused), bounded in size and depth;
+    NaN/Infinity, which json reads, are refused by the value checks."""
+    if os.path.getsize(path) > MAX_FILE_BYTES:
+        raise ConfigError(f"model config {path} is larger than {MAX_FILE_BYTES >> 20} MiB; a model config is a short "
+                          "JSON file: pass one")
+    try:
+        return read_config_file(path)
+    except RecursionError:
+        raise ConfigError(f"model config {path} nests too deeply to be a model config; fix the file") from None
+
+
+def load_arch(arch: str, base_dir: str, overrides: dict[str, Any] | None = None,
+              where: str = "model.overrides") -> ArchConfig:
+    """Read and check one architecture config; `overrides` (named `where` in messages) replace fields of
+    its "config". Every value is checked here, before anything is built or launched."""
     path = resolve_arch_path(arch, base_dir)
     if not os.path.isfile(path):
         models_dir = os.path.join(base_dir, MODELS_DIR)
         names = ", ".join(available(models_dir)) or "none"
         raise ConfigError(f"model.arch '{arch}': no model config file {path}; use one of {models_dir}/*.json ({names}) "
                           "or a path to a .json file")
-    try:
-        with open(path, encoding="utf-8") as f:
-            raw = json.load(f)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"model config {path} is not valid JSON: {e.msg} at line {e.lineno}; fix the file") from None
+    raw = _read_json(path)
     name = os.path.basename(path)[:-5]
     if not isinstance(raw, dict) or raw.get("family") not in ("gpt", "hf") or not isinstance(raw.get("config"), dict):
         raise ConfigError(f"model config {path} must be {{\"family\": \"gpt\"|\"hf\", \"config\": {{...}}}}; fix the file")
     unknown = sorted(set(raw) - {"family", "config", "source"})
     if unknown:
         raise ConfigError(f"model config {path} has unknown key '{unknown[0]}'; the keys are family, config, source")
-    config = {**raw["config"], **(overrides or {})}
-    arch_cfg = ArchConfig(name=name, family=raw["family"], config=config, source=str(raw.get("source", "")))
-    if arch_cfg.family == "gpt":
-        gpt_config(arch_cfg)  # check the fields now, before anything launches
+    base, overrides = raw["config"], overrides or {}
+    try:
+        _check_values(raw["family"], base, {}, lambda key: f"model config {path}: config.{key}")
+    except ConfigError as e:
+        raise ConfigError(f"{e}; fix the file") from None
+    _check_values(raw["family"], overrides, base, lambda key: f"{where}.{key}")
+    config = {**base, **overrides}
+    if raw["family"] == "gpt":
+        check_gpt_shape(config, f"model config '{name}'" + (f" with {where}" if overrides else ""))
     elif "model_type" not in config:
         raise ConfigError(f"model config {path}: an hf config needs 'model_type' (e.g. \"deberta-v2\"); add it")
-    return arch_cfg
+    return ArchConfig(name=name, family=raw["family"], config=config, source=str(raw.get("source", "")))
+
+
+def _check_values(family: str, config: dict[str, Any], base: dict[str, Any], label: Callable[[str], str]) -> None:
+    if family == "gpt":
+        check_gpt(config, label)
+    else:
+        check_hf(config, base, label)
+
+
+def size_keys(arch: ArchConfig) -> list[str]:
+    """The whole-number size fields of `arch` that a model search may vary (e.g. n_layer)."""
+    if arch.family == "gpt":
+        return list(GPT_RANGES)
+    return sorted(k for k in HF_SIZES if k in arch.config)
 
 
 def gpt_config(arch: ArchConfig) -> GPTConfig:
-    """The GPTConfig of a `gpt`-family config; unknown fields are errors naming the valid ones."""
-    valid = {f.name for f in fields(GPTConfig)}
-    bad = sorted(set(arch.config) - valid)
-    if bad:
-        import difflib
-
-        close = difflib.get_close_matches(bad[0], sorted(valid), n=1)
-        hint = f"did you mean '{close[0]}'?" if close else f"valid fields: {', '.join(sorted(valid))}"
-        raise ConfigError(f"model config '{arch.name}': unknown GPT field '{bad[0]}'; {hint}")
-    cfg = GPTConfig(**arch.config)
-    if cfg.n_embd % cfg.n_head:
-        raise ConfigError(f"model config '{arch.name}': n_embd {cfg.n_embd} is not divisible by n_head {cfg.n_head}")
-    return cfg
+    """The GPTConfig of a `gpt`-family config (its values were checked by load_arch)."""
+    check_gpt(arch.config, lambda key: f"model config '{arch.name}': {key}")
+    check_gpt_shape(arch.config, f"model config '{arch.name}'")
+    return GPTConfig(**arch.config)

@@ -14,6 +14,12 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 
+# Valid values of each GPTConfig field (inclusive; dropout is a probability below 1). Generous: GPT-3 175B
+# has 96 layers of width 12,288; the bounds only keep a typo from becoming an allocation of exabytes.
+GPT_RANGES: dict[str, tuple[int, int]] = {"vocab_size": (1, 10_000_000), "block_size": (1, 1 << 20),
+                                          "n_layer": (1, 10_000), "n_head": (1, 65_536), "n_embd": (1, 1 << 20)}
+
+
 @dataclass(frozen=True)
 class GPTConfig:
     vocab_size: int = 50257
