@@ -59,6 +59,34 @@ FAULTS = [
     ("offload host memory that cannot be allocated", "test_offload_errors.py::test_unallocatable_host_buffer_is_one_clear_error",
      "one clear error at initialize", False),
 ]
+# (attack, the tests that try it, what they check)
+SECURITY = [
+    ("code execution: a format-1 RNG state holding code, a DCP .metadata naming other classes",
+     ["test_checkpoint_safety.py::test_code_in_a_format_1_rng_state_is_refused_and_never_run",
+      "test_checkpoint_containment.py::test_metadata_naming_other_dcp_classes_is_refused",
+      "test_checkpoint_safety.py::test_no_eval_exec_or_unrestricted_unpickling_in_the_tree",
+      "test_yaml_strict.py::test_python_tags_binary_and_huge_files_are_refused"],
+     "refused with one line; nothing run; no eval, exec or unrestricted unpickling in the tree"),
+    ("path escapes: chunk paths, links, `latest` and `--tag`, run and variant names",
+     ["test_checkpoint_containment.py::test_a_chunk_path_outside_the_folder_is_refused_before_any_read",
+      "test_checkpoint_containment.py::test_a_link_inside_the_checkpoint_is_refused_unless_followed",
+      "test_checkpoint_containment.py::test_a_link_inside_a_zbench_checkpoint_is_refused",
+      "test_checkpoint_containment.py::test_a_pointer_file_must_name_a_tag_folder_inside",
+      "test_checkpoint_containment.py::test_a_tag_must_be_a_plain_name",
+      "test_convert_output.py::test_out_inside_the_source_is_refused",
+      "test_checkpoint_safety.py::test_bad_tags_are_refused_before_writing",
+      "test_input_bounds.py::test_names_refused", "test_input_bounds.py::test_run_paths_stay_inside_the_run_folder"],
+     "nothing outside the folder read or written; one line naming the path, the folder and the fix"),
+    ("races and crashes: two converts into one --out, a convert killed mid-way, a tag replaced during a crash, "
+     "a checkpoint pruned while read, Ctrl-C and SIGTERM of `zbench run`",
+     ["test_convert_output.py::test_two_converts_into_one_new_out_one_wins_and_its_output_survives",
+      "test_convert_output.py::test_a_killed_convert_is_named_on_the_rerun_and_never_deleted_for_you",
+      "test_convert_output.py::test_a_failed_convert_keeps_what_others_put_in_the_parents_it_made",
+      "test_checkpoint_safety.py::test_a_crash_while_replacing_a_tag_leaves_a_loadable_checkpoint",
+      "test_checkpoint_safety.py::test_a_checkpoint_removed_while_read_is_one_line",
+      "test_interrupt.py::test_interrupted_run_stops_its_ranks_and_resumes"],
+     "no data lost: the winner's output, the old copy of the tag and the finished rows survive"),
+]
 BAD_INPUT = [("test_bad_input_battery.py", "CASES"), ("test_bad_input_battery.py", "ENGINE_CASES")]
 FUZZ = ["test_config.py::test_fuzz_random_configs_only_raise_config_error",
         "test_config.py::test_fuzz_mutated_seed_configs_only_raise_config_error",
@@ -95,15 +123,20 @@ def counts() -> dict[str, int]:
             sys.path.insert(0, str(TESTS))
         bad += len(getattr(importlib.import_module(Path(file).stem), name))
     return {"bad": bad, "fuzzed": sum(examples(r) for r in FUZZ), "faults": sum(cases(r) for _, r, _, _ in FAULTS),
+            "security": sum(max(1, cases(r)) for _, refs, _ in SECURITY for r in refs),
             "resumed": sum(cases(r) for _, r, _, resumed in FAULTS if resumed)}
 
 
 def block() -> str:
     c = counts()
     lines = [f"{START} (printed by `python tests/reliability.py` from the battery's case lists; a test keeps it current) -->",
-             "| inputs tried | faults injected | runs resumed | data lost |", "|---|---|---|---|",
-             f"| {c['bad']} bad inputs + {c['fuzzed']} fuzzed configs and manifests | {c['faults']} | {c['resumed']} | 0 |",
-             "", "| fault injected | cases | then | resumed |", "|---|---|---|---|"]
+             "| inputs tried | attacks tried | faults injected | runs resumed | data lost |", "|---|---|---|---|---|",
+             f"| {c['bad']} bad inputs + {c['fuzzed']} fuzzed configs and manifests | {c['security']} | {c['faults']} "
+             f"| {c['resumed']} | 0 |",
+             "", "| security: attack | cases | then |", "|---|---|---|"]
+    for what, refs, then in SECURITY:
+        lines.append(f"| {what} | {sum(max(1, cases(r)) for r in refs)} | {then} |")
+    lines += ["", "| fault injected | cases | then | resumed |", "|---|---|---|---|"]
     for what, ref, then, resumed in FAULTS:
         lines.append(f"| {what} | {cases(ref)} | {then} | {'yes' if resumed else '–'} |")
     lines.append(END)
