@@ -91,7 +91,7 @@ def _write_latest(root: Path, tag: str) -> None:
     fsync_path(root)
 
 
-def commit(root: Path, tag: str, staged: Path) -> None:
+def commit(root: Path, tag: str, staged: Path, move_latest: bool = True) -> None:
     """Publish the complete folder `staged` as ROOT/<tag>, then point `latest` at it (rank 0 only)."""
     fsync_path(staged)
     final = root / tag
@@ -101,7 +101,8 @@ def commit(root: Path, tag: str, staged: Path) -> None:
         os.replace(final, old)  # from here until the next rename, readers and recover() use `old`
     os.replace(staged, final)
     fsync_path(root)
-    _write_latest(root, tag)
+    if move_latest:
+        _write_latest(root, tag)
     if old is not None:
         shutil.rmtree(old)  # the copy this save replaced, moved aside by this very call
 

@@ -85,7 +85,7 @@ def resume(rank: int, world: int, stage: int, ckpt: str, offload: bool | str = F
     cfg = config(stage, world, offload)
     engine = zero_core.initialize(make_model(), cfg)
     _drop_nvme_dir(cfg)
-    client = engine.load_checkpoint(ckpt)
+    _, client = engine.load_checkpoint(ckpt)
     start = client["next_batch"]
     assert engine.global_step == start
     losses = _train(engine, rank, world, range(start, STEPS))

@@ -50,8 +50,7 @@ def ds_config(stage: int, dtype: str, micro: int, gas: int = 1, clip: float = 0.
         "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": list(BETAS), "eps": EPS, "weight_decay": WD}},
         "zero_optimization": {"stage": stage, "reduce_bucket_size": 500, **zero},
     }
-    if clip:
-        cfg["gradient_clipping"] = clip
+    cfg["gradient_clipping"] = clip  # 0: off (DeepSpeed's default clips at 1.0)
     if dtype == "bf16":
         cfg["bf16"] = {"enabled": True}
     if dtype == "fp16":

@@ -130,7 +130,7 @@ def test_disk_full_on_one_rank_keeps_the_previous_checkpoint(tmp_path):
     assert got["listing"] == ["global_step2", "latest"]  # no staged debris, nothing half-committed
     assert fmt.read_latest(tmp_path) == "global_step3"  # the save after it worked
     engine = zero_core.initialize(make_model(), config(2, 1))
-    assert engine.load_checkpoint(tmp_path, tag="global_step2") == {"next_batch": 2}
+    assert engine.load_checkpoint(tmp_path, tag="global_step2")[1] == {"next_batch": 2}
     assert _max_diff(engine.full_state_dict(), got["expected"]) == 0.0
     engine.load_checkpoint(tmp_path)
     assert _max_diff(engine.full_state_dict(), got["after"]) == 0.0

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zero_core.optim import DeviceAdamW
+from zero_core.optim import DeviceAdamW, Hyper
 from zero_core.optim.states import TensorStates
 
-HYPER = dict(betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0, decoupled=True, clip=0.0,
+HYPER = dict(groups=[Hyper(0.9, 0.95, 1e-8, 0.0)], decoupled=True, clip=0.0,
              lr_at=lambda applied: torch.full((1,), 1e-2), shard_stats=False, comm_device=torch.device("cpu"))
 SEGMENTS = [(0, 128), (128, 64), (192, 256)]
 
@@ -19,7 +19,7 @@ def _optimizer() -> DeviceAdamW:
     w = states.writer()
     w.write(torch.linspace(-1, 1, 448))
     w.close()
-    return DeviceAdamW(states, segments=SEGMENTS, **HYPER)
+    return DeviceAdamW(states, runs=[[(lo, lo + n, 0)] for lo, n in SEGMENTS], **HYPER)
 
 
 def test_parts_live_from_first_reduction_to_the_step():

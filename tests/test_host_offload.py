@@ -10,11 +10,11 @@ import torch
 from parity_workers import ds_config, make_batches, make_model
 
 import zero_core
-from zero_core.optim import DeviceAdamW, HostAdamW, affinity, nvme_states
+from zero_core.optim import DeviceAdamW, HostAdamW, Hyper, affinity, nvme_states
 from zero_core.optim.nvme_states import NvmeStates
 from zero_core.optim.states import NAMES, TensorStates, state_sum
 
-HYPER = dict(betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, decoupled=True, lr_at=lambda applied: torch.full((1,), 1e-2),
+HYPER = dict(groups=[Hyper(0.9, 0.95, 1e-8, 0.1)], decoupled=True, lr_at=lambda applied: torch.full((1,), 1e-2),
              shard_stats=False, comm_device=torch.device("cpu"))
 
 
@@ -72,7 +72,7 @@ def test_chunked_host_step_equals_unchunked_and_device_path_bitwise(monkeypatch,
         host = name != "device-path"
         segments = [(sum(groups[:i]), size) for i, size in enumerate(groups)]
         opt = (HostAdamW(states, comm_dtype=comm_dtype, clip=clip, **HYPER) if host
-               else DeviceAdamW(states, clip=clip, segments=segments, **HYPER))
+               else DeviceAdamW(states, clip=clip, runs=[[(lo, lo + n, 0)] for lo, n in segments], **HYPER))
         outs = _run(opt, groups, steps=3, gas=gas, comm_dtype=comm_dtype)
         results[name] = (outs, _states(opt))
         # no fp32 gradient partition without accumulation on the host; on the device none between steps

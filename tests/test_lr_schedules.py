@@ -88,11 +88,13 @@ def test_no_scheduler_is_the_optimizer_lr():
     assert at(default, 7) == pytest.approx(1e-3, rel=1e-7)
 
 
-def test_shape_dtype_device_are_kept():
+def test_one_fp32_lr_per_group_on_the_applied_counters_device():
     fn = schedule("WarmupDecayLR", "log")
     for x in (torch.tensor(3.0), torch.zeros(1)):
         out = fn(x)
-        assert out.shape == x.shape and out.dtype == torch.float32 and out.device == x.device
+        assert out.shape == (1,) and out.dtype == torch.float32 and out.device == x.device
+    cfg = load_config({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {"lr": 0.5}}}, 1)
+    assert make_lr_schedule(cfg, [0.5, 0.25, 0.1])(torch.zeros(1)).tolist() == pytest.approx([0.5, 0.25, 0.1])
 
 
 def test_no_host_sync(monkeypatch):
@@ -149,3 +151,37 @@ def test_matches_deepspeed_oracle(kind, warmup_type, lo, hi, warmup, extra, last
     for n in range(warmup + extra + 10):
         assert at(fn, n) == pytest.approx(oracle.lr, rel=1e-6, abs=1e-12), n
         oracle.step()
+
+
+# -- against DeepSpeed's own scheduler classes (tests/fixtures/make_lr_fixtures.py) ---------------------------
+def _deepspeed_cases():
+    import json
+    from pathlib import Path
+
+    data = json.loads((Path(__file__).parent / "fixtures" / "deepspeed_lr" / "schedules.json").read_text())
+    return data, [pytest.param(c, id=f"{c['type']}-{i}") for i, c in enumerate(data["cases"])]
+
+
+DS_DATA, DS_CASES = _deepspeed_cases()
+
+
+@pytest.mark.parametrize("case", DS_CASES)
+def test_every_schedule_matches_deepspeed_per_group_and_update(case):
+    """Both groups' lr (and beta1) of every update equal DeepSpeed's: device schedules to fp32 rounding,
+    host schedules (OneCycle) exactly."""
+    from zero_core.host_schedules import OneCycle
+
+    cfg = load_config({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+                       "scheduler": {"type": case["type"], "params": case["params"]}}, 1)
+    lrs, betas = DS_DATA["group_lrs"], DS_DATA["betas"]
+    if case["type"] == "OneCycle":
+        host = OneCycle(cfg.scheduler.params, lrs, [betas[0]] * len(lrs))
+        for n, want in enumerate(case["updates"]):
+            got_lr, got_beta1 = host.values(n)
+            assert got_lr == want["lr"], n
+            assert (got_beta1 or [betas[0]] * len(lrs)) == want["beta1"], n
+        return
+    fn = make_lr_schedule(cfg, lrs)
+    for n, want in enumerate(case["updates"]):
+        assert fn(torch.tensor(float(n))).tolist() == pytest.approx(want["lr"], rel=1e-6, abs=1e-12), n
+        assert want["beta1"] == [betas[0]] * len(lrs)  # these schedules leave the momentum alone

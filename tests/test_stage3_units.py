@@ -41,7 +41,7 @@ def test_parameter_read_outside_its_module_forward():
     model = Reader()
     model.load_state_dict(ref.state_dict())
     cfg = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
-           "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
+           "gradient_clipping": 0.0, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
     engine = zero_core.initialize(model, cfg)
     opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.01)
     x = torch.randn(2, 4)

@@ -23,7 +23,7 @@ class Checkpointing:
         """Load the latest checkpoint if there is one; returns the micro-steps it covers."""
         if not self.enabled or not os.path.isfile(os.path.join(str(self.folder), "latest")):
             return 0
-        state = self.engine.load_checkpoint(self.folder)
+        _, state = self.engine.load_checkpoint(self.folder)
         # already the mean over ranks: every rank holding it, the final sum-and-average leaves it unchanged
         losses.extend(torch.tensor(x, device=device) for x in state["losses"])
         return int(state["micro_step"])

@@ -63,7 +63,7 @@ def run_rank(job: TrainJob) -> dict:
     gen = torch.Generator().manual_seed(job.seed + 1)
     vocab = job.model["vocab_size"]
     losses: list[torch.Tensor] = []  # kept on the device: reading them every step would stall it
-    gas = engine.gradient_accumulation_steps
+    gas = engine.gradient_accumulation_steps()
     every = max(1, job.steps // 10)
     start = time.perf_counter()
     for micro_step in range((job.steps + job.warmup) * gas):
@@ -80,7 +80,7 @@ def run_rank(job: TrainJob) -> dict:
         if engine.micro_steps % gas == 0:
             losses.append(loss.detach())
             if engine.rank == 0 and (engine.global_step % every == 0 or engine.global_step == 1):
-                print(f"step {engine.global_step:>5}  loss {float(loss.detach()):.4f}  lr {engine.get_lr():.2e}", flush=True)
+                print(f"step {engine.global_step:>5}  loss {float(loss.detach()):.4f}  lr {engine.get_lr()[0]:.2e}", flush=True)
     if engine.device.type == "cuda":
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - start

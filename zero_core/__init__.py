@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 
@@ -15,11 +16,15 @@ __all__ = ["initialize", "Engine", "ZeroConfig", "ConfigError", "load_config", "
            "NonFiniteError"]
 
 
-def initialize(model: torch.nn.Module, config: dict | str | os.PathLike | ZeroConfig) -> Engine:
+def initialize(model: torch.nn.Module, config: dict | str | os.PathLike | ZeroConfig, model_parameters: Any = None,
+               optimizer: Any = None, lr_scheduler: Any = None) -> Engine:
     """Wrap `model` for ZeRO training.
 
-    `config` is a DeepSpeed-style dict, a path to such a JSON file, or a `ZeroConfig`. The default
-    process group is used (created from torchrun's environment if absent: nccl on CUDA, gloo on CPU);
-    without one, the engine runs as a world of one.
+    `config` is a DeepSpeed-style dict, a path to such a JSON file, or a `ZeroConfig`. `model_parameters`
+    takes torch-style parameter groups (per-group lr, weight_decay, betas, eps); `optimizer` a torch
+    optimizer (AdamW/Adam run on the fused kernels with its groups; others as they are) or a callable
+    building one; `lr_scheduler` a torch scheduler, a callable building one on the optimizer, or
+    `lambda step: lr`. The default process group is used (created from torchrun's environment if absent:
+    nccl on CUDA, gloo on CPU); without one, the engine runs as a world of one.
     """
-    return Engine(model, config)
+    return Engine(model, config, model_parameters=model_parameters, optimizer=optimizer, lr_scheduler=lr_scheduler)

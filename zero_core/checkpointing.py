@@ -90,7 +90,7 @@ def _prepare(root: Path, tag: str) -> tuple[Path, list[Path]]:
 
 
 def save(engine: "Engine", save_dir: str | os.PathLike, tag: str | None = None,
-         client_state: dict[str, Any] | None = None, keep_last: int | None = None) -> Path:
+         client_state: dict[str, Any] | None = None, keep_last: int | None = None, move_latest: bool = True) -> Path:
     """Collective. Returns the committed checkpoint folder."""
     root = Path(save_dir)
     tag = plain_name(tag or f"global_step{engine.global_step}", "checkpoint tag", "pass a plain folder name as tag")
@@ -133,7 +133,7 @@ def save(engine: "Engine", save_dir: str | os.PathLike, tag: str | None = None,
         try:
             mf.write(staged, _manifest(engine, tag, {k: v for g in gathered for k, v in g["files"].items()},
                                        {str(r): g["rng"] for r, g in enumerate(gathered)}, client_state))
-            fmt.commit(root, tag, staged)
+            fmt.commit(root, tag, staged, move_latest)
         except OSError as e:
             what, fix = _cause(e)
             problem = (f"rank 0 could not write the manifest or commit {tag} ({what})", fix)
@@ -161,6 +161,7 @@ def _manifest(engine: "Engine", tag: str, files: dict[str, Any], rng: dict[str, 
                       "applied": float(opt.applied), "skipped": float(opt.skipped)},
         "loss_scaler": {k: (v.tolist() if isinstance(v, torch.Tensor) else v) for k, v in engine.scaler.state_dict().items()},
         "rng": rng, "client_state": client_state or {},
+        "scheduler": engine.host_schedule.state_dict() if engine.host_schedule is not None else {},
     }
 
 
@@ -177,8 +178,10 @@ def _check_model(folder: Path, manifest: dict[str, Any], current: list[dict[str,
                                   "in the model; load a checkpoint of this model")
 
 
-def load(engine: "Engine", load_dir: str | os.PathLike, tag: str | None = None) -> dict[str, Any]:
-    """Collective. Loads weights, optimizer state and counters into this engine; returns client_state."""
+def load(engine: "Engine", load_dir: str | os.PathLike, tag: str | None = None, weights_only: bool = False,
+         schedule: bool = True) -> tuple[Path, dict[str, Any]]:
+    """Collective. Loads weights, optimizer state and counters into this engine (`weights_only`: the fp32
+    weights alone, the optimizer untouched); returns (the checkpoint folder, client_state)."""
     folder = fmt.resolve(load_dir, tag)
     manifest = mf.read(folder)
     current = _param_entries(engine)
@@ -197,7 +200,7 @@ def load(engine: "Engine", load_dir: str | os.PathLike, tag: str | None = None) 
                     a, b = max(lo, f.partition_offset), min(hi, f.partition_offset + f.numel)
                     if a >= b:
                         continue
-                    for key in NAMES:
+                    for key in (("master",) if weights_only else NAMES):
                         piece = torch.empty(b - a, dtype=torch.float32)
                         reader.read_into(piece, name, key, f.param_start + a - f.partition_offset)
                         views[key][a - lo : b - lo].copy_(piece)
@@ -208,12 +211,20 @@ def load(engine: "Engine", load_dir: str | os.PathLike, tag: str | None = None) 
         for name, t in read_frozen(folder, manifest, frozen).items():
             state[name].data.copy_(t)
         engine.refresh_working_weights()
+        if weights_only:
+            return folder, manifest["client_state"]
         o = manifest["optimizer"]
         opt.applied.fill_(o["applied"])
         opt.skipped.fill_(o["skipped"])
         engine.scaler.load_state_dict(manifest["loss_scaler"])
     engine.global_step = manifest["step"]
     engine.micro_steps = manifest["micro_steps"]
+    if schedule and engine.host_schedule is not None and manifest.get("scheduler"):
+        try:
+            engine.host_schedule.load_state_dict(manifest["scheduler"])
+        except ValueError as e:
+            raise CheckpointError(f"{folder}: {e}; build the same scheduler as the run that saved it, or pass "
+                                  "load_lr_scheduler_states=False") from None
     if restore is not None:
         restore(engine.device)
-    return manifest["client_state"]
+    return folder, manifest["client_state"]

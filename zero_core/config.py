@@ -29,7 +29,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from .config_errors import ConfigError, from_validation_error
-from .config_models import ZeroConfig
+from .config_models import SCHEDULER_KEYS, ZeroConfig
 
 __all__ = ["ConfigError", "ZeroConfig", "load_config", "describe", "resolve_batch"]
 
@@ -186,13 +186,17 @@ def _check_consistency(cfg: ZeroConfig) -> None:
         raise ConfigError("optimizer.params.adam_w_mode=false has no effect with optimizer.type 'AdamW' "
                           "(DeepSpeed ignores it too); use type 'Adam' for L2-style weight decay or remove it")
     if cfg.scheduler is not None:
-        p = cfg.scheduler.params
-        if cfg.scheduler.type == "WarmupDecayLR" and p.total_num_steps is None:
-            raise ConfigError("scheduler.params.total_num_steps is required for WarmupDecayLR; "
+        kind, p = cfg.scheduler.type, cfg.scheduler.params
+        stray = sorted(p.model_fields_set - SCHEDULER_KEYS[kind])
+        if stray:
+            users = [k for k, keys in SCHEDULER_KEYS.items() if stray[0] in keys]
+            raise ConfigError(f"scheduler.params.{stray[0]} does not apply to {kind} (it is a parameter of "
+                              f"{' and '.join(users)}); remove it or change scheduler.type")
+        if kind in ("WarmupDecayLR", "WarmupCosineLR") and p.total_num_steps is None:
+            raise ConfigError(f"scheduler.params.total_num_steps is required for {kind}; "
                               "set it to the number of optimizer steps of the run")
-        if cfg.scheduler.type == "WarmupLR" and p.total_num_steps is not None:
-            raise ConfigError("scheduler.params.total_num_steps is only used by WarmupDecayLR; "
-                              "remove it or set scheduler.type to 'WarmupDecayLR'")
+        if kind == "OneCycle" and (p.cycle_min_lr is None or p.cycle_max_lr is None):
+            raise ConfigError("scheduler.params.cycle_min_lr and cycle_max_lr are required for OneCycle; set both")
     zero = cfg.zero_optimization
     if zero.offload_param is not None and zero.offload_param.device != "none" and zero.stage < 3:
         raise ConfigError(f"zero_optimization.offload_param needs stage 3 but zero_optimization.stage is {zero.stage}; "

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, PrivateAttr, model_serializer, model_validator
 
 from .config_errors import full_error
 from .config_types import AS_LIST, Bool, Text, beta_pair, boolean, choice, count, integer, number
@@ -54,19 +54,53 @@ class OptimizerConfig(Section):
         return self.type == "AdamW" or self.params.adam_w_mode
 
 
-class WarmupParams(Section):
+class SchedulerParams(Section):
+    """Every DeepSpeed scheduler's parameters in one section; which apply depends on `type` (SCHEDULER_KEYS)."""
+
     warmup_min_lr: Annotated[float, number(0.0, auto=0.0)] = 0.0  # HF fills "auto" with 0
     warmup_max_lr: Annotated[float, number(0.0, auto="set a number, or a numeric optimizer.params.lr")] = 0.001
     warmup_num_steps: Annotated[int, integer(0, counts=True, auto=_STEPS_AUTO)] = 1000
     warmup_type: Annotated[str, choice({"log": "log", "linear": "linear"})] = "log"
     total_num_steps: Annotated[int | None, integer(1, counts=True, auto=_STEPS_AUTO, optional=True)] = None
     last_batch_iteration: Annotated[int, integer(-1)] = -1
+    warmup_min_ratio: Annotated[float, number(0.0, 1.0)] = 0.0  # WarmupCosineLR
+    cos_min_ratio: Annotated[float, number(0.0, 1.0)] = 0.0001
+    cycle_min_lr: Annotated[float | None, number(0.0, optional=True)] = None  # OneCycle
+    cycle_max_lr: Annotated[float | None, number(0.0, optional=True)] = None
+    decay_lr_rate: Annotated[float, number(0.0)] = 0.0
+    cycle_first_step_size: Annotated[int, integer(1, counts=True)] = 2000
+    cycle_second_step_size: Annotated[int | None, integer(0, counts=True, optional=True)] = None
+    cycle_first_stair_count: Annotated[int, integer(0)] = 0
+    cycle_second_stair_count: Annotated[int | None, integer(0, optional=True)] = None
+    decay_step_size: Annotated[int, integer(0, counts=True)] = 0
+    cycle_momentum: Bool = True
+    cycle_min_mom: Annotated[float, number(0.0, 1.0, hi_open=True)] = 0.8
+    cycle_max_mom: Annotated[float, number(0.0, 1.0, hi_open=True)] = 0.9
+    decay_mom_rate: Annotated[float, number(0.0)] = 0.0
+
+
+_WARMUP = {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "last_batch_iteration"}
+# the parameters each DeepSpeed scheduler takes (deepspeed/runtime/lr_schedules.py)
+SCHEDULER_KEYS = {
+    "WarmupLR": _WARMUP,
+    "WarmupDecayLR": _WARMUP | {"total_num_steps"},
+    "WarmupCosineLR": {"total_num_steps", "warmup_min_ratio", "warmup_num_steps", "cos_min_ratio", "warmup_type",
+                       "last_batch_iteration"},
+    "OneCycle": {"cycle_min_lr", "cycle_max_lr", "decay_lr_rate", "cycle_first_step_size", "cycle_second_step_size",
+                 "cycle_first_stair_count", "cycle_second_stair_count", "decay_step_size", "cycle_momentum",
+                 "cycle_min_mom", "cycle_max_mom", "decay_mom_rate", "last_batch_iteration"},
+}
 
 
 class SchedulerConfig(Section):
-    type: Annotated[str, choice({"warmuplr": "WarmupLR", "warmupdecaylr": "WarmupDecayLR"},
-                                note="(the schedules zero_core implements)")]
-    params: WarmupParams = WarmupParams()
+    type: Annotated[str, choice({k.lower(): k for k in SCHEDULER_KEYS}, note="(DeepSpeed's schedulers)")]
+    params: SchedulerParams = SchedulerParams()
+
+    @model_serializer(mode="wrap")
+    def _only_this_types_params(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        data["params"] = {k: v for k, v in data["params"].items() if k in SCHEDULER_KEYS[self.type]}
+        return data
 
 
 class FP16Config(Section):
@@ -189,7 +223,9 @@ class ZeroConfig(Section):
     train_batch_size: Annotated[int | None, integer(1, auto=None, optional=True)] = None
     train_micro_batch_size_per_gpu: Annotated[int | None, integer(1, auto=None, optional=True)] = None
     gradient_accumulation_steps: Annotated[int | None, integer(1, auto=None, optional=True)] = None
-    gradient_clipping: Annotated[float, number(0.0, auto=1.0)] = 0.0  # "auto" = HF's max_grad_norm default
+    # DeepSpeed clips at 1.0 unless told otherwise (runtime/constants.py GRADIENT_CLIPPING_DEFAULT, 0.19.8);
+    # "auto" = HF's max_grad_norm default, also 1.0; 0 turns clipping off
+    gradient_clipping: Annotated[float, number(0.0, auto=1.0)] = 1.0
     # None: no periodic log (newer DeepSpeed's default; older versions used 10)
     steps_per_print: Annotated[int | None, integer(1, optional=True)] = None
     wall_clock_breakdown: Bool = False
@@ -216,6 +252,11 @@ class ZeroConfig(Section):
     comet: _MONITOR = None
     flops_profiler: _MONITOR = None
     comms_logger: _MONITOR = None
+
+    @property
+    def optimizer_given(self) -> bool:
+        """The config has its own "optimizer" section (else AdamW with DeepSpeed's defaults, or a client optimizer)."""
+        return "optimizer" in self.model_fields_set
 
     # The batch sizes as the user gave them (None = absent or "auto"), so that re-validating a resolved
     # config against another world size derives the missing ones again instead of failing.

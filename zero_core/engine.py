@@ -19,8 +19,13 @@ import torch
 
 from . import comm
 from .config import ZeroConfig, describe, load_config
+from .engine_api import DeepSpeedEngineAPI
+from .gathered import register as register_parameters
 from .loss_scaler import LossScaler
+from .host_schedules import make_schedules
 from .optim import make_optimizer, offloads_optimizer
+from .optim.facade import ZeroOptimizer
+from .optim.param_groups import plan_optimizer
 from .optim.affinity import describe as describe_cpus
 from .optim.affinity import ENV as PIN_ENV
 from .optim.affinity import pin_rank
@@ -30,32 +35,36 @@ from .stages.grad_buckets import GradReducer
 from .step_timer import StepBreakdown, enabled_for
 
 
-class Engine:
-    """Wraps a model for ZeRO data-parallel training; build it with `zero_core.initialize`."""
+class Engine(torch.nn.Module, DeepSpeedEngineAPI):
+    """Wraps a model for ZeRO data-parallel training; build it with `zero_core.initialize`. Like DeepSpeed's
+    engine it is a Module holding the model as `module`: calling it runs the model's forward."""
 
-    def __init__(self, model: torch.nn.Module, config: dict | str | ZeroConfig) -> None:
+    def __init__(self, model: torch.nn.Module, config: dict | str | ZeroConfig, *, model_parameters: Any = None,
+                 optimizer: Any = None, lr_scheduler: Any = None) -> None:
+        super().__init__()
         self.device = comm.pick_device()
         comm.ensure_process_group(self.device)
         self.world_size, self.rank = comm.world_size(), comm.rank()
         self.config: ZeroConfig = load_config(config, self.world_size)
         cfg = self.config
-        if cfg.zero_core.comm_timeout_s is not None:
-            comm.set_timeout(cfg.zero_core.comm_timeout_s)
-        if self.rank == 0:
-            print(f"zero_core: resolved config (world size {self.world_size}):\n{describe(cfg)}", flush=True)
-        self.stage, self.dtype, self.gradient_accumulation_steps = cfg.stage, cfg.dtype, cfg.gradient_accumulation_steps
+        self._announce()
+        self.stage, self.dtype = cfg.stage, cfg.dtype
         self.global_step = self.micro_steps = 0
         self.module = model.to(self.device)
-        self.strategy = make_stage(model, cfg, self.world_size, self.rank, self.device)
+        plan = plan_optimizer(model, cfg, model_parameters, optimizer)
+        group_of = plan.group_of()
+        self.strategy = make_stage(model, cfg, self.world_size, self.rank, self.device, group_of)
         self.layout, self.params = self.strategy.layout, self.strategy.params
         self._cast_frozen_and_buffers(model, {id(p) for p in self.params})
         self.offload_optimizer = offloads_optimizer(cfg)
-        self.pinned_cpus = pin_rank(self.offload_optimizer)  # this rank's own cores (None: not pinned)
-        if self.pinned_cpus and self.rank == 0:
-            print(f"zero_core: local rank 0 pinned to cpus {describe_cpus(self.pinned_cpus)}, "
-                  f"{torch.get_num_threads()} threads ({PIN_ENV}=0 turns this off)", flush=True)
+        self.pinned_cpus = self._pin()
         self.breakdown = StepBreakdown(self.device, enabled_for(self.offload_optimizer))  # step-time breakdown
-        self.optimizer = make_optimizer(cfg, self.layout, self.device, self.rank, self.breakdown)
+        self.optimizer = make_optimizer(cfg, self.layout, self.device, self.rank, self.breakdown, plan,
+                                        [group_of[id(p)] for p in self.params])
+        self.client_optimizer = plan.client or ZeroOptimizer(plan)  # what `initialize` hands back
+        self.host_schedule, self.lr_scheduler = make_schedules(cfg, plan, lr_scheduler, self.client_optimizer, self)
+        if self.host_schedule is not None:
+            self.optimizer.lr_at = None  # the host schedule writes each update's lrs
         self.strategy.flatten(self.optimizer.states.writer())
         self.scaler = LossScaler(cfg, self.optimizer.states.device)
         self.strategy.attach(self.optimizer, self.breakdown)
@@ -66,6 +75,23 @@ class Engine:
         self._nonfinite_run = torch.zeros(1, dtype=torch.float32, device=self.optimizer.states.device)
         self.overflow_log = OverflowLog(self.optimizer.skipped, self.scaler, self._nonfinite_run,
                                         cfg.zero_core.max_consecutive_nonfinite)
+        if self.stage == 3:
+            self.strategy.guard_state_dict(self.world_size)
+        register_parameters(self)  # for GatheredParameters
+
+    def _announce(self) -> None:
+        if self.config.zero_core.comm_timeout_s is not None:
+            comm.set_timeout(self.config.zero_core.comm_timeout_s)
+        if self.rank == 0:
+            print(f"zero_core: resolved config (world size {self.world_size}):\n{describe(self.config)}", flush=True)
+
+    def _pin(self) -> list[int] | None:
+        """This rank's own cores with optimizer offload (None: not pinned)."""
+        cpus = pin_rank(self.offload_optimizer)
+        if cpus and self.rank == 0:
+            print(f"zero_core: local rank 0 pinned to cpus {describe_cpus(cpus)}, "
+                  f"{torch.get_num_threads()} threads ({PIN_ENV}=0 turns this off)", flush=True)
+        return cpus
 
     def _cast_frozen_and_buffers(self, model: torch.nn.Module, trainable: set[int]) -> None:
         """Frozen parameters and floating buffers run in the working precision, replicated, as rank 0 has them."""
@@ -81,25 +107,24 @@ class Engine:
                 comm.broadcast_(b.data, what="broadcast of buffers")
 
     # -- training ---------------------------------------------------------------------------------
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
         self.breakdown.forward_started()
         return self.module(*args, **kwargs)
 
-    forward = __call__
-
     def is_gradient_accumulation_boundary(self) -> bool:
         """True when the next `step()` applies an update."""
-        return (self.micro_steps + 1) % self.gradient_accumulation_steps == 0
+        return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of `loss` scaled by the loss scale and 1/accumulation steps; reduces gradients."""
         self.wait_for_weights()  # buckets no module's forward read (unused parameters)
         boundary = self.is_gradient_accumulation_boundary()
         every = self.strategy.reduces_every_micro_step
-        window_pos = self.micro_steps % self.gradient_accumulation_steps
+        gas = self.gradient_accumulation_steps()
+        window_pos = self.micro_steps % gas
         self.reducer.begin(reduce_now=every or boundary, accumulate=every and window_pos > 0,
                            scale=self.scaler.inv_scale / self.world_size, final=boundary)
-        (loss * (self.scaler.scale.squeeze() / self.gradient_accumulation_steps)).backward()
+        (loss * (self.scaler.scale.squeeze() / gas)).backward()
         self.breakdown.backward_done()
         self.reducer.finish()
         self.strategy.after_backward()
@@ -114,6 +139,8 @@ class Engine:
         boundary = self.is_gradient_accumulation_boundary()
         self.micro_steps += 1
         if boundary:
+            if self.host_schedule is not None:
+                self._apply_host_schedule()
             s = self.strategy
             s.begin_update()
             self.optimizer.step(out=s.output, publish=s.publish_chunk, after_segment=s.after_segment)
@@ -123,6 +150,21 @@ class Engine:
             self.global_step += 1
             self.overflow_log.poll(self.global_step)
             self.breakdown.end_step()
+
+    def applied_steps(self) -> int:
+        """Updates applied so far (skipped fp16 steps excluded): a host sync only under dynamic loss scaling,
+        where steps are skipped as a matter of course; otherwise every optimizer step counts."""
+        return int(self.optimizer.applied.item()) if self.scaler.dynamic else self.global_step
+
+    def _apply_host_schedule(self) -> None:
+        assert self.host_schedule is not None
+        lrs, beta1 = self.host_schedule.values(self.applied_steps())
+        host = torch.tensor(lrs, dtype=torch.float32)
+        self.optimizer.lr.copy_(host.pin_memory() if self.optimizer.lr.is_cuda else host, non_blocking=True)
+        for group, b1 in zip(self.optimizer.groups, beta1 or ()):
+            group.beta1 = b1
+        for group, lr in zip(self.client_optimizer.param_groups, lrs):  # readers of the optimizer's groups
+            group["lr"] = lr
 
     def wait_for_weights(self) -> None:
         """Finish the weight all-gathers still in flight after `step()` (stages 1-2 start them per bucket
@@ -136,23 +178,30 @@ class Engine:
 
     # -- state ------------------------------------------------------------------------------------
     def save_checkpoint(self, save_dir: str | os.PathLike, tag: str | None = None,
-                        client_state: dict[str, Any] | None = None, keep_last: int | None = None) -> Path:
-        """Collective: every rank writes its own partition; committed atomically; `latest` moves last.
-
-        `client_state` (JSON-serialisable: data position, epoch, ...) comes back from `load_checkpoint`.
-        `keep_last=k` prunes older complete checkpoints, never the newest.
-        """
+                        client_state: dict[str, Any] | None = None, save_latest: bool = True,
+                        keep_last: int | None = None) -> Path:
+        """Collective: every rank writes its own partition; committed atomically; `latest` moves last
+        (unless `save_latest=False`). `client_state` (JSON-serialisable: data position, epoch, ...) comes back
+        from `load_checkpoint`. `keep_last=k` prunes older complete checkpoints, never the newest."""
         from .checkpointing import save
 
         self.wait_for_weights()
-        return save(self, save_dir, tag, client_state, keep_last)
+        return save(self, save_dir, tag, client_state, keep_last, move_latest=save_latest)
 
-    def load_checkpoint(self, load_dir: str | os.PathLike, tag: str | None = None) -> dict[str, Any]:
-        """Collective: load any zbench checkpoint (any world size, any stage) into this engine; returns client_state."""
+    def load_checkpoint(self, load_dir: str | os.PathLike, tag: str | None = None, load_module_strict: bool = True,
+                        load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
+                        load_module_only: bool = False) -> tuple[Path, dict[str, Any]]:
+        """Collective: load any zbench checkpoint (any world size, any stage) into this engine; returns
+        (the checkpoint folder, client_state), as DeepSpeed does. `load_module_only` (or
+        `load_optimizer_states=False`) keeps this engine's optimizer states, step and schedule."""
         from .checkpointing import load
 
+        if not load_module_strict:
+            raise NotImplementedError("engine.load_checkpoint(load_module_strict=False) is not supported by zero_core; "
+                                      "load a checkpoint of this model")
         self.wait_for_weights()
-        return load(self, load_dir, tag)
+        weights_only = load_module_only or not load_optimizer_states
+        return load(self, load_dir, tag, weights_only=weights_only, schedule=load_lr_scheduler_states and not weights_only)
 
     def memory_bytes(self) -> dict[str, int]:
         """Bytes this rank's engine holds now, by kind and where: what the memory tables are made of."""
@@ -166,25 +215,9 @@ class Engine:
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Collective: the full fp32 state dict on CPU on every rank, keys as in `module.state_dict()`."""
-        self.wait_for_weights()
-        by_param: dict[int, torch.Tensor] = {}
-        for g in self.layout.groups:
-            shard = self.optimizer.states.read("master", g.partition_offset, g.partition_offset + g.shard_numel)
-            if self.layout.world_size > 1:
-                full = torch.empty(g.padded_numel, dtype=torch.float32, device=self.device)
-                comm.all_gather_flat(full, shard.to(self.device), what=f"all-gather of fp32 weights for full_state_dict (group {g.index})")
-            else:
-                full = shard
-            for s in g.slots:
-                by_param[id(self.params[s.index])] = full[s.offset : s.offset + s.numel].view(s.shape).cpu().clone()
-        out: dict[str, torch.Tensor] = {}
-        for name, t in self.module.state_dict(keep_vars=True).items():
-            if id(t) in by_param:
-                out[name] = by_param[id(t)]
-            else:
-                t = t.detach().cpu()
-                out[name] = t.float() if t.is_floating_point() else t.clone()
-        return out
+        from .model_export import full_state_dict
+
+        return full_state_dict(self)
 
     @property
     def loss_scale(self) -> float:
@@ -196,20 +229,9 @@ class Engine:
         """Updates skipped for non-finite gradients so far (a host sync)."""
         return int(self.optimizer.skipped.item())
 
-    def get_lr(self) -> float:
-        """Learning rate of the last update (a host sync)."""
-        return float(self.optimizer.lr.item())
-
     def close(self) -> None:
         """Detach the gradient hooks, stop the offload thread and free the NVMe state file. The engine
         cannot train afterwards. (Process exit frees the file too, however the process ends.)"""
         self.strategy.close()
         self.reducer.remove()
         self.optimizer.close()
-
-    def train(self, mode: bool = True) -> "Engine":
-        self.module.train(mode)
-        return self
-
-    def eval(self) -> "Engine":
-        return self.train(False)

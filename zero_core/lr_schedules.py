@@ -1,27 +1,23 @@
-"""Learning-rate schedules as pure tensor functions of the number of updates already applied.
+"""Learning-rate schedules, per optimizer group, with DeepSpeed's exact formulas.
 
-`make_lr_schedule(cfg)(applied)` gives the lr for the next update, where `applied` (a float32 0-d or
-1-element tensor on any device) counts the optimizer updates applied so far: 0 for the very first.
-Only tensor ops, no `.item()` and no Python branching on values, so it runs on the GPU without a sync.
+DeepSpeed steps its scheduler after each *applied* update (never after a skipped fp16 step) and never at
+initialisation, so the lr of an update is a function of the number of updates applied before it.
 
-What DeepSpeed does (read in microsoft/DeepSpeed):
-- deepspeed/runtime/engine.py, `_take_model_step`: `optimizer.step()` runs first; then, only if the
-  optimizer reports no overflow, `lr_scheduler.step()`. An fp16 overflow step therefore does not
-  advance the schedule (`skipped_steps += 1` instead). The engine never steps the scheduler at
-  initialisation (`_configure_lr_scheduler` only builds it). So the schedule is a function of APPLIED
-  updates: the engine must pass a counter that skips overflow steps, which the optimizer's `applied` is.
-- deepspeed/runtime/lr_schedules.py, `WarmupLR.__init__`: with last_batch_iteration == -1 it writes
-  `get_lr()` into the optimizer, and `get_lr()` returns warmup_min_lr while last_batch_iteration < 0
-  (added by DeepSpeed PR #6597, Oct 2024; before it the first update used optimizer.params.lr). With
-  last_batch_iteration >= 0 (a resume) nothing is written and the first update uses optimizer.params.lr.
-  `step()` increments last_batch_iteration and then sets the lr, so update n >= 1 runs at
-  iteration it = last_batch_iteration + n (with the default -1: update 1 uses it = 0, i.e. min lr again).
-- lr = warmup_min_lr + (warmup_max_lr - warmup_min_lr) * gamma(it), with W = max(2, warmup_num_steps):
-    it < W, "log":    gamma = log(it + 1) / log(W)
-    it < W, "linear": gamma = it / W
-    it >= W: WarmupLR gamma = 1; WarmupDecayLR gamma = max(0, (T - it) / max(1, T - W)), T = total_num_steps
-  (so WarmupDecayLR decays linearly to warmup_min_lr at T and stays there).
+Device schedules (`make_lr_schedule`): WarmupLR, WarmupDecayLR and WarmupCosineLR are pure tensor
+functions of `applied` (a float32 device tensor) returning one lr per group, so the hot loop never
+syncs with the host. With last_batch_iteration = -1 (the default), update n >= 1 runs at iteration
+it = n - 2 (clamped at 0) and the very first update uses what the scheduler wrote into the optimizer at
+construction: WarmupLR/DecayLR warmup_min_lr, WarmupCosineLR 0 (it has "not started"). A resume value of
+last_batch_iteration >= 0 starts at it = last_batch_iteration + n - 1 with the groups' own lr first.
+  - WarmupLR (W = max(2, warmup_num_steps)): min + (max - min) * gamma, gamma = log(it + 1) / log(W)
+    ("log") or it / W ("linear") while it < W, else 1; min/max are the config's, the same for every group.
+  - WarmupDecayLR: after warm-up gamma = max(0, (T - it) / max(1, T - W)), T = total_num_steps.
+  - WarmupCosineLR: each group's own lr times a ratio: during warm-up min_ratio + (1 - min_ratio) * gamma,
+    then max(0, cos_min + (1 - cos_min) * (1 + cos(pi * min(1, (it - W + 1) / max(1, T - W)))) / 2).
 Computed in float64 and returned as float32: the fp32 rounding of DeepSpeed's Python-float value.
+
+Host schedules (host_schedules.py): OneCycle (it also cycles beta1), a torch LRScheduler, or a
+`lambda step: lr` are evaluated on the host, as DeepSpeed evaluates them.
 """
 
 from __future__ import annotations
@@ -34,31 +30,52 @@ import torch
 from .config_models import ZeroConfig
 
 LrSchedule = Callable[[torch.Tensor], torch.Tensor]
+DEVICE_SCHEDULES = ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR")
 
 
-def make_lr_schedule(cfg: ZeroConfig) -> LrSchedule:
-    base = cfg.optimizer.params.lr
-    if cfg.scheduler is None:
-        return lambda applied: torch.full_like(applied, base, dtype=torch.float32)
-
-    p = cfg.scheduler.params
-    decay = cfg.scheduler.type == "WarmupDecayLR"
+def make_lr_schedule(cfg: ZeroConfig, group_lrs: list[float] | None = None) -> LrSchedule:
+    """applied -> lr per group (float32, shape [groups]); `group_lrs` are the groups' own lrs."""
+    lrs = torch.tensor(group_lrs if group_lrs is not None else [cfg.optimizer.params.lr], dtype=torch.float64)
+    sched = cfg.scheduler
+    if sched is None or sched.type not in DEVICE_SCHEDULES:  # constant (host schedules write lr themselves)
+        return lambda applied: lrs.to(applied.device, torch.float32).expand(len(lrs)).clone()
+    p = sched.params
     warmup = max(2, p.warmup_num_steps)  # DeepSpeed clamps it so log(W) > 0
     inv_log = 1.0 / math.log(warmup)
-    min_lr, delta = p.warmup_min_lr, p.warmup_max_lr - p.warmup_min_lr
-    offset = p.last_batch_iteration
-    first = min_lr if offset == -1 else base  # lr in the optimizer before the first scheduler.step()
-    total = p.total_num_steps or 0
-    decay_len = float(max(1, total - warmup))
     linear = p.warmup_type == "linear"
+    offset = p.last_batch_iteration
+    total = p.total_num_steps or 0
+
+    def gamma_ramp(it: torch.Tensor) -> torch.Tensor:
+        return it / warmup if linear else torch.log(it + 1.0) * inv_log
+
+    if sched.type == "WarmupCosineLR":
+        decay_len = float(max(1, total - warmup))
+
+        def factor(it: torch.Tensor, lr0: torch.Tensor) -> torch.Tensor:
+            ramp = p.warmup_min_ratio + gamma_ramp(it) * (1.0 - p.warmup_min_ratio)
+            progress = ((it - warmup + 1.0) / decay_len).clamp(max=1.0)
+            cosine = (p.cos_min_ratio + (1.0 - p.cos_min_ratio) * (1.0 + torch.cos(math.pi * progress)) / 2).clamp(min=0.0)
+            return lr0 * torch.where(it < warmup, ramp, cosine)
+
+        first = torch.zeros_like(lrs)  # "not started": DeepSpeed writes 0 into every group
+    else:
+        decay = sched.type == "WarmupDecayLR"
+        decay_len = float(max(1, total - warmup))
+        min_lr, delta = p.warmup_min_lr, p.warmup_max_lr - p.warmup_min_lr
+
+        def factor(it: torch.Tensor, lr0: torch.Tensor) -> torch.Tensor:
+            after = ((total - it) / decay_len).clamp(min=0.0) if decay else torch.ones_like(it)
+            return (min_lr + delta * torch.where(it < warmup, gamma_ramp(it), after)).expand_as(lr0)
+
+        first = torch.full_like(lrs, min_lr)
+    if offset != -1:
+        first = lrs.clone()  # a resumed scheduler writes nothing at construction: the groups' own lr
 
     def lr_at(applied: torch.Tensor) -> torch.Tensor:
-        n = applied.to(torch.float64)
+        n = applied.to(torch.float64).reshape(1)
         it = (n + offset).clamp(min=0.0)  # iteration the scheduler is at when update n runs (n >= 1)
-        ramp = it / warmup if linear else torch.log(it + 1.0) * inv_log
-        after = ((total - it) / decay_len).clamp(min=0.0) if decay else torch.ones_like(it)
-        gamma = torch.where(it < warmup, ramp, after)
-        lr = torch.where(n < 0.5, torch.full_like(n, first), min_lr + delta * gamma)
-        return lr.to(torch.float32)
+        lr0 = lrs.to(n.device)
+        return torch.where(n < 0.5, first.to(n.device), factor(it, lr0)).to(torch.float32)
 
     return lr_at

@@ -15,12 +15,13 @@ from ..config_models import AioConfig, ZeroConfig
 from ..lr_schedules import make_lr_schedule
 from ..step_timer import StepBreakdown
 from . import affinity, nvme_states
-from .base import PartitionOptimizer
+from .base import Hyper, PartitionOptimizer
 from .device_adam import DeviceAdamW
 from .host_adam import HostAdamW
+from .param_groups import OptimizerPlan, segment_runs
 from .states import make_states
 
-__all__ = ["PartitionOptimizer", "DeviceAdamW", "HostAdamW", "make_optimizer", "offloads_optimizer"]
+__all__ = ["PartitionOptimizer", "DeviceAdamW", "HostAdamW", "Hyper", "make_optimizer", "offloads_optimizer"]
 
 
 def offloads_optimizer(cfg: ZeroConfig) -> bool:
@@ -28,14 +29,16 @@ def offloads_optimizer(cfg: ZeroConfig) -> bool:
     return off is not None and off.device in ("cpu", "nvme")
 
 
-def make_optimizer(cfg: ZeroConfig, layout, device: torch.device, rank: int, breakdown: StepBreakdown) -> PartitionOptimizer:
-    """The optimizer for this rank's partition of `layout`, its states placed as the config says."""
+def make_optimizer(cfg: ZeroConfig, layout, device: torch.device, rank: int, breakdown: StepBreakdown,
+                   plan: OptimizerPlan, slot_groups: list[int]) -> PartitionOptimizer:
+    """The optimizer for this rank's partition of `layout`, its states placed as the config says, with the
+    hyper-parameters of each group of `plan` (`slot_groups[i]`: the group of layout slot i)."""
     zero = cfg.zero_optimization
     states = make_states(layout.partition_numel, device, zero.offload_optimizer, cfg.aio or zero.aio or AioConfig(), rank)
-    opt = cfg.optimizer
-    hyper = dict(betas=tuple(opt.params.betas), eps=opt.params.eps, weight_decay=opt.params.weight_decay,
-                 decoupled=opt.decoupled, clip=float(cfg.gradient_clipping or 0.0), lr_at=make_lr_schedule(cfg),
-                 shard_stats=cfg.stage > 0, comm_device=device)
+    groups = [Hyper(g.betas[0], g.betas[1], g.eps, g.weight_decay) for g in plan.groups]
+    kw = dict(groups=groups, runs=segment_runs(layout, rank, slot_groups), decoupled=plan.decoupled,
+              clip=float(cfg.gradient_clipping or 0.0), lr_at=make_lr_schedule(cfg, [g.lr for g in plan.groups]),
+              shard_stats=cfg.stage > 0, comm_device=device)
     if offloads_optimizer(cfg):
-        return HostAdamW(states, comm_dtype=cfg.comm_dtype, breakdown=breakdown, **hyper)
-    return DeviceAdamW(states, segments=[(g.partition_offset, g.shard_numel) for g in layout.groups], **hyper)
+        return HostAdamW(states, comm_dtype=cfg.comm_dtype, breakdown=breakdown, **kw)
+    return DeviceAdamW(states, **kw)

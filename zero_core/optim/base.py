@@ -18,36 +18,50 @@ NVMe, torch's fused CPU Adam in chunks).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from .. import comm
+from .param_groups import Run
 
 Publish = Callable[[int, int], None]
 Output = torch.Tensor | list[torch.Tensor] | None
 
 
+@dataclass
+class Hyper:
+    """One optimizer group's hyper-parameters besides the lr (which lives on the device, per group)."""
+
+    beta1: float
+    beta2: float
+    eps: float
+    weight_decay: float
+
+
 class PartitionOptimizer(ABC):
-    """AdamW over this rank's contiguous fp32 partition (master, exp_avg, exp_avg_sq in `states`)."""
+    """AdamW over this rank's contiguous fp32 partition (master, exp_avg, exp_avg_sq in `states`), with one
+    set of hyper-parameters per optimizer group: `runs[i]` cuts segment i into (lo, hi, group) runs."""
 
     on_host: bool = False  # states and update on the host (the engine then uploads the 16-bit output)
 
-    def __init__(self, states, *, betas: tuple[float, float], eps: float, weight_decay: float, decoupled: bool,
-                 clip: float, lr_at: Callable[[torch.Tensor], torch.Tensor], shard_stats: bool,
-                 comm_device: torch.device) -> None:
+    def __init__(self, states, *, groups: list[Hyper], decoupled: bool, clip: float,
+                 lr_at: Callable[[torch.Tensor], torch.Tensor], shard_stats: bool, comm_device: torch.device,
+                 runs: list[list[Run]] | None = None) -> None:
         self.states = states
         self.comm_device = comm_device
-        self.beta1, self.beta2 = betas
-        self.eps, self.weight_decay, self.decoupled, self.clip = eps, weight_decay, decoupled, clip
-        self.lr_at = lr_at
+        self.groups = groups
+        self.runs = runs if runs is not None else [[(0, states.numel, 0)]]
+        self.decoupled, self.clip = decoupled, clip
+        self.lr_at = lr_at  # None: a host schedule writes `lr` before each step
         self.shard_stats = shard_stats  # False when every rank holds the whole gradient (stage 0)
         dev = states.device
         self.sumsq = torch.zeros(1, dtype=torch.float32, device=dev)
         self.nonfinite = torch.zeros(1, dtype=torch.int32, device=dev)
         self.applied = torch.zeros(1, dtype=torch.float32, device=dev)  # updates actually applied
         self.skipped = torch.zeros(1, dtype=torch.float32, device=dev)
-        self.lr = lr_at(self.applied)
+        self.lr = lr_at(self.applied)  # one per group
         self.grad_norm = torch.zeros(1, dtype=torch.float32, device=dev)
         self.overflow = torch.zeros(1, dtype=torch.int32, device=dev)
         self.scale: torch.Tensor | None = None  # this pass's multiplier of reduced sums (1 / (world * loss scale))
@@ -87,7 +101,8 @@ class PartitionOptimizer(ABC):
             coef = (self.clip / (self.grad_norm + 1e-6)).clamp(max=1.0)
         else:
             coef = torch.ones_like(self.grad_norm)
-        self.lr = self.lr_at(self.applied)
+        if self.lr_at is not None:
+            self.lr = self.lr_at(self.applied)
         ok = 1.0 - self.overflow.float()
         self.applied += ok
         self.skipped += 1.0 - ok

@@ -12,7 +12,7 @@ clip coefficient, learning rate, step count and skip flag from device memory: no
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable
 
 import torch
 
@@ -23,11 +23,11 @@ from .base import Output, PartitionOptimizer, Publish
 class DeviceAdamW(PartitionOptimizer):
     """AdamW whose fp32 states are tensors on the device (`states`: optim/states.py's TensorStates)."""
 
-    def __init__(self, states, *, segments: Sequence[tuple[int, int]] | None = None, **kw) -> None:
+    def __init__(self, states, **kw) -> None:
         super().__init__(states, **kw)
         self.master, self.exp_avg, self.exp_avg_sq = states.master, states.exp_avg, states.exp_avg_sq
         # (partition offset, numel) of each bucket's shard: the unit of gradient allocation and update
-        self.segments = list(segments) if segments else [(0, states.numel)]
+        self.segments = [(runs[0][0], runs[-1][1] - runs[0][0]) for runs in self.runs]
         self._segment_numel = dict(self.segments)
         self._parts: dict[int, torch.Tensor] = {}  # partition offset -> that bucket's fp32 gradient
         self.segment_order: list[int] | None = None  # the order segments are updated in (elementwise: any order)
@@ -53,18 +53,19 @@ class DeviceAdamW(PartitionOptimizer):
                 after_segment: Callable[[int], None] | None) -> None:
         current = torch.cuda.current_stream(self.sumsq.device) if self.sumsq.is_cuda else None
         for i in self.segment_order or range(len(self.segments)):
-            lo, n = self.segments[i]
-            grad = self.gradient(lo, n)
+            start, n = self.segments[i]
+            grad = self.gradient(start, n)
             if current is not None:
                 grad.record_stream(current)  # allocated on the reduce stream, last read here
-            hi = lo + n
-            adamw_step(
-                self.master[lo:hi], grad, self.exp_avg[lo:hi], self.exp_avg_sq[lo:hi],
-                None if out is None else out[i] if isinstance(out, list) else out[lo:hi],
-                lr=self.lr, step=self.applied, coef=coef, skip=self.overflow,
-                beta1=self.beta1, beta2=self.beta2, eps=self.eps,
-                weight_decay=self.weight_decay, decoupled=self.decoupled,
-            )
+            seg_out = None if out is None else out[i] if isinstance(out, list) else out[start : start + n]
+            for lo, hi, g in self.runs[i]:  # one run per optimizer group in this segment
+                h = self.groups[g]
+                adamw_step(
+                    self.master[lo:hi], grad[lo - start : hi - start], self.exp_avg[lo:hi], self.exp_avg_sq[lo:hi],
+                    None if seg_out is None else seg_out[lo - start : hi - start],
+                    lr=self.lr[g : g + 1], step=self.applied, coef=coef, skip=self.overflow,
+                    beta1=h.beta1, beta2=h.beta2, eps=h.eps, weight_decay=h.weight_decay, decoupled=self.decoupled,
+                )
             if after_segment is not None:
                 after_segment(i)
         self._parts = {}  # freed once the update kernels have read them (stream-ordered)

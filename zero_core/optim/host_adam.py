@@ -26,6 +26,7 @@ from ..kernels import cpu as host_kernels
 from ..step_timer import StepBreakdown
 from .base import Output, PartitionOptimizer, Publish
 from .host_folder import HostFolder
+from .param_groups import merged_runs
 from .nvme_states import ALIGN, chunk_numel_from_env
 
 # 4 Mi elements (16 MiB per fp32 state): with 8-16 threads per rank each thread's slice is 256-512 Ki
@@ -63,6 +64,7 @@ class HostAdamW(PartitionOptimizer):
         # lazy passes' sum of squares and non-finite count, where the shards are reduced
         self._lazy_stats = torch.zeros(2, dtype=torch.float32, device=self.comm_device)
         self._folder = HostFolder()  # folds shards on its own thread while backward goes on
+        self._flat_runs = merged_runs(self.runs)
 
     # -- gradients ---------------------------------------------------------------------------------
     def begin_pass(self, scale: torch.Tensor, accumulate: bool, final: bool) -> None:
@@ -138,22 +140,29 @@ class HostAdamW(PartitionOptimizer):
         assert out is None or isinstance(out, torch.Tensor), "the host update writes one flat 16-bit partition"
         c = float(coef[0])
         fused = torch._fused_adamw_ if self.decoupled else torch._fused_adam_
-        hyper = dict(lr=float(self.lr[0]), beta1=self.beta1, beta2=self.beta2, weight_decay=self.weight_decay,
-                     eps=self.eps, amsgrad=False, maximize=False,
-                     grad_scale=None if c == 1.0 else torch.tensor(1.0 / c), found_inf=None)  # grad_scale divides
+        scale = None if c == 1.0 else torch.tensor(1.0 / c)  # fused Adam's grad_scale divides
+        hyper = [dict(lr=float(self.lr[g]), beta1=h.beta1, beta2=h.beta2, weight_decay=h.weight_decay, eps=h.eps,
+                      amsgrad=False, maximize=False, grad_scale=scale, found_inf=None) for g, h in enumerate(self.groups)]
         waited = getattr(self.states, "wait_seconds", 0.0)
         with self.breakdown.host("cpu_adam"):
             for lo, hi, v in self.states.stream():
                 for a in range(lo, hi, self.chunk):
                     b = min(hi, a + self.chunk)
+                    for ra, rb, g in self._runs_between(a, b):  # one call per optimizer group in the chunk
+                        sl = slice(ra - lo, rb - lo)
+                        fused([v["master"][sl]], [self._grad(ra, rb)], [v["exp_avg"][sl]], [v["exp_avg_sq"][sl]],
+                              [], [self.applied], **hyper[g])
                     p = v["master"][a - lo : b - lo]
-                    fused([p], [self._grad(a, b)], [v["exp_avg"][a - lo : b - lo]], [v["exp_avg_sq"][a - lo : b - lo]],
-                          [], [self.applied], **hyper)
                     if out is not None:
                         out[a:b].copy_(p)  # the 16-bit copy while p is in cache
                     if publish is not None:
                         publish(a, b)
         self.breakdown.add("nvme_wait", getattr(self.states, "wait_seconds", 0.0) - waited)
+
+    def _runs_between(self, a: int, b: int) -> list[tuple[int, int, int]]:
+        """The pieces of [a, b) by optimizer group (run boundaries are multiples of the layout's alignment, so
+        splitting a chunk there keeps the fused kernel's results bitwise the same)."""
+        return [(max(a, lo), min(b, hi), g) for lo, hi, g in self._flat_runs if lo < b and hi > a]
 
     def close(self) -> None:
         self._folder.close()

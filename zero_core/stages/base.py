@@ -125,6 +125,40 @@ class Stage:
             self.uploader(0, self.layout.partition_numel)
         self.finish_update()
 
+    # -- the caller's own reads and writes of whole parameters (zero_core.deepspeed.zero.GatheredParameters) ------
+    def groups_of(self, params: list[torch.Tensor]) -> list[int]:
+        slot = {id(p): i for i, p in enumerate(self.params)}
+        return sorted({self.layout.slots[slot[id(p)]].group for p in params if id(p) in slot})
+
+    def hold(self, groups: list[int]) -> None:
+        """Make `groups`' full weights current and keep them so (stages 1-2: they already are, once gathered)."""
+        self.wait_for_weights()
+
+    def let_go(self, groups: list[int]) -> None:
+        """The caller is done with `groups`' full weights."""
+
+    def take_modified(self, groups: list[int], src: int, states: Any) -> None:
+        """Rank `src` changed `groups`' full weights: every rank takes them, and they become the fp32 masters
+        (and this rank's 16-bit output, for host updates)."""
+        for g in groups:
+            comm.broadcast_(self.full[g], src=src, what=f"broadcast of modified weights (group {g})")
+        ranges = {g: self.layout.shard_range(g, self.rank if self.layout.world_size > 1 else 0) for g in groups}
+        for lo, hi, v in states.stream(("master",), write_back=True):
+            for g, (a, b) in ranges.items():
+                group = self.layout.groups[g]
+                start, end = max(lo, group.partition_offset), min(hi, group.partition_offset + group.shard_numel)
+                if start < end:
+                    full = self.full[g][a - group.partition_offset + start : a - group.partition_offset + end]
+                    v["master"][start - lo : end - lo].copy_(full)
+                    self._after_master_write(start, end, full)
+
+    def _after_master_write(self, lo: int, hi: int, values: torch.Tensor) -> None:
+        """Partition elements [lo, hi) of the masters were rewritten from `values` (16-bit): keep copies in step."""
+        if isinstance(self.output, torch.Tensor) and self.output.data_ptr() != self.flat.data_ptr():
+            self.output[lo:hi].copy_(values)
+        if self.local is not None and self.local is not self.output:
+            self.local[lo:hi].copy_(values)
+
     def shard_view(self, g: Any) -> torch.Tensor:
         """This rank's shard of group `g` inside its full working buffer."""
         lo, hi = self.layout.shard_range(g.index, self.rank)

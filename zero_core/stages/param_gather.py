@@ -203,6 +203,17 @@ class ParamGatherer:
         for g in range(len(self.full)):
             self._ensure(g)
 
+    def hold(self, groups: list[int]) -> None:
+        """Gather `groups` (current weights) and keep them until `let_go` (GatheredParameters)."""
+        for g in groups:
+            self._ensure(g)
+            self.refs[g] += 1
+
+    def let_go(self, groups: list[int]) -> None:
+        for g in groups:
+            self.refs[g] -= 1
+            self._release(g)
+
     def remove(self) -> None:
         for h in self._handles:
             h.remove()

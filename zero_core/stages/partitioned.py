@@ -70,6 +70,30 @@ class PartitionedStage(Stage):
             return comm.host_buffer(self.layout.partition_numel, self.dtype, pin=True)
         return torch.empty(self.layout.partition_numel, dtype=self.dtype, device=state_device)
 
+    def hold(self, groups: list[int]) -> None:
+        assert self.gatherer is not None
+        self.gatherer.hold(groups)
+
+    def let_go(self, groups: list[int]) -> None:
+        assert self.gatherer is not None
+        self.gatherer.let_go(groups)
+
+    def guard_state_dict(self, world_size: int) -> None:
+        """module.state_dict() returns current weights or refuses: each rank holds only its shards."""
+        def before_state_dict(module: torch.nn.Module, prefix: str, keep_vars: bool) -> None:
+            assert self.gatherer is not None
+            held = all(r > 0 for r in self.gatherer.refs)
+            if keep_vars or held:  # parameter objects, not values (the engine's own bookkeeping), or gathered
+                return
+            if world_size > 1:
+                raise RuntimeError(f"module.state_dict() at ZeRO stage 3 on {world_size} ranks: each rank holds "
+                                   "1/N of the weights. Call engine.full_state_dict() or engine.save_16bit_model(dir) "
+                                   "on every rank, or read them inside zero_core.deepspeed.zero.GatheredParameters("
+                                   "model.parameters())")
+            self.gatherer.gather_all()  # one rank: gathering needs no peer
+
+        self.model.register_state_dict_pre_hook(before_state_dict)
+
     def on_group_reduced(self, g: int) -> None:
         assert self.gatherer is not None
         self.gatherer.on_group_reduced(g)

@@ -1,0 +1,88 @@
+"""`import zero_core.deepspeed as deepspeed`: the part of DeepSpeed's API that training scripts, Hugging Face
+Trainer and Lightning call, on zero_core's engine, so an existing DeepSpeed script runs by changing its import.
+
+    engine, optimizer, dataloader, lr_scheduler = deepspeed.initialize(model=model, model_parameters=groups,
+                                                                       config="ds_config.json")
+    loss = engine(batch); engine.backward(loss); engine.step()
+    engine.save_checkpoint(dir, tag, client_state); path, client_state = engine.load_checkpoint(dir, tag)
+
+`deepspeed.zero.Init()`, `deepspeed.zero.GatheredParameters(...)`, `deepspeed.checkpointing.checkpoint(...)`,
+`deepspeed.init_distributed()` and `deepspeed.add_config_arguments(parser)` are here too. What DeepSpeed has
+and zero_core does not (pipeline and model parallelism, MoE, its own ops) is refused in one line naming the call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+import torch
+import torch.distributed as comm
+
+from .. import comm as zero_comm
+from ..engine import Engine
+from . import checkpointing, zero
+
+__all__ = ["initialize", "init_distributed", "add_config_arguments", "zero", "checkpointing", "comm", "DeepSpeedEngine"]
+DeepSpeedEngine = Engine
+
+
+def _config_from(args: Any, config: Any, config_params: Any) -> Any:
+    if config is not None and config_params is not None:
+        raise ValueError("initialize got both config and config_params; pass one")
+    config = config if config is not None else config_params
+    from_args = getattr(args, "deepspeed_config", None) if args is not None else None
+    if config is not None and from_args is not None:
+        raise ValueError("initialize got a config and args.deepspeed_config; pass one")
+    config = config if config is not None else from_args
+    if config is None:
+        raise ValueError("initialize needs a config: config=dict or path, or args with --deepspeed_config")
+    return config
+
+
+def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer: Any = None,
+               model_parameters: Any = None, training_data: Any = None, lr_scheduler: Any = None,
+               distributed_port: int | None = None, mpu: Any = None, dist_init_required: bool | None = None,
+               collate_fn: Any = None, config: Any = None, mesh_param: Any = None, config_params: Any = None
+               ) -> tuple[Engine, Any, Any, Any]:
+    """(engine, optimizer, training dataloader or None, lr scheduler or None), as deepspeed.initialize returns."""
+    if model is None:
+        raise ValueError("initialize needs model=; pass the torch.nn.Module to train")
+    if mpu is not None or mesh_param is not None:
+        raise NotImplementedError("deepspeed.initialize(mpu=/mesh_param=) (model parallelism) is not supported by "
+                                  "zero_core; it trains data-parallel with ZeRO sharding only")
+    engine = Engine(model, _config_from(args, config, config_params), model_parameters=model_parameters,
+                    optimizer=optimizer, lr_scheduler=lr_scheduler)
+    loader = None
+    if training_data is not None:
+        sampler = torch.utils.data.DistributedSampler(training_data, num_replicas=engine.world_size, rank=engine.rank)
+        loader = torch.utils.data.DataLoader(training_data, batch_size=engine.train_micro_batch_size_per_gpu(),
+                                             sampler=sampler, collate_fn=collate_fn)
+    return engine, engine.client_optimizer, loader, engine.lr_scheduler
+
+
+def init_distributed(dist_backend: str | None = None, auto_mpi_discovery: bool = True, distributed_port: int = 29500,
+                     verbose: bool = True, timeout: Any = None, init_method: str | None = None,
+                     dist_init_required: bool | None = None, config: Any = None, rank: int = -1,
+                     world_size: int = -1) -> None:
+    """Create the default process group from the launcher's environment (a world of one without a launcher)."""
+    if comm.is_initialized():
+        return
+    if "WORLD_SIZE" not in os.environ and world_size in (-1, 1):
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(distributed_port))
+    device = zero_comm.pick_device()
+    backend = dist_backend or ("nccl" if device.type == "cuda" else "gloo")
+    kwargs: dict[str, Any] = {"timeout": timeout} if timeout is not None else {}
+    if rank >= 0 and world_size > 0:
+        kwargs.update(rank=rank, world_size=world_size)
+    comm.init_process_group(backend, init_method=init_method, **kwargs)
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """DeepSpeed's command-line arguments: --deepspeed and --deepspeed_config."""
+    group = parser.add_argument_group("DeepSpeed", "DeepSpeed configurations")
+    group.add_argument("--deepspeed", default=False, action="store_true", help="Enable DeepSpeed (zero_core)")
+    group.add_argument("--deepspeed_config", default=None, type=str, help="DeepSpeed json configuration file.")
+    return parser

@@ -1,0 +1,94 @@
+"""The DeepSpeed engine calls that training scripts, Hugging Face Trainer and Lightning make, on zero_core's Engine.
+
+Each reads what the engine already holds; those that read the device say so (a host sync). Calls that
+DeepSpeed has and zero_core does not are refused by name (`zero_core.deepspeed`'s page lists them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+
+class DeepSpeedEngineAPI:
+    """Mixed into `zero_core.Engine`."""
+
+    def train_batch_size(self) -> int:
+        return int(self.config.train_batch_size)
+
+    def train_micro_batch_size_per_gpu(self) -> int:
+        return int(self.config.train_micro_batch_size_per_gpu)
+
+    def gradient_accumulation_steps(self) -> int:
+        return int(self.config.gradient_accumulation_steps)
+
+    def zero_optimization_stage(self) -> int:
+        return self.stage
+
+    def zero_optimization(self) -> bool:
+        return self.stage > 0
+
+    @property
+    def global_steps(self) -> int:
+        """Optimizer steps taken (skipped fp16 steps included, as DeepSpeed counts them)."""
+        return self.global_step
+
+    @property
+    def global_samples(self) -> int:
+        return self.global_step * self.train_batch_size()
+
+    def get_lr(self) -> list[float]:
+        """The lr of every group for the next update, as DeepSpeed reports it once its scheduler has stepped
+        (a host sync)."""
+        if self.host_schedule is not None:
+            return [float(x) for x in self.host_schedule.values(self.applied_steps())[0]]
+        return [float(x) for x in self.optimizer.lr_at(self.optimizer.applied).tolist()]
+
+    def get_global_grad_norm(self) -> float:
+        """The global gradient norm of the last step, before clipping (a host sync)."""
+        return float(self.optimizer.grad_norm.item())
+
+    def was_step_applied(self) -> bool:
+        """Whether the last optimizer step changed the weights (not skipped for non-finite gradients; a host sync)."""
+        return int(self.optimizer.overflow.item()) == 0
+
+    def zero_grad(self) -> None:
+        """Nothing to do: gradients are released as they are reduced."""
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Gradient accumulation needs no context: the engine reduces at the right micro-step by itself."""
+        yield
+
+    def get_data_types(self) -> tuple[torch.dtype, torch.dtype]:
+        return self.dtype, self.config.comm_dtype
+
+    def save_16bit_model(self, save_dir: str | os.PathLike, save_filename: str = "model.safetensors",
+                         exclude_frozen_parameters: bool = False) -> bool:
+        """Collective: the current weights in the working precision as safetensors in `save_dir`, at every stage
+        (gathered from the fp32 masters), plus `config.json` when the module has a Hugging Face config.
+        Tied weights are stored once, under their first name, as `save_pretrained` does."""
+        from .model_export import save_model_weights
+
+        save_model_weights(self, Path(save_dir), save_filename, exclude_frozen_parameters)
+        return True
+
+    save_fp16_model = save_16bit_model
+
+    def module_state_dict(self) -> dict[str, torch.Tensor]:
+        """The current weights, full, on every rank (collective): `full_state_dict` cast to their training dtypes."""
+        dtypes = {n: t.dtype for n, t in self.module.state_dict(keep_vars=True).items()}
+        return {n: t.to(dtypes[n]) for n, t in self.full_state_dict().items()}
+
+    def _refuse(self, call: str, instead: str) -> None:
+        raise NotImplementedError(f"engine.{call} is not supported by zero_core; {instead}")
+
+    def set_train_batch_size(self, *_: Any) -> None:
+        self._refuse("set_train_batch_size()", "set the batch sizes in the config")
+
+    def train_batch(self, *_: Any, **__: Any) -> None:
+        self._refuse("train_batch() (pipeline parallelism)", "call forward, backward and step")

@@ -1,0 +1,172 @@
+"""Schedules evaluated on the host, once per update, as DeepSpeed evaluates them: OneCycle (which also
+cycles beta1), the caller's torch LRScheduler, or a `lambda step: lr`.
+
+Each gives the lr of every group (and, for momentum cycling, beta1) for the update that follows
+`applied` applied updates. The engine copies the lrs to the device without waiting for it. Only
+whether the last step was applied needs the device: under dynamic loss scaling (fp16), where steps
+are skipped as a matter of course, the engine reads the applied count (one host sync per step);
+otherwise every step counts as applied, as only a NaN/inf would skip one.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any, Callable
+
+import torch
+
+from .config_models import SchedulerParams
+
+
+class HostSchedule:
+    """Base: `values(applied)` -> (lr per group, beta1 per group or None)."""
+
+    def values(self, applied: int) -> tuple[list[float], list[float] | None]:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+class OneCycle(HostSchedule):
+    """DeepSpeed's OneCycle: a triangular lr cycle between cycle_min_lr and cycle_max_lr (and beta1 the other
+    way between cycle_max_mom and cycle_min_mom), then decay."""
+
+    def __init__(self, p: SchedulerParams, group_lrs: list[float], group_beta1: list[float]) -> None:
+        self.p, self.groups = p, len(group_lrs)
+        self.own_lrs, self.own_beta1 = list(group_lrs), list(group_beta1)
+        first = float(p.cycle_first_step_size)
+        second = float(p.cycle_second_step_size) if p.cycle_second_step_size is not None else first
+        self.first, self.second, self.total = first, second, first + second
+        self.ratio = first / self.total
+        self.second_stairs = p.cycle_first_stair_count if p.cycle_second_stair_count is None else p.cycle_second_stair_count
+        self.skip_decay = math.isclose(p.decay_step_size, 0)
+
+    def _scale(self, it: int) -> float:
+        batch = it + 1
+        cycle = math.floor(1 + batch / self.total)
+        x = 1.0 + batch / self.total - cycle
+        if x <= self.ratio:
+            scale, stairs = x / self.ratio, self.p.cycle_first_stair_count
+        else:
+            scale, stairs = (x - 1) / (self.ratio - 1), self.second_stairs
+        if stairs > 0:
+            pos = batch % self.total
+            step = pos * stairs / self.first if pos <= self.first else (self.total - pos) * stairs / self.second
+            scale = math.floor(step) / stairs
+        return scale
+
+    def values(self, applied: int) -> tuple[list[float], list[float] | None]:
+        p = self.p
+        it = p.last_batch_iteration + applied  # the scheduler's last_batch_iteration for this update
+        if applied == 0:  # what the scheduler wrote at construction (nothing when resuming)
+            fresh = p.last_batch_iteration == -1
+            lrs = [p.cycle_min_lr] * self.groups if fresh else self.own_lrs
+            return lrs, ([p.cycle_min_mom] * self.groups if fresh and p.cycle_momentum else None)
+        if it < self.total:
+            s = self._scale(it)
+            lr = p.cycle_min_lr + (p.cycle_max_lr - p.cycle_min_lr) * s
+            mom = p.cycle_max_mom - (p.cycle_max_mom - p.cycle_min_mom) * s
+        else:
+            interval = (it - self.total + 1) / p.decay_step_size if not self.skip_decay else 0.0
+            lr = p.cycle_min_lr if self.skip_decay or math.isclose(p.decay_lr_rate, 0) else (
+                p.cycle_min_lr / (1 + p.decay_lr_rate * interval))
+            mom = p.cycle_max_mom if self.skip_decay or math.isclose(p.decay_mom_rate, 0) else (
+                p.cycle_max_mom * (1 + p.decay_mom_rate * interval))
+        return [lr] * self.groups, ([mom] * self.groups if p.cycle_momentum else None)
+
+
+class TorchScheduler(HostSchedule):
+    """The caller's torch LRScheduler, stepped once per applied update; its optimizer's groups are read."""
+
+    def __init__(self, scheduler: Any) -> None:
+        self.scheduler, self.stepped = scheduler, 0
+
+    def values(self, applied: int) -> tuple[list[float], list[float] | None]:
+        with warnings.catch_warnings():  # "lr_scheduler.step() before optimizer.step()": the engine steps it
+            warnings.simplefilter("ignore")
+            while self.stepped < applied:
+                self.scheduler.step()
+                self.stepped += 1
+        groups = self.scheduler.optimizer.param_groups
+        betas = [g["betas"][0] for g in groups] if all("betas" in g for g in groups) else None
+        return [float(g["lr"]) for g in groups], betas
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"scheduler": self.scheduler.state_dict(), "stepped": self.stepped}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A checkpoint's plain-data state, checked against this scheduler's own keys before it is applied."""
+        own = self.scheduler.state_dict()
+        saved = state.get("scheduler") if isinstance(state, dict) else None
+        stepped = state.get("stepped") if isinstance(state, dict) else None
+        if (not isinstance(saved, dict) or set(saved) - set(own) or not _plain(saved)
+                or isinstance(stepped, bool) or not isinstance(stepped, int) or stepped < 0):
+            raise ValueError(f"the saved lr scheduler state does not fit this {type(self.scheduler).__name__}")
+        self.scheduler.load_state_dict(saved)
+        self.stepped = stepped
+
+
+def _plain(value: Any, depth: int = 0) -> bool:
+    """JSON-like data only (what a checkpoint may hand to a scheduler's load_state_dict)."""
+    if depth > 8:
+        return False
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, list):
+        return all(_plain(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v, depth + 1) for k, v in value.items())
+    return False
+
+
+class StepFunction(HostSchedule):
+    """`fn(step) -> lr` for every group, `step` counting the updates applied before this one."""
+
+    def __init__(self, fn: Callable[[int], float], groups: int) -> None:
+        self.fn, self.groups = fn, groups
+
+    def values(self, applied: int) -> tuple[list[float], list[float] | None]:
+        lr = self.fn(applied)
+        if isinstance(lr, torch.Tensor):
+            lr = float(lr)
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr < 0:
+            raise ValueError(f"lr_scheduler({applied}) returned {lr!r}; it must return a finite lr >= 0")
+        return [float(lr)] * self.groups, None
+
+
+def make_schedules(cfg: Any, plan: Any, lr_scheduler: Any, optimizer: torch.optim.Optimizer,
+                   engine: Any) -> tuple[HostSchedule | None, Any]:
+    """(the host schedule the engine evaluates, if any; the scheduler object handed back to the caller)."""
+    from .config_errors import ConfigError
+    from .optim.facade import EngineScheduler
+
+    if lr_scheduler is not None and cfg.scheduler is not None:
+        raise ConfigError("an lr_scheduler was passed to initialize and the config has a 'scheduler' section too; "
+                          "remove one of them")
+    if lr_scheduler is None:
+        if cfg.scheduler is None:
+            return None, None
+        if cfg.scheduler.type == "OneCycle":
+            return OneCycle(cfg.scheduler.params, [g.lr for g in plan.groups], [g.betas[0] for g in plan.groups]), \
+                EngineScheduler(engine)
+        return None, EngineScheduler(engine)
+    made = lr_scheduler
+    if not isinstance(made, torch.optim.lr_scheduler.LRScheduler) and callable(made):
+        try:  # DeepSpeed's form: a callable that builds a scheduler on the optimizer
+            made = lr_scheduler(optimizer)
+        except Exception:
+            made = None
+        if not isinstance(made, torch.optim.lr_scheduler.LRScheduler):
+            return StepFunction(lr_scheduler, len(plan.groups)), None
+    if not isinstance(made, torch.optim.lr_scheduler.LRScheduler):
+        raise ConfigError(f"lr_scheduler must be a torch LRScheduler, a callable building one from the optimizer, or "
+                          f"`lambda step: lr`; got {type(lr_scheduler).__name__}")
+    if made.optimizer is not optimizer:
+        raise ConfigError("lr_scheduler is bound to another optimizer than the one passed to initialize; build it on "
+                          "that optimizer (or pass `lambda opt: Scheduler(opt, ...)`)")
+    return TorchScheduler(made), made
