@@ -1,33 +1,21 @@
-"""The strict DeepSpeed-style config: one-line errors, "auto", batch arithmetic, seed configs, fuzzing."""
+"""The strict DeepSpeed-style config: one-line errors, defaults, aliases, fuzzing."""
 
 from __future__ import annotations
 
 import copy
 import json
 import math
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from config_helpers import MB, SEEDS, TRAINER, error
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from zero_core.config import ConfigError, ZeroConfig, describe, load_config, resolve_batch
+from zero_core.config import ConfigError, ZeroConfig, describe, load_config
 from zero_core.config_errors import _section_model
-
-SEEDS = Path(__file__).parent / "data" / "seed_configs"
-MB = {"train_micro_batch_size_per_gpu": 4}
-
-
-def error(config: Any, world_size: int = 2, **kw: Any) -> str:
-    """The ConfigError message for `config`; it must be exactly one line."""
-    with pytest.raises(ConfigError) as info:
-        load_config(config, world_size, **kw)
-    msg = str(info.value)
-    assert "\n" not in msg and msg.strip() == msg and msg
-    return msg
 
 
 # -- unknown keys ---------------------------------------------------------------------------------
@@ -175,87 +163,6 @@ def test_both_gather_spellings_disagree():
     assert "stage3_gather_16bit_weights_on_model_save" in msg
 
 
-# -- batch sizes ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("given, ws, want", [
-    ((32, 4, 2), 4, (32, 4, 2)),
-    ((32, 4, None), 4, (32, 4, 2)),
-    ((32, None, 2), 4, (32, 4, 2)),
-    ((None, 4, 2), 4, (32, 4, 2)),
-    ((32, None, None), 4, (32, 8, 1)),
-    ((None, 4, None), 4, (16, 4, 1)),
-    (("auto", 4, "auto"), 2, (8, 4, 1)),
-])
-def test_batch_resolution(given, ws, want):
-    keys = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
-    cfg = load_config({k: v for k, v in zip(keys, given) if v is not None}, ws)
-    got = tuple(getattr(cfg, k) for k in keys)
-    assert got == want and all(type(v) is int for v in got)
-
-
-def test_batch_mismatch_shows_the_arithmetic():
-    msg = error({"train_batch_size": 12, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}, 2)
-    assert "train_batch_size (12)" in msg and "4 * 2 * 2 = 16" in msg
-
-
-@pytest.mark.parametrize("config, needle", [
-    ({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 4}, "4 * 2 = 8"),
-    ({"train_batch_size": 10, "gradient_accumulation_steps": 3}, "3 * 2 = 6"),
-    ({"train_batch_size": 9}, "world_size = 1 * 2 = 2"),
-])
-def test_batch_not_divisible(config, needle):
-    msg = error(config, 2)
-    assert needle in msg and "cannot be derived" in msg
-
-
-def test_missing_batch_size():
-    assert "no batch size" in error({}) and "train_micro_batch_size_per_gpu" in error({})
-    assert "no batch size" in error({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto"})
-    assert "gradient_accumulation_steps alone" in error({"gradient_accumulation_steps": 4})
-
-
-def test_resolve_batch_directly():
-    assert resolve_batch(None, 2, 3, world_size=5) == (30, 2, 3)
-
-
-# -- files and inputs -----------------------------------------------------------------------------
-def test_path_inputs(tmp_path):
-    path = tmp_path / "ds.json"
-    path.write_text(json.dumps({**MB, "zero_optimization": {"stage": 2}}))
-    assert load_config(path, 2).stage == 2 and load_config(str(path), 2).train_batch_size == 8
-
-
-def test_bad_json_file(tmp_path):
-    path = tmp_path / "broken.json"
-    path.write_text('{"train_micro_batch_size_per_gpu": 4,}')
-    msg = error(path)
-    assert str(path) in msg and "not valid JSON" in msg and "line 1" in msg
-
-
-def test_missing_file(tmp_path):
-    path = tmp_path / "nope.json"
-    msg = error(str(path))
-    assert str(path) in msg and "does not exist" in msg
-
-
-def test_duplicate_key_in_file(tmp_path):
-    path = tmp_path / "dup.json"
-    path.write_text('{"train_micro_batch_size_per_gpu": 4, "train_micro_batch_size_per_gpu": 8}')
-    assert "twice" in error(path)
-
-
-def test_non_mapping_configs():
-    assert "config must be" in error([1, 2])
-    assert "config must be" in error(42)
-
-
-def test_user_dict_is_not_mutated():
-    raw = {**MB, "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": "auto"}},
-           "zero_optimization": {"stage": 3, "stage3_gather_fp16_weights_on_model_save": True}, "bfloat16": {"enabled": True}}
-    before = copy.deepcopy(raw)
-    load_config(raw, 2, fill_auto={"scheduler.params.warmup_max_lr": 1.0})
-    assert raw == before
-
-
 # -- defaults, "auto", aliases, properties --------------------------------------------------------
 def test_defaults_follow_deepspeed():
     cfg = load_config(MB, 1)
@@ -274,44 +181,6 @@ def test_overlap_comm_default_depends_on_stage():
     assert load_config({**MB, "zero_optimization": {"stage": 2}}, 1).zero_optimization.overlap_comm is False
     cfg = load_config({**MB, "zero_optimization": {"stage": 3, "overlap_comm": False}}, 1)
     assert cfg.zero_optimization.overlap_comm is False
-
-
-def test_auto_resolutions():
-    cfg = load_config({
-        **MB, "gradient_clipping": "auto", "fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"},
-        "optimizer": {"type": "adamw", "params": {"lr": 2e-5, "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
-        "scheduler": {"type": "warmuplr", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto", "warmup_num_steps": 10}},
-        "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
-                              "stage3_param_persistence_threshold": "auto"},
-    }, 1)
-    assert cfg.gradient_clipping == 1.0 and not cfg.fp16.enabled and not cfg.bf16.enabled
-    assert cfg.optimizer.type == "AdamW" and cfg.scheduler.type == "WarmupLR"
-    p = cfg.optimizer.params
-    assert (p.betas, p.eps, p.weight_decay) == ((0.9, 0.999), 1e-8, 0.0)
-    assert (cfg.scheduler.params.warmup_min_lr, cfg.scheduler.params.warmup_max_lr) == (0.0, 2e-5)
-    z = cfg.zero_optimization
-    assert (z.reduce_bucket_size, z.stage3_prefetch_bucket_size, z.stage3_param_persistence_threshold) == (
-        500_000_000, 50_000_000, 100_000)
-
-
-@pytest.mark.parametrize("config, path", [
-    ({**MB, "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}}, "optimizer.params.lr"),
-    ({**MB, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": "auto"}}}, "scheduler.params.warmup_num_steps"),
-    ({**MB, "scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": "auto"}}}, "scheduler.params.total_num_steps"),
-    ({**MB, "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
-      "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": "auto"}}}, "optimizer.params.lr"),
-])
-def test_unresolvable_auto_asks_for_a_number(config, path):
-    msg = error(config)
-    assert msg.startswith(path) and "'auto'" in msg and "set a number" in msg
-
-
-def test_fill_auto_plays_the_trainer():
-    raw = json.loads((SEEDS / "002_kaggle_longformer_ds_config.json").read_text())
-    raw["optimizer"]["params"]["lr"] = "auto"
-    raw["zero_optimization"]["offload_optimizer"]["device"] = "none"
-    cfg = load_config(raw, 2, fill_auto={"optimizer.params.lr": 5e-5, "fp16.enabled": True, "absent.key": 1})
-    assert cfg.optimizer.params.lr == 5e-5 and cfg.scheduler.params.warmup_max_lr == 5e-5 and cfg.fp16.enabled
 
 
 def test_optimizer_modes():
@@ -347,7 +216,7 @@ def test_config_is_frozen():
 
 
 def test_describe_round_trips():
-    cfg = load_config(json.loads((SEEDS / "000_zero2_config_accelerate.json").read_text()), 2)
+    cfg = load_config(json.loads((SEEDS / "000_zero2_config_accelerate.json").read_text()), 2, auto=TRAINER)
     text = describe(cfg)
     assert text == cfg.describe() and json.loads(text)["zero_optimization"]["reduce_bucket_size"] == 200_000_000
     assert load_config(json.loads(text), 2).model_dump() == cfg.model_dump()
@@ -368,57 +237,10 @@ def test_world_size_is_checked():
         load_config(MB, 0)
 
 
-# -- the seed articles' configs -------------------------------------------------------------------
-def _seed_configs() -> list[tuple[str, dict]]:
-    out = []
-    for path in sorted(SEEDS.glob("*.json")):
-        data = json.loads(path.read_text())
-        if isinstance(data, list):  # documentation snippets: partial configs, given a batch size
-            out += [(f"{path.stem}[{i}]", {"train_micro_batch_size_per_gpu": 1, **s}) for i, s in enumerate(data)]
-        else:
-            out.append((path.stem, data))
-    return out
-
-
-SEED_CONFIGS = _seed_configs()
-
-
-def _offload_devices(raw: dict) -> list[str]:
-    zero = raw.get("zero_optimization", {})
-    return [zero[k]["device"] for k in ("offload_optimizer", "offload_param") if k in zero]
-
-
-@pytest.mark.parametrize("name, raw", SEED_CONFIGS, ids=[n for n, _ in SEED_CONFIGS])
-def test_seed_config_parses(name, raw):
-    raw = copy.deepcopy(raw)
-    if any(d == "nvme" for d in _offload_devices(raw)):
-        assert "is not supported yet" in error(raw)  # every key was accepted; only NVMe offload itself is refused
-        for k in ("offload_optimizer", "offload_param"):
-            if k in raw["zero_optimization"]:
-                raw["zero_optimization"][k]["device"] = "cpu"
-    cfg = load_config(raw, 2)
-    assert all(isinstance(getattr(cfg, k), int) for k in
-               ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"))
-    json.loads(describe(cfg))
-
-
-def test_seed_configs_cover_the_articles():
-    assert len(SEED_CONFIGS) >= 15
-    keys = set()
-    for _, raw in SEED_CONFIGS:
-        keys |= _paths(raw)
-    for must in ("fp16.enabled", "optimizer.params.torch_adam", "zero_optimization.aio.block_size",
-                 "zero_optimization.offload_param.max_in_cpu", "checkpoint.load_universal", "zero_force_ds_cpu_optimizer"):
-        assert must in keys
-
-
-def test_seed_lr_auto_is_an_error():
-    raw = json.loads((SEEDS / "000_zero2_config_accelerate.json").read_text())
-    raw["optimizer"]["params"]["lr"] = "auto"
-    assert error(raw).startswith("optimizer.params.lr cannot be 'auto'")
-
-
 # -- fuzzing --------------------------------------------------------------------------------------
+SEED_CONFIGS = [json.loads(p.read_text()) for p in sorted(SEEDS.glob("*.json"))]
+
+
 def _paths(d: Any, prefix: str = "") -> set[str]:
     out: set[str] = set()
     if isinstance(d, dict):
@@ -448,7 +270,7 @@ values = st.recursive(leaves, lambda kids: st.lists(kids, max_size=3)
 @st.composite
 def mutated_seed(draw: st.DrawFn) -> dict:
     """A seed config with one value somewhere replaced by garbage (or a key added)."""
-    raw = copy.deepcopy(draw(st.sampled_from([r for _, r in SEED_CONFIGS])))
+    raw = copy.deepcopy(draw(st.sampled_from(SEED_CONFIGS)))
     node = raw
     while True:
         key = draw(st.sampled_from(sorted(node) + [draw(st.sampled_from(KEYS))]))
@@ -459,9 +281,9 @@ def mutated_seed(draw: st.DrawFn) -> dict:
         return raw
 
 
-def _check_outcome(config: Any, world_size: int) -> None:
+def _check_outcome(config: Any, world_size: int, auto: dict | None) -> None:
     try:
-        cfg = load_config(config, world_size)
+        cfg = load_config(config, world_size, auto=auto)
     except ConfigError as e:
         assert "\n" not in str(e) and str(e)
         return
@@ -474,12 +296,12 @@ def _check_outcome(config: Any, world_size: int) -> None:
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(config=st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=5), values, max_size=6) | values,
-       world_size=st.integers(1, 8))
-def test_fuzz_random_configs_only_raise_config_error(config, world_size):
-    _check_outcome(config, world_size)
+       world_size=st.integers(1, 8), auto=st.sampled_from([None, TRAINER]))
+def test_fuzz_random_configs_only_raise_config_error(config, world_size, auto):
+    _check_outcome(config, world_size, auto)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(config=mutated_seed(), world_size=st.integers(1, 8))
 def test_fuzz_mutated_seed_configs_only_raise_config_error(config, world_size):
-    _check_outcome(config, world_size)
+    _check_outcome(config, world_size, TRAINER)  # the seeds' "auto" values filled, as a trainer would

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from typing import Any
@@ -55,39 +54,50 @@ def main() -> None:
 
 @main.command()
 @click.option("--gpus", "nproc", default=2, show_default=True, type=click.IntRange(1, MAX_RANKS), help="Local ranks (GPUs, or CPU processes without GPUs).")
-@click.option("--stage", default=2, show_default=True, type=click.IntRange(0, 3), help="ZeRO stage when no --config is given.")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="DeepSpeed-style JSON config (overrides --stage/--micro-batch/--precision).")
+@click.option("--stage", default=2, show_default=True, type=click.IntRange(0, 3), help="ZeRO stage (with --config: only if typed; the config's own stage must agree).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="DeepSpeed-style JSON config; the flags you type fill its \"auto\" values.")
 @click.option("--steps", default=30, show_default=True, type=click.IntRange(1, MAX_STEPS))
 @click.option("--micro-batch", default=4, show_default=True, type=click.IntRange(1, MAX_BATCH))
+@click.option("--grad-accum", default=1, show_default=True, type=click.IntRange(1, MAX_BATCH), help="Gradient accumulation steps.")
 @click.option("--seq-len", default=32, show_default=True, type=click.IntRange(1, MAX_SEQ))
 @click.option("--precision", default="fp32", show_default=True, type=click.Choice(["fp32", "bf16", "fp16"]))
 @click.option("--model", "preset", default="tiny", show_default=True, type=click.Choice(sorted(PRESETS)), help="GPT shape (random init).")
-@click.option("--lr", default=3e-3, show_default=True, type=_FiniteFloat(), help="AdamW learning rate when no --config is given.")
+@click.option("--lr", default=3e-3, show_default=True, type=_FiniteFloat(), help="AdamW learning rate.")
 @click.option("--warmup", default=0, show_default=True, type=click.IntRange(0, MAX_STEPS),
-              help="Untimed steps before the timed ones.")
-def train(nproc: int, stage: int, config_path: str | None, steps: int, micro_batch: int, seq_len: int, precision: str,
-          preset: str, lr: float, warmup: int) -> None:
-    """Train a tiny GPT on synthetic tokens with zero_core (CPU-friendly default)."""
-    from zero_core import ConfigError, load_config
+              help="Untimed steps before the timed ones; with --config also the lr warm-up steps (warmup_num_steps).")
+@click.pass_context
+def train(ctx: click.Context, nproc: int, stage: int, config_path: str | None, steps: int, micro_batch: int,
+          grad_accum: int, seq_len: int, precision: str, preset: str, lr: float, warmup: int) -> None:
+    """Train a tiny GPT on synthetic tokens with zero_core (CPU-friendly default).
 
-    if config_path:
-        try:
-            with open(config_path, encoding="utf-8") as f:
-                ds_config = json.load(f)
-        except OSError as e:
-            raise _fail(f"cannot read --config {config_path}: {e.strerror}; pass an existing DeepSpeed JSON file")
-        except json.JSONDecodeError as e:
-            raise _fail(f"--config {config_path} is not valid JSON (line {e.lineno}: {e.msg}); fix the file")
-    else:
-        ds_config = default_ds_config(stage, micro_batch, precision, lr)
+    With --config, the flags you type fill the config's "auto" values as Hugging Face's Trainer does
+    (the run's length, --gpus and --model always do) and must agree with its explicit values."""
+    from zero_core import ConfigError
+    from zero_core.config import resolve_config
+
+    from .train_config import TrainFlags, config_from_flags
+
+    arch = PRESETS[preset]
     try:
-        # the file itself too, before any process starts: zero_core's reader also refuses duplicate keys
-        load_config(config_path or ds_config, nproc)
+        if config_path:
+            try:
+                open(config_path, "rb").close()
+            except OSError as e:
+                raise _fail(f"cannot read --config {config_path}: {e.strerror}; pass an existing DeepSpeed JSON file")
+            typed = frozenset(name for name in ctx.params
+                              if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE)
+            flags = TrainFlags(nproc, stage, steps, micro_batch, grad_accum, precision, lr, warmup, preset, arch.n_embd,
+                               typed)
+            ds_config, filled = config_from_flags(config_path, flags)
+        else:
+            ds_config, filled = default_ds_config(stage, micro_batch, precision, lr, grad_accum), []
+            resolve_config(ds_config, nproc)
     except ConfigError as e:
         raise _fail(str(e))
-    arch = PRESETS[preset]
     if seq_len > arch.block_size:
         raise _fail(f"--seq-len {seq_len} exceeds the {preset} block size {arch.block_size}; use a smaller --seq-len")
+    for line in filled:
+        click.echo(line)
     from dataclasses import asdict
 
     job = TrainJob(ds_config=ds_config, model=asdict(arch), steps=steps, seq_len=seq_len, warmup=warmup)

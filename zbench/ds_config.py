@@ -6,7 +6,8 @@ and precision from it, so a comparison changes only the engine. Built in two ste
 1. `template(scenario, variant)`: the variant's file (ds_config JSON or Accelerate YAML) or nothing,
    plus the scenario's defaults for what the file leaves out; stage and offload from the variant.
 2. `finalize(template, ...)`: once the batch size and run length are known, every "auto" is filled
-   the way Hugging Face's Trainer fills it (lr, batch sizes, clipping, bucket sizes from the hidden size).
+   the way Hugging Face's Trainer fills it (zero_core/config_auto.py: lr, clipping, precision, bucket
+   sizes from the hidden size, warm-up steps at least 1).
 """
 
 from __future__ import annotations
@@ -15,15 +16,12 @@ import copy
 import os
 from typing import Any
 
-from zero_core import ConfigError
+from zero_core import AutoValues, ConfigError, fill_auto
 from zero_core.config import read_config_file
+from zero_core.config_auto import is_auto
 
 from .accelerate_config import load_accelerate_config
 from .scenario import Scenario, VariantSpec
-
-
-def _is_auto(value: Any) -> bool:
-    return isinstance(value, str) and value.strip().lower() == "auto"
 
 
 def _read_json(path: str) -> dict[str, Any]:
@@ -94,44 +92,20 @@ def _check_precision(ds: dict[str, Any], sc: Scenario, v: VariantSpec) -> None:
 
 def finalize(ds: dict[str, Any], *, sc: Scenario, batch: int, world_size: int, total_steps: int,
              hidden: int) -> dict[str, Any]:
-    """`ds` with the batch size set and every "auto" filled (a copy)."""
+    """`ds` with the batch size set and every "auto" filled (a copy), by zero_core's resolver."""
     out = copy.deepcopy(ds)
     out["train_micro_batch_size_per_gpu"] = batch
     gas = out.get("gradient_accumulation_steps")
-    gas = sc.grad_accum if gas is None or _is_auto(gas) else gas
+    gas = sc.grad_accum if gas is None or is_auto(gas) else gas
     out["gradient_accumulation_steps"] = gas
     if "train_batch_size" in out:
         out["train_batch_size"] = batch * gas * world_size  # follows the batch the runner picked
-    fills = {
-        "gradient_clipping": sc.max_grad_norm,
-        "optimizer.params.lr": sc.lr,
-        "optimizer.params.betas": [0.9, 0.999],
-        "optimizer.params.eps": 1e-8,
-        "optimizer.params.weight_decay": sc.weight_decay,
-        "scheduler.params.warmup_min_lr": 0.0,
-        "scheduler.params.warmup_max_lr": sc.lr,
-        "scheduler.params.warmup_num_steps": sc.warmup_steps,
-        "scheduler.params.total_num_steps": total_steps,
-        "fp16.enabled": sc.precision == "fp16",
-        "bf16.enabled": sc.precision == "bf16",
-        # Hugging Face's Trainer derives these from the model's hidden size
-        "zero_optimization.reduce_bucket_size": hidden * hidden,
-        "zero_optimization.stage3_prefetch_bucket_size": int(0.9 * hidden * hidden),
-        "zero_optimization.stage3_param_persistence_threshold": 10 * hidden,
-    }
-    for dotted_key, value in fills.items():
-        _fill(out, dotted_key.split("."), value)
-    return out
-
-
-def _fill(data: dict[str, Any], path: list[str], value: Any) -> None:
-    """Replace an "auto" at `path` in place; absent keys stay absent."""
-    for key in path[:-1]:
-        data = data.get(key)  # type: ignore[assignment]
-        if not isinstance(data, dict):
-            return
-    if _is_auto(data.get(path[-1])):
-        data[path[-1]] = value
+    # the scenario's values fill "auto" only: an explicit value in the variant's file is its own choice
+    scenario = AutoValues(world_size=world_size, max_grad_norm=sc.max_grad_norm, learning_rate=sc.lr, adam_beta1=0.9,
+                          adam_beta2=0.999, adam_epsilon=1e-8, weight_decay=sc.weight_decay, fp16=sc.precision == "fp16",
+                          bf16=sc.precision == "bf16", hidden_size=hidden, max_steps=total_steps,
+                          warmup_steps=sc.warmup_steps)
+    return fill_auto(out, defaults=scenario)[0]
 
 
 def has_offload(ds: dict[str, Any]) -> bool:

@@ -38,11 +38,11 @@ class TrainJob:
     warmup: int = 0
 
 
-def default_ds_config(stage: int, micro_batch: int, precision: str, lr: float = 3e-3) -> dict:
+def default_ds_config(stage: int, micro_batch: int, precision: str, lr: float = 3e-3, grad_accum: int = 1) -> dict:
     """The DeepSpeed-style config `zbench train` uses when no --config file is given."""
     cfg: dict = {
         "train_micro_batch_size_per_gpu": micro_batch,
-        "gradient_accumulation_steps": 1,
+        "gradient_accumulation_steps": grad_accum,
         "gradient_clipping": 1.0,
         "optimizer": {"type": "AdamW", "params": {"lr": lr, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}},
         "zero_optimization": {"stage": stage},

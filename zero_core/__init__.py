@@ -9,15 +9,16 @@ import torch
 
 from .comm import CollectiveError, CollectiveTimeout
 from .config import ConfigError, ZeroConfig, load_config
+from .config_auto import AutoValues, fill_auto
 from .engine import Engine
 from .overflow_log import NonFiniteError
 
-__all__ = ["initialize", "Engine", "ZeroConfig", "ConfigError", "load_config", "CollectiveError", "CollectiveTimeout",
-           "NonFiniteError"]
+__all__ = ["initialize", "Engine", "ZeroConfig", "ConfigError", "load_config", "AutoValues", "fill_auto", "CollectiveError",
+           "CollectiveTimeout", "NonFiniteError"]
 
 
 def initialize(model: torch.nn.Module, config: dict | str | os.PathLike | ZeroConfig, model_parameters: Any = None,
-               optimizer: Any = None, lr_scheduler: Any = None) -> Engine:
+               optimizer: Any = None, lr_scheduler: Any = None, *, auto: AutoValues | dict | None = None) -> Engine:
     """Wrap `model` for ZeRO training.
 
     `config` is a DeepSpeed-style dict, a path to such a JSON file, or a `ZeroConfig`. `model_parameters`
@@ -25,6 +26,9 @@ def initialize(model: torch.nn.Module, config: dict | str | os.PathLike | ZeroCo
     optimizer (AdamW/Adam run on the fused kernels with its groups; others as they are) or a callable
     building one; `lr_scheduler` a torch scheduler, a callable building one on the optimizer, or
     `lambda step: lr`. The default process group is used (created from torchrun's environment if absent:
-    nccl on CUDA, gloo on CPU); without one, the engine runs as a world of one.
+    nccl on CUDA, gloo on CPU); without one, the engine runs as a world of one. `auto` fills the config's
+    "auto" values as Hugging Face's Trainer does (an AutoValues or a dict of its fields, e.g.
+    {"learning_rate": 3e-5, "bf16": True}; see zero_core/config_auto.py).
     """
-    return Engine(model, config, model_parameters=model_parameters, optimizer=optimizer, lr_scheduler=lr_scheduler)
+    return Engine(model, config, model_parameters=model_parameters, optimizer=optimizer, lr_scheduler=lr_scheduler,
+                  auto=auto)

@@ -1,65 +1,160 @@
 """Load a DeepSpeed-style config strictly and resolve it against the world size.
 
     cfg = load_config("ds_config.json", world_size=8)   # or a dict, or a ZeroConfig
+    cfg = load_config(raw, 8, auto={"learning_rate": 3e-5, "per_device_train_batch_size": 4, "bf16": True})
     cfg.train_micro_batch_size_per_gpu, cfg.optimizer.params.lr, cfg.zero_optimization.reduce_bucket_size
 
-DeepSpeed silently ignores a misspelled key; we never do (see config_errors.py). DeepSpeed keys that
-zero_core lacks (amp, pipeline, activation_checkpointing, ...) are errors that say so; the logging
-sections (tensorboard, wandb, csv_monitor, comet, flops_profiler, comms_logger) are carried, unused.
-Without an "optimizer" section the optimizer is AdamW with lr 1e-3 (DeepSpeed would need a client
-optimizer); without "scheduler" the lr is constant. What "auto" resolves to without a trainer (HF
-fills these from its own arguments; `fill_auto=` lets a runner do the same):
-  - batch sizes, gradient_accumulation_steps: "not given"; the missing ones are derived as DeepSpeed does
-  - gradient_clipping: 1.0 (HF's max_grad_norm default)
-  - fp16.enabled / bf16.enabled: false
-  - optimizer.params betas / eps / weight_decay: (0.9, 0.999) / 1e-8 / 0.0 (HF's and FusedAdam's defaults)
-  - scheduler.params.warmup_min_lr: 0; warmup_max_lr: optimizer.params.lr
-  - bucket sizes and other element counts: DeepSpeed's defaults
-  - optimizer.params.lr, warmup_num_steps, total_num_steps: an error asking for a number
-The legacy top-level "bfloat16" key is read as "bf16", as DeepSpeed does.
+DeepSpeed silently ignores a misspelled key; we never do. Every problem of a config (unknown keys, bad
+values, contradictions, "auto" values nobody filled, values that contradict `auto`) is reported at once,
+in one ConfigError line (config_errors.py, config_checks.py). "auto" is filled as Hugging Face's Trainer
+fills it, from `auto` (config_auto.py). Keys zero_core accepts without acting on them are named once
+on rank 0 (config_keys.py). Without an "optimizer" section the optimizer is AdamW with lr 1e-3
+(DeepSpeed would need a client optimizer); without "scheduler" the lr is constant. The legacy
+top-level "bfloat16" key is read as "bf16", as DeepSpeed does.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import os
+import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from .config_errors import ConfigError, from_validation_error
-from .config_models import SCHEDULER_KEYS, ZeroConfig
+from .config_auto import AutoValues, resolve_auto
+from .config_checks import contradictions
+from .config_errors import ConfigError, Problem, combined, every_error
+from .config_keys import not_acted_on
+from .config_models import ZeroConfig
 
-__all__ = ["ConfigError", "ZeroConfig", "load_config", "describe", "resolve_batch"]
+__all__ = ["ConfigError", "ZeroConfig", "AutoValues", "load_config", "resolve_config", "describe", "resolve_batch"]
 
 _BATCH = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+_PASSES = 10  # validation passes, each leaving out what the previous one found bad
+
+
+class Resolved(NamedTuple):
+    config: ZeroConfig
+    raw: Any  # the config as given with its "auto" values filled (batch sizes left to derive are left out)
+    filled: list[tuple[str, Any, tuple[str, ...]]]  # (dotted key, value, the auto fields it came from; () = a default)
 
 
 def load_config(config: dict | str | os.PathLike | ZeroConfig, world_size: int, *,
-                fill_auto: Mapping[str, Any] | None = None) -> ZeroConfig:
-    """Validate `config` and resolve its batch sizes for `world_size` ranks.
+                auto: AutoValues | Mapping[str, Any] | None = None) -> ZeroConfig:
+    """Validate `config`, fill its "auto" values from `auto` and resolve its batch sizes for `world_size` ranks.
 
-    `fill_auto` maps dotted keys (e.g. "optimizer.params.lr") to values that replace an "auto" there,
-    the way HF's Trainer fills DeepSpeed configs; keys that are absent or not "auto" are left alone.
+    `auto`: what a trainer knows (an AutoValues or a dict of its fields, e.g. {"learning_rate": 3e-5});
+    its world_size defaults to `world_size`. Rank 0 then names, once, the keys set that are not acted on.
     """
+    cfg = resolve_config(config, world_size, auto=auto).config
+    _name_keys_not_acted_on(cfg)
+    return cfg
+
+
+def resolve_config(config: dict | str | os.PathLike | ZeroConfig, world_size: int, *,
+                   auto: AutoValues | Mapping[str, Any] | None = None, defaults: AutoValues | Mapping[str, Any] | None = None,
+                   labels: Mapping[str, str] | None = None) -> Resolved:
+    """load_config's work without the rank-0 line, also returning what was filled. `defaults` and `labels`
+    are resolve_auto's: values that only fill "auto" (a command line's default flags), names for messages."""
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    values = AutoValues.of(auto)
+    if values.world_size is None:
+        values = dataclasses.replace(values, world_size=world_size)
+    elif values.world_size != world_size:
+        raise ConfigError(f"auto world_size {values.world_size} differs from the world size {world_size}; drop one")
     raw, given = _raw(config)
-    for key, value in (fill_auto or {}).items():
-        raw = _replace_auto(raw, key.split("."), value)
-    raw = _warmup_max_lr_from_optimizer(raw)
-    try:
-        cfg = ZeroConfig.model_validate(raw)
-    except ValidationError as err:
-        raise from_validation_error(err, ZeroConfig) from None
-    _check_consistency(cfg)
-    if given is None:
-        given = tuple(getattr(cfg, k) for k in _BATCH)
-    resolved = resolve_batch(*given, world_size=world_size)
+    filled = resolve_auto(raw, values, defaults=defaults, labels=labels)
+    cfg, messages, left_out = _validate(filled.config)
+    left_out += [key for p in filled.problems for key in p.keys]
+    problems = messages + [p.message for p in filled.problems]
+    resolved = None
+    if cfg is not None:
+        checks = contradictions(cfg)
+        if given is None:
+            given = tuple(getattr(cfg, k) for k in _BATCH)
+        try:
+            resolved = resolve_batch(*given, world_size=world_size)
+        except ConfigError as e:
+            checks.append(Problem(_BATCH, str(e)))
+        problems += [p.message for p in checks if not _touches(p.keys, left_out)]
+    if problems or cfg is None or resolved is None:
+        raise ConfigError(combined(problems))
     out = cfg.model_copy(update=dict(zip(_BATCH, resolved)))
     out._given_batch = given
+    return Resolved(out, filled.config, filled.filled)
+
+
+def _validate(raw: Any) -> tuple[ZeroConfig | None, list[str], list[str]]:
+    """(the config, or None if some of it could not be checked; every error message; the keys left out).
+
+    Each pass leaves out the keys (or sections) pydantic found bad, so that the next pass finds the rest,
+    such as errors hidden behind a model validator, and the last one yields a config to cross-check."""
+    messages: list[str] = []
+    left_out: list[str] = []
+    data = raw
+    for _ in range(_PASSES):
+        try:
+            return ZeroConfig.model_validate(data), messages, left_out
+        except ValidationError as err:
+            found = every_error(err, ZeroConfig)
+        messages += [m for m, _ in found if m]
+        data = copy.deepcopy(data)
+        dropped = [loc for _, loc in found if loc is not None and _drop(data, loc)]
+        if not dropped:
+            break
+        left_out += [".".join(str(part) for part in loc) for loc in dropped]
+    return None, messages, left_out
+
+
+def _drop(data: Any, loc: tuple[Any, ...]) -> bool:
+    for part in loc[:-1]:
+        data = data.get(part) if isinstance(data, dict) else None
+    if isinstance(data, dict) and loc[-1] in data:
+        del data[loc[-1]]
+        return True
+    return False
+
+
+def _touches(keys: tuple[str, ...], left_out: list[str]) -> bool:
+    """Whether a problem involves a key that was itself bad (its message would be about a stand-in default)."""
+    return any(k == d or k.startswith(d + ".") or d.startswith(k + ".") for k in keys for d in left_out)
+
+
+_NAMED: set[str] = set()  # the lines already printed by this process
+
+
+def _name_keys_not_acted_on(cfg: ZeroConfig) -> None:
+    """Rank 0 names, once per process, the keys the config sets that zero_core accepts without acting on."""
+    rows = not_acted_on(set_keys(cfg))
+    if not rows or _rank() != 0:
+        return
+    line = "zero_core: accepted, not acted on: " + ", ".join(f"{k.path} ({k.why})" for k in rows)
+    if line not in _NAMED:
+        _NAMED.add(line)
+        print(line, file=sys.stderr, flush=True)
+
+
+def set_keys(model: BaseModel, prefix: str = "") -> list[str]:
+    """The dotted keys a config sets (sections recursed into), in the models' field order."""
+    out = []
+    for name in type(model).model_fields:
+        if name in model.model_fields_set:
+            value = getattr(model, name)
+            out += set_keys(value, f"{prefix}{name}.") if isinstance(value, BaseModel) else [prefix + name]
     return out
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return int(os.environ.get("RANK", "0") or 0)
 
 
 def describe(cfg: ZeroConfig) -> str:
@@ -114,10 +209,10 @@ def _divisible(train: int, factors: list[tuple[str, int]], derived: str) -> None
 def _raw(config: Any) -> tuple[Any, tuple[int | None, ...] | None]:
     """The config as plain data, plus the batch sizes a ZeroConfig was originally given."""
     if isinstance(config, ZeroConfig):
-        data = config.model_dump()
+        data = config.model_dump(exclude_unset=True)  # what the user set, so that only that is named
         given = config._given_batch
         if all(v is None for v in given):  # built directly, not by load_config
-            given = tuple(data[k] for k in _BATCH)
+            given = tuple(getattr(config, k) for k in _BATCH)
         return data, given
     if isinstance(config, (str, os.PathLike)):
         return read_config_file(os.fspath(config)), None
@@ -147,98 +242,3 @@ def read_config_file(path: str) -> Any:
                           "fix the syntax (double quotes, no trailing commas, no comments)") from None
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"cannot read config file '{path}': {e}; pass a readable UTF-8 JSON file") from None
-
-
-def _is_auto(value: Any) -> bool:
-    return isinstance(value, str) and value.strip().lower() == "auto"
-
-
-def _replace_auto(data: Any, path: list[str], value: Any) -> Any:
-    """`data` with the "auto" at `path` replaced by `value` (a copy along the path; no mutation)."""
-    if not isinstance(data, dict) or path[0] not in data:
-        return data
-    head, rest = path[0], path[1:]
-    if rest:
-        return {**data, head: _replace_auto(data[head], rest, value)}
-    return {**data, head: value} if _is_auto(data[head]) else data
-
-
-def _warmup_max_lr_from_optimizer(raw: Any) -> Any:
-    """scheduler.params.warmup_max_lr "auto" means the optimizer's lr (HF sets both from --learning_rate)."""
-    sched = raw.get("scheduler") if isinstance(raw, dict) else None
-    params = sched.get("params") if isinstance(sched, dict) else None
-    if not isinstance(params, dict) or not _is_auto(params.get("warmup_max_lr")):
-        return raw
-    opt = raw.get("optimizer", {})
-    opt_params = opt.get("params", {}) if isinstance(opt, dict) else None
-    lr = opt_params.get("lr", 1e-3) if isinstance(opt_params, dict) else None
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)):
-        return raw  # the field validator then asks for a number
-    return _replace_auto(raw, ["scheduler", "params", "warmup_max_lr"], lr)
-
-
-def _check_consistency(cfg: ZeroConfig) -> None:
-    """Contradictions between fields; each message names the keys and the fix."""
-    if cfg.fp16.enabled and cfg.bf16.enabled:
-        raise ConfigError("fp16.enabled and bf16.enabled are both true; enable only one of them")
-    opt = cfg.optimizer
-    if opt.type == "AdamW" and "adam_w_mode" in opt.params.model_fields_set and not opt.params.adam_w_mode:
-        raise ConfigError("optimizer.params.adam_w_mode=false has no effect with optimizer.type 'AdamW' "
-                          "(DeepSpeed ignores it too); use type 'Adam' for L2-style weight decay or remove it")
-    if cfg.scheduler is not None:
-        kind, p = cfg.scheduler.type, cfg.scheduler.params
-        stray = sorted(p.model_fields_set - SCHEDULER_KEYS[kind])
-        if stray:
-            users = [k for k, keys in SCHEDULER_KEYS.items() if stray[0] in keys]
-            raise ConfigError(f"scheduler.params.{stray[0]} does not apply to {kind} (it is a parameter of "
-                              f"{' and '.join(users)}); remove it or change scheduler.type")
-        if kind in ("WarmupDecayLR", "WarmupCosineLR") and p.total_num_steps is None:
-            raise ConfigError(f"scheduler.params.total_num_steps is required for {kind}; "
-                              "set it to the number of optimizer steps of the run")
-        if kind == "OneCycle" and (p.cycle_min_lr is None or p.cycle_max_lr is None):
-            raise ConfigError("scheduler.params.cycle_min_lr and cycle_max_lr are required for OneCycle; set both")
-    zero = cfg.zero_optimization
-    if zero.offload_param is not None and zero.offload_param.device != "none" and zero.stage < 3:
-        raise ConfigError(f"zero_optimization.offload_param needs stage 3 but zero_optimization.stage is {zero.stage}; "
-                          "remove offload_param or set the stage to 3")
-    if zero.offload_param is not None and zero.offload_param.device == "nvme":
-        raise ConfigError("zero_optimization.offload_param.device='nvme' is not supported yet (optimizer states can "
-                          "go to NVMe: offload_optimizer.device='nvme'); use 'cpu' or 'none'")
-    off = zero.offload_optimizer
-    if off is not None and off.device != "none" and zero.stage == 0:
-        raise ConfigError("zero_optimization.offload_optimizer needs stage 1, 2 or 3 but zero_optimization.stage is 0; "
-                          "set the stage to 1-3 or the offload device to 'none'")
-    if off is not None and off.ratio != 1.0 and off.device != "none":
-        raise ConfigError(f"zero_optimization.offload_optimizer.ratio={off.ratio} (offloading only part of the optimizer) "
-                          "is not supported yet; remove it or set 1.0")
-    if off is not None and off.device == "nvme":
-        if not off.nvme_path:
-            raise ConfigError("zero_optimization.offload_optimizer.nvme_path is required with device 'nvme'; "
-                              "set it to a directory on a fast local disk")
-        if off.buffer_count < 2:
-            raise ConfigError(f"zero_optimization.offload_optimizer.buffer_count={off.buffer_count} is too small for "
-                              "NVMe offload: one chunk is updated while the next is read; set 2 or more (4 is the default)")
-    _check_aio(cfg)
-
-
-# libaio submission settings that a thread pool has no use for: accepted at DeepSpeed's defaults only
-_AIO_DEFAULT_ONLY = {"single_submit": False, "overlap_events": True, "intra_op_parallelism": 1}
-
-
-def _check_aio(cfg: ZeroConfig) -> None:
-    """The aio section (top level, as DeepSpeed reads it, or inside zero_optimization, as HF's docs put it)."""
-    top, nested = cfg.aio, cfg.zero_optimization.aio
-    if top is not None and nested is not None and top != nested:
-        raise ConfigError("aio and zero_optimization.aio are both set and differ; keep one (DeepSpeed reads the top-level one)")
-    for where, aio in (("aio", top), ("zero_optimization.aio", nested)):
-        if aio is None:
-            continue
-        if aio.block_size % 4096 or aio.block_size == 0:
-            raise ConfigError(f"{where}.block_size={aio.block_size} must be a positive multiple of 4096 "
-                              "(NVMe requests are 4 KiB-aligned); 1048576 is DeepSpeed's default")
-        if aio.use_gds:
-            raise ConfigError(f"{where}.use_gds=true (GPUDirect Storage) is not supported; remove it or set false")
-        for key, default in _AIO_DEFAULT_ONLY.items():
-            if getattr(aio, key) != default:
-                raise ConfigError(f"{where}.{key}={json.dumps(getattr(aio, key))} is a libaio setting zero_core does not "
-                                  f"use (its NVMe I/O runs on a thread pool); remove it or set {json.dumps(default)}")

@@ -1,8 +1,9 @@
 """One-line config errors: every message names the dotted key path and says how to fix it.
 
 Leaf validators raise `leaf_error` ("must be ..., got ...") and the path is prefixed here from
-pydantic's error location; cross-field checks raise `ConfigError` directly with the full message.
-pydantic's own multi-line report never reaches the user: only its first error is translated.
+pydantic's error location; cross-field checks return `Problem`s with their full message. pydantic's own
+multi-line report never reaches the user: each of its errors is translated to one message, and all
+the problems of a config are joined into one line (`combined`).
 """
 
 from __future__ import annotations
@@ -10,30 +11,12 @@ from __future__ import annotations
 import difflib
 import types
 import typing
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticCustomError
 
-# Keys DeepSpeed knows that zero_core deliberately lacks: say why instead of "unknown key".
-NOT_SUPPORTED = {
-    "amp": "use 'fp16' or 'bf16' instead",
-    "activation_checkpointing": "use torch.utils.checkpoint inside the model instead",
-    "pipeline": "pipeline parallelism is out of scope; remove it",
-    "sparse_attention": "it is a model feature, not an engine one; remove it",
-    "sparse_gradients": "gradients are always dense; remove it",
-    "elasticity": "set the batch sizes explicitly instead",
-    "compression_training": "compression is out of scope; remove it",
-    "data_efficiency": "curriculum / data routing is out of scope; remove it",
-    "curriculum_learning": "curriculum learning is out of scope; remove it",
-    "quantize_training": "quantized training is out of scope; remove it",
-    "autotuning": "run zbench scenarios to tune instead; remove it",
-    "nebula": "checkpoints use zbench's own format; remove it",
-    "data_types": "gradients always accumulate in fp32 partitions; remove it",
-    "zero_optimization.cpu_offload": "it is deprecated in DeepSpeed too (and offload is not supported yet); remove it",
-    "zero_optimization.cpu_offload_param": "it is deprecated in DeepSpeed too (and offload is not supported yet); remove it",
-    "optimizer.params.max_grad_norm": "use the top-level 'gradient_clipping' key instead (DeepSpeed rejects it too)",
-}
+from .config_keys import refused_outright
 
 # Hints for the few keys that have no default.
 REQUIRED = {
@@ -47,6 +30,19 @@ class ConfigError(ValueError):
 
     def __init__(self, message: str) -> None:
         super().__init__(" ".join(str(message).split()))  # never let a newline through
+
+
+class Problem(NamedTuple):
+    keys: tuple[str, ...]  # the dotted keys it involves (a problem about a key that was itself bad is dropped)
+    message: str
+
+
+def combined(messages: list[str]) -> str:
+    """One line for all of a config's problems (a single one keeps its own message)."""
+    unique = list(dict.fromkeys(messages))
+    if len(unique) == 1:
+        return unique[0]
+    return f"config has {len(unique)} problems: " + "; ".join(unique)
 
 
 def show(value: Any, limit: int = 60) -> str:
@@ -64,9 +60,10 @@ def leaf_error(expected: str, got: Any) -> PydanticCustomError:
     return leaf(f"must be {expected}, got {show(got)}")
 
 
-def full_error(message: str) -> PydanticCustomError:
-    """Raised by model validators whose message already names every key."""
-    return PydanticCustomError("zero_full", "{msg}", {"msg": message})
+def full_error(message: str, drop: str) -> PydanticCustomError:
+    """Raised by model validators whose message already names every key; `drop` is the key of the section
+    to leave out so that the rest of the config can still be checked."""
+    return PydanticCustomError("zero_full", "{msg}", {"msg": message, "drop": drop})
 
 
 def dotted(loc: tuple[Any, ...]) -> str:
@@ -110,8 +107,9 @@ def _paths_of(model: type[BaseModel], key: str, prefix: str = "") -> list[str]:
 
 def unknown_key_message(root: type[BaseModel], loc: tuple[Any, ...]) -> str:
     path, key = dotted(loc), str(loc[-1])
-    if path in NOT_SUPPORTED:
-        return f"key '{path}' is not supported by zero_core; {NOT_SUPPORTED[path]}"
+    refused = refused_outright()
+    if path in refused:
+        return f"key '{path}' is not supported by zero_core; {refused[path]}"
     keys = valid_keys(root, loc[:-1])
     close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
     if close:
@@ -132,22 +130,52 @@ def primary_error(err: ValidationError) -> dict[str, Any]:
 
 def from_validation_error(err: ValidationError, root: type[BaseModel]) -> ConfigError:
     """Translate the primary pydantic error into one ConfigError line."""
-    first = primary_error(err)
-    loc, kind, ctx = tuple(first["loc"]), first["type"], first.get("ctx") or {}
+    return ConfigError(message_of(primary_error(err), root))
+
+
+def every_error(err: ValidationError, root: type[BaseModel]) -> list[tuple[str | None, tuple[Any, ...] | None]]:
+    """Each pydantic error as (message, the location to leave out to check the rest; None: nothing can be).
+
+    A required key reported missing next to an unknown key that looks like it (a typo) has no message of
+    its own (None): the typo's message says it."""
+    errors = err.errors(include_url=False)
+    typos = {(tuple(e["loc"][:-1]), str(e["loc"][-1])) for e in errors if e["type"] == "extra_forbidden"}
+    out = []
+    for e in errors:
+        loc = tuple(e["loc"])
+        if e["type"] == "missing" and any(s == loc[:-1] and difflib.get_close_matches(str(loc[-1]), [k], cutoff=0.6)
+                                          for s, k in typos):
+            out.append((None, loc[:-1]))
+            continue
+        out.append((message_of(e, root), _left_out(e, loc)))
+    return out
+
+
+def _left_out(error: dict[str, Any], loc: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    if error["type"] == "missing":
+        loc = loc[:-1]  # a section without its required key cannot be built
+    elif error["type"] == "zero_full":
+        loc = loc + (error["ctx"]["drop"],)
+    return loc or None
+
+
+def message_of(error: dict[str, Any], root: type[BaseModel]) -> str:
+    """One pydantic error as one line naming its key and the fix."""
+    loc, kind, ctx = tuple(error["loc"]), error["type"], error.get("ctx") or {}
     path = dotted(loc) or "config"
     if kind == "zero_leaf":
-        return ConfigError(f"{path} {ctx['msg']}")
+        return f"{path} {ctx['msg']}"
     if kind == "zero_full":
-        return ConfigError(ctx["msg"])
+        return ctx["msg"]
     if kind == "extra_forbidden":
-        return ConfigError(unknown_key_message(root, loc))
+        return unknown_key_message(root, loc)
     if kind == "missing":
-        return ConfigError(f"{path} is required; {REQUIRED.get(path, 'add it to the config')}")
+        return f"{path} is required; {REQUIRED.get(path, 'add it to the config')}"
     if kind == "invalid_key":
-        return ConfigError(f"key {show(first.get('input'))} in {_section_name(loc[:-1])} is not a string; "
-                           "config keys must be strings")
+        return (f"key {show(error.get('input'))} in {_section_name(loc[:-1])} is not a string; "
+                "config keys must be strings")
     if kind in ("model_type", "model_attributes_type", "dict_type"):
-        return ConfigError(f"{path} must be an object (a JSON {{...}} mapping), got {show(first.get('input'))}")
+        return f"{path} must be an object (a JSON {{...}} mapping), got {show(error.get('input'))}"
     if isinstance(ctx.get("error"), ConfigError):
-        return ctx["error"]
-    return ConfigError(f"{path}: {first['msg']} (got {show(first.get('input'))})")
+        return str(ctx["error"])
+    return f"{path}: {error['msg']} (got {show(error.get('input'))})"

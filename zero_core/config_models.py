@@ -1,7 +1,8 @@
 """The typed config: pydantic models whose field names are DeepSpeed's JSON keys.
 
 Defaults are DeepSpeed's (deepspeed/runtime/config.py, zero/config.py, zero/offload_config.py,
-precision_config.py) unless a comment says otherwise. Every section forbids unknown keys.
+precision_config.py) unless a comment says otherwise. Every section forbids unknown keys. "auto" is
+filled before these models see the config (config_auto.py); what each key does is in config_keys.py.
 Cross-field checks and the batch-size arithmetic live in `config.py`, which needs the world size.
 """
 
@@ -10,12 +11,16 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, PrivateAttr, model_serializer, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    PrivateAttr,
+    model_serializer,
+    model_validator,
+)
 
 from .config_errors import full_error
-from .config_types import AS_LIST, Bool, Text, beta_pair, boolean, choice, count, integer, number
-
-_STEPS_AUTO = "it depends on the training length; set a number of optimizer steps"
+from .config_types import AS_LIST, Bool, Count, Text, beta_pair, choice, integer, number
 
 
 class Section(BaseModel):
@@ -23,12 +28,10 @@ class Section(BaseModel):
 
 
 class AdamParams(Section):
-    # "auto" for betas/eps/weight_decay resolves to HF TrainingArguments' defaults, which are also
-    # DeepSpeed FusedAdam's; lr "auto" needs a trainer's --learning_rate, so it is an error here.
-    lr: Annotated[float, number(0.0, auto="set a number such as 1e-4")] = 1e-3
-    betas: Annotated[tuple[float, float], beta_pair(auto=(0.9, 0.999)), AS_LIST] = (0.9, 0.999)
-    eps: Annotated[float, number(0.0, lo_open=True, auto=1e-8)] = 1e-8
-    weight_decay: Annotated[float, number(0.0, auto=0.0)] = 0.0
+    lr: Annotated[float, number(0.0)] = 1e-3
+    betas: Annotated[tuple[float, float], beta_pair(), AS_LIST] = (0.9, 0.999)
+    eps: Annotated[float, number(0.0, lo_open=True)] = 1e-8
+    weight_decay: Annotated[float, number(0.0)] = 0.0
     adam_w_mode: Bool = True  # DeepSpeed's ADAM_W_MODE_DEFAULT: type "Adam" means AdamW unless set false
     torch_adam: Bool = False  # accepted for compatibility; zero_core always uses its own fused kernel
 
@@ -57,11 +60,11 @@ class OptimizerConfig(Section):
 class SchedulerParams(Section):
     """Every DeepSpeed scheduler's parameters in one section; which apply depends on `type` (SCHEDULER_KEYS)."""
 
-    warmup_min_lr: Annotated[float, number(0.0, auto=0.0)] = 0.0  # HF fills "auto" with 0
-    warmup_max_lr: Annotated[float, number(0.0, auto="set a number, or a numeric optimizer.params.lr")] = 0.001
-    warmup_num_steps: Annotated[int, integer(0, counts=True, auto=_STEPS_AUTO)] = 1000
+    warmup_min_lr: Annotated[float, number(0.0)] = 0.0
+    warmup_max_lr: Annotated[float, number(0.0)] = 0.001
+    warmup_num_steps: Annotated[int, integer(0, counts=True)] = 1000
     warmup_type: Annotated[str, choice({"log": "log", "linear": "linear"})] = "log"
-    total_num_steps: Annotated[int | None, integer(1, counts=True, auto=_STEPS_AUTO, optional=True)] = None
+    total_num_steps: Annotated[int | None, integer(1, counts=True, optional=True)] = None
     last_batch_iteration: Annotated[int, integer(-1)] = -1
     warmup_min_ratio: Annotated[float, number(0.0, 1.0)] = 0.0  # WarmupCosineLR
     cos_min_ratio: Annotated[float, number(0.0, 1.0)] = 0.0001
@@ -104,7 +107,7 @@ class SchedulerConfig(Section):
 
 
 class FP16Config(Section):
-    enabled: Annotated[bool, boolean(auto=False)] = False  # "auto" (HF: from --fp16) -> off without a trainer
+    enabled: Bool = False
     auto_cast: Bool = False
     loss_scale: Annotated[float, number(0.0)] = 0.0  # 0 = dynamic
     initial_scale_power: Annotated[int, integer(0, 127)] = 16  # the scale is an fp32: 2**127 is its limit
@@ -115,7 +118,7 @@ class FP16Config(Section):
 
 
 class BF16Config(Section):
-    enabled: Annotated[bool, boolean(auto=False)] = False
+    enabled: Bool = False
 
 
 _DEVICES = choice({"none": "none", "cpu": "cpu", "nvme": "nvme"})
@@ -135,8 +138,8 @@ class OffloadParamConfig(Section):
     pin_memory: Bool = False
     nvme_path: Text = None
     buffer_count: Annotated[int, integer(0)] = 5
-    buffer_size: Annotated[int, count(100_000_000)] = 100_000_000
-    max_in_cpu: Annotated[int, count(1_000_000_000)] = 1_000_000_000
+    buffer_size: Count = 100_000_000
+    max_in_cpu: Count = 1_000_000_000
 
 
 class AioConfig(Section):
@@ -145,7 +148,7 @@ class AioConfig(Section):
     thread_count (requests in flight, each on a pool thread). single_submit, overlap_events and
     intra_op_parallelism are libaio settings: accepted at DeepSpeed's defaults only; use_gds is refused."""
 
-    block_size: Annotated[int, count(1_048_576)] = 1_048_576
+    block_size: Count = 1_048_576
     queue_depth: Annotated[int, integer(1)] = 8
     thread_count: Annotated[int, integer(1)] = 1
     intra_op_parallelism: Annotated[int, integer(1)] = 1
@@ -165,15 +168,15 @@ class ZeroOptimizationConfig(Section):
     overlap_comm: Bool = False  # absent -> stage == 3, as DeepSpeed
     contiguous_gradients: Bool = True
     reduce_scatter: Bool = True
-    reduce_bucket_size: Annotated[int, count(500_000_000)] = 500_000_000
+    reduce_bucket_size: Count = 500_000_000
     allgather_partitions: Bool = True
-    allgather_bucket_size: Annotated[int, count(500_000_000)] = 500_000_000
-    stage3_prefetch_bucket_size: Annotated[int, count(50_000_000)] = 50_000_000
-    stage3_param_persistence_threshold: Annotated[int, count(100_000)] = 100_000
-    stage3_max_live_parameters: Annotated[int, count(1_000_000_000)] = 1_000_000_000
-    stage3_max_reuse_distance: Annotated[int, count(1_000_000_000)] = 1_000_000_000
+    allgather_bucket_size: Count = 500_000_000
+    stage3_prefetch_bucket_size: Count = 50_000_000
+    stage3_param_persistence_threshold: Count = 100_000
+    stage3_max_live_parameters: Count = 1_000_000_000
+    stage3_max_reuse_distance: Count = 1_000_000_000
     stage3_gather_16bit_weights_on_model_save: Bool = False
-    sub_group_size: Annotated[int, count(1_000_000_000)] = 1_000_000_000
+    sub_group_size: Count = 1_000_000_000
     round_robin_gradients: Bool = False
     offload_optimizer: OffloadOptimizerConfig | None = None
     offload_param: OffloadParamConfig | None = None
@@ -189,7 +192,7 @@ class ZeroOptimizationConfig(Section):
         if old in data:
             if new in data and data[new] != data[old]:
                 raise full_error(f"zero_optimization.{old} (the old name) and zero_optimization.{new} disagree; "
-                                 f"keep only '{new}'")
+                                 f"keep only '{new}'", drop=old)
             data[new] = data.pop(old)
         if "overlap_comm" not in data and data.get("stage") in (0, 1, 2, 3) and not isinstance(data.get("stage"), bool):
             data["overlap_comm"] = data["stage"] == 3
@@ -220,12 +223,11 @@ _MONITOR = dict[str, Any] | None  # logging sections: carried through, not used 
 class ZeroConfig(Section):
     """The whole config. Build it with `load_config`, which also resolves the batch sizes."""
 
-    train_batch_size: Annotated[int | None, integer(1, auto=None, optional=True)] = None
-    train_micro_batch_size_per_gpu: Annotated[int | None, integer(1, auto=None, optional=True)] = None
-    gradient_accumulation_steps: Annotated[int | None, integer(1, auto=None, optional=True)] = None
-    # DeepSpeed clips at 1.0 unless told otherwise (runtime/constants.py GRADIENT_CLIPPING_DEFAULT, 0.19.8);
-    # "auto" = HF's max_grad_norm default, also 1.0; 0 turns clipping off
-    gradient_clipping: Annotated[float, number(0.0, auto=1.0)] = 1.0
+    train_batch_size: Annotated[int | None, integer(1, optional=True)] = None
+    train_micro_batch_size_per_gpu: Annotated[int | None, integer(1, optional=True)] = None
+    gradient_accumulation_steps: Annotated[int | None, integer(1, optional=True)] = None
+    # DeepSpeed clips at 1.0 unless told otherwise (runtime/constants.py GRADIENT_CLIPPING_DEFAULT, 0.19.8); 0 turns it off
+    gradient_clipping: Annotated[float, number(0.0)] = 1.0
     # None: no periodic log (newer DeepSpeed's default; older versions used 10)
     steps_per_print: Annotated[int | None, integer(1, optional=True)] = None
     wall_clock_breakdown: Bool = False
@@ -268,7 +270,7 @@ class ZeroConfig(Section):
         # DeepSpeed still reads the legacy top-level "bfloat16" key when "bf16" is absent.
         if isinstance(data, dict) and "bfloat16" in data:
             if "bf16" in data:
-                raise full_error("both 'bf16' and its legacy alias 'bfloat16' are set; keep only 'bf16'")
+                raise full_error("both 'bf16' and its legacy alias 'bfloat16' are set; keep only 'bf16'", drop="bfloat16")
             data = {("bf16" if k == "bfloat16" else k): v for k, v in data.items()}
         return data
 

@@ -3,7 +3,8 @@
 No silent coercion: a string is never turned into a number and a bool is never a number. The few
 leniencies are DeepSpeed's own: ints are fine where a float is expected, whole floats such as 5e8
 are fine for element counts, and "true"/"false" strings are fine for booleans (the seed configs have
-`"enabled": "true"`). `"auto"` is accepted only where a field declares what it resolves to.
+`"enabled": "true"`). "auto" never reaches these validators where it means something: config_auto.py
+fills it first, so an "auto" left here is a bad value like any other.
 """
 
 from __future__ import annotations
@@ -13,29 +14,15 @@ from typing import Annotated, Any
 
 from pydantic import PlainSerializer, PlainValidator
 
-from .config_errors import leaf, leaf_error
-
-_NO = object()  # "auto" is not allowed
+from .config_errors import leaf_error
 
 
 def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _auto(v: Any, auto: Any) -> tuple[bool, Any]:
-    """(True, resolved) when `v` is "auto" and this field resolves it; raises when it cannot."""
-    if not (isinstance(v, str) and v.strip().lower() == "auto") or auto is _NO:
-        return False, None
-    if isinstance(auto, str):  # a reason why it cannot be resolved here
-        raise leaf(f"cannot be 'auto' without a trainer to fill it in; {auto}")
-    return True, auto
-
-
-def boolean(auto: Any = _NO) -> PlainValidator:
+def boolean() -> PlainValidator:
     def check(v: Any) -> bool:
-        hit, value = _auto(v, auto)
-        if hit:
-            return value
         if isinstance(v, bool):
             return v
         if isinstance(v, str) and v.strip().lower() in ("true", "false"):
@@ -45,8 +32,7 @@ def boolean(auto: Any = _NO) -> PlainValidator:
     return PlainValidator(check)
 
 
-def integer(lo: int | None = None, hi: int | None = None, *, auto: Any = _NO, counts: bool = False,
-            optional: bool = False) -> PlainValidator:
+def integer(lo: int | None = None, hi: int | None = None, *, counts: bool = False, optional: bool = False) -> PlainValidator:
     """An int in [lo, hi]; `counts` also takes whole floats (element counts written as 5e8)."""
     if lo is not None and hi is not None:
         what = f"an integer {lo}-{hi}"
@@ -58,9 +44,6 @@ def integer(lo: int | None = None, hi: int | None = None, *, auto: Any = _NO, co
         what += " or null"
 
     def check(v: Any) -> int | None:
-        hit, value = _auto(v, auto)
-        if hit:
-            return value
         if v is None and optional:
             return None
         if counts and isinstance(v, float) and math.isfinite(v) and v.is_integer():
@@ -75,7 +58,7 @@ def integer(lo: int | None = None, hi: int | None = None, *, auto: Any = _NO, co
 
 
 def number(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False, hi_open: bool = False,
-           auto: Any = _NO, optional: bool = False) -> PlainValidator:
+           optional: bool = False) -> PlainValidator:
     """A finite float in the given (closed or open) interval; ints are accepted; None too if `optional`."""
     parts = []
     if lo is not None:
@@ -85,9 +68,6 @@ def number(lo: float | None = None, hi: float | None = None, *, lo_open: bool = 
     what = "a number" + (" " + " and ".join(parts) if parts else "") + (" or null" if optional else "")
 
     def check(v: Any) -> float | None:
-        hit, value = _auto(v, auto)
-        if hit:
-            return value
         if v is None and optional:
             return None
         try:
@@ -106,16 +86,13 @@ def number(lo: float | None = None, hi: float | None = None, *, lo_open: bool = 
     return PlainValidator(check)
 
 
-def choice(options: dict[str, Any], *, auto: Any = _NO, allow_none: bool = False, note: str = "") -> PlainValidator:
+def choice(options: dict[str, Any], *, allow_none: bool = False, note: str = "") -> PlainValidator:
     """One of `options` (keys are matched case-insensitively; values are what gets stored)."""
     what = "one of " + ", ".join(repr(v) for v in dict.fromkeys(options.values()))
     what += " or null" if allow_none else ""
     what += f" {note}" if note else ""
 
     def check(v: Any) -> Any:
-        hit, value = _auto(v, auto)
-        if hit:
-            return value
         if v is None and allow_none:
             return None
         if isinstance(v, str) and v.strip().lower() in options:
@@ -125,11 +102,8 @@ def choice(options: dict[str, Any], *, auto: Any = _NO, allow_none: bool = False
     return PlainValidator(check)
 
 
-def beta_pair(auto: Any = _NO) -> PlainValidator:
+def beta_pair() -> PlainValidator:
     def check(v: Any) -> tuple[float, float]:
-        hit, value = _auto(v, auto)
-        if hit:
-            return value
         if not isinstance(v, (list, tuple)) or len(v) != 2:
             raise leaf_error("a list of two numbers in [0, 1), e.g. [0.9, 0.999]", v)
         if not all(_is_number(b) and 0.0 <= b < 1.0 for b in v):
@@ -151,9 +125,5 @@ def optional_text(v: Any) -> str | None:
 
 Bool = Annotated[bool, boolean()]
 Text = Annotated[str | None, PlainValidator(optional_text)]
-
-
-def count(default: int) -> PlainValidator:
-    """An element count (bucket sizes, thresholds); "auto" means DeepSpeed's default."""
-    return integer(0, counts=True, auto=default)
+Count = Annotated[int, integer(0, counts=True)]  # an element count (bucket sizes, thresholds)
 

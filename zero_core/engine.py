@@ -40,12 +40,12 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
     engine it is a Module holding the model as `module`: calling it runs the model's forward."""
 
     def __init__(self, model: torch.nn.Module, config: dict | str | ZeroConfig, *, model_parameters: Any = None,
-                 optimizer: Any = None, lr_scheduler: Any = None) -> None:
+                 optimizer: Any = None, lr_scheduler: Any = None, auto: Any = None) -> None:
         super().__init__()
         self.device = comm.pick_device()
         comm.ensure_process_group(self.device)
         self.world_size, self.rank = comm.world_size(), comm.rank()
-        self.config: ZeroConfig = load_config(config, self.world_size)
+        self.config: ZeroConfig = load_config(config, self.world_size, auto=auto)
         cfg = self.config
         self._announce()
         self.stage, self.dtype = cfg.stage, cfg.dtype
