@@ -1,9 +1,10 @@
-"""The README's reliability table, counted from the battery's own case lists (so it cannot drift).
+"""The reliability tables, counted from the battery's own case lists (so they cannot drift).
 
-    python tests/reliability.py            # print the block
-    python tests/reliability.py --write    # replace the block in README.md
+    python tests/reliability.py            # print both blocks
+    python tests/reliability.py --write    # replace them: the summary row in README.md, the detailed
+                                           # security and fault tables in docs/reliability.md
 
-`test_reliability_table.py` fails when README.md differs from what this prints, or when a test named
+`test_reliability_table.py` fails when either file differs from what this prints, or when a test named
 here no longer exists.
 """
 
@@ -16,6 +17,7 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
 README = TESTS.parent / "README.md"
+PAGE = TESTS.parent / "docs" / "reliability.md"
 START, END = "<!-- reliability:start", "<!-- reliability:end -->"
 
 # (fault injected, the test that injects it, what the test then checks; resumed = the run goes on from its
@@ -127,13 +129,21 @@ def counts() -> dict[str, int]:
             "resumed": sum(cases(r) for _, r, _, resumed in FAULTS if resumed)}
 
 
-def block() -> str:
+NOTE = "(printed by `python tests/reliability.py` from the battery's case lists; a test keeps it current) -->"
+
+
+def summary() -> str:
+    """README.md's block: one row of totals."""
     c = counts()
-    lines = [f"{START} (printed by `python tests/reliability.py` from the battery's case lists; a test keeps it current) -->",
-             "| inputs tried | attacks tried | faults injected | runs resumed | data lost |", "|---|---|---|---|---|",
-             f"| {c['bad']} bad inputs + {c['fuzzed']} fuzzed configs and manifests | {c['security']} | {c['faults']} "
-             f"| {c['resumed']} | 0 |",
-             "", "| security: attack | cases | then |", "|---|---|---|"]
+    return "\n".join([f"{START} {NOTE}",
+                      "| inputs tried | attacks tried | faults injected | runs resumed | data lost |", "|---|---|---|---|---|",
+                      f"| {c['bad']} bad inputs + {c['fuzzed']} fuzzed configs and manifests | {c['security']} "
+                      f"| {c['faults']} | {c['resumed']} | 0 |", END])
+
+
+def details() -> str:
+    """docs/reliability.md's block: the security and fault tables, one row per kind."""
+    lines = [f"{START} {NOTE}", "| security: attack | cases | then |", "|---|---|---|"]
     for what, refs, then in SECURITY:
         lines.append(f"| {what} | {sum(max(1, cases(r)) for r in refs)} | {then} |")
     lines += ["", "| fault injected | cases | then | resumed |", "|---|---|---|---|"]
@@ -143,17 +153,22 @@ def block() -> str:
     return "\n".join(lines)
 
 
-def readme_block(text: str) -> str | None:
+BLOCKS = {README: summary, PAGE: details}  # each file and the block it holds
+
+
+def block_in(text: str) -> str | None:
+    """The generated block of a file's text (None when it has none)."""
     start, end = text.find(START), text.find(END)
     return text[start : end + len(END)] if start >= 0 and end > start else None
 
 
 if __name__ == "__main__":
-    new = block()
-    if "--write" in sys.argv[1:]:
-        text = README.read_text(encoding="utf-8")
-        old = readme_block(text)
-        if old is None:
-            sys.exit(f"{README} has no {START} ... {END} block; add one under '## Reliability'")
-        README.write_text(text.replace(old, new), encoding="utf-8")
-    print(new)
+    for path, make in BLOCKS.items():
+        new = make()
+        if "--write" in sys.argv[1:]:
+            text = path.read_text(encoding="utf-8")
+            old = block_in(text)
+            if old is None:
+                sys.exit(f"{path} has no {START} ... {END} block; add one where the table belongs")
+            path.write_text(text.replace(old, new), encoding="utf-8")
+        print(f"{path.relative_to(TESTS.parent)}:\n{new}\n")

@@ -1,4 +1,5 @@
-"""README's reliability table is what the battery's case lists count (tests/reliability.py prints it)."""
+"""The reliability tables (README.md's summary, docs/reliability.md's details) are what the battery's case
+lists count (tests/reliability.py prints them)."""
 
 from __future__ import annotations
 
@@ -14,4 +15,9 @@ def test_every_test_the_table_counts_exists():
 
 def test_readme_table_matches_the_battery():
     text = reliability.README.read_text(encoding="utf-8")
-    assert reliability.readme_block(text) == reliability.block(), "run `python tests/reliability.py --write`"
+    assert reliability.block_in(text) == reliability.summary(), "run `python tests/reliability.py --write`"
+
+
+def test_reliability_page_tables_match_the_battery():
+    text = reliability.PAGE.read_text(encoding="utf-8")
+    assert reliability.block_in(text) == reliability.details(), "run `python tests/reliability.py --write`"

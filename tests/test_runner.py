@@ -300,7 +300,7 @@ def test_nvme_offload_variant_runs_and_leaves_no_state_files(tmp_path):
     assert offloaded["est_gpu_gib"] == pytest.approx(estimate.model_states_gib(
         2, offloaded["n_params"], 0, 2, 1, offload_optimizer=True))  # stage 2 needs no largest layer
     assert offloaded["est_gpu_gib"] < estimate.model_states_gib(2, offloaded["n_params"], 0, 2, 1) / 2
-    # offload rows carry the step-time breakdown (issue 6), printed under the table; ddp has none
+    # offload rows carry the step-time breakdown, printed under the table; ddp has none
     split = offloaded["breakdown"]
     assert split["step"] > 0 and split["cpu_adam"] > 0 and split["gpu_fwd_bwd"] > 0
     assert split["cpu_adam"] + split["gpu_fwd_bwd"] <= split["step"] * 1.01 + 1.0

@@ -3,7 +3,7 @@
 Forward + backward of the scenario's model and batch with 16-bit (working-precision) weights, no
 optimizer and no communication, plus zero_core's fused optimizer phase (reduce epilogue + AdamW with
 the 16-bit copy) over one rank's share of the parameters. A variant's step time divided by this sum is
-its distance from the limit (issue 5 asks for <= 1.05x at ZeRO-2, <= 1.10x at ZeRO-3).
+its distance from the limit (the targets are <= 1.05x at ZeRO-2, <= 1.10x at ZeRO-3).
 """
 
 from __future__ import annotations

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# GPU check of the engine (issue 2): the CPU parity suite on CUDA/NCCL, the kernel benchmark, and
-# GPT throughput per stage. Usage (from the repo root, on a 2-GPU machine):
-#   bash docs/benchmarks/scripts/engine_check.sh [quick|full|overlap|profile|offload]
+# GPU check of the engine: the CPU parity suite on CUDA/NCCL, the kernel benchmark, and
+# GPT throughput per stage. Usage (from the repo root, on a 2-GPU machine; outputs in $OUT, default /tmp/out):
+#   bash docs/benchmarks/scripts/engine_check.sh [quick|full|overlap|gather|profile|offload]
+# quick: parity on CUDA, kernels, GPT-2 small per stage; full: GPT-2 XL per stage; overlap: the floor and
+# stages 1-3 with the gpt2xl_stage*.json configs; gather: weight all-gathers overlapped vs at step end;
+# profile: profile_step.py (STAGES="2 3"); offload: CPU/NVMe offload parity and runs (CONFIGS, STEPS).
 set -uo pipefail
 source docs/benchmarks/scripts/gpu_env.sh
 mode=${1:-quick}

@@ -1,4 +1,6 @@
-# Sourced by the GPU scripts: multicast off (shared hosts), carried wheels, the repo on PYTHONPATH.
+# Sourced by the GPU scripts (`source docs/benchmarks/scripts/gpu_env.sh` from the repo root): NCCL multicast
+# off (shared hosts), wheels in .whl/ installed to /tmp/site when present, the repo on PYTHONPATH, $OUT created,
+# and the GPU, torch and triton versions printed for the benchmark file.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
 if [ -d .whl ]; then

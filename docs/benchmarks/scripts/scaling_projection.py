@@ -1,5 +1,5 @@
-"""Project a 2-rank `zbench run` table to more ranks of the same machine kind (issue 8's fallback while
-8-GPU machines are not lent). A projection, not a measurement: see the assumptions printed with it.
+"""Project a 2-rank `zbench run` table to more ranks of the same machine kind, for when no machine with
+that many GPUs is available. A projection, not a measurement: see the assumptions printed with it.
 
     python docs/benchmarks/scripts/scaling_projection.py RUN/results.json --ranks 4 8
 

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# GPU runs of the article scenarios (issue 4): bash docs/benchmarks/scripts/scenarios_gpu.sh SCENARIO [zbench run args...]
+# One scenario through `zbench run` on a GPU machine, keeping the table, results.json, stderr and the whole run
+# folder under $OUT (default /tmp/out). From the repo root:
+#   bash docs/benchmarks/scripts/scenarios_gpu.sh SCENARIO [zbench run args...]   # SCENARIO: a name in scenarios/
 set -uo pipefail
 source docs/benchmarks/scripts/gpu_env.sh
 scenario=$1; shift
