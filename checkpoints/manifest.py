@@ -36,6 +36,12 @@ PARTITION_KEYS = ("master", "exp_avg", "exp_avg_sq")
 MAX_MANIFEST_BYTES = 1 << 30  # a manifest lists tensors and fragments, never tensor data
 
 
+def partition_keys(manifest: dict[str, Any]) -> tuple[str, ...]:
+    """The arrays every rank file holds: the fp32 master, then the optimizer's per-element states (Adam's
+    moments unless the manifest says otherwise: a client optimizer's `state.<name>` arrays)."""
+    return ("master", *manifest["optimizer"].get("state_keys", PARTITION_KEYS[1:]))
+
+
 def rank_file(rank: int) -> str:
     return f"rank_{rank:05d}.safetensors"
 

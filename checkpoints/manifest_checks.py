@@ -23,6 +23,7 @@ FLOATS = {"float32", "bfloat16", "float16", "float64"}
 MAX_NUMEL = 1 << 48  # elements in one tensor or one partition: far beyond any model, far below overflow
 MAX_DIMS = 32
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+_STATE_KEY = re.compile(r"state\.[A-Za-z_][A-Za-z0-9_]{0,63}")
 _TOP = (("tag", str), ("step", int), ("micro_steps", int), ("world_size", int), ("stage", int), ("params", list),
         ("fragments", dict), ("files", dict), ("optimizer", dict), ("loss_scaler", dict), ("rng", dict),
         ("client_state", dict), ("layout", dict))
@@ -147,7 +148,9 @@ def _files_problem(m: dict[str, Any]) -> str | None:
         if not (isinstance(meta, dict) and isinstance(meta.get("sha256"), str) and _HEX64.fullmatch(meta["sha256"])
                 and _int(meta.get("bytes"))):
             return f"bad file entry for {fname}"
-    need = 8 + 3 * 4 * m["layout"]["partition_numel"]
+    from .manifest import partition_keys
+
+    need = 8 + len(partition_keys(m)) * 4 * m["layout"]["partition_numel"]
     for fname in m["fragments"]:
         if m["files"][fname]["bytes"] < need:
             return f"{fname} is listed with {m['files'][fname]['bytes']} bytes, too few for its partition"
@@ -156,9 +159,16 @@ def _files_problem(m: dict[str, Any]) -> str | None:
 
 def _state_problem(m: dict[str, Any]) -> str | None:
     opt = m["optimizer"]
+    keys = opt.get("state_keys", ["exp_avg", "exp_avg_sq"])
+    if not (isinstance(keys, list) and len(keys) <= 32 and len(set(keys)) == len(keys)
+            and all(isinstance(k, str) and (k in ("exp_avg", "exp_avg_sq") or _STATE_KEY.fullmatch(k)) for k in keys)):
+        return "optimizer.state_keys is not a list of state names"
+    scalars = opt.get("client_scalars", {})
+    if not (isinstance(scalars, dict) and len(scalars) <= 32 and all(_number(v) for v in scalars.values())):
+        return "optimizer.client_scalars is not a table of numbers"
     for key in ("applied", "skipped"):
-        if key in opt and not (_number(opt[key]) and opt[key] >= 0):
-            return f"optimizer.{key} is not a non-negative number"
+        if not (_number(opt.get(key)) and opt[key] >= 0):
+            return f"optimizer.{key} is missing or not a non-negative number"
     for key, value in m["loss_scaler"].items():
         if not (_number(value) or (isinstance(value, list) and len(value) == 1 and _number(value[0]))):
             return f"loss_scaler.{key} is not a number"
@@ -177,11 +187,13 @@ _CODES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float6
 
 def expected_tensors(fname: str, m: dict[str, Any]) -> dict[str, tuple[str, list[int]]]:
     """name -> (dtype, shape) that file `fname` of the checkpoint must hold."""
-    from .manifest import FROZEN_FILE, PARTITION_KEYS
+    from .manifest import FROZEN_FILE
 
     if fname == FROZEN_FILE:
         return {p["name"]: (p["dtype"], p["shape"]) for p in m["params"] if not p["trainable"] and not p.get("tied_to")}
-    return {k: ("float32", [m["layout"]["partition_numel"]]) for k in PARTITION_KEYS}
+    from .manifest import partition_keys
+
+    return {k: ("float32", [m["layout"]["partition_numel"]]) for k in partition_keys(m)}
 
 
 def header_problem(path: Path, fname: str, m: dict[str, Any]) -> str | None:

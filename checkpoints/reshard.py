@@ -57,8 +57,9 @@ def _write(source: ZbenchSource, layout: Any, world_size: int, new_world: int, s
         for r in range(new_world):
             name = mf.rank_file(r)
             frags = layout.fragments(r)
-            w = StreamingWriter(staged / name, [(k, torch.float32, [layout.partition_numel]) for k in mf.PARTITION_KEYS])
-            for key in mf.PARTITION_KEYS:
+            keys = mf.partition_keys(m)
+            w = StreamingWriter(staged / name, [(k, torch.float32, [layout.partition_numel]) for k in keys])
+            for key in keys:
                 pos = 0
                 for f in frags:
                     if f.partition_offset > pos:  # alignment padding between fragments

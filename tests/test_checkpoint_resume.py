@@ -177,7 +177,7 @@ def test_offline_reshard_to_three_ranks(saved, tmp_path):
     a.load_checkpoint(tmp_path / "r3")
     b = zero_core.initialize(make_model(), config(2, 1))
     b.load_checkpoint(ckpt)
-    assert torch.equal(a.optimizer.exp_avg_sq, b.optimizer.exp_avg_sq) and float(a.optimizer.exp_avg_sq.abs().sum()) > 0
+    assert torch.equal(a.optimizer.states.exp_avg_sq, b.optimizer.states.exp_avg_sq) and float(a.optimizer.states.exp_avg_sq.abs().sum()) > 0
     with pytest.raises(CheckpointError, match="already holds files"):
         reshard_to_zbench(ZbenchSource(ckpt), tmp_path / "r3", 2)
 

@@ -75,7 +75,7 @@ def test_zbench_run_reports_a_hung_rank_as_one_error(tmp_path):
 # -- NaN / inf losses -----------------------------------------------------------------------------
 def _snapshot_state(engine) -> list[torch.Tensor]:
     opt = engine.optimizer
-    return [t.clone() for t in (opt.master, opt.exp_avg, opt.exp_avg_sq)] + [p.detach().clone() for p in engine.module.parameters()]
+    return [t.clone() for t in (opt.master, opt.states.exp_avg, opt.states.exp_avg_sq)] + [p.detach().clone() for p in engine.module.parameters()]
 
 
 def _unchanged(before: list[torch.Tensor], after: list[torch.Tensor]) -> bool:

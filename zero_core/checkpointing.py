@@ -27,6 +27,7 @@ from checkpoints.source import CheckpointError
 from checkpoints.zbench_source import FragmentReader, read_frozen
 
 from . import comm
+from .optim.client_optimizer import ClientOptimizer
 from .optim.states import NAMES, TensorStates
 from .rng_state import capture_rng, restore_rng
 
@@ -60,8 +61,12 @@ def _write_synced(tensors: dict[str, torch.Tensor], path: Path) -> dict[str, Any
     return mf.file_record(path)
 
 
-def _write_states(states: Any, path: Path) -> dict[str, Any]:
-    """This rank's master and moments; states on NVMe are streamed chunk by chunk, never whole in memory."""
+def _write_states(opt: Any, path: Path) -> dict[str, Any]:
+    """This rank's master and optimizer states (Adam's moments, or a client optimizer's per-element state);
+    states on NVMe are streamed chunk by chunk, never whole in memory."""
+    states = opt.states
+    if isinstance(opt, ClientOptimizer):
+        return _write_synced({"master": states.master, **opt.state_arrays()[0]}, path)
     if isinstance(states, TensorStates):
         return _write_synced({n: getattr(states, n) for n in NAMES}, path)
     from checkpoints.safetensors_stream import StreamingWriter
@@ -117,7 +122,7 @@ def save(engine: "Engine", save_dir: str | os.PathLike, tag: str | None = None,
         if writes_partition:
             name = mf.rank_file(engine.rank)
             target = staged / name
-            files[name] = _write_states(engine.optimizer.states, target)
+            files[name] = _write_states(engine.optimizer, target)
         if engine.rank == 0:
             frozen = {e["name"]: t.detach() for e, t in zip(_param_entries(engine), engine.module.state_dict(keep_vars=True).values())
                       if not e["trainable"] and not e["tied_to"]}  # safetensors stores shared storage once
@@ -158,11 +163,31 @@ def _manifest(engine: "Engine", tag: str, files: dict[str, Any], rng: dict[str, 
         "optimizer": {"type": c.optimizer.type, "lr": c.optimizer.params.lr, "betas": list(c.optimizer.params.betas),
                       "eps": c.optimizer.params.eps, "weight_decay": c.optimizer.params.weight_decay,
                       "decoupled": c.optimizer.decoupled, "gradient_clipping": c.gradient_clipping,
-                      "applied": float(opt.applied), "skipped": float(opt.skipped)},
+                      "applied": float(opt.applied), "skipped": float(opt.skipped), **_optimizer_states(opt)},
         "loss_scaler": {k: (v.tolist() if isinstance(v, torch.Tensor) else v) for k, v in engine.scaler.state_dict().items()},
         "rng": rng, "client_state": client_state or {},
         "scheduler": engine.host_schedule.state_dict() if engine.host_schedule is not None else {},
     }
+
+
+def _optimizer_states(opt: Any) -> dict[str, Any]:
+    """What the rank files hold besides the master, and a client optimizer's shared scalars."""
+    if not isinstance(opt, ClientOptimizer):
+        return {"state_keys": list(NAMES[1:])}
+    arrays, scalars = opt.state_arrays()
+    return {"state_keys": sorted(arrays), "client": type(opt.client).__name__, "client_scalars": scalars}
+
+
+def _check_states(folder: Path, manifest: dict[str, Any], opt: Any) -> list[str]:
+    """The optimizer state arrays to read; CheckpointError when they belong to another kind of optimizer."""
+    saved = mf.partition_keys(manifest)[1:]
+    client = isinstance(opt, ClientOptimizer)
+    if client != all(k.startswith("state.") for k in saved) or (not client and tuple(saved) != NAMES[1:]):
+        kind = manifest["optimizer"].get("client") or "AdamW/Adam"
+        raise CheckpointError(f"{folder} holds the states of a {kind} optimizer, not of this "
+                              f"{type(opt.client).__name__ if client else 'AdamW/Adam'}; load the weights alone "
+                              "(load_optimizer_states=False) or use the optimizer the run used")
+    return saved
 
 
 def _check_model(folder: Path, manifest: dict[str, Any], current: list[dict[str, Any]]) -> None:
@@ -176,6 +201,19 @@ def _check_model(folder: Path, manifest: dict[str, Any], current: list[dict[str,
         if list(saved[e["name"]]["shape"]) != e["shape"] or saved[e["name"]]["trainable"] != e["trainable"]:
             raise CheckpointError(f"{folder}: {e['name']} is {saved[e['name']]['shape']} in the checkpoint but {e['shape']} "
                                   "in the model; load a checkpoint of this model")
+
+
+def _read_fragments(reader: Any, mine: list, names: list[str], lo: int, into: dict[str, torch.Tensor]) -> None:
+    """Fill `into[key]` (holding partition elements [lo, lo + numel)) from the checkpoint's fragments."""
+    hi = lo + next(iter(into.values())).numel() if into else lo
+    for f, name in zip(mine, names):
+        a, b = max(lo, f.partition_offset), min(hi, f.partition_offset + f.numel)
+        if a >= b:
+            continue
+        for key, dst in into.items():
+            piece = torch.empty(b - a, dtype=torch.float32)
+            reader.read_into(piece, name, key, f.param_start + a - f.partition_offset)
+            dst[a - lo : b - lo].copy_(piece)
 
 
 def load(engine: "Engine", load_dir: str | os.PathLike, tag: str | None = None, weights_only: bool = False,
@@ -193,17 +231,17 @@ def load(engine: "Engine", load_dir: str | os.PathLike, tag: str | None = None, 
     rng = manifest["rng"].get(str(engine.rank)) if manifest["world_size"] == engine.world_size else None
     restore = restore_rng(rng, manifest["version"], folder) if rng is not None else None  # checked before any change
     opt = engine.optimizer
+    saved_states = [] if weights_only else _check_states(folder, manifest, opt)
+    client = isinstance(opt, ClientOptimizer)
     with torch.no_grad():
         try:
+            into_states = ("master",) if weights_only or client else NAMES
             for lo, hi, views in opt.states.stream():  # one piece, or NVMe chunk by chunk (written back)
-                for f, name in zip(mine, names):
-                    a, b = max(lo, f.partition_offset), min(hi, f.partition_offset + f.numel)
-                    if a >= b:
-                        continue
-                    for key in (("master",) if weights_only else NAMES):
-                        piece = torch.empty(b - a, dtype=torch.float32)
-                        reader.read_into(piece, name, key, f.param_start + a - f.partition_offset)
-                        views[key][a - lo : b - lo].copy_(piece)
+                _read_fragments(reader, mine, names, lo, {k: views[k] for k in into_states})
+            if client and saved_states:
+                arrays = {k: torch.zeros(opt.states.numel, dtype=torch.float32) for k in saved_states}
+                _read_fragments(reader, mine, names, 0, arrays)
+                opt.load_state_arrays(arrays, manifest["optimizer"].get("client_scalars", {}))
         finally:
             reader.close()
         state = engine.module.state_dict(keep_vars=True)

@@ -148,6 +148,8 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
             self._nonfinite_run.add_(1.0).mul_(self.optimizer.overflow.to(self._nonfinite_run.dtype))
             s.finish_update()
             self.global_step += 1
+            if self.host_schedule is not None and not self.scaler.dynamic:  # step a torch scheduler now, as DeepSpeed
+                self.host_schedule.values(self.global_step)  # (under fp16 it catches up at the next update or read)
             self.overflow_log.poll(self.global_step)
             self.breakdown.end_step()
 

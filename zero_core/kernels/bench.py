@@ -71,6 +71,25 @@ def _bench_adamw(numel: int, dtype16: torch.dtype, device: torch.device, timeit:
     return timeit(lambda: adamw_step(p, g, m, v, out, **sc, **_HP))
 
 
+def _bench_adamw_groups(numel: int, dtype16: torch.dtype, device: torch.device, timeit: Timer) -> float:
+    """The update of a partition holding two optimizer groups (weights with decay, 95%; biases and norms
+    without, 5%): one launch per group run, each with its own lr tensor and hyper-parameters."""
+    p, m, v = _adam_buffers(numel, device)
+    g = torch.randn(numel, device=device)
+    out = torch.empty(numel, dtype=dtype16, device=device)
+    sc = _scalars(device)
+    lrs = torch.tensor([1e-4, 2e-4], device=device)
+    cut = numel * 95 // 100 // 64 * 64
+    runs = [(0, cut, 0, 0.01), (cut, numel, 1, 0.0)]
+
+    def update() -> None:
+        for lo, hi, grp, wd in runs:
+            adamw_step(p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], out[lo:hi], lr=lrs[grp : grp + 1], step=sc["step"],
+                       coef=sc["coef"], skip=sc["skip"], beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=wd)
+
+    return timeit(update)
+
+
 def _bench_epilogue(
     numel: int, dtype16: torch.dtype, accumulate: bool, device: torch.device, timeit: Timer
 ) -> float:
@@ -138,6 +157,7 @@ def bench_kernels(numel: int = 1_000_000_000, dtype16: torch.dtype = torch.bfloa
     cases = [
         ("copy fp32 (d2d)", "torch", 8, lambda: _bench_copy(numel, dev, timeit)),
         ("adamw_step", backend, 28 + e16, lambda: _bench_adamw(numel, dtype16, dev, timeit)),
+        ("adamw_step, 2 groups", backend, 28 + e16, lambda: _bench_adamw_groups(numel, dtype16, dev, timeit)),
         ("reduce_epilogue", backend, e16 + 4, lambda: _bench_epilogue(numel, dtype16, False, dev, timeit)),
         ("reduce_epilogue accumulate", backend, e16 + 8,
          lambda: _bench_epilogue(numel, dtype16, True, dev, timeit)),

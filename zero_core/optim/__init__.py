@@ -15,11 +15,13 @@ from ..config_models import AioConfig, ZeroConfig
 from ..lr_schedules import make_lr_schedule
 from ..step_timer import StepBreakdown
 from . import affinity, nvme_states
+from ..config_errors import ConfigError
 from .base import Hyper, PartitionOptimizer
+from .client_optimizer import ClientOptimizer
 from .device_adam import DeviceAdamW
 from .host_adam import HostAdamW
 from .param_groups import OptimizerPlan, segment_runs
-from .states import make_states
+from .states import NAMES, make_states
 
 __all__ = ["PartitionOptimizer", "DeviceAdamW", "HostAdamW", "Hyper", "make_optimizer", "offloads_optimizer"]
 
@@ -34,11 +36,18 @@ def make_optimizer(cfg: ZeroConfig, layout, device: torch.device, rank: int, bre
     """The optimizer for this rank's partition of `layout`, its states placed as the config says, with the
     hyper-parameters of each group of `plan` (`slot_groups[i]`: the group of layout slot i)."""
     zero = cfg.zero_optimization
-    states = make_states(layout.partition_numel, device, zero.offload_optimizer, cfg.aio or zero.aio or AioConfig(), rank)
+    client = plan.kind == "client"
+    if client and offloads_optimizer(cfg):
+        raise ConfigError(f"a {type(plan.client).__name__} optimizer runs on the device shards; optimizer offload "
+                          "updates on the host with AdamW/Adam only: pass torch.optim.AdamW/Adam or drop offload_optimizer")
+    states = make_states(layout.partition_numel, device, zero.offload_optimizer, cfg.aio or zero.aio or AioConfig(), rank,
+                         names=("master",) if client else NAMES)
     groups = [Hyper(g.betas[0], g.betas[1], g.eps, g.weight_decay) for g in plan.groups]
     kw = dict(groups=groups, runs=segment_runs(layout, rank, slot_groups), decoupled=plan.decoupled,
               clip=float(cfg.gradient_clipping or 0.0), lr_at=make_lr_schedule(cfg, [g.lr for g in plan.groups]),
               shard_stats=cfg.stage > 0, comm_device=device)
+    if client:
+        return ClientOptimizer(states, plan.client, **kw)
     if offloads_optimizer(cfg):
         return HostAdamW(states, comm_dtype=cfg.comm_dtype, breakdown=breakdown, **kw)
     return DeviceAdamW(states, **kw)

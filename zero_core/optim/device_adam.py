@@ -25,7 +25,7 @@ class DeviceAdamW(PartitionOptimizer):
 
     def __init__(self, states, **kw) -> None:
         super().__init__(states, **kw)
-        self.master, self.exp_avg, self.exp_avg_sq = states.master, states.exp_avg, states.exp_avg_sq
+        self.master = states.master
         # (partition offset, numel) of each bucket's shard: the unit of gradient allocation and update
         self.segments = [(runs[0][0], runs[-1][1] - runs[0][0]) for runs in self.runs]
         self._segment_numel = dict(self.segments)
@@ -61,7 +61,7 @@ class DeviceAdamW(PartitionOptimizer):
             for lo, hi, g in self.runs[i]:  # one run per optimizer group in this segment
                 h = self.groups[g]
                 adamw_step(
-                    self.master[lo:hi], grad[lo - start : hi - start], self.exp_avg[lo:hi], self.exp_avg_sq[lo:hi],
+                    self.master[lo:hi], grad[lo - start : hi - start], self.states.exp_avg[lo:hi], self.states.exp_avg_sq[lo:hi],
                     None if seg_out is None else seg_out[lo - start : hi - start],
                     lr=self.lr[g : g + 1], step=self.applied, coef=coef, skip=self.overflow,
                     beta1=h.beta1, beta2=h.beta2, eps=h.eps, weight_decay=h.weight_decay, decoupled=self.decoupled,

@@ -84,7 +84,7 @@ class NvmeStates:
                  block_size: int = 1 << 20, queue_depth: int = 8, thread_count: int = 1) -> None:
         assert chunk % ALIGN == 0 and block_size % 4096 == 0 and buffer_count >= 2
         self.numel, self.chunk, self.block = numel, chunk, block_size
-        self.device = torch.device("cpu")
+        self.device, self.names = torch.device("cpu"), NAMES
         self.nchunks = -(-numel // chunk)
         self.nbytes = file_bytes(numel, chunk)
         self.wait_seconds = 0.0  # time callers spent blocked on I/O (the step's nvme_wait)

@@ -21,6 +21,9 @@ import torch
 from ..config_errors import ConfigError
 from ..config_models import ZeroConfig
 
+# torch's element-wise optimizers: each element's update reads only that element's gradient and state
+_ELEMENTWISE = tuple(getattr(torch.optim, n) for n in ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop",
+                                                       "Adagrad", "Adadelta", "ASGD", "Rprop") if hasattr(torch.optim, n))
 _ADAM_KEYS = {"params", "lr", "betas", "eps", "weight_decay", "amsgrad", "maximize", "foreach", "capturable",
               "differentiable", "fused", "decoupled_weight_decay", "initial_lr", "name", "param_names"}
 
@@ -130,6 +133,10 @@ def plan_optimizer(model: torch.nn.Module, cfg: ZeroConfig, model_parameters: It
             raise ConfigError("an optimizer was passed to initialize and the config has an 'optimizer' section too; "
                               "remove one of them")
         decoupled = _fused_kind(optimizer)
+        if decoupled is None and type(optimizer) not in _ELEMENTWISE and not cfg.zero_allow_untested_optimizer:
+            raise ConfigError(f"{type(optimizer).__name__} is not known to update each element on its own (Lamb, "
+                              "Adafactor and LBFGS do not), and zero_core runs client optimizers on flat shards; if its "
+                              "update is element-wise, set zero_allow_untested_optimizer: true, else use AdamW")
         specs = [GroupSpec(list(g["params"]), _number(g["lr"], f"param_groups[{i}].lr"),
                            _betas(g.get("betas", (0.9, 0.999)), f"param_groups[{i}].betas"),
                            _number(g.get("eps", 1e-8), f"param_groups[{i}].eps"),

@@ -30,15 +30,14 @@ class TensorStates:
     weights leave from, pinned staging buffers), and pinned allocations are rounded up to powers of two.
     """
 
-    def __init__(self, numel: int, device: torch.device) -> None:
-        self.numel, self.device = numel, device
-        if device.type == "cpu":
-            self.master, self.exp_avg, self.exp_avg_sq = (comm.host_buffer(numel, torch.float32, pin=False) for _ in NAMES)
-        else:
-            self.master, self.exp_avg, self.exp_avg_sq = (torch.zeros(numel, dtype=torch.float32, device=device) for _ in NAMES)
+    def __init__(self, numel: int, device: torch.device, names: tuple[str, ...] = NAMES) -> None:
+        self.numel, self.device, self.names = numel, device, names
+        for n in names:  # Adam's moments, or only the master where a client optimizer keeps its own state
+            setattr(self, n, comm.host_buffer(numel, torch.float32, pin=False) if device.type == "cpu"
+                    else torch.zeros(numel, dtype=torch.float32, device=device))
 
     def stream(self, names: tuple[str, ...] = NAMES, write_back: bool = True) -> Iterator[tuple[int, int, Views]]:
-        yield 0, self.numel, {n: getattr(self, n) for n in names}
+        yield 0, self.numel, {n: getattr(self, n) for n in names if n in self.names}
 
     def read(self, name: str, lo: int, hi: int) -> torch.Tensor:
         return getattr(self, name)[lo:hi]
@@ -69,15 +68,15 @@ def state_sum(states: TensorStates, name: str) -> float:
     return sum(float(v[name].double().sum()) for _, _, v in states.stream((name,), write_back=False))
 
 
-def make_states(numel: int, device: torch.device, offload, aio, rank: int):
+def make_states(numel: int, device: torch.device, offload, aio, rank: int, names: tuple[str, ...] = NAMES):
     """The store for this rank's states: on `device`, in host RAM (`offload.device == "cpu"`) or in a
     file under `offload.nvme_path` ("nvme"). NVMe problems (missing or read-only path, too little
     space) are checked before anything is allocated and raised on every rank as the same one line."""
     kind = offload.device if offload is not None else "none"
     if kind == "none":
-        return TensorStates(numel, device)
+        return TensorStates(numel, device, names)
     if kind == "cpu":
-        return TensorStates(numel, torch.device("cpu"))
+        return TensorStates(numel, torch.device("cpu"), names)
     import os
 
     from .nvme_states import (
