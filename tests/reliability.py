@@ -14,8 +14,9 @@ import math
 import sys
 from pathlib import Path
 
-TESTS = Path(__file__).resolve().parent
-README = TESTS.parent / "README.md"
+from helpers import REPO, TESTS
+
+README = REPO / "README.md"
 START, END = "<!-- reliability:start", "<!-- reliability:end -->"
 
 # (fault injected, the test that injects it, what the test then checks; resumed = the run goes on from its
