@@ -14,10 +14,9 @@ import os
 from pathlib import Path
 from typing import Callable
 
-REPO = Path(__file__).resolve().parent.parent
-QUICKSTART = str(REPO / "scenarios" / "quickstart.yaml")
-TINY = REPO / "scenarios" / "models" / "tiny-gpt.json"
-BLENDERBOT = REPO / "scenarios" / "models" / "tiny-blenderbot.json"
+from helpers import QUICKSTART, REPO, TINY
+
+BLENDERBOT = str(REPO / "scenarios" / "models" / "tiny-blenderbot.json")
 
 
 def _lol(levels: int = 9) -> str:
@@ -45,27 +44,27 @@ def write_inputs(box: Path, scenario: Callable[..., str]) -> None:
     def model_file(name: str, family: str, config: dict, text: str | None = None) -> None:
         (box / name).write_text(text or json.dumps({"family": family, "config": config}))
 
-    tiny = json.loads(TINY.read_text())["config"]
+    tiny = json.loads(Path(TINY).read_text())["config"]
     model_file("zero heads.json", "gpt", {**tiny, "n_head": 0})
     model_file("nan dropout.json", "gpt", {}, text='{"family": "gpt", "config": {"dropout": NaN}}')
     model_file("dup model.json", "gpt", {}, text='{"family": "gpt", "config": {"n_layer": 2, "n_layer": 3}}')
     model_file("huge model.json", "gpt", {**tiny, "n_layer": 10**9})
     scenarios = {
         # model config values, in model.overrides, a variant's model_overrides, a model search and the files
-        "heads zero": scenario(model={"arch": str(TINY), "overrides": {"n_head": 0}}),
-        "width string": scenario(model={"arch": str(TINY), "overrides": {"n_embd": "64"}}),
-        "layers list": scenario(model={"arch": str(TINY), "overrides": {"n_layer": [2]}}),
-        "layers absurd": scenario(model={"arch": str(TINY), "overrides": {"n_layer": 10**9}}),
-        "dropout two": scenario(model={"arch": str(TINY), "overrides": {"dropout": 2}}),
-        "layers bool": scenario(model={"arch": str(TINY), "overrides": {"n_layer": True}}),
+        "heads zero": scenario(model={"arch": TINY, "overrides": {"n_head": 0}}),
+        "width string": scenario(model={"arch": TINY, "overrides": {"n_embd": "64"}}),
+        "layers list": scenario(model={"arch": TINY, "overrides": {"n_layer": [2]}}),
+        "layers absurd": scenario(model={"arch": TINY, "overrides": {"n_layer": 10**9}}),
+        "dropout two": scenario(model={"arch": TINY, "overrides": {"dropout": 2}}),
+        "layers bool": scenario(model={"arch": TINY, "overrides": {"n_layer": True}}),
         "heads indivisible": scenario(variants=[{"name": "z", "engine": "zero", "model_overrides": {"n_head": 5}}]),
         "search key": scenario(model_search={"key": "n_layers", "values": [2, 4]}),
         "search value": scenario(model_search={"key": "n_layer", "values": [2, 20000]}),
         "file heads": scenario(model={"arch": "zero heads.json"}),
         "file nan": scenario(model={"arch": "nan dropout.json"}),
         "file dup": scenario(model={"arch": "dup model.json"}),
-        "hf type": scenario(model={"arch": str(BLENDERBOT), "overrides": {"d_model": 32.5}}, task="seq2seq"),
-        "hf bool": scenario(model={"arch": str(BLENDERBOT), "overrides": {"scale_embedding": 1}}, task="seq2seq"),
+        "hf type": scenario(model={"arch": BLENDERBOT, "overrides": {"d_model": 32.5}}, task="seq2seq"),
+        "hf bool": scenario(model={"arch": BLENDERBOT, "overrides": {"scale_embedding": 1}}, task="seq2seq"),
         # scenario numbers
         "lr inf": scenario(lr=float("inf")),
         "lr nan": scenario(lr=float("nan")),
@@ -117,7 +116,7 @@ def write_inputs(box: Path, scenario: Callable[..., str]) -> None:
     (box / "run dir" / "results.json").mkdir(parents=True)
     for name in ("resume row", "resume link"):
         (box / name / "variants").mkdir(parents=True)
-        (box / name / "scenario.yaml").write_bytes(Path(QUICKSTART).read_bytes())
+        (box / name / "scenario.yaml").write_bytes(QUICKSTART.read_bytes())
     (box / "resume row" / "variants" / "ddp.json").write_text("[]")
     (box / "elsewhere").mkdir()
     os.symlink(box / "elsewhere", box / "resume link" / "logs")
@@ -177,18 +176,18 @@ CASES = [
     (["report", "{b}/run task"], "(results.json: task "),
     (["report", "{b}/run name"], "(results.json: variants[0].variant '../x' is not a plain name"),
     (["report", "{b}/run dir"], "is not a zbench run folder (results.json is not a regular file)"),
-    (["estimate", "--model", str(TINY), "--run", "{b}/run shape"], "is not a zbench run folder"),
-    (["estimate", "--model", str(TINY), "--run", "{b}/notes"], "is not a zbench run folder (no results.json)"),
-    (["run", QUICKSTART, "--resume", "{b}/resume row", *R], "variants/ddp.json holds a JSON list, not an object"),
-    (["run", QUICKSTART, "--resume", "{b}/resume link", *R], "would lie outside the run folder"),
+    (["estimate", "--model", TINY, "--run", "{b}/run shape"], "is not a zbench run folder"),
+    (["estimate", "--model", TINY, "--run", "{b}/notes"], "is not a zbench run folder (no results.json)"),
+    (["run", str(QUICKSTART), "--resume", "{b}/resume row", *R], "variants/ddp.json holds a JSON list, not an object"),
+    (["run", str(QUICKSTART), "--resume", "{b}/resume link", *R], "would lie outside the run folder"),
     (["bench", "kernels", "--numel", "inf"], "--numel 'inf' is not a whole number of elements from 1 to"),
     (["bench", "kernels", "--numel", "1.5"], "--numel '1.5' is not a whole number"),
     (["bench", "kernels", "--device", "tpu"], "'tpu' is not one of 'cuda', 'cpu'"),
     (["train", "--lr", "nan"], "'nan' is not a finite number above 0"),
     (["train", "--gpus", "5000"], "5000 is not in the range 1<=x<=1024"),
     (["train", "--micro-batch", "100000"], "100000 is not in the range 1<=x<=65536"),
-    (["run", QUICKSTART, "--rdzv-endpoint", "node0:99999", *R], "PORT from 1 to 65,000"),
-    (["run", QUICKSTART, "--rdzv-id", "../x", *R], "--rdzv-id '../x' is not a plain name"),
-    (["run", QUICKSTART, "--simulate-ranks", "5000", *R], "5000 is not in the range 2<=x<=1024"),
-    (["estimate", "--model", str(TINY), "--gpus", "2000"], "2000 is not in the range 1<=x<=1024"),
+    (["run", str(QUICKSTART), "--rdzv-endpoint", "node0:99999", *R], "PORT from 1 to 65,000"),
+    (["run", str(QUICKSTART), "--rdzv-id", "../x", *R], "--rdzv-id '../x' is not a plain name"),
+    (["run", str(QUICKSTART), "--simulate-ranks", "5000", *R], "5000 is not in the range 2<=x<=1024"),
+    (["estimate", "--model", TINY, "--gpus", "2000"], "2000 is not in the range 1<=x<=1024"),
 ]

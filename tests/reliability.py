@@ -15,9 +15,10 @@ import math
 import sys
 from pathlib import Path
 
-TESTS = Path(__file__).resolve().parent
-README = TESTS.parent / "README.md"
-PAGE = TESTS.parent / "docs" / "reliability.md"
+from helpers import REPO, TESTS
+
+README = REPO / "README.md"
+PAGE = REPO / "docs" / "reliability.md"
 START, END = "<!-- reliability:start", "<!-- reliability:end -->"
 
 # (fault injected, the test that injects it, what the test then checks; resumed = the run goes on from its

@@ -8,30 +8,18 @@ over existing data, an unwritable folder; the engine API cases below add a check
 
 from __future__ import annotations
 
-import copy
-import functools
-import hashlib
 import json
 import shutil
 from pathlib import Path
 
 import pytest
-import yaml
-from click.testing import CliRunner
 
 import bad_input_cases
 import zero_core
 from checkpoints.source import CheckpointError
 from fault_workers import tiny_checkpoint, unwritable
-from zbench.cli import main
+from helpers import FIXTURES, QUICKSTART, cli, one_line_error, quickstart, scenario_yaml, snapshot
 
-REPO = Path(__file__).resolve().parent.parent
-QUICKSTART = REPO / "scenarios" / "quickstart.yaml"
-
-
-def _snapshot(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
-            for p in sorted(root.rglob("*"))}
 
 
 @pytest.fixture(scope="module")
@@ -39,20 +27,8 @@ def good_checkpoint(tmp_path_factory) -> Path:
     return tiny_checkpoint(tmp_path_factory.mktemp("good") / "ckpt")
 
 
-@functools.cache
-def _quickstart() -> dict:
-    return yaml.safe_load(QUICKSTART.read_text())
-
-
 def _scenario(**changes) -> str:
-    data = copy.deepcopy(_quickstart())
-    data["model"] = {"arch": str(REPO / "scenarios" / "models" / "tiny-gpt.json")}
-    for key, value in changes.items():
-        if value is None:
-            data.pop(key, None)
-        else:
-            data[key] = value
-    return yaml.dump(data, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), allow_unicode=True)
+    return scenario_yaml(quickstart(**changes))
 
 
 @pytest.fixture
@@ -72,7 +48,7 @@ def box(tmp_path: Path, good_checkpoint: Path) -> Path:
     (tmp_path / "notes" / "readme.txt").write_text("not a checkpoint")
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "keep.txt").write_text("precious")
-    (tmp_path / "scenario typo.yaml").write_text((REPO / "scenarios" / "quickstart.yaml").read_text().replace("seq_len:", "seq_lne:"))
+    (tmp_path / "scenario typo.yaml").write_text(QUICKSTART.read_text().replace("seq_len:", "seq_lne:"))
     (tmp_path / "scenario empty.yaml").write_text("")
     (tmp_path / "scenario list.yaml").write_text("- 1\n- 2\n")
     (tmp_path / "not yaml.yaml").write_text("name: [unclosed\n")
@@ -119,7 +95,7 @@ def box(tmp_path: Path, good_checkpoint: Path) -> Path:
     return tmp_path
 
 
-DS = str(REPO / "tests" / "fixtures" / "deepspeed" / "2_2_fp32")
+DS = str(FIXTURES / "deepspeed" / "2_2_fp32")
 CASES = [
     # zbench train
     (["train", "--config", "{b}/missing.json"], "cannot read"),
@@ -156,9 +132,9 @@ CASES = [
     (["run", "{b}/scenario empty.yaml", "--out", "{b}/runs"], "is empty; write the scenario's keys"),
     (["run", "{b}/scenario list.yaml", "--out", "{b}/runs"], "must be a YAML mapping, got a list"),
     (["run", "{b}/not yaml.yaml", "--out", "{b}/runs"], "is not valid YAML at line 2"),
-    (["run", str(REPO / "scenarios" / "quickstart.yaml"), "--variants", "nosuch", "--out", "{b}/runs"], "nosuch"),
-    (["run", str(REPO / "scenarios" / "quickstart.yaml"), "--gpus", "4096", "--out", "{b}/runs"], "4096 is not in the range 1<=x<=1024"),
-    (["run", str(REPO / "scenarios" / "quickstart.yaml"), "--resume", "{b}/notes", "--out", "{b}/runs"], "has no scenario.yaml: it is not a zbench run folder"),
+    (["run", str(QUICKSTART), "--variants", "nosuch", "--out", "{b}/runs"], "nosuch"),
+    (["run", str(QUICKSTART), "--gpus", "4096", "--out", "{b}/runs"], "4096 is not in the range 1<=x<=1024"),
+    (["run", str(QUICKSTART), "--resume", "{b}/notes", "--out", "{b}/runs"], "has no scenario.yaml: it is not a zbench run folder"),
     (["report", "{b}/notes"], "notes is not a zbench run folder (no results.json); pass a folder written by zbench run"),
     (["estimate", "--model", "{b}/missing.json", "--gpus", "2"], "no model config file"),
     (["estimate", "--model", "{b}/model.json", "--gpus", "2"], 'must be {"family": "gpt"|"hf", "config": {...}}'),
@@ -221,20 +197,15 @@ CASES = [
 @pytest.mark.parametrize("args,expected", CASES, ids=[" ".join(a)[:60] for a, _ in CASES])
 def test_bad_input(box: Path, args: list[str], expected: str) -> None:
     argv = [a.replace("{b}", str(box)) for a in args]
-    before = _snapshot(box)
+    before = snapshot(box)
     if any("{b}/locked" in a for a in args):
         with unwritable(box / "locked"):
-            result = CliRunner().invoke(main, argv)
+            result = cli(*argv)
     else:
-        result = CliRunner().invoke(main, argv)
-    out = result.output.strip()
-    assert result.exit_code != 0, out
-    assert "Traceback" not in out, out
-    errors = [line for line in out.splitlines() if line.startswith("Error:")]
-    assert len(errors) == 1, out
-    assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit), repr(result.exception)
-    assert expected in errors[0], errors[0]
-    assert _snapshot(box) == before
+        result = cli(*argv)
+    line = one_line_error(result)
+    assert expected in line, line
+    assert snapshot(box) == before
 
 
 # -- the engine API: a checkpoint of another model is refused before anything is read ------------------

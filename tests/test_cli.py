@@ -8,18 +8,8 @@ import subprocess
 import sys
 
 import pytest
-from click.testing import CliRunner
 
-from zbench.cli import main
-
-
-def _one_line_error(result) -> str:
-    assert result.exit_code != 0
-    out = result.output.strip()
-    assert "Traceback" not in out
-    assert len(out.splitlines()) == 1, out
-    assert out.startswith("Error: ")
-    return out
+from helpers import cli, one_line_error
 
 
 @pytest.mark.parametrize(
@@ -35,25 +25,25 @@ def test_bad_config_file_is_one_line(tmp_path, config, expected):
     path = tmp_path / "ds.json"
     path.write_text(json.dumps(config))
     before = sorted(os.listdir(tmp_path))
-    out = _one_line_error(CliRunner().invoke(main, ["train", "--config", str(path)]))
+    out = one_line_error(cli("train", "--config", str(path)), alone=True)
     assert expected in out
     assert sorted(os.listdir(tmp_path)) == before  # nothing written next to the input
 
 
 def test_missing_and_malformed_config(tmp_path):
-    assert "cannot read --config" in _one_line_error(CliRunner().invoke(main, ["train", "--config", str(tmp_path / "nope.json")]))
+    assert "cannot read --config" in one_line_error(cli("train", "--config", str(tmp_path / "nope.json")), alone=True)
     broken = tmp_path / "broken.json"
     broken.write_text('{"train_micro_batch_size_per_gpu": 2,')
-    assert "not valid JSON" in _one_line_error(CliRunner().invoke(main, ["train", "--config", str(broken)]))
+    assert "not valid JSON" in one_line_error(cli("train", "--config", str(broken)), alone=True)
 
 
 def test_bad_flags_are_one_line():
-    assert "block size" in _one_line_error(CliRunner().invoke(main, ["train", "--seq-len", "5000"]))
-    assert "--numel" in _one_line_error(CliRunner().invoke(main, ["bench", "kernels", "--numel", "lots"]))
+    assert "block size" in one_line_error(cli("train", "--seq-len", "5000"), alone=True)
+    assert "--numel" in one_line_error(cli("bench", "kernels", "--numel", "lots"), alone=True)
 
 
 def test_bench_kernels_on_cpu_prints_table():
-    result = CliRunner().invoke(main, ["bench", "kernels", "--numel", "5000", "--device", "cpu"])
+    result = cli("bench", "kernels", "--numel", "5000", "--device", "cpu")
     assert result.exit_code == 0, result.output
     rows = [line for line in result.output.splitlines() if line.startswith("| ")]
     names = " ".join(rows)

@@ -7,16 +7,11 @@ import shutil
 
 import pytest
 import torch
-from click.testing import CliRunner
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from checkpoint_helpers import DCP, DEEPSPEED, UNIVERSAL, flip_tensor_byte, one_line_error, snapshot
-from zbench.cli import main
-
-
-def run(*args: str):
-    return CliRunner().invoke(main, [str(a) for a in args])
+from checkpoint_helpers import DCP, DEEPSPEED, UNIVERSAL, flip_tensor_byte
+from helpers import cli, one_line_error, refused, snapshot
 
 
 def _read_output(out):
@@ -29,7 +24,7 @@ def _read_output(out):
 
 @pytest.mark.parametrize("folder", DEEPSPEED, ids=lambda p: p.name)
 def test_convert_matches_deepspeed_fp32_consolidation_bitwise(folder, tmp_path):
-    result = run("convert", folder, "--to", "fp32", "--out", tmp_path / "out")
+    result = cli("convert", folder, "--to", "fp32", "--out", tmp_path / "out")
     assert result.exit_code == 0, result.output
     got = _read_output(tmp_path / "out")
     expected = load_file(folder / "expected_fp32.safetensors")
@@ -40,7 +35,7 @@ def test_convert_matches_deepspeed_fp32_consolidation_bitwise(folder, tmp_path):
 
 @pytest.mark.parametrize("folder", UNIVERSAL + DCP, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_convert_universal_and_dcp(folder, tmp_path):
-    result = run("convert", folder, "--to", "fp32", "--out", tmp_path / "out")
+    result = cli("convert", folder, "--to", "fp32", "--out", tmp_path / "out")
     assert result.exit_code == 0, result.output
     got = _read_output(tmp_path / "out")
     ref = folder / "expected_full.safetensors" if folder.parent.name == "dcp" else (
@@ -53,7 +48,7 @@ def test_convert_universal_and_dcp(folder, tmp_path):
 
 def test_convert_bf16_sharded(tmp_path):
     folder = next(p for p in DEEPSPEED if p.name == "2_3_bf16")
-    result = run("convert", folder, "--to", "bf16", "--out", tmp_path / "out", "--max-shard-size", "300B")
+    result = cli("convert", folder, "--to", "bf16", "--out", tmp_path / "out", "--max-shard-size", "300B")
     assert result.exit_code == 0, result.output
     index = json.loads((tmp_path / "out" / "model.safetensors.index.json").read_text())
     model = load_file(folder / "expected_model.safetensors")  # the run's own bf16 weights
@@ -64,7 +59,7 @@ def test_convert_bf16_sharded(tmp_path):
 
 @pytest.mark.parametrize("folder", DEEPSPEED[::5] + UNIVERSAL[:1] + DCP[:1], ids=lambda p: p.name)
 def test_inspect_reports_what_it_is(folder):
-    result = run("inspect", folder, "--json")
+    result = cli("inspect", folder, "--json")
     assert result.exit_code == 0, result.output
     info = json.loads(result.output)
     kind = {"deepspeed": "deepspeed", "deepspeed_universal": "deepspeed-universal", "dcp": "dcp"}[folder.parent.name]
@@ -72,7 +67,7 @@ def test_inspect_reports_what_it_is(folder):
     if kind != "dcp":
         stage, world, _ = folder.name.split("_")
         assert (info["stage"], info["world_size"], info["step"]) == (int(stage), int(world), 2)
-    text = run("inspect", folder).output
+    text = cli("inspect", folder).output
     assert "kind" in text and "integrity" in text and "ok" in text.splitlines()[-1]
 
 
@@ -85,61 +80,54 @@ def ckpt(tmp_path):
     return tmp_path / "ck"
 
 
-def _fails_cleanly(tmp_path, *args) -> str:
-    before = snapshot(tmp_path)
-    line = one_line_error(run(*args))
-    assert snapshot(tmp_path) == before
-    return line
-
-
 def test_truncated_rank_file(ckpt, tmp_path):
     victim = ckpt / "global_step2" / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"
     victim.write_bytes(victim.read_bytes()[:2000])
     for cmd in (["convert", ckpt, "--to", "fp32", "--out", tmp_path / "out"], ["inspect", ckpt]):
-        line = _fails_cleanly(tmp_path, *cmd)
+        line = refused(tmp_path, *cmd)
         assert "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt is truncated or corrupt" in line
 
 
 def test_bit_flipped_rank_file(ckpt, tmp_path):
     victim = ckpt / "global_step2" / "bf16_zero_pp_rank_2_mp_rank_00_optim_states.pt"
     flip_tensor_byte(victim)
-    line = _fails_cleanly(tmp_path, "convert", ckpt, "--to", "fp32", "--out", tmp_path / "out")
+    line = refused(tmp_path, "convert", ckpt, "--to", "fp32", "--out", tmp_path / "out")
     assert "bf16_zero_pp_rank_2_mp_rank_00_optim_states.pt is corrupt" in line and "CRC" in line
     before = snapshot(tmp_path)
-    result = run("inspect", ckpt)
+    result = cli("inspect", ckpt)
     assert one_line_error(result) and "bf16_zero_pp_rank_2_mp_rank_00_optim_states.pt is corrupt" in result.output
     assert "integrity" in result.output and snapshot(tmp_path) == before
 
 
 def test_missing_rank_file(ckpt, tmp_path):
     (ckpt / "global_step2" / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()
-    line = _fails_cleanly(tmp_path, "convert", ckpt, "--to", "fp32", "--out", tmp_path / "out")
+    line = refused(tmp_path, "convert", ckpt, "--to", "fp32", "--out", tmp_path / "out")
     assert "missing rank file" in line and "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt" in line
 
 
 def test_wrong_tag_lists_the_tags(ckpt, tmp_path):
-    line = _fails_cleanly(tmp_path, "convert", ckpt, "--to", "fp32", "--out", tmp_path / "out", "--tag", "global_step9")
+    line = refused(tmp_path, "convert", ckpt, "--to", "fp32", "--out", tmp_path / "out", "--tag", "global_step9")
     assert "'global_step9'" in line and "tags present: global_step2" in line
 
 
 def test_not_a_checkpoint_folder(tmp_path):
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "a.txt").write_text("hello")
-    line = _fails_cleanly(tmp_path, "inspect", tmp_path / "notes")
+    line = refused(tmp_path, "inspect", tmp_path / "notes")
     assert "is not a checkpoint folder" in line and "latest" in line and ".metadata" in line
 
 
 def test_output_folder_that_holds_files(ckpt, tmp_path):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "model.safetensors").write_text("someone else's")
-    line = _fails_cleanly(tmp_path, "convert", ckpt, "--to", "fp32", "--out", tmp_path / "out")
+    line = refused(tmp_path, "convert", ckpt, "--to", "fp32", "--out", tmp_path / "out")
     assert "already holds files" in line
 
 
 def test_option_errors(ckpt, tmp_path):
-    assert "--max-shard-size" in _fails_cleanly(tmp_path, "convert", ckpt, "--to", "fp32", "--out", tmp_path / "o",
+    assert "--max-shard-size" in refused(tmp_path, "convert", ckpt, "--to", "fp32", "--out", tmp_path / "o",
                                                 "--max-shard-size", "huge")
-    assert "--world-size" in _fails_cleanly(tmp_path, "convert", ckpt, "--to", "zbench", "--out", tmp_path / "o")
-    assert "zbench checkpoints only" in _fails_cleanly(tmp_path, "convert", ckpt, "--to", "zbench", "--out", tmp_path / "o",
+    assert "--world-size" in refused(tmp_path, "convert", ckpt, "--to", "zbench", "--out", tmp_path / "o")
+    assert "zbench checkpoints only" in refused(tmp_path, "convert", ckpt, "--to", "zbench", "--out", tmp_path / "o",
                                                        "--world-size", "2")
-    assert "not dcp" in _fails_cleanly(tmp_path, "inspect", ckpt, "--from", "dcp")
+    assert "not dcp" in refused(tmp_path, "inspect", ckpt, "--from", "dcp")

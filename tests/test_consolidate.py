@@ -9,7 +9,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from checkpoint_helpers import DEEPSPEED, snapshot
+from checkpoint_helpers import DEEPSPEED
+from helpers import snapshot
 from checkpoints.consolidate import parse_size, plan_shards, write_consolidated
 from checkpoints.detect import open_source
 from checkpoints.source import CheckpointError, ParamInfo, SourceSummary

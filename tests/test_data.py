@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
+from helpers import FIXTURES
 from zbench.data import build_splits
 from zbench.data.batches import eval_batches, steps_per_epoch, train_stream
 from zbench.data.mrpc import find_mrpc_files, load_mrpc, read_pairs
 from zbench.data.synthetic import synthetic_split
 from zbench.data.tokenize import ByteTokenizer, pair_ids
 
-FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "mrpc_tiny")
+FIXTURE = str(FIXTURES / "mrpc_tiny")
 
 
 def test_mrpc_fixture_reads_glue_layout():

@@ -9,9 +9,8 @@ import os
 
 import pytest
 import torch
-import yaml
 
-from test_runner import TINY, run_dir, table, zbench
+from helpers import TINY, run_dir, table, write_scenario, zbench
 from zbench.data.batches import trim_padding
 from zbench.data.synthetic import synthetic_split
 from zbench.scenario import ScenarioError, parse_scenario
@@ -73,9 +72,7 @@ def test_dynamic_padding_trains_the_same_and_counts_fewer_tokens(tmp_path):
                          data={"synthetic": {"train_samples": 64, "eval_samples": 16,
                                              "lengths": {"mean": 16, "std": 4, "min": 8}}},
                          variants=[{"name": "ddp", "engine": "ddp"}, {"name": "zero2", "engine": "zero", "stage": 2}])
-        path = tmp_path / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(data))
-        proc = zbench("run", str(path), "--out", str(tmp_path / f"runs_{name}"), "--wandb", "off")
+        proc = zbench("run", write_scenario(tmp_path, data, name), "--out", str(tmp_path / f"runs_{name}"), "--wandb", "off")
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert table(proc.stdout)["zero2"]["Loss parity vs DDP"].endswith(" ok")
         runs[name] = {r["variant"]: r for r in json.load(open(os.path.join(run_dir(proc.stdout), "results.json")))["variants"]}

@@ -5,10 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
-from click.testing import CliRunner
 
+from helpers import cli, one_line_error
 from zbench import estimate, metrics
-from zbench.cli import main
 from zbench.search import largest_fitting, largest_fitting_value
 
 GIB = 2**30
@@ -49,7 +48,7 @@ def test_gpt2_xl_counts_and_stage3_estimate_on_two_gpus():
 
 
 def test_estimate_command_prints_the_table():
-    result = CliRunner().invoke(main, ["estimate", "--model", "scenarios/models/gpt2-xl.json", "--gpus", "2"])
+    result = cli("estimate", "--model", "scenarios/models/gpt2-xl.json", "--gpus", "2")
     assert result.exit_code == 0, result.output
     out = result.output
     assert "SW: Model with 1558M total params, 80M largest layer params." in out
@@ -57,8 +56,7 @@ def test_estimate_command_prints_the_table():
     assert f"| 3 | {GPT2_XL_LARGEST * 4 * 2 * 1.5 / GIB:.2f} | {14_340_145_600 / GIB:.2f} |" in out
     stage0_gpu = (4 * GPT2_XL + 16 * GPT2_XL) / GIB
     assert f"| 0 | {GPT2_XL * 4 * 2 * 1.5 / GIB:.2f} | {stage0_gpu:.2f} |" in out
-    missing = CliRunner().invoke(main, ["estimate", "--model", "nope"])
-    assert missing.exit_code != 0 and len(missing.output.strip().splitlines()) == 1
+    one_line_error(cli("estimate", "--model", "nope"), alone=True)
 
 
 def test_flops_per_token_and_tflops():

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import yaml
 
 from dist_harness import run_ranks
+from helpers import table, tiny_scenario, zbench
 from parity_workers import ds_config, make_batches, make_model, train_local
-from test_runner import TINY, table, zbench
 
 
 def _loss_grads_saved(recompute: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
@@ -60,15 +59,9 @@ def test_stage3_with_recomputation_trains_as_without(zero):
 
 
 def test_scenario_key_turns_recomputation_on_and_says_so(tmp_path):
-    data = {
-        "model": {"arch": TINY},
-        "data": {"synthetic": {"train_samples": 32, "eval_samples": 8}},
-        "seq_len": 16, "steps": 3, "batch_size": 4, "gpus": 2, "lr": 3e-3, "gradient_checkpointing": True,
-        "variants": [{"name": "ddp", "engine": "ddp"}, {"name": "zero3", "engine": "zero", "stage": 3}],
-    }
-    path = tmp_path / "recompute.yaml"
-    path.write_text(yaml.safe_dump(data))
-    proc = zbench("run", str(path), "--out", str(tmp_path / "runs"), "--wandb", "off")
+    path = tiny_scenario(tmp_path, "recompute", [{"name": "ddp", "engine": "ddp"}, {"name": "zero3", "engine": "zero", "stage": 3}],
+                         gradient_checkpointing=True)
+    proc = zbench("run", path, "--out", str(tmp_path / "runs"), "--wandb", "off")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = table(proc.stdout)
     assert rows["zero3"]["Method"].endswith("+ activation checkpointing"), rows["zero3"]

@@ -9,11 +9,9 @@ import json
 import os
 
 import pytest
-import yaml
-from click.testing import CliRunner
 
 from bad_input_cases import summary
-from zbench.cli import main
+from helpers import REPO, TINY, cli, tiny_data, write_scenario
 from zbench.models.arch_values import check_hf
 from zbench.plan import build_plan, transformers_available
 from zbench.run_folder import RunFolderError, default_name, name_problem, run_path, write_atomic
@@ -21,10 +19,7 @@ from zbench.run_summary import load_summary
 from zbench.scenario import ScenarioError, load_scenario, parse_scenario
 from zero_core import ConfigError
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = os.path.join(REPO, "scenarios", "models", "tiny-gpt.json")
-BASE = {"model": {"arch": TINY}, "data": {"synthetic": {"train_samples": 32, "eval_samples": 8}},
-        "seq_len": 16, "steps": 2, "batch_size": 2, "gpus": 2, "variants": [{"name": "ddp", "engine": "ddp"}]}
+BASE = tiny_data([{"name": "ddp", "engine": "ddp"}], steps=2, batch_size=2, lr=None)
 
 
 def parsed(**changes):
@@ -84,9 +79,7 @@ def test_names_refused(name, expected):
 def test_default_name_from_the_file_name(tmp_path):
     assert default_name("my scenario") == "my-scenario" and default_name(".hidden") == "hidden"
     assert default_name("...") == "scenario"
-    data = copy.deepcopy(BASE)
-    (tmp_path / "my run (2).yaml").write_text(yaml.safe_dump(data))
-    assert load_scenario(str(tmp_path / "my run (2).yaml")).name == "my-run-2"
+    assert load_scenario(write_scenario(tmp_path, BASE, "my run (2)")).name == "my-run-2"
 
 
 def test_run_paths_stay_inside_the_run_folder(tmp_path):
@@ -136,28 +129,22 @@ def test_hf_overrides_keep_the_base_types():
         assert expected in str(e.value)
 
 
-def write(tmp_path, data) -> str:
-    path = tmp_path / "sc.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return str(path)
-
-
 @pytest.mark.skipif(not transformers_available(), reason="an hf model config needs transformers")
 def test_plan_checks_the_decoder_length(tmp_path):
     blender = os.path.join(REPO, "scenarios", "models", "tiny-blenderbot.json")
     seq2seq = {**BASE, "model": {"arch": blender}, "task": "seq2seq", "target_len": 100}
     with pytest.raises(ScenarioError, match="target_len 100 exceeds the 64 positions of 'tiny-blenderbot'"):
-        build_plan(write(tmp_path, seq2seq))
+        build_plan(write_scenario(tmp_path, seq2seq))
 
 
 def test_plan_checks_what_ranks_would_fail_on(tmp_path):
     (tmp_path / "a.txt").write_text("some text " * 200)
     text = {**BASE, "model": {"arch": TINY, "overrides": {"vocab_size": 100}}, "data": {"text_files": ["a.txt"]}}
     with pytest.raises(ScenarioError, match="read as bytes .* a vocabulary of 100; name a tokenizer"):
-        build_plan(write(tmp_path, text))
+        build_plan(write_scenario(tmp_path, text))
     search = {**BASE, "model_search": {"key": "dropout", "values": [1]}}
     with pytest.raises(ScenarioError, match="model_search.key 'dropout' is not a size field of 'tiny-gpt'; use one of"):
-        build_plan(write(tmp_path, search))
+        build_plan(write_scenario(tmp_path, search))
 
 
 def test_report_refuses_a_huge_results_file_without_reading_it(tmp_path):
@@ -166,7 +153,7 @@ def test_report_refuses_a_huge_results_file_without_reading_it(tmp_path):
     with open(run / "results.json", "wb") as f:
         f.truncate(1 << 30)  # 1 GiB, sparse: no disk used
     for args in (["report", str(run)], ["estimate", "--model", TINY, "--run", str(run)]):
-        result = CliRunner().invoke(main, args)
+        result = cli(*args)
         assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
         assert "is not a zbench run folder (results.json is 1,024 MiB, more than the 256 MiB" in result.output
     assert os.path.getsize(run / "results.json") == 1 << 30 and sorted(os.listdir(run)) == ["results.json"]

@@ -9,7 +9,6 @@ ranks are training (seen on stderr, in their progress file and in /proc, never a
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shlex
@@ -21,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from helpers import REPO, file_sha256
+
 SCENARIO = "scenarios/quickstart.yaml"
 
 
@@ -63,10 +63,6 @@ def _training(run_dir: Path) -> bool:
     return any(p.stat().st_size for p in run_dir.glob("logs/zero1/progress-*.jsonl"))
 
 
-def _sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 @pytest.mark.parametrize("signum,to_group", [(signal.SIGINT, True), (signal.SIGTERM, False)], ids=["ctrl-c", "sigterm"])
 def test_interrupted_run_stops_its_ranks_and_resumes(tmp_path, signum, to_group):
     env = {**os.environ, "WANDB_SILENT": "true"}
@@ -86,7 +82,7 @@ def test_interrupted_run_stops_its_ranks_and_resumes(tmp_path, signum, to_group)
             time.sleep(0.05)
         ranks = _children(proc.pid)
         assert len(ranks) == 2 and _training(run_dir), ranks
-        kept = _sha(run_dir / "variants" / "ddp.json")
+        kept = file_sha256(run_dir / "variants" / "ddp.json")
         if to_group:
             os.killpg(proc.pid, signum)
         else:
@@ -99,7 +95,7 @@ def test_interrupted_run_stops_its_ranks_and_resumes(tmp_path, signum, to_group)
     assert err.splitlines() == [f"interrupted; resume with: zbench run {SCENARIO} --resume {run_dir}"], err
     assert "Traceback" not in out + err and "results:" not in out
     assert not [pid for pid in ranks if _alive(pid)] and _group(proc.pid) == []  # no rank, nothing it started
-    assert _sha(run_dir / "variants" / "ddp.json") == kept  # the finished row as it was
+    assert file_sha256(run_dir / "variants" / "ddp.json") == kept  # the finished row as it was
     assert not (run_dir / "variants" / "zero1.json").exists()  # the interrupted variant left no row
 
     printed = shlex.split(err.split("resume with: ", 1)[1])  # the command the user is told to run
@@ -110,7 +106,7 @@ def test_interrupted_run_stops_its_ranks_and_resumes(tmp_path, signum, to_group)
     assert "[ddp] kept from" in again.stderr and "[ddp] training" not in again.stderr
     rows = re.findall(r"^\| (ddp|zero1|zero2|zero3|fsdp2) \|.*\| ([0-9.e+-]+ (?:reference|ok)) \|", again.stdout, re.M)
     assert [name for name, _ in rows] == ["ddp", "zero1", "zero2", "zero3", "fsdp2"], again.stdout
-    assert _sha(run_dir / "variants" / "ddp.json") == kept
+    assert file_sha256(run_dir / "variants" / "ddp.json") == kept
 
 
 def _signal_self(signum):

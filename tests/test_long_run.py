@@ -7,22 +7,15 @@ count of NaN-skipped steps (a NaN loss is injected at step 50 into both). About 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
-import yaml
 from safetensors.torch import load_file
 
-REPO = Path(__file__).resolve().parent.parent
+from helpers import run_dir, write_scenario, zbench
+
 STEPS, EVERY, KILL_AT, NAN_AT = 240, 40, 130, 50
-
-
-def _zbench(*args: str, faults: str | None = None) -> subprocess.CompletedProcess:
-    script = ["tests/run_with_faults.py", faults] if faults else ["-m", "zbench"]
-    return subprocess.run([sys.executable, *script, *args, "--wandb", "off", "--no-progress"], capture_output=True,
-                          text=True, cwd=REPO, timeout=300)
+QUIET = ("--wandb", "off", "--no-progress")
 
 
 def test_long_run_killed_mid_step_resumes_bit_identical(tmp_path):
@@ -33,11 +26,10 @@ def test_long_run_killed_mid_step_resumes_bit_identical(tmp_path):
                 "seq_len": 16, "steps": STEPS, "batch_size": 4, "lr": 1e-3, "gpus": 2, "checkpoint_every": EVERY,
                 "variants": [{"name": "straight", "engine": "zero", "stage": 3},
                              {"name": "victim", "engine": "zero", "stage": 3}]}
-    path = tmp_path / "long.yaml"
-    path.write_text(yaml.safe_dump(scenario))
+    path = write_scenario(tmp_path, scenario, "long")
 
-    first = _zbench("run", str(path), "--out", str(tmp_path / "runs"), faults=f"nan-at-step-{NAN_AT},kill-at-step-{KILL_AT}:victim")
-    run = next(line.split()[1] for line in first.stdout.splitlines() if line.startswith("results: "))
+    first = zbench("run", path, "--out", str(tmp_path / "runs"), *QUIET, faults=f"nan-at-step-{NAN_AT},kill-at-step-{KILL_AT}:victim")
+    run = run_dir(first.stdout)
     ckpts = Path(run) / "checkpoints"
     victim_row = next(line for line in first.stdout.splitlines() if line.startswith("| victim |"))
     # whichever the launcher saw first: the SIGKILLed rank (an OOM-killer suspect, exit 0) or rank 0's error
@@ -48,7 +40,7 @@ def test_long_run_killed_mid_step_resumes_bit_identical(tmp_path):
         assert "a peer rank closed its connection" in victim_row and first.returncode == 1, first.stderr[-3000:]
     assert (ckpts / "victim" / "latest").read_text().strip() == f"global_step{KILL_AT // EVERY * EVERY}"
 
-    resumed = _zbench("run", str(path), "--resume", run)
+    resumed = zbench("run", path, "--resume", run, *QUIET)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "[straight] kept from" in resumed.stderr and "[victim] training" in resumed.stderr
     rows = {v["variant"]: v for v in json.load(open(f"{run}/results.json"))["variants"]}

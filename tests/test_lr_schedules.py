@@ -9,6 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers import FIXTURES
 from zero_core.config import load_config
 from zero_core.lr_schedules import LrSchedule, make_lr_schedule
 
@@ -156,9 +157,8 @@ def test_matches_deepspeed_oracle(kind, warmup_type, lo, hi, warmup, extra, last
 # -- against DeepSpeed's own scheduler classes (tests/fixtures/make_lr_fixtures.py) ---------------------------
 def _deepspeed_cases():
     import json
-    from pathlib import Path
 
-    data = json.loads((Path(__file__).parent / "fixtures" / "deepspeed_lr" / "schedules.json").read_text())
+    data = json.loads((FIXTURES / "deepspeed_lr" / "schedules.json").read_text())
     return data, [pytest.param(c, id=f"{c['type']}-{i}") for i, c in enumerate(data["cases"])]
 
 

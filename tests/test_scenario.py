@@ -9,45 +9,21 @@ import os
 
 import pytest
 import yaml
-from click.testing import CliRunner
 
+from helpers import REPO, refused_run, tiny_data, write_scenario
 from zbench import ds_config
 from zbench.accelerate_config import load_accelerate_config
-from zbench.cli import main
 from zbench.plan import build_plan
 from zbench.scenario import ScenarioError, parse_scenario
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = os.path.join(REPO, "scenarios", "models", "tiny-gpt.json")
-BASE = {
-    "model": {"arch": TINY},
-    "data": {"synthetic": {"train_samples": 32, "eval_samples": 8}},
-    "seq_len": 16, "steps": 2, "batch_size": 2, "gpus": 2,
-    "variants": [{"name": "ddp", "engine": "ddp"}, {"name": "zero2", "engine": "zero", "stage": 2}],
-}
-
-
-def write(tmp_path, data, name="sc.yaml") -> str:
-    path = tmp_path / name
-    path.write_text(yaml.safe_dump(data))
-    return str(path)
+BASE = tiny_data([{"name": "ddp", "engine": "ddp"}, {"name": "zero2", "engine": "zero", "stage": 2}], steps=2, batch_size=2,
+                 lr=None)
 
 
 def variant(**kw):
     d = copy.deepcopy(BASE)
     d["variants"].append(kw)
     return d
-
-
-def one_line_cli_error(tmp_path, args) -> str:
-    """`zbench run` fails with one Error line and launches nothing (no run folder appears)."""
-    out = tmp_path / "runs"
-    result = CliRunner().invoke(main, ["run", *args, "--out", str(out), "--wandb", "off"])
-    assert result.exit_code != 0
-    text = result.output.strip()
-    assert "Traceback" not in text and len(text.splitlines()) == 1 and text.startswith("Error: "), text
-    assert not out.exists()
-    return text
 
 
 @pytest.mark.parametrize("mutate,expected", [
@@ -102,14 +78,14 @@ def load_arch_family(sc, path) -> str:
 
 
 def test_unknown_key_before_launch(tmp_path):
-    path = write(tmp_path, variant(name="z3", engine="zero", stgae=3))
-    assert "did you mean 'stage'" in one_line_cli_error(tmp_path, [path])
+    path = write_scenario(tmp_path, variant(name="z3", engine="zero", stgae=3))
+    assert "did you mean 'stage'" in refused_run(tmp_path, path)
 
 
 def test_missing_model_config(tmp_path):
     data = copy.deepcopy(BASE)
     data["model"] = {"arch": "gpt-nonexistent"}
-    text = one_line_cli_error(tmp_path, [write(tmp_path, data)])
+    text = refused_run(tmp_path, write_scenario(tmp_path, data))
     assert "model.arch 'gpt-nonexistent'" in text and "no model config file" in text
 
 
@@ -117,14 +93,14 @@ def test_deepspeed_variant_without_deepspeed(tmp_path, monkeypatch):
     import zbench.plan
 
     monkeypatch.setattr(zbench.plan, "deepspeed_available", lambda: False)
-    text = one_line_cli_error(tmp_path, [write(tmp_path, variant(name="ds", engine="deepspeed", stage=2))])
+    text = refused_run(tmp_path, write_scenario(tmp_path, variant(name="ds", engine="deepspeed", stage=2)))
     assert "variant 'ds' needs DeepSpeed" in text and "pip install deepspeed" in text
 
 
 def test_more_gpus_than_cpu_ranks_allowed(tmp_path):
     data = copy.deepcopy(BASE)
     data["gpus"] = (os.cpu_count() or 1) * 4 + 1
-    text = one_line_cli_error(tmp_path, [write(tmp_path, data)])
+    text = refused_run(tmp_path, write_scenario(tmp_path, data))
     assert "no GPU here" in text and "--gpus" in text
 
 
@@ -134,29 +110,29 @@ def test_more_gpus_than_present(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     data = copy.deepcopy(BASE)
     data["gpus"] = 4
-    text = one_line_cli_error(tmp_path, [write(tmp_path, data)])
+    text = refused_run(tmp_path, write_scenario(tmp_path, data))
     assert "asks for 4 GPUs per node but this machine has 2" in text
 
 
 def test_cpu_ranks_are_allowed_with_a_note(tmp_path):
-    plan = build_plan(write(tmp_path, BASE))
+    plan = build_plan(write_scenario(tmp_path, BASE))
     assert plan.device == "cpu" and any("CPU rank" in n for n in plan.notes)
 
 
 def test_zero_variant_config_rejected_by_zero_core(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps({"zero_optimization": {"stage": 2, "reduce_bucket_sise": 5}}))
-    text = one_line_cli_error(tmp_path, [write(tmp_path, variant(name="zb", engine="zero", ds_config="bad.json"))])
+    text = refused_run(tmp_path, write_scenario(tmp_path, variant(name="zb", engine="zero", ds_config="bad.json")))
     assert "variant 'zb'" in text and "did you mean 'reduce_bucket_size'" in text
 
 
 def test_variant_config_file_with_a_duplicate_key(tmp_path):
     (tmp_path / "dup.json").write_text('{"zero_optimization": {"stage": 2, "stage": 3}}')
-    text = one_line_cli_error(tmp_path, [write(tmp_path, variant(name="zd", engine="zero", ds_config="dup.json"))])
+    text = refused_run(tmp_path, write_scenario(tmp_path, variant(name="zd", engine="zero", ds_config="dup.json")))
     assert "has the key 'stage' twice" in text
 
 
 def test_unsupported_offload_is_a_row_not_an_error(tmp_path):
-    plan = build_plan(write(tmp_path, variant(name="nvme", engine="zero", stage=3, offload_param="nvme")))
+    plan = build_plan(write_scenario(tmp_path, variant(name="nvme", engine="zero", stage=3, offload_param="nvme")))
     nvme = [v for v in plan.variants if v.name == "nvme"][0]
     assert nvme.status == "unsupported" and "not supported yet" in nvme.reason
     assert "NVMe offload (param)" in nvme.label
@@ -164,9 +140,9 @@ def test_unsupported_offload_is_a_row_not_an_error(tmp_path):
 
 
 def test_variants_filter(tmp_path):
-    path = write(tmp_path, BASE)
+    path = write_scenario(tmp_path, BASE)
     assert [v.name for v in build_plan(path, only=["zero2"]).variants] == ["zero2"]
-    assert "no variant named 'zero9'" in one_line_cli_error(tmp_path, [path, "--variants", "zero9"])
+    assert "no variant named 'zero9'" in refused_run(tmp_path, path, "--variants", "zero9")
 
 
 def test_accelerate_plugin_yaml_translates_like_accelerate():
@@ -215,21 +191,21 @@ def test_ds_config_autos_filled_like_hf_trainer(tmp_path):
 
 def test_precision_conflict_with_file(tmp_path):
     (tmp_path / "fp16.json").write_text(json.dumps({"fp16": {"enabled": True}}))
-    text = one_line_cli_error(tmp_path, [write(tmp_path, variant(name="z", engine="zero", ds_config="fp16.json"))])
+    text = refused_run(tmp_path, write_scenario(tmp_path, variant(name="z", engine="zero", ds_config="fp16.json")))
     assert "enables fp16 but the scenario's precision is fp32" in text
 
 
 def test_seq_len_longer_than_model(tmp_path):
     data = copy.deepcopy(BASE)
     data["seq_len"] = 65
-    assert "exceeds the 64 positions" in one_line_cli_error(tmp_path, [write(tmp_path, data)])
+    assert "exceeds the 64 positions" in refused_run(tmp_path, write_scenario(tmp_path, data))
 
 
 def test_resume_needs_the_same_scenario(tmp_path):
     folder = tmp_path / "old-run"
     folder.mkdir()
     (folder / "scenario.yaml").write_text("name: something-else\n")
-    text = one_line_cli_error(tmp_path, [write(tmp_path, BASE), "--resume", str(folder)])
+    text = refused_run(tmp_path, write_scenario(tmp_path, BASE), "--resume", str(folder))
     assert "another version of the scenario" in text
 
 
@@ -246,8 +222,8 @@ def test_deepspeed_variants_get_torch_adamw_unless_told_otherwise(source, expect
 
 
 def test_nvme_offload_without_a_path_is_an_error_before_launch(tmp_path):
-    path = write(tmp_path, variant(name="z", engine="zero", offload_optimizer="nvme"))
-    text = one_line_cli_error(tmp_path, [path])
+    path = write_scenario(tmp_path, variant(name="z", engine="zero", offload_optimizer="nvme"))
+    text = refused_run(tmp_path, path)
     assert "nvme_path is required" in text and "give the variant nvme_path: DIR" in text
 
 

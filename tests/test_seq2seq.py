@@ -13,7 +13,7 @@ import pytest
 import torch
 from sacrebleu import corpus_bleu
 
-from test_runner import REPO, run_dir, table, zbench
+from helpers import FIXTURES, REPO, refused_run, run_dir, table, write_scenario, zbench
 from zbench import metrics
 from zbench.data import build_splits
 from zbench.data.pairs import encode, load_text_pairs, pick_columns, read_pairs
@@ -22,7 +22,7 @@ from zbench.evaluation import EvalSums
 from zbench.generation import TextGeneration, greedy_generate
 from zbench.results import markdown
 
-PAIRS = os.path.join(REPO, "tests", "fixtures", "pairs_tiny")
+PAIRS = str(FIXTURES / "pairs_tiny")
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 needs_transformers = pytest.mark.skipif(not HAS_TRANSFORMERS, reason="the toy BlenderBot needs transformers "
                                         "(pip install -e '.[test]' installs it)")
@@ -188,9 +188,6 @@ def test_synthetic_seq2seq_table_has_no_bleu_column_and_says_why():
 @needs_transformers
 def test_pair_file_problems_are_one_line_before_launch(tmp_path):
     import yaml
-    from click.testing import CliRunner
-
-    from zbench.cli import main
 
     (tmp_path / "qa.jsonl").write_text('{"question": "q", "answer": "a"}\n')
     with open(os.path.join(REPO, "scenarios", "seq2seq_tiny.yaml")) as f:
@@ -203,13 +200,9 @@ def test_pair_file_problems_are_one_line_before_launch(tmp_path):
          "column 'reply' is not in it"),
         ({"synthetic": {}, "metric": "bleu"}, "metric 'bleu' needs real text pairs (data.text_pairs), not data.synthetic"),
     ]:
-        path = tmp_path / "sc.yaml"
         metric = data.pop("metric", None)
-        path.write_text(yaml.safe_dump({**base, "data": data, **({"metric": metric} if metric else {})}))
-        result = CliRunner().invoke(main, ["run", str(path), "--out", str(tmp_path / "runs"), "--wandb", "off"])
-        text = result.output.strip()
-        assert result.exit_code != 0 and len(text.splitlines()) == 1 and text.startswith("Error: "), text
-        assert expected in text and not (tmp_path / "runs").exists()
+        path = write_scenario(tmp_path, {**base, "data": data, **({"metric": metric} if metric else {})})
+        assert expected in refused_run(tmp_path, path)
 
 
 @needs_transformers

@@ -1,0 +1,175 @@
+"""Shared by the test modules (a helper module, not a test module): repository paths, the one-line error
+check, disk snapshots, scenario files, `zbench` in a subprocess and the tables it prints."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import hashlib
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+from click.testing import CliRunner
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+FIXTURES = TESTS / "fixtures"
+QUICKSTART = REPO / "scenarios" / "quickstart.yaml"
+TINY = str(REPO / "scenarios" / "models" / "tiny-gpt.json")  # a str: scenarios hold it as YAML text
+
+
+# -- commands that fail ------------------------------------------------------------------------------
+def one_line_error(result, alone: bool = False) -> str:
+    """The `Error:` line of a command that failed as users should see it: a non-zero exit, no traceback
+    anywhere, exactly one line starting with `Error:` and nothing printed after it; with `alone`, nothing
+    before it either. `result` is click's test result (its output) or a finished process (its stderr)."""
+    if hasattr(result, "exit_code"):
+        code, text = result.exit_code, result.output
+        assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    else:
+        code, text = result.returncode, result.stderr
+    lines = text.strip().splitlines()
+    assert code != 0, text
+    assert "Traceback" not in text, text
+    errors = [line for line in lines if line.startswith("Error:")]
+    assert len(errors) == 1 and errors[0].startswith("Error: ") and lines[-1] == errors[0], text
+    assert not alone or len(lines) == 1, text
+    return errors[0]
+
+
+def cli(*args):
+    """`zbench ARGS` in this process (click's test runner); paths may be given as Path."""
+    from zbench.cli import main
+
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def refused(box: Path, *args) -> str:
+    """`zbench ARGS` must fail with one `Error:` line and leave everything under `box` as it was; that line."""
+    before = snapshot(box)
+    line = one_line_error(cli(*args))
+    assert snapshot(box) == before
+    return line
+
+
+def refused_run(folder: Path, *args) -> str:
+    """`zbench run ARGS --out folder/runs --wandb off` must fail with one `Error:` line, all it prints, and launch
+    nothing (no run folder appears); that line."""
+    out = Path(folder) / "runs"
+    line = one_line_error(cli("run", *args, "--out", out, "--wandb", "off"), alone=True)
+    assert not out.exists()
+    return line
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every entry under `root`: a sha256 per file, "dir" per folder, where each link points (and the sha256 of
+    the file it reaches), the kind of anything else (never read: a FIFO would block). Equal snapshots: nothing
+    under `root` changed."""
+    out = {}
+    for dirpath, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = Path(dirpath, name)
+            mode = path.lstat().st_mode
+            if stat.S_ISLNK(mode):
+                out[str(path.relative_to(root))] = f"link to {os.readlink(path)}" + (
+                    f" ({file_sha256(path)})" if path.is_file() else "")
+            elif stat.S_ISDIR(mode):
+                out[str(path.relative_to(root))] = "dir"
+            elif stat.S_ISREG(mode):
+                out[str(path.relative_to(root))] = file_sha256(path)
+            else:
+                out[str(path.relative_to(root))] = f"special file (mode {mode:o})"
+    return out
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# -- scenario files ----------------------------------------------------------------------------------
+def scenario_yaml(data: dict) -> str:
+    """`data` as the text of a scenario file (libyaml's dumper where present: the battery writes hundreds)."""
+    return yaml.dump(data, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), allow_unicode=True)
+
+
+def write_scenario(folder: Path, data: dict, name: str = "sc") -> str:
+    """`data` written as `folder/<name>.yaml`; its path."""
+    path = Path(folder) / f"{name}.yaml"
+    path.write_text(scenario_yaml(data), encoding="utf-8")
+    return str(path)
+
+
+def _changed(data: dict, changes: dict) -> dict:
+    for key, value in changes.items():
+        if value is None:
+            data.pop(key, None)
+        else:
+            data[key] = value
+    return data
+
+
+def tiny_data(variants: list[dict], samples: int = 32, **changes) -> dict:
+    """A scenario for the tiny GPT on synthetic tokens: 2 ranks, 3 steps of batch 4 at 16 positions, lr 3e-3,
+    `samples` training rows; `changes` on top (None drops a key)."""
+    data = {"model": {"arch": TINY}, "data": {"synthetic": {"train_samples": samples, "eval_samples": samples // 4}},
+            "seq_len": 16, "steps": 3, "batch_size": 4, "gpus": 2, "lr": 3e-3, "variants": copy.deepcopy(variants)}
+    return _changed(data, changes)
+
+
+def tiny_scenario(folder: Path, name: str, variants: list[dict], samples: int = 32, **changes) -> str:
+    """tiny_data(...) written as `folder/<name>.yaml`; its path."""
+    return write_scenario(folder, tiny_data(variants, samples, **changes), name)
+
+
+@functools.cache
+def _quickstart() -> dict:
+    return yaml.safe_load(QUICKSTART.read_text())
+
+
+def quickstart(**changes) -> dict:
+    """The quick-start scenario with the tiny GPT's config named by its path; `changes` on top (None drops a key)."""
+    data = copy.deepcopy(_quickstart())
+    data["model"] = {"arch": TINY}
+    return _changed(data, changes)
+
+
+# -- zbench in a subprocess --------------------------------------------------------------------------
+def zbench(*args: str, env: dict | None = None, timeout: int = 300, faults: str | None = None):
+    """`python -m zbench ARGS` from the repository root (W&B quiet), or with `faults` injected into its ranks
+    through tests/run_with_faults.py. `timeout` only keeps a hung command from hanging the suite."""
+    script = ("tests/run_with_faults.py", faults) if faults else ("-m", "zbench")
+    return subprocess.run([sys.executable, *script, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO,
+                          env={**os.environ, "WANDB_SILENT": "true", **(env or {})})
+
+
+def table(stdout: str) -> dict[str, dict[str, str]]:
+    """Rows of the printed markdown table by variant name (first cell), each by column header."""
+    lines = [line for line in stdout.splitlines() if line.startswith("| ")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = {}
+    for line in lines[1:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0]] = dict(zip(header, cells))
+    return rows
+
+
+def run_dir(stdout: str) -> str:
+    """The run folder `zbench run` printed (`results: FOLDER`)."""
+    line = next(line for line in stdout.splitlines() if line.startswith("results: "))
+    return line.split()[1]
+
+
+# -- tests that share one spawn ------------------------------------------------------------------------
+def selected(request, argname: str) -> list:
+    """The values of `argname` among the tests of the requesting module that this run selected, in collection
+    order: a module fixture that spawns ranks once runs the cases of these tests only."""
+    values = []
+    for item in request.session.items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if item.module is request.module and argname in params and params[argname] not in values:
+            values.append(params[argname])
+    return values
