@@ -109,6 +109,13 @@ class TorchScheduler(HostSchedule):
             raise ValueError(f"the saved lr scheduler state does not fit this {type(self.scheduler).__name__}")
         self.scheduler.load_state_dict(saved)
         self.stepped = stepped
+        # a torch scheduler's state holds the lrs it last set, but loading it leaves its optimizer's groups alone
+        last = saved.get("_last_lr")
+        groups = self.scheduler.optimizer.param_groups
+        if (isinstance(last, list) and len(last) == len(groups)
+                and all(isinstance(lr, (int, float)) and not isinstance(lr, bool) and math.isfinite(lr) for lr in last)):
+            for group, lr in zip(groups, last):
+                group["lr"] = lr
 
 
 def _plain(value: Any, depth: int = 0) -> bool:
