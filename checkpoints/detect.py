@@ -138,15 +138,18 @@ def resolve(path: str | Path, tag: str | None = None, kind: str | None = None,
 
 
 def open_source(path: str | Path, tag: str | None = None, kind: str | None = None,
-                follow_symlinks: bool = False) -> CheckpointSource:
-    """Open the checkpoint at `path` (a checkpoint folder, or its parent with `latest` / `tag`).
+                follow_symlinks: bool = False, key: str | None = None) -> CheckpointSource:
+    """Open the checkpoint at `path` (a checkpoint folder, or its parent with `latest` / `tag`); `key`:
+    the prefix of the model's entries in a DCP state dict.
 
     Links inside `path` are refused unless `follow_symlinks` (the user vouches for them)."""
     folder, found = resolve(path, tag, kind, follow_symlinks)
     opener = _KINDS[found].opener
     if opener is None:
         raise CheckpointError(f"{folder} is a {found} checkpoint, but its reader is not available in this version")
+    if key is not None and found != "dcp":
+        raise CheckpointError(f"--key applies to DCP checkpoints; {folder} is a {found} checkpoint: drop --key")
     try:
-        return opener(folder, follow_symlinks=follow_symlinks)
+        return opener(folder, follow_symlinks=follow_symlinks, **({"key": key} if key is not None else {}))
     except OSError as e:
         raise _os_error(folder, e) from None
