@@ -4,8 +4,8 @@ Accepted: a folder with `.metadata` and `__{rank}_{n}.distcp` files written by `
 default FileSystemWriter. Which entries are model parameters:
   - state dicts nested under "model" (`dcp.save({"model": ..., "optim": ...})`, as from
     `get_state_dict(model, optim)`): every tensor under "model", named without the prefix;
-  - else under "<app>.model" (`dcp.save({"app": AppState})`, as PyTorch's DCP recipe and Lightning's
-    ModelParallelStrategy save), or under any prefix given as `key` (`--key`);
+  - else under "<app>.model" (`dcp.save({"app": AppState})`, as PyTorch's DCP recipe saves), else under
+    "state_dict" (Lightning's ModelParallelStrategy), or under any prefix given as `key` (`--key`);
   - otherwise the top-level tensors (`dcp.save(model.state_dict())`); nested entries such as
     optimizer state are not parameters and are skipped.
 Names lose torch.compile's `_orig_mod.` and Lightning's `_forward_module.` segments, so they load
@@ -127,11 +127,13 @@ def user_name(name: str) -> str:
 def model_keys(tensors: dict[str, Any], paths: dict[str, Any], key: str | None) -> dict[str, str]:
     """parameter name -> DCP key. `key`: the entries under that dotted prefix. Otherwise those under
     "model" (`{"model": ..., "optim": ...}`), else under "<app>.model" (`{"app": AppState}`, as PyTorch's
-    DCP recipe saves), else the top-level tensors (a bare model state dict; optimizer entries skipped)."""
+    DCP recipe saves), else under "state_dict" (Lightning), else the top-level tensors (a bare model state dict; optimizer entries skipped)."""
     path_of = {k: tuple(paths.get(k) or k.split(".")) for k in tensors}
     if key is None:
         if any(p[0] == "model" and len(p) > 1 for p in path_of.values()):
             key = "model"
+        elif any(p[0] == "state_dict" and len(p) > 1 for p in path_of.values()):
+            key = "state_dict"  # Lightning's ModelParallelStrategy: the LightningModule's own names
         else:
             key = next((f"{p[0]}.model" for p in path_of.values() if len(p) > 2 and p[1] == "model"), None)
     if key is not None:

@@ -17,7 +17,7 @@ from typing import Iterator
 import click
 import torch
 
-from checkpoints.consolidate import parse_size, write_consolidated
+from checkpoints.consolidate import first_problem, parse_size, write_consolidated
 from checkpoints.detect import kinds, open_source
 from checkpoints.io_errors import ACCESS, SPACE, write_cause
 from checkpoints.output_claim import check_output
@@ -57,11 +57,6 @@ _FOLLOW = click.option("--follow-symlinks", is_flag=True,
                        help="Read through symbolic links inside SRC (refused by default: they may point anywhere).")
 
 
-def _first_problem(problems: list[str]) -> str:
-    more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
-    return f"{problems[0]}{more}; restore the file(s) from where the checkpoint was saved"
-
-
 @click.command()
 @click.argument("src", type=click.Path())
 @click.option("--to", "to", required=True, type=click.Choice([*_DTYPES, "zbench"]), help="Output: consolidated safetensors in this dtype, or a zbench checkpoint.")
@@ -91,11 +86,11 @@ def convert(src: str, to: str, out: str, max_shard_size: str, tag: str | None, k
     except OSError as e:
         raise _cannot_write(out, e)
     source = _open(src, tag, kind, follow_symlinks, key)
-    if not no_verify:
+    if not no_verify and to == "zbench":
         with _one_line():
             problems = source.verify()
         if problems:
-            raise click.ClickException(_first_problem(problems))
+            raise click.ClickException(first_problem(problems))
     try:
         if to == "zbench":
             try:
@@ -105,7 +100,8 @@ def convert(src: str, to: str, out: str, max_shard_size: str, tag: str | None, k
             written = reshard_to_zbench(source, out, world_size, protect=[src])
             click.echo(f"wrote a zbench checkpoint for {world_size} ranks to {written}")
             return
-        files = write_consolidated(source, out, _DTYPES[to], shard_bytes, progress=sys.stderr.isatty(), protect=[src])
+        files = write_consolidated(source, out, _DTYPES[to], shard_bytes, progress=sys.stderr.isatty(), protect=[src],
+                                   verify=None if no_verify else source.verify)  # checked beside the conversion
     except CheckpointError as e:
         raise click.ClickException(str(e))
     except OSError as e:  # a full disk, a quota, a folder we may not write: the output was removed again
@@ -152,4 +148,4 @@ def inspect(src: str, tag: str | None, kind: str | None, as_json: bool, key: str
         for k, v in rows:
             click.echo(f"{k:<{width}}{'-' if v is None else v}")
     if problems:
-        raise click.ClickException(_first_problem(problems))
+        raise click.ClickException(first_problem(problems))
