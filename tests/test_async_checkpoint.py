@@ -21,6 +21,7 @@ def _max_diff(a: dict, b: dict) -> float:
     return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
 
 
+@pytest.mark.slow  # 2 spawned ranks
 def test_async_and_sync_checkpoints_are_bitwise_equal_and_hold_the_saved_moment(tmp_path):
     got = run_ranks(async_then_train, 2, str(tmp_path))
     sync, async_ = tmp_path / "sync", tmp_path / "async"
@@ -60,6 +61,7 @@ def test_a_failed_async_save_is_reported_by_wait(tmp_path, monkeypatch):
     assert fmt.read_latest(tmp_path) == "global_step1" and not list(tmp_path.glob(".later*"))
 
 
+@pytest.mark.slow  # 2 spawned ranks per phase
 @pytest.mark.parametrize("phase", PHASES)
 def test_killed_at_any_phase_of_an_async_save_keeps_the_previous_checkpoint(tmp_path, phase):
     with pytest.raises(mp.ProcessExitedException):
@@ -71,3 +73,18 @@ def test_killed_at_any_phase_of_an_async_save_keeps_the_previous_checkpoint(tmp_
     assert _max_diff(engine.full_state_dict(), expected) == 0.0
     if phase == "latest":  # renamed in, `latest` not moved: the new one is complete and loads too
         assert engine.load_checkpoint(tmp_path, tag="global_step3")[1] == {"next_batch": 3}
+
+
+def test_an_unexpected_error_in_the_background_is_reported_not_lost(tmp_path, monkeypatch):
+    from zero_core import checkpointing
+
+    engine = zero_core.initialize(make_model(), config(2, 1))
+    _train(engine, 0, 1, range(1))
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug")
+    monkeypatch.setattr(checkpointing, "publish", broken)
+    engine.save_checkpoint(tmp_path, async_save=True)
+    with pytest.raises(ValueError, match="background save failed \\(RuntimeError: a bug\\)"):
+        engine.wait_for_checkpoint()
+    assert fmt.read_latest(tmp_path) is None and not list(tmp_path.iterdir())

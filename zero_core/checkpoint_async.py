@@ -81,6 +81,17 @@ class AsyncSaver:
 
     def _run(self, root: Path, tag: str, staged: Path, files: dict[str, Any], manifest: dict[str, Any] | None,
              move_latest: bool, keep_last: int | None) -> None:
+        try:
+            self._outcome = self._save(root, tag, staged, files, manifest, move_latest, keep_last)
+        except Exception as e:  # whatever it is, wait() must report it, not a success
+            if self.rank == 0:
+                shutil.rmtree(staged, ignore_errors=True)  # made by this rank for this save
+            self._outcome = (f"rank {self.rank}'s background save failed ({type(e).__name__}: {str(e)[:200]})",
+                             "fix that and save again")
+
+    def _save(self, root: Path, tag: str, staged: Path, files: dict[str, Any], manifest: dict[str, Any] | None,
+              move_latest: bool, keep_last: int | None) -> tuple[str, str] | None:
+        """This rank's part of the save; rank 0 also commits. The problem, or None."""
         from .checkpointing import publish, write_files
 
         try:
@@ -89,17 +100,15 @@ class AsyncSaver:
         except OSError as e:  # not even the marker could be written
             problem = (f"rank {self.rank} could not write into {staged} ({e.strerror})", "fix that and save again")
         if self.rank != 0:
-            self._outcome = problem
-            return
+            return problem
         gathered, problem = _collect(staged, self.world, self.wait_s) if problem is None else ({}, problem)
         if problem is not None:
             shutil.rmtree(staged, ignore_errors=True)  # made by this rank for this save
-            self._outcome = problem
-            return
+            return problem
         for rank in range(self.world):
             _marker(staged, rank).unlink()
         assert manifest is not None
-        self._outcome = publish(root, tag, staged, {**manifest, "files": gathered}, move_latest, keep_last)
+        return publish(root, tag, staged, {**manifest, "files": gathered}, move_latest, keep_last)
 
     @property
     def busy(self) -> bool:
