@@ -10,14 +10,20 @@ records `alias.<name>: <owner>` in the safetensors metadata. Floating tensors ar
 Everything is written into a staging folder beside `out_dir`, claimed for this process alone, and
 renamed into place at the end (output_claim.py), so a failure leaves nothing behind and two converts
 into one folder cannot spoil each other's output.
+
+Speed: the source's integrity check (`verify`) runs in a thread beside the conversion, reading each file
+front to back; it is the read-ahead that brings the files in from disk once, and the output is renamed into
+place only if it passes. The next tensor is loaded while the current one is cast and written, when both fit
+in the memory bound (1.5x the largest tensor + 256 MB: tensors above half the largest load alone).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable, Iterator
 
 import torch
 
@@ -68,11 +74,46 @@ def plan_shards(sizes: list[tuple[str, int]], max_shard_size: int) -> list[list[
     return shards
 
 
+def _loaded(source: CheckpointSource, infos: list[ParamInfo], pool: ThreadPoolExecutor) -> Iterator[torch.Tensor]:
+    """source.load of each tensor in order, the next one loading while the caller writes this one (when
+    both are at most half the largest: the pair then fits in 1.5x the largest)."""
+    sizes = [_nbytes(i, torch.float32) for i in infos]
+    small = max(sizes, default=0) // 2
+    ahead: Future | None = None
+    for k, info in enumerate(infos):
+        t = ahead.result() if ahead is not None else source.load(info.name)
+        ahead = None
+        if k + 1 < len(infos) and sizes[k] <= small and sizes[k + 1] <= small:
+            ahead = pool.submit(source.load, infos[k + 1].name)
+        yield t
+
+
+def first_problem(problems: list[str]) -> str:
+    more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+    return f"{problems[0]}{more}; restore the file(s) from where the checkpoint was saved"
+
+
 def write_consolidated(source: CheckpointSource, out_dir: str | Path, dtype: torch.dtype, max_shard_size: int,
-                       progress: bool = True, protect: Iterable[str | Path] = ()) -> list[Path]:
+                       progress: bool = True, protect: Iterable[str | Path] = (),
+                       verify: Callable[[], list[str]] | None = None) -> list[Path]:
     """Stream every parameter of `source` into safetensors under `out_dir`; returns the files written.
+    `verify` (e.g. source.verify) runs beside the conversion; its first problem fails it, nothing written.
 
     `out_dir` must be new or empty and outside the source's folder and the `protect` folders."""
+    with ThreadPoolExecutor(2, thread_name_prefix="zbench-convert") as pool:
+        check = pool.submit(verify) if verify is not None else None
+        try:
+            files = _write(source, out_dir, dtype, max_shard_size, progress, protect, pool, check)
+        except CheckpointError:
+            problems = check.result() if check is not None else []
+            if problems:  # a damaged file explains a failure better than its symptom
+                raise CheckpointError(first_problem(problems)) from None
+            raise
+    return files
+
+
+def _write(source: CheckpointSource, out_dir: str | Path, dtype: torch.dtype, max_shard_size: int, progress: bool,
+           protect: Iterable[str | Path], pool: ThreadPoolExecutor, check: Future | None) -> list[Path]:
     out_dir = Path(out_dir)
     protect = [*protect, *([source.folder] if hasattr(source, "folder") else [])]
     infos = source.params()
@@ -92,8 +133,8 @@ def write_consolidated(source: CheckpointSource, out_dir: str | Path, dtype: tor
             if len(shards) == 1:
                 meta.update({f"alias.{a}": o for a, o in aliases.items()})
             w = StreamingWriter(tmp / fname, [(n, out_dtypes[n], by_name[n].shape) for n in shard], metadata=meta)
-            for n in shard:
-                _write_one(w, source, by_name[n], out_dtypes[n])
+            for n, t in zip(shard, _loaded(source, [by_name[n] for n in shard], pool)):
+                _write_one(w, t, by_name[n], out_dtypes[n])
                 bar(n, _nbytes(by_name[n], out_dtypes[n]))
             w.close()
         if len(shards) > 1:
@@ -101,11 +142,13 @@ def write_consolidated(source: CheckpointSource, out_dir: str | Path, dtype: tor
             index = {"metadata": {"total_size": total}, "weight_map": weight_map}
             (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
             names.append("model.safetensors.index.json")
+        problems = check.result() if check is not None else []
+        if problems:  # before the output is renamed into place: the claim removes it
+            raise CheckpointError(first_problem(problems))
     return [out_dir / n for n in names]
 
 
-def _write_one(w: StreamingWriter, source: CheckpointSource, info: ParamInfo, dtype: torch.dtype) -> None:
-    t = source.load(info.name)
+def _write_one(w: StreamingWriter, t: torch.Tensor, info: ParamInfo, dtype: torch.dtype) -> None:
     if tuple(t.shape) != tuple(info.shape):
         raise CheckpointError(f"{info.name}: the checkpoint gives shape {tuple(t.shape)} but lists {info.shape}; it is inconsistent")
     flat = t.reshape(-1)

@@ -4,9 +4,12 @@ Accepted: a folder with `.metadata` and `__{rank}_{n}.distcp` files written by `
 default FileSystemWriter. Which entries are model parameters:
   - state dicts nested under "model" (`dcp.save({"model": ..., "optim": ...})`, as from
     `get_state_dict(model, optim)`): every tensor under "model", named without the prefix;
+  - else under "<app>.model" (`dcp.save({"app": AppState})`, as PyTorch's DCP recipe saves), else under
+    "state_dict" (Lightning's ModelParallelStrategy), or under any prefix given as `key` (`--key`);
   - otherwise the top-level tensors (`dcp.save(model.state_dict())`); nested entries such as
     optimizer state are not parameters and are skipped.
-Tied parameters are stored once per name by DCP, so each name is read on its own. No process
+Names lose torch.compile's `_orig_mod.` and Lightning's `_forward_module.` segments, so they load
+strictly into the user's model. Tied parameters are stored once per name by DCP, so each name is read on its own. No process
 group is needed: each `load(name)` asks `dcp.load` for that one key, which reads only the byte
 ranges of its chunks. `.metadata` is a pickle: we unpickle it with an allowlist of DCP's own
 metadata classes, so a crafted file cannot run code, then check the types of the fields we use.
@@ -110,12 +113,42 @@ def _field_problem(md: Any) -> str | None:
     return None
 
 
+_WRAPPERS = re.compile(r"(^|\.)(_orig_mod|_forward_module|_checkpoint_wrapped_module)\.")
+
+
+def user_name(name: str) -> str:
+    """The name as the user's model has it: without torch.compile's `_orig_mod.`, Lightning's
+    `_forward_module.` or activation checkpointing's wrapper segments."""
+    while (stripped := _WRAPPERS.sub(r"\1", name)) != name:
+        name = stripped
+    return name
+
+
+def model_keys(tensors: dict[str, Any], paths: dict[str, Any], key: str | None) -> dict[str, str]:
+    """parameter name -> DCP key. `key`: the entries under that dotted prefix. Otherwise those under
+    "model" (`{"model": ..., "optim": ...}`), else under "<app>.model" (`{"app": AppState}`, as PyTorch's
+    DCP recipe saves), else under "state_dict" (Lightning), else the top-level tensors (a bare model state dict; optimizer entries skipped)."""
+    path_of = {k: tuple(paths.get(k) or k.split(".")) for k in tensors}
+    if key is None:
+        if any(p[0] == "model" and len(p) > 1 for p in path_of.values()):
+            key = "model"
+        elif any(p[0] == "state_dict" and len(p) > 1 for p in path_of.values()):
+            key = "state_dict"  # Lightning's ModelParallelStrategy: the LightningModule's own names
+        else:
+            key = next((f"{p[0]}.model" for p in path_of.values() if len(p) > 2 and p[1] == "model"), None)
+    if key is not None:
+        prefix = key.rstrip(".") + "."
+        return {user_name(k[len(prefix):]): k for k in tensors if k.startswith(prefix) and len(k) > len(prefix)}
+    return {user_name(k): k for k, p in path_of.items() if (len(p) == 1 or k not in paths)
+            and not re.match(r"^(optim|optimizer)\.", k)}
+
+
 class DcpSource:
     """The logical per-parameter view of a torch.distributed.checkpoint folder."""
 
     kind = "dcp"
 
-    def __init__(self, folder: Path, follow_symlinks: bool = False) -> None:
+    def __init__(self, folder: Path, follow_symlinks: bool = False, key: str | None = None) -> None:
         from torch.distributed.checkpoint import FileSystemReader
         from torch.distributed.checkpoint.filesystem import FileSystem
         from torch.distributed.checkpoint.metadata import StorageMeta, TensorStorageMetadata
@@ -147,21 +180,16 @@ class DcpSource:
         self._reader = _Reader(str(self.folder))
         self._reader.fs = _CheckedFiles()
         tensors = {k: v for k, v in md.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)}
-        paths = getattr(md, "planner_data", None) or {}
-        path_of = {k: tuple(paths.get(k) or k.split(".")) for k in tensors}
-        nested = any(p[0] == "model" and len(p) > 1 for p in path_of.values())
-        self._keys: dict[str, str] = {}  # parameter name -> DCP key
-        for key, p in path_of.items():
-            if nested and p[0] == "model" and len(p) > 1:
-                self._keys[".".join(str(x) for x in p[1:])] = key
-            elif not nested and (len(p) == 1 or key not in paths):
-                if not re.match(r"^(optim|optimizer)\.", key):
-                    self._keys[key] = key
+        self._keys = model_keys(tensors, getattr(md, "planner_data", None) or {}, key)  # parameter name -> DCP key
         if not self._keys:
-            raise CheckpointError(f"{self.folder} holds no model tensors (looked for keys under 'model.' or top-level tensors)")
+            where = f"under --key {key!r}" if key else "under 'model.', '<app>.model.' or at the top level"
+            firsts = ", ".join(sorted({k.split(".")[0] for k in tensors})[:5])
+            raise CheckpointError(f"{self.folder} holds no model tensors {where} (its keys start with: {firsts}); "
+                                  "pass --key with the prefix of the model's entries")
         self._tensors = tensors
         self._infos = [ParamInfo(n, tuple(tensors[k].size), str(tensors[k].properties.dtype).removeprefix("torch."))
                        for n, k in self._keys.items()]
+        path_of = {k: tuple((getattr(md, "planner_data", None) or {}).get(k) or k.split(".")) for k in tensors}
         self._step_key = next((k for k, p in path_of.items() if str(p[-1]) == "step" and math.prod(tensors[k].size) == 1), None)
 
     def params(self) -> list[ParamInfo]:

@@ -1,7 +1,8 @@
 """Find the checkpoint a user points at and open it with the right reader.
 
-SRC may be a checkpoint folder itself or a parent folder with a pointer file (`latest`, or
-`latest_universal` for DeepSpeed universal checkpoints) naming a tag sub-folder; `tag=` picks a
+SRC may be a checkpoint folder itself, a parent folder with a pointer file (`latest`, or
+`latest_universal` for DeepSpeed universal checkpoints) naming a tag sub-folder, or an HF Trainer /
+Accelerate FSDP save (`checkpoint-N/` holding the model in `pytorch_model_fsdp_0/`); `tag=` picks a
 sub-folder explicitly. The kind is detected from the files in the chosen folder, in this order:
   zbench               manifest.json
   deepspeed-universal  zero/<param>/fp32.pt
@@ -97,6 +98,9 @@ def _resolve(root: Path, tag: str | None, kind: str | None, follow_symlinks: boo
     if found and (tag is None or tag == root.name):
         return root, found
     _refuse_other_kind(root, kind)
+    model = _model_folder(root, kind, follow_symlinks) if tag is None else None
+    if model is not None:
+        return model
     via = "--tag"
     if tag is None:
         pointers = ["latest_universal"] if kind == "deepspeed-universal" else ["latest", "latest_universal"]
@@ -120,6 +124,21 @@ def _resolve(root: Path, tag: str | None, kind: str | None, follow_symlinks: boo
     return folder, found
 
 
+# the model's folder inside a save that also holds optimizer and RNG files: HF Trainer / Accelerate FSDP
+# (`checkpoint-N/pytorch_model_fsdp_0/` beside `optimizer_0/`)
+MODEL_FOLDERS = ("pytorch_model_fsdp_0",)
+
+
+def _model_folder(root: Path, kind: str | None, follow_symlinks: bool) -> tuple[Path, str] | None:
+    for name in MODEL_FOLDERS:
+        if os.path.lexists(root / name):
+            folder = inside(root, name, what="model folder", follow_symlinks=follow_symlinks)
+            found = _match(folder, kind)
+            if found:
+                return folder, found
+    return None
+
+
 def _os_error(path: str | Path, e: OSError) -> CheckpointError:
     path = e.filename if isinstance(e.filename, str) else path  # the file that failed, when the OS says
     shown = str(path) if len(str(path)) <= 200 else f"{str(path)[:120]}...{str(path)[-40:]}"
@@ -138,15 +157,18 @@ def resolve(path: str | Path, tag: str | None = None, kind: str | None = None,
 
 
 def open_source(path: str | Path, tag: str | None = None, kind: str | None = None,
-                follow_symlinks: bool = False) -> CheckpointSource:
-    """Open the checkpoint at `path` (a checkpoint folder, or its parent with `latest` / `tag`).
+                follow_symlinks: bool = False, key: str | None = None) -> CheckpointSource:
+    """Open the checkpoint at `path` (a checkpoint folder, or its parent with `latest` / `tag`); `key`:
+    the prefix of the model's entries in a DCP state dict.
 
     Links inside `path` are refused unless `follow_symlinks` (the user vouches for them)."""
     folder, found = resolve(path, tag, kind, follow_symlinks)
     opener = _KINDS[found].opener
     if opener is None:
         raise CheckpointError(f"{folder} is a {found} checkpoint, but its reader is not available in this version")
+    if key is not None and found != "dcp":
+        raise CheckpointError(f"--key applies to DCP checkpoints; {folder} is a {found} checkpoint: drop --key")
     try:
-        return opener(folder, follow_symlinks=follow_symlinks)
+        return opener(folder, follow_symlinks=follow_symlinks, **({"key": key} if key is not None else {}))
     except OSError as e:
         raise _os_error(folder, e) from None

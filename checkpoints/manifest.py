@@ -7,11 +7,12 @@ manifest's bytes, so `sha256sum -c manifest.sha256` works too). The manifest rec
     layout      {world_size, align, partition_numel, groups: [[slot, ...], ...]}
     params      every state-dict entry: {name, shape, dtype, trainable, tied_to, slot}
     fragments   {rank file: [[slot, param_start, partition_offset, numel], ...]}: where each element lives
-    files       {file name: {bytes, sha256}} for every rank file and frozen.safetensors
+    files       {file name: {bytes, hash, digest}} for every rank file and frozen.safetensors (checksums.py)
     optimizer, loss_scaler, rng (per rank, plain data), client_state
 
 Format versions: 1 kept Python's RNG state as its repr and had no checksum file (still read); 2 keeps
-RNG states as plain lists and base64 strings and adds `manifest.sha256`. Nothing here evaluates or
+RNG states as plain lists and base64 strings and adds `manifest.sha256`; 3 names each file's checksum
+algorithm (xxh3_128 by default, hashed while writing) where 1-2 recorded sha256 (still read). Nothing here evaluates or
 unpickles anything: a manifest is JSON, checked field by field (manifest_checks.py) before use.
 """
 
@@ -23,12 +24,13 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
+from . import checksums
 from .manifest_checks import structure_problem
 from .paths import inside
 from .source import CheckpointError
 
 FORMAT = "zbench-checkpoint"
-VERSION = 2
+VERSION = 3
 MANIFEST = "manifest.json"
 CHECKSUM = "manifest.sha256"
 FROZEN_FILE = "frozen.safetensors"
@@ -73,17 +75,9 @@ def layout_record(layout: Any) -> dict[str, Any]:
             "groups": [[s.index for s in g.slots] for g in layout.groups]}
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def file_record(path: Path) -> dict[str, Any]:
-    """What the manifest keeps of a written file: its size and checksum."""
-    return {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+    """What the manifest keeps of a file already on disk: its size and checksum (writers get it while writing)."""
+    return checksums.file_record(path)
 
 
 # -- writing and reading -----------------------------------------------------------------------------
@@ -168,8 +162,8 @@ def verify_files(folder: Path, manifest: dict[str, Any], names: list[str] | None
                 problems.append(f"{p} is missing")
             elif p.stat().st_size != meta["bytes"]:
                 problems.append(f"{p} is truncated or padded ({p.stat().st_size} bytes, manifest says {meta['bytes']})")
-            elif sha256_file(p) != meta["sha256"]:
-                problems.append(f"{p} fails its sha256 checksum (corrupted)")
+            elif checksums.file_digest(p, checksums.expected(meta)[0]) != checksums.expected(meta)[1]:
+                problems.append(f"{p} fails its {checksums.expected(meta)[0]} checksum (corrupted)")
             else:
                 problem = header_problem(p, name, manifest)
                 if problem:

@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from .checksums import entry_problem
 from .paths import NAME_MAX_BYTES
 from .source import CheckpointError
 
@@ -22,7 +23,6 @@ DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8, "int64": 8, "
 FLOATS = {"float32", "bfloat16", "float16", "float64"}
 MAX_NUMEL = 1 << 48  # elements in one tensor or one partition: far beyond any model, far below overflow
 MAX_DIMS = 32
-_HEX64 = re.compile(r"[0-9a-f]{64}")
 _STATE_KEY = re.compile(r"state\.[A-Za-z_][A-Za-z0-9_]{0,63}")
 _TOP = (("tag", str), ("step", int), ("micro_steps", int), ("world_size", int), ("stage", int), ("params", list),
         ("fragments", dict), ("files", dict), ("optimizer", dict), ("loss_scaler", dict), ("rng", dict),
@@ -145,9 +145,9 @@ def _files_problem(m: dict[str, Any]) -> str | None:
         extra = sorted(set(m["files"]) ^ expected)
         return f"the file list does not match the rank files and {FROZEN_FILE} (differs at {extra[0]!r})"
     for fname, meta in m["files"].items():
-        if not (isinstance(meta, dict) and isinstance(meta.get("sha256"), str) and _HEX64.fullmatch(meta["sha256"])
-                and _int(meta.get("bytes"))):
-            return f"bad file entry for {fname}"
+        problem = entry_problem(meta)
+        if problem or not _int(meta["bytes"]):
+            return f"bad file entry for {fname} ({problem or 'byte count out of range'})"
     from .manifest import partition_keys
 
     need = 8 + len(partition_keys(m)) * 4 * m["layout"]["partition_numel"]

@@ -70,8 +70,7 @@ def _write(source: ZbenchSource, layout: Any, world_size: int, new_world: int, s
                         w.write(piece)
                     pos = f.partition_offset + f.numel
                 w.write(torch.zeros(layout.partition_numel - pos))
-            w.close()
-            files[name] = mf.file_record(staged / name)
+            files[name] = w.close()
     finally:
         reader.close()
     frozen = inside(source.folder, mf.FROZEN_FILE, what="frozen tensors file", follow_symlinks=source.follow_symlinks)

@@ -92,6 +92,10 @@ class SafetensorsFile:
     def numel(self, name: str) -> int:
         return int(torch.Size(self.tensors[name]["shape"]).numel())
 
+    def byte_offset(self, name: str, start: int) -> int:
+        """Where element `start` of tensor `name` lies in the file."""
+        return self._data_start + self.tensors[name]["data_offsets"][0] + start * torch.empty((), dtype=self.dtype(name)).element_size()
+
     def read_into(self, name: str, start: int, out: torch.Tensor) -> None:
         """Fill flat, contiguous `out` with elements [start, start + out.numel()) of tensor `name`."""
         if name not in self.tensors:

@@ -13,6 +13,7 @@ from .manifest_checks import header_problem
 from .paths import inside
 from .safetensors_read import SafetensorsFile
 from .source import CheckpointError, ParamInfo, SourceSummary
+from .verified_read import Span, read_verified
 
 
 class FragmentReader:
@@ -37,27 +38,41 @@ class FragmentReader:
             self._handles[fname] = SafetensorsFile(path)
         return self._handles[fname]
 
+    def check_header(self, fname: str) -> None:
+        """CheckpointError unless rank file `fname` is present, inside the folder and its header as listed."""
+        self._handle(fname)
+
     def files_for(self, names: list[str]) -> list[str]:
         """Rank files that hold any element of these parameters."""
         return sorted({f for n in names for f, *_ in self.by_param[self.manifest["params"][self.index_of[n]]["slot"]]})
 
-    def read_into(self, out: torch.Tensor, name: str, key: str, start: int) -> None:
-        """Fill `out` (flat) with elements [start, start + out.numel()) of parameter `name`'s `key` partition."""
+    def _pieces(self, name: str, start: int, count: int) -> list[tuple[str, int, int, int]]:
+        """(rank file, element offset in its partition, lo, hi): where elements [start, start + count) of
+        parameter `name` lie; lo..hi counted from `start`."""
         slot = self.manifest["params"][self.index_of[name]]["slot"]
-        end = start + out.numel()
-        covered = 0
+        end = start + count
+        out = []
         for fname, p_start, offset, numel in self.by_param[slot]:
             lo, hi = max(start, p_start), min(end, p_start + numel)
-            if lo >= hi:
-                continue
+            if lo < hi:
+                out.append((fname, offset + lo - p_start, lo - start, hi - start))
+        if sum(hi - lo for *_, lo, hi in out) != count:
+            raise CheckpointError(f"{self.folder}: the fragments of {name} do not cover its elements; the manifest is damaged")
+        return out
+
+    def read_into(self, out: torch.Tensor, name: str, key: str, start: int) -> None:
+        """Fill `out` (flat) with elements [start, start + out.numel()) of parameter `name`'s `key` partition."""
+        for fname, offset, lo, hi in self._pieces(name, start, out.numel()):
             try:
-                self._handle(fname).read_into(key, offset + lo - p_start, out[lo - start : hi - start])
+                self._handle(fname).read_into(key, offset, out[lo:hi])
             except FileNotFoundError:
                 raise CheckpointError(f"{self.folder / fname} disappeared while it was read (another process removed this "
                                       "checkpoint, e.g. a save with keep_last); read a newer one") from None
-            covered += hi - lo
-        if covered != out.numel():
-            raise CheckpointError(f"{self.folder}: fragments of {name} cover {covered} of {out.numel()} elements; the manifest is damaged")
+
+    def spans(self, out: torch.Tensor, name: str, key: str, start: int) -> list[tuple[str, Span]]:
+        """Like read_into, but say which bytes of which file go where (for one verified pass per file)."""
+        return [(fname, Span(self._handle(fname).byte_offset(key, offset), out[lo:hi].view(torch.uint8)))
+                for fname, offset, lo, hi in self._pieces(name, start, out.numel())]
 
     def close(self) -> None:
         for h in self._handles.values():
@@ -104,11 +119,18 @@ class ZbenchSource:
         return mf.verify_files(self.folder, self.manifest, follow_symlinks=self.follow_symlinks)
 
 
-def read_frozen(folder: Path, manifest: dict[str, Any], names: list[str], follow_symlinks: bool = False) -> dict[str, torch.Tensor]:
-    """The frozen tensors `names` from frozen.safetensors, its header checked against the manifest first."""
+def read_frozen(folder: Path, manifest: dict[str, Any], names: list[str], follow_symlinks: bool = False,
+                verify: bool = False) -> dict[str, torch.Tensor]:
+    """The frozen tensors `names` from frozen.safetensors, its header checked against the manifest first;
+    `verify`: the whole file read once and its checksum checked on the way."""
     path = inside(folder, mf.FROZEN_FILE, what="frozen tensors file", follow_symlinks=follow_symlinks)
     problem = header_problem(path, mf.FROZEN_FILE, manifest) if path.is_file() else f"{path} is missing"
     if problem:
         raise CheckpointError(f"{problem}; restore it or use an earlier checkpoint")
     with SafetensorsFile(path) as f:
-        return {n: f.read(n) for n in names}
+        if not verify:
+            return {n: f.read(n) for n in names}
+        out = {n: torch.empty(f.tensors[n]["shape"], dtype=f.dtype(n)) for n in names}
+        spans = [Span(f.byte_offset(n, 0), t.view(-1).view(torch.uint8)) for n, t in out.items()]
+    read_verified(path, manifest["files"][mf.FROZEN_FILE], spans)
+    return out

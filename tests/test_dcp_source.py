@@ -25,7 +25,7 @@ def test_matches_the_fsdp2_full_state_dict(folder):
     for name, want in expected.items():
         assert torch.equal(src.load(name), want), name
     s = src.summary()
-    assert (s.kind, s.world_size, s.step) == ("dcp", 2, 2 if folder.name == "model_optim" else None)
+    assert (s.kind, s.world_size, s.step) == ("dcp", 2, 2 if folder.name in ("model_optim", "app_state") else None)
     assert src.verify() == []
 
 

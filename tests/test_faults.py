@@ -166,7 +166,7 @@ def _full_disk_after(nbytes: int):
     real = StreamingWriter.write
 
     def write(self, piece):
-        if self._f.tell() + piece.numel() * piece.element_size() > nbytes:
+        if self.bytes_written + piece.numel() * piece.element_size() > nbytes:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real(self, piece)
 

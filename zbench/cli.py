@@ -146,7 +146,10 @@ def bench_kernels_cmd(numel: str, device: str | None) -> None:
     click.echo(format_rows(bench_kernels(numel=n, device=device)))
 
 
+from .cli_bench_checkpoint import bench_checkpoint_cmd  # noqa: E402
 from .cli_checkpoints import convert, inspect  # noqa: E402
+
+bench.add_command(bench_checkpoint_cmd)
 from .cli_run import estimate, report, run  # noqa: E402
 
 for _command in (convert, inspect, run, report, estimate):

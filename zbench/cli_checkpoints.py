@@ -17,7 +17,7 @@ from typing import Iterator
 import click
 import torch
 
-from checkpoints.consolidate import parse_size, write_consolidated
+from checkpoints.consolidate import first_problem, parse_size, write_consolidated
 from checkpoints.detect import kinds, open_source
 from checkpoints.io_errors import ACCESS, SPACE, write_cause
 from checkpoints.output_claim import check_output
@@ -46,18 +46,15 @@ def _one_line() -> Iterator[None]:
                                    "check the path and its permissions")
 
 
-def _open(src: str, tag: str | None, kind: str | None, follow_symlinks: bool) -> CheckpointSource:
+def _open(src: str, tag: str | None, kind: str | None, follow_symlinks: bool, key: str | None = None) -> CheckpointSource:
     with _one_line():
-        return open_source(src, tag=tag, kind=kind, follow_symlinks=follow_symlinks)
+        return open_source(src, tag=tag, kind=kind, follow_symlinks=follow_symlinks, key=key)
 
 
+_KEY = click.option("--key", default=None, help="DCP: the dotted prefix of the model's entries (default: 'model', "
+                    "'<app>.model' or the top level).")
 _FOLLOW = click.option("--follow-symlinks", is_flag=True,
                        help="Read through symbolic links inside SRC (refused by default: they may point anywhere).")
-
-
-def _first_problem(problems: list[str]) -> str:
-    more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
-    return f"{problems[0]}{more}; restore the file(s) from where the checkpoint was saved"
 
 
 @click.command()
@@ -69,9 +66,10 @@ def _first_problem(problems: list[str]) -> str:
 @click.option("--from", "kind", default=None, type=click.Choice(kinds()), help="Source kind (default: detected).")
 @click.option("--world-size", default=None, type=click.IntRange(1), help="Ranks of the resharded checkpoint (--to zbench).")
 @click.option("--no-verify", is_flag=True, help="Skip the checksum/CRC check of the source files before converting.")
+@_KEY
 @_FOLLOW
 def convert(src: str, to: str, out: str, max_shard_size: str, tag: str | None, kind: str | None,
-            world_size: int | None, no_verify: bool, follow_symlinks: bool) -> None:
+            world_size: int | None, no_verify: bool, key: str | None, follow_symlinks: bool) -> None:
     """Convert checkpoint SRC into consolidated safetensors (fp32/bf16/fp16) or a resharded zbench checkpoint."""
     try:
         shard_bytes = parse_size(max_shard_size)
@@ -87,12 +85,12 @@ def convert(src: str, to: str, out: str, max_shard_size: str, tag: str | None, k
         raise click.ClickException(str(e))
     except OSError as e:
         raise _cannot_write(out, e)
-    source = _open(src, tag, kind, follow_symlinks)
-    if not no_verify:
+    source = _open(src, tag, kind, follow_symlinks, key)
+    if not no_verify and to == "zbench":
         with _one_line():
             problems = source.verify()
         if problems:
-            raise click.ClickException(_first_problem(problems))
+            raise click.ClickException(first_problem(problems))
     try:
         if to == "zbench":
             try:
@@ -102,7 +100,8 @@ def convert(src: str, to: str, out: str, max_shard_size: str, tag: str | None, k
             written = reshard_to_zbench(source, out, world_size, protect=[src])
             click.echo(f"wrote a zbench checkpoint for {world_size} ranks to {written}")
             return
-        files = write_consolidated(source, out, _DTYPES[to], shard_bytes, progress=sys.stderr.isatty(), protect=[src])
+        files = write_consolidated(source, out, _DTYPES[to], shard_bytes, progress=sys.stderr.isatty(), protect=[src],
+                                   verify=None if no_verify else source.verify)  # checked beside the conversion
     except CheckpointError as e:
         raise click.ClickException(str(e))
     except OSError as e:  # a full disk, a quota, a folder we may not write: the output was removed again
@@ -125,10 +124,11 @@ def _cannot_write(out: str, e: OSError) -> click.ClickException:
 @click.option("--tag", default=None, help="Checkpoint tag folder inside SRC (default: the one named by SRC/latest).")
 @click.option("--from", "kind", default=None, type=click.Choice(kinds()), help="Source kind (default: detected).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@_KEY
 @_FOLLOW
-def inspect(src: str, tag: str | None, kind: str | None, as_json: bool, follow_symlinks: bool) -> None:
+def inspect(src: str, tag: str | None, kind: str | None, as_json: bool, key: str | None, follow_symlinks: bool) -> None:
     """Say what checkpoint SRC is (kind, step, stage, world size, params, dtypes, size) and check its files."""
-    source = _open(src, tag, kind, follow_symlinks)
+    source = _open(src, tag, kind, follow_symlinks, key)
     with _one_line():
         s = source.summary()
         infos = source.params()
@@ -148,4 +148,4 @@ def inspect(src: str, tag: str | None, kind: str | None, as_json: bool, follow_s
         for k, v in rows:
             click.echo(f"{k:<{width}}{'-' if v is None else v}")
     if problems:
-        raise click.ClickException(_first_problem(problems))
+        raise click.ClickException(first_problem(problems))

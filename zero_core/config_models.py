@@ -211,6 +211,9 @@ class ZeroCoreConfig(Section):
     # stages 1-2 without offload: each bucket's weight all-gather starts right after its update and is
     # waited for only by the modules that read it (stages/deferred_gather.py); false gathers all at the step's end
     overlap_weight_gather: Bool = True
+    # save_checkpoint() returns once the state is copied into reusable host buffers; writing, checksums,
+    # fsync and the atomic commit go on in a background thread (engine.wait_for_checkpoint())
+    async_checkpoint: Bool = False
     # stage 3 without offload: all-gather each unit from its fp32 master shard, cast on the way (as FSDP2
     # does), instead of keeping a 16-bit copy of the partition (2 bytes per element of it). GPT-2 XL on 2x
     # H200: -1.46 GiB per GPU for 0.7% of speed (docs/benchmarks/2026-11-23_h200x2_gpt2xl_engines_final.md)

@@ -181,14 +181,25 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
     # -- state ------------------------------------------------------------------------------------
     def save_checkpoint(self, save_dir: str | os.PathLike, tag: str | None = None,
                         client_state: dict[str, Any] | None = None, save_latest: bool = True,
-                        keep_last: int | None = None) -> Path:
+                        keep_last: int | None = None, async_save: bool | None = None) -> Path:
         """Collective: every rank writes its own partition; committed atomically; `latest` moves last
         (unless `save_latest=False`). `client_state` (JSON-serialisable: data position, epoch, ...) comes back
-        from `load_checkpoint`. `keep_last=k` prunes older complete checkpoints, never the newest."""
+        from `load_checkpoint`. `keep_last=k` prunes older complete checkpoints, never the newest.
+        `async_save` (default: the config's zero_core.async_checkpoint): return once the state is copied to
+        host buffers; the write and commit go on in the background (`wait_for_checkpoint()`)."""
         from .checkpointing import save
 
         self.wait_for_weights()
-        return save(self, save_dir, tag, client_state, keep_last, move_latest=save_latest)
+        if async_save is None:
+            async_save = self.config.zero_core.async_checkpoint
+        return save(self, save_dir, tag, client_state, keep_last, move_latest=save_latest, async_save=bool(async_save))
+
+    def wait_for_checkpoint(self) -> Path | None:
+        """Collective: wait for the async save in flight to be committed; its folder (None if there was none).
+        Raises the save's one-line CheckpointError if it failed (the previous checkpoint is then untouched)."""
+        from .checkpoint_async import saver_of
+
+        return saver_of(self).wait()
 
     def load_checkpoint(self, load_dir: str | os.PathLike, tag: str | None = None, load_module_strict: bool = True,
                         load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
@@ -202,6 +213,7 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
             raise NotImplementedError("engine.load_checkpoint(load_module_strict=False) is not supported by zero_core; "
                                       "load a checkpoint of this model")
         self.wait_for_weights()
+        self.wait_for_checkpoint()
         weights_only = load_module_only or not load_optimizer_states
         return load(self, load_dir, tag, weights_only=weights_only, schedule=load_lr_scheduler_states and not weights_only)
 

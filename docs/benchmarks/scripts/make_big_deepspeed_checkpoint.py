@@ -1,6 +1,7 @@
-"""A real DeepSpeed ZeRO-2 checkpoint of a >= 1 GB (fp32) GPT for the converter memory benchmark (CPU ranks).
+"""A real DeepSpeed ZeRO-2 (or --stage 3) checkpoint of a GPT for the converter benchmarks (CPU ranks).
 
     DS_ACCELERATOR=cpu deepspeed --num_gpus 2 docs/benchmarks/scripts/make_big_deepspeed_checkpoint.py --out /tmp/ds_big
+    DS_ACCELERATOR=cpu deepspeed --num_gpus 2 docs/benchmarks/scripts/make_big_deepspeed_checkpoint.py --model gpt2 --stage 3 --out /tmp/ds_z3
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="gpt2-medium", choices=sorted(PRESETS))
     ap.add_argument("--out", required=True)
+    ap.add_argument("--stage", type=int, default=2, choices=(1, 2, 3))
     ap.add_argument("--local_rank", type=int, default=0)
     args = ap.parse_args()
     deepspeed.init_distributed(dist_backend="gloo")
     torch.manual_seed(0)
     cfg = PRESETS[args.model]
     model = GPT(cfg)
-    config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2},
+    config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": args.stage},
               "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}}}
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     x = torch.randint(0, cfg.vocab_size, (1, 17))

@@ -1,0 +1,28 @@
+"""`zbench bench checkpoint` measures every system it can import, beside the disk floor, and writes its record."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import cli
+
+
+@pytest.mark.slow
+def test_bench_checkpoint_runs_small_on_the_cpu(tmp_path):
+    record = tmp_path / "rec.md"
+    result = cli("bench", "checkpoint", "--params", "300000", "--dir", tmp_path, "--record", record)
+    assert result.exit_code == 0, result.output
+    text = record.read_text()
+    for row in ("| zero_core | save (sync, durable)", "| zero_core | save (async): training blocked",
+                "| zero_core | save (async): durable after", "| zero_core | load (cold cache)",
+                "| zbench convert | to fp32 safetensors, verified", "| DCP | save (async): training blocked",
+                "| DCP | load (cold cache)"):
+        assert row in text, row
+    assert "Disk floor in" in text and "write" in text and "disk floor:" in result.output
+    assert [p.name for p in tmp_path.iterdir()] == ["rec.md"]  # its checkpoints removed
+
+
+def test_bench_checkpoint_refuses_a_missing_dir(tmp_path):
+    from helpers import one_line_error
+
+    assert "is not a folder" in one_line_error(cli("bench", "checkpoint", "--dir", tmp_path / "nope"))

@@ -1,0 +1,168 @@
+"""`zbench bench checkpoint`: one rank's checkpoint I/O, zero_core beside DCP and DeepSpeed, and the disk's floor.
+
+One process, one device (the GPU when there is one). The training state of a model of about `params`
+parameters (a stack of square Linear layers: I/O depends on bytes, not on the architecture) after one step
+is saved and loaded by each system in turn, each load from a cold page cache (the checkpoint's pages dropped
+first), and zero_core's checkpoint is converted to fp32 safetensors. Time is wall clock around each call; an
+async save has two rows: how long training was blocked, and when the checkpoint was durable.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import socket
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from .bench_disk import disk_floor, drop_cached
+
+
+def _model(params: int, cuda: bool) -> Any:
+    import torch
+
+    d = 2048 if params >= 1 << 28 else 512
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Linear(d, d, bias=False) for _ in range(max(1, params // (d * d)))])
+
+
+def _size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    t = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t, out
+
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _step(forward: Callable[[Any], Any], backward: Callable[[Any], None], step: Callable[[], None], d: int, dev: Any) -> None:
+    import torch
+
+    x = torch.randn(4, d, device=dev)
+    backward(forward(x).float().pow(2).mean())
+    step()
+    _sync()
+
+
+def _zero_core(model: Any, root: Path, cuda: bool, rows: list) -> Path:
+    import torch
+
+    import zero_core
+
+    cfg = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2}, "bf16": {"enabled": cuda},
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}}
+    engine = zero_core.initialize(copy.deepcopy(model), cfg)
+    _step(engine, engine.backward, engine.step, model[0].in_features, engine.device)
+    secs, folder = _timed(lambda: engine.save_checkpoint(root / "zero_core", tag="sync"))
+    size = _size(folder)
+    rows.append(("zero_core", "save (sync, durable)", secs, size))
+    blocked, _ = _timed(lambda: engine.save_checkpoint(root / "zero_core", tag="async", async_save=True))
+    rows.append(("zero_core", f"save (async): training blocked ({engine._async_saver.buffers.nbytes / 2**30:.2f} GiB buffers)", blocked, size))
+    rest, _ = _timed(engine.wait_for_checkpoint)
+    rows.append(("zero_core", "save (async): durable after", blocked + rest, size))
+    drop_cached([folder])
+    secs, _ = _timed(lambda: (engine.load_checkpoint(root / "zero_core", tag="sync"), _sync()))
+    rows.append(("zero_core", "load (cold cache)", secs, size))
+    del engine
+    torch.cuda.empty_cache() if cuda else None
+    return folder
+
+
+def _convert(folder: Path, root: Path, rows: list) -> None:
+    import torch
+
+    from checkpoints.consolidate import write_consolidated
+    from checkpoints.detect import open_source
+
+    drop_cached([folder])
+    source = open_source(folder)
+    secs, files = _timed(lambda: write_consolidated(source, root / "converted", torch.float32, 5 * 10**9, progress=False,
+                                                    verify=source.verify))
+    rows.append(("zbench convert", "to fp32 safetensors, verified (cold cache)", secs, _size(folder)))
+
+
+def _dcp(model: Any, root: Path, cuda: bool, rows: list) -> None:
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    dev = torch.device("cuda" if cuda else "cpu")
+    m = copy.deepcopy(model).to(dev, torch.bfloat16 if cuda else torch.float32)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+    _step(m, lambda loss: loss.backward(), opt.step, model[0].in_features, dev)
+    state = {"model": m.state_dict(), "optim": opt.state_dict()}
+    secs, _ = _timed(lambda: dcp.save(state, checkpoint_id=str(root / "dcp_sync")))
+    size = _size(root / "dcp_sync")
+    rows.append(("DCP", "save (sync; no fsync)", secs, size))
+    blocked, future = _timed(lambda: dcp.async_save(state, checkpoint_id=str(root / "dcp_async")))
+    rows.append(("DCP", "save (async): training blocked", blocked, size))
+    rest, _ = _timed(future.result)
+    rows.append(("DCP", "save (async): written after (no fsync)", blocked + rest, size))
+    drop_cached([root / "dcp_sync"])
+    secs, _ = _timed(lambda: (dcp.load(state, checkpoint_id=str(root / "dcp_sync")), _sync()))
+    rows.append(("DCP", "load (cold cache)", secs, size))
+
+
+def _deepspeed(model: Any, root: Path, cuda: bool, rows: list) -> None:
+    try:
+        import deepspeed
+    except ImportError:
+        return
+    cfg = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2}, "bf16": {"enabled": cuda},
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": not cuda}}}
+    m = copy.deepcopy(model)
+    engine, *_ = deepspeed.initialize(model=m, model_parameters=m.parameters(), config=cfg)
+    _step(engine, engine.backward, engine.step, model[0].in_features, engine.device)
+    secs, _ = _timed(lambda: (engine.save_checkpoint(str(root / "deepspeed"), tag="sync"), _sync()))
+    size = _size(root / "deepspeed")
+    rows.append(("DeepSpeed", "save (sync; no fsync)", secs, size))
+    drop_cached([root / "deepspeed"])
+    secs, _ = _timed(lambda: (engine.load_checkpoint(str(root / "deepspeed"), tag="sync"), _sync()))
+    rows.append(("DeepSpeed", "load (cold cache)", secs, size))
+
+
+def _process_group() -> None:
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+        import torch
+
+        dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
+
+
+def run(params: int, folder: Path | None) -> tuple[list[tuple[str, str, float, int]], dict[str, Any]]:
+    """Rows of (system, operation, seconds, bytes) and the disk floor, measured in `folder` (a temp dir by default)."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(0)
+    _process_group()
+    root = Path(tempfile.mkdtemp(prefix="zbench-ckpt-bench-", dir=folder))
+    rows: list[tuple[str, str, float, int]] = []
+    try:
+        model = _model(params, cuda)
+        zc = _zero_core(model, root, cuda, rows)
+        floor = disk_floor(root, _size(zc))
+        _convert(zc, root, rows)
+        _dcp(model, root, cuda, rows)
+        _deepspeed(model, root, cuda, rows)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    info = {"device": torch.cuda.get_device_name(0) if cuda else "cpu", "params": sum(p.numel() for p in model.parameters()),
+            "torch": torch.__version__, "folder": str(root.parent), **floor}
+    return rows, info

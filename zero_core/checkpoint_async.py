@@ -1,0 +1,139 @@
+"""Async checkpoint saves: training waits only for the copy into host buffers; a thread does the rest.
+
+The background thread of every rank writes its files (hashed while written, fsynced) into the staging
+folder and leaves a marker `.rank_<r>.done` there with their records, or with the problem it met. Rank 0's
+thread waits for every rank's marker, writes the manifest and commits as a synchronous save does; until
+the rename, the previous checkpoint and `latest` are untouched, so a crash at any point leaves the previous
+checkpoint loadable. No collective runs off the main thread: the ranks learn the outcome in
+`wait_for_checkpoint()` (collective), which the next save, a load, and the engine's end of life call.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+
+from . import comm
+from .checkpoint_snapshot import HostBuffers
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+DEFAULT_WAIT_S = 1800.0  # how long rank 0 waits for the other ranks' files (the collective timeout, if set)
+
+
+def _marker(staged: Path, rank: int) -> Path:
+    return staged / f".rank_{rank:05d}.done"
+
+
+def _leave_marker(staged: Path, rank: int, report: dict[str, Any]) -> None:
+    tmp = staged / f".rank_{rank:05d}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(report, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, _marker(staged, rank))
+
+
+def _collect(staged: Path, world: int, wait_s: float) -> tuple[dict[str, Any], tuple[str, str] | None]:
+    """Rank 0: every rank's file records, or the first problem (a rank's, or the wait running out)."""
+    deadline = time.monotonic() + wait_s
+    files: dict[str, Any] = {}
+    for rank in range(world):
+        path = _marker(staged, rank)
+        while not path.is_file():
+            if time.monotonic() > deadline:
+                return files, (f"rank {rank} did not finish writing its files within {wait_s:.0f} s",
+                               "check that rank and the disk, then save again")
+            time.sleep(0.02)
+        report = json.loads(path.read_text(encoding="utf-8"))
+        if report["problem"]:
+            return files, tuple(report["problem"])
+        files.update(report["files"])
+    return files, None
+
+
+class AsyncSaver:
+    """One engine's background save: at most one in flight; its host buffers are reused by the next."""
+
+    def __init__(self, rank: int, world: int, wait_s: float) -> None:
+        self.rank, self.world, self.wait_s = rank, world, wait_s
+        self.buffers = HostBuffers()
+        self._thread: threading.Thread | None = None
+        self._outcome: tuple[str, str] | None = None
+        self._pending: tuple[Path, str] | None = None
+
+    def start(self, root: Path, tag: str, staged: Path, files: dict[str, Any], manifest: dict[str, Any] | None,
+              move_latest: bool, keep_last: int | None) -> None:
+        if self.rank == 0:
+            print(f"zero_core: checkpoint {tag} copied into {self.buffers.nbytes / 2**20:.1f} MiB of host buffers; "
+                  "writing it in the background", flush=True)
+        self._pending, self._outcome = (root, tag), None
+        self._thread = threading.Thread(target=self._run, name="zbench-async-save", daemon=False,
+                                        args=(root, tag, staged, files, manifest, move_latest, keep_last))
+        self._thread.start()
+
+    def _run(self, root: Path, tag: str, staged: Path, files: dict[str, Any], manifest: dict[str, Any] | None,
+             move_latest: bool, keep_last: int | None) -> None:
+        try:
+            self._outcome = self._save(root, tag, staged, files, manifest, move_latest, keep_last)
+        except Exception as e:  # whatever it is, wait() must report it, not a success
+            if self.rank == 0:
+                shutil.rmtree(staged, ignore_errors=True)  # made by this rank for this save
+            self._outcome = (f"rank {self.rank}'s background save failed ({type(e).__name__}: {str(e)[:200]})",
+                             "fix that and save again")
+
+    def _save(self, root: Path, tag: str, staged: Path, files: dict[str, Any], manifest: dict[str, Any] | None,
+              move_latest: bool, keep_last: int | None) -> tuple[str, str] | None:
+        """This rank's part of the save; rank 0 also commits. The problem, or None."""
+        from .checkpointing import publish, write_files
+
+        try:
+            records, problem = write_files(self.rank, files, staged)
+            _leave_marker(staged, self.rank, {"files": records, "problem": problem})
+        except OSError as e:  # not even the marker could be written
+            problem = (f"rank {self.rank} could not write into {staged} ({e.strerror})", "fix that and save again")
+        if self.rank != 0:
+            return problem
+        gathered, problem = _collect(staged, self.world, self.wait_s) if problem is None else ({}, problem)
+        if problem is not None:
+            shutil.rmtree(staged, ignore_errors=True)  # made by this rank for this save
+            return problem
+        for rank in range(self.world):
+            _marker(staged, rank).unlink()
+        assert manifest is not None
+        return publish(root, tag, staged, {**manifest, "files": gathered}, move_latest, keep_last)
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def wait(self) -> Path | None:
+        """Collective: finish the save in flight; CheckpointError if it failed on any rank."""
+        from .checkpointing import save_failed
+
+        if self._pending is None:
+            return None
+        assert self._thread is not None
+        self._thread.join()
+        (root, tag), self._pending = self._pending, None
+        outcome = comm.broadcast_object(self._outcome if self.rank == 0 else None,
+                                        what="broadcast of the async checkpoint's outcome")
+        if outcome is not None:
+            raise save_failed(root, tag, tuple(outcome))
+        return root / tag
+
+
+def saver_of(engine: "Engine") -> AsyncSaver:
+    """The engine's saver, made on first use."""
+    saver = getattr(engine, "_async_saver", None)
+    if saver is None:
+        wait_s = engine.config.zero_core.comm_timeout_s or DEFAULT_WAIT_S
+        saver = engine._async_saver = AsyncSaver(engine.rank, engine.world_size, wait_s)
+    return saver

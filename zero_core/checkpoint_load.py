@@ -1,0 +1,162 @@
+"""Engine load of zbench checkpoints (any world size, stage or bucketing at save), verified in one pass.
+
+Every rank reads, through the fragment maps, just the elements of its *current* partition. Each rank file
+it needs is read once, front to back, and its checksum checked on the same bytes that become its states
+(checkpoints/verified_read.py; pinned buffers and non-blocking copies when the states are on a GPU). Sizes and
+safetensors headers are checked before anything changes; a file that fails its checksum is found once read,
+so the error says the states were partly overwritten. NVMe-backed states do not fit in memory at once: their
+files are checked first and then read chunk by chunk. RNG states are plain data (rng_state.py).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from checkpoints import manifest as mf
+from checkpoints import zbench_format as fmt
+from checkpoints.source import CheckpointError
+from checkpoints.verified_read import read_verified
+from checkpoints.zbench_source import FragmentReader, read_frozen
+
+from .optim.client_optimizer import ClientOptimizer
+from .optim.states import NAMES, TensorStates
+from .rng_state import restore_rng
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+
+def param_entries(engine: "Engine") -> list[dict[str, Any]]:
+    slot_of = {id(p): i for i, p in enumerate(engine.params)}
+    return mf.param_entries(engine.module.state_dict(keep_vars=True).items(), slot_of)
+
+
+def _check_states(folder: Path, manifest: dict[str, Any], opt: Any) -> list[str]:
+    """The optimizer state arrays to read; CheckpointError when they belong to another kind of optimizer."""
+    saved = mf.partition_keys(manifest)[1:]
+    client = isinstance(opt, ClientOptimizer)
+    if client != all(k.startswith("state.") for k in saved) or (not client and tuple(saved) != NAMES[1:]):
+        kind = manifest["optimizer"].get("client") or "AdamW/Adam"
+        raise CheckpointError(f"{folder} holds the states of a {kind} optimizer, not of this "
+                              f"{type(opt.client).__name__ if client else 'AdamW/Adam'}; load the weights alone "
+                              "(load_optimizer_states=False) or use the optimizer the run used")
+    return saved
+
+
+def _check_model(folder: Path, manifest: dict[str, Any], current: list[dict[str, Any]]) -> None:
+    saved = {p["name"]: p for p in manifest["params"]}
+    missing = [e["name"] for e in current if e["name"] not in saved]
+    unexpected = [n for n in saved if n not in {e["name"] for e in current}]
+    if missing or unexpected:
+        raise CheckpointError(f"{folder} is from another model: missing {missing[:3]} unexpected {unexpected[:3]}; "
+                              "load a checkpoint of this model")
+    for e in current:
+        if list(saved[e["name"]]["shape"]) != e["shape"] or saved[e["name"]]["trainable"] != e["trainable"]:
+            raise CheckpointError(f"{folder}: {e['name']} is {saved[e['name']]['shape']} in the checkpoint but {e['shape']} "
+                                  "in the model; load a checkpoint of this model")
+
+
+def _fragment_pieces(mine: list, names: list[str], lo: int, hi: int):
+    """(name, partition range a..b, parameter element start) of this rank's fragments inside [lo, hi)."""
+    for f, name in zip(mine, names):
+        a, b = max(lo, f.partition_offset), min(hi, f.partition_offset + f.numel)
+        if a < b:
+            yield name, a, b, f.param_start + a - f.partition_offset
+
+
+def _read_fragments(reader: Any, mine: list, names: list[str], lo: int, into: dict[str, torch.Tensor]) -> None:
+    """Fill `into[key]` (holding partition elements [lo, lo + numel)) from the checkpoint's fragments."""
+    hi = lo + next(iter(into.values())).numel() if into else lo
+    for name, a, b, start in _fragment_pieces(mine, names, lo, hi):
+        for key, dst in into.items():
+            piece = torch.empty(b - a, dtype=torch.float32)
+            reader.read_into(piece, name, key, start)
+            dst[a - lo : b - lo].copy_(piece)
+
+
+def _read_in_one_pass(folder: Path, manifest: dict[str, Any], reader: Any, mine: list, names: list[str],
+                      into: dict[str, torch.Tensor]) -> None:
+    """Fill `into[key]` (the whole partition) reading each rank file once, its checksum checked on the way."""
+    numel = next(iter(into.values())).numel()
+    spans = defaultdict(list)
+    for name, a, b, start in _fragment_pieces(mine, names, 0, numel):
+        for key, dst in into.items():
+            for fname, span in reader.spans(dst[a:b], name, key, start):
+                spans[fname].append(span)
+    for fname in sorted(spans):
+        try:
+            read_verified(folder / fname, manifest["files"][fname], spans[fname])
+        except CheckpointError as e:
+            raise CheckpointError(f"{e}; this engine's states were partly overwritten by the load: load a sound "
+                                  "checkpoint before training on") from None
+        except FileNotFoundError:
+            raise CheckpointError(f"{folder / fname} disappeared while it was read (another process removed this "
+                                  "checkpoint, e.g. a save with keep_last); load a newer one") from None
+
+
+def load(engine: "Engine", load_dir: str | os.PathLike, tag: str | None = None, weights_only: bool = False,
+         schedule: bool = True) -> tuple[Path, dict[str, Any]]:
+    """Collective. Loads weights, optimizer state and counters into this engine (`weights_only`: the fp32
+    weights alone, the optimizer untouched); returns (the checkpoint folder, client_state)."""
+    folder = fmt.resolve(load_dir, tag)
+    manifest = mf.read(folder)
+    current = param_entries(engine)
+    _check_model(folder, manifest, current)
+    reader = FragmentReader(folder, manifest)  # after the model checks: nothing opened for a refused checkpoint
+    mine = engine.layout.fragments(engine.rank if engine.layout.world_size > 1 else 0)
+    names = [engine.layout.slots[f.param_index].name for f in mine]
+    opt = engine.optimizer
+    one_pass = isinstance(opt.states, TensorStates)
+    needed = reader.files_for(names)
+    for fname in needed:
+        reader.check_header(fname)  # present, and holding what the manifest says, before any change
+    if not one_pass:
+        mf.check_files(folder, manifest, needed)
+    rng = manifest["rng"].get(str(engine.rank)) if manifest["world_size"] == engine.world_size else None
+    restore = restore_rng(rng, manifest["version"], folder) if rng is not None else None  # checked before any change
+    saved_states = [] if weights_only else _check_states(folder, manifest, opt)
+    client = isinstance(opt, ClientOptimizer)
+    frozen = [e["name"] for e in current if not e["trainable"] and not e["tied_to"]]
+    frozen_values = read_frozen(folder, manifest, frozen, verify=True)  # small: verified before any change
+    with torch.no_grad():
+        try:
+            into_states = ("master",) if weights_only or client else NAMES
+            arrays = {k: torch.zeros(opt.states.numel, dtype=torch.float32) for k in saved_states} if client else {}
+            if one_pass:
+                _read_in_one_pass(folder, manifest, reader, mine, names,
+                                  {**{k: getattr(opt.states, k) for k in into_states}, **arrays})
+            else:
+                for lo, hi, views in opt.states.stream():  # NVMe chunk by chunk (written back)
+                    _read_fragments(reader, mine, names, lo, {k: views[k] for k in into_states})
+                if arrays:
+                    _read_fragments(reader, mine, names, 0, arrays)
+            if client and saved_states:
+                opt.load_state_arrays(arrays, manifest["optimizer"].get("client_scalars", {}))
+        finally:
+            reader.close()
+        state = engine.module.state_dict(keep_vars=True)
+        for name, t in frozen_values.items():
+            state[name].data.copy_(t)
+        engine.refresh_working_weights()
+        if weights_only:
+            return folder, manifest["client_state"]
+        o = manifest["optimizer"]
+        opt.applied.fill_(o["applied"])
+        opt.skipped.fill_(o["skipped"])
+        engine.scaler.load_state_dict(manifest["loss_scaler"])
+    engine.global_step = manifest["step"]
+    engine.micro_steps = manifest["micro_steps"]
+    if schedule and engine.host_schedule is not None and manifest.get("scheduler"):
+        try:
+            engine.host_schedule.load_state_dict(manifest["scheduler"])
+        except ValueError as e:
+            raise CheckpointError(f"{folder}: {e}; build the same scheduler as the run that saved it, or pass "
+                                  "load_lr_scheduler_states=False") from None
+    if restore is not None:
+        restore(engine.device)
+    return folder, manifest["client_state"]

@@ -1,0 +1,101 @@
+"""What one rank's save writes, file by file, and the reusable host buffers an async save copies it into.
+
+A synchronous save writes straight from the live tensors (training waits anyway). An async save first
+copies every tensor it will write into host buffers kept across saves (pinned on CUDA, copied on a side
+stream), so training may change the live tensors while a background thread writes the copies. States on
+NVMe are streamed into the buffers chunk by chunk; a synchronous save streams them to the file instead.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from checkpoints import manifest as mf
+
+from .optim.client_optimizer import ClientOptimizer
+from .optim.states import NAMES, TensorStates
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+
+class NvmeStates:
+    """A rank file whose states live on NVMe: written by streaming them chunk by chunk."""
+
+    def __init__(self, states: Any) -> None:
+        self.states = states
+
+
+class HostBuffers:
+    """Host copies of the tensors a save writes, reused by the next save of the same shapes."""
+
+    def __init__(self) -> None:
+        self._bufs: dict[str, torch.Tensor] = {}
+        self._stream: Any = None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self._bufs.values())
+
+    def _buffer(self, key: str, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        buf = self._bufs.get(key)
+        if buf is None or buf.shape != shape or buf.dtype != dtype:
+            self._bufs.pop(key, None)  # freed before the new one is made
+            buf = torch.empty(shape, dtype=dtype, pin_memory=torch.cuda.is_available())
+            self._bufs[key] = buf
+        return buf
+
+    def copy(self, tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+        """Host copies of `tensors`; device tensors are copied on a side stream, finished before returning."""
+        out = {k: self._buffer(f"{prefix}/{k}", t.shape, t.dtype) for k, t in tensors.items()}
+        if any(t.is_cuda for t in tensors.values()):
+            self._stream = self._stream or torch.cuda.Stream()
+            self._stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self._stream):
+                for k, t in tensors.items():
+                    out[k].copy_(t.detach(), non_blocking=True)
+            self._stream.synchronize()
+        else:
+            for k, t in tensors.items():
+                out[k].copy_(t.detach())
+        return out
+
+    def copy_streamed(self, states: Any, names: tuple[str, ...], prefix: str) -> dict[str, torch.Tensor]:
+        """Host copies of NVMe-backed states, read chunk by chunk."""
+        out = {n: self._buffer(f"{prefix}/{n}", torch.Size([states.numel]), torch.float32) for n in names}
+        for lo, hi, views in states.stream(names, write_back=False):
+            for n in names:
+                out[n][lo:hi].copy_(views[n])
+        return out
+
+
+def frozen_tensors(engine: "Engine", entries: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    """Frozen parameters and buffers, each stored once (tied names point at their owner)."""
+    return {e["name"]: t.detach() for e, t in zip(entries, engine.module.state_dict(keep_vars=True).values())
+            if not e["trainable"] and not e["tied_to"]}
+
+
+def contents(engine: "Engine", entries: list[dict[str, Any]], buffers: HostBuffers | None) -> dict[str, Any]:
+    """file name -> what goes in it: {tensor name: CPU tensor}, or NvmeStates for a synchronous save."""
+    out: dict[str, Any] = {}
+    opt = engine.optimizer
+    if engine.layout.world_size > 1 or engine.rank == 0:  # stage 0: one copy is enough
+        name = mf.rank_file(engine.rank)
+        if isinstance(opt, ClientOptimizer):
+            tensors = {"master": opt.states.master, **opt.state_arrays()[0]}
+        elif isinstance(opt.states, TensorStates):
+            tensors = {n: getattr(opt.states, n) for n in NAMES}
+        elif buffers is None:
+            tensors = None
+            out[name] = NvmeStates(opt.states)
+        else:
+            tensors = None
+            out[name] = buffers.copy_streamed(opt.states, NAMES, name)
+        if tensors is not None:
+            out[name] = buffers.copy(tensors, name) if buffers is not None else tensors
+    if engine.rank == 0:
+        frozen = frozen_tensors(engine, entries)
+        out[mf.FROZEN_FILE] = buffers.copy(frozen, mf.FROZEN_FILE) if buffers is not None else frozen
+    return out
