@@ -109,6 +109,9 @@ class TorchScheduler(HostSchedule):
             raise ValueError(f"the saved lr scheduler state does not fit this {type(self.scheduler).__name__}")
         self.scheduler.load_state_dict(saved)
         self.stepped = stepped
+        # torch restores the lrs with the optimizer's state_dict, which the engine does not keep: write them back
+        for group, lr in zip(self.scheduler.optimizer.param_groups, self.scheduler.get_last_lr()):
+            group["lr"] = lr
 
 
 def _plain(value: Any, depth: int = 0) -> bool:
