@@ -19,6 +19,7 @@ import torch
 
 from checkpoints.consolidate import first_problem, parse_size, write_consolidated
 from checkpoints.detect import kinds, open_source
+from checkpoints.hf_folder import check_hf_config, copy_hf_files, tie_index
 from checkpoints.io_errors import ACCESS, SPACE, write_cause
 from checkpoints.output_claim import check_output
 from checkpoints.source import CheckpointError, CheckpointSource
@@ -66,10 +67,13 @@ _FOLLOW = click.option("--follow-symlinks", is_flag=True,
 @click.option("--from", "kind", default=None, type=click.Choice(kinds()), help="Source kind (default: detected).")
 @click.option("--world-size", default=None, type=click.IntRange(1), help="Ranks of the resharded checkpoint (--to zbench).")
 @click.option("--no-verify", is_flag=True, help="Skip the checksum/CRC check of the source files before converting.")
+@click.option("--hf-config", default=None, type=click.Path(),
+              help="A Hugging Face config.json for the output folder (default: the one beside SRC, if any).")
 @_KEY
 @_FOLLOW
 def convert(src: str, to: str, out: str, max_shard_size: str, tag: str | None, kind: str | None,
-            world_size: int | None, no_verify: bool, key: str | None, follow_symlinks: bool) -> None:
+            world_size: int | None, no_verify: bool, hf_config: str | None, key: str | None,
+            follow_symlinks: bool) -> None:
     """Convert checkpoint SRC into consolidated safetensors (fp32/bf16/fp16) or a resharded zbench checkpoint."""
     try:
         shard_bytes = parse_size(max_shard_size)
@@ -79,6 +83,13 @@ def convert(src: str, to: str, out: str, max_shard_size: str, tag: str | None, k
         raise click.ClickException("--to zbench needs --world-size M (the number of ranks to reshard for)")
     if to != "zbench" and world_size is not None:
         raise click.ClickException(f"--world-size applies to --to zbench only; drop it for --to {to}")
+    if hf_config is not None:
+        if to == "zbench":
+            raise click.ClickException("--hf-config applies to --to fp32|bf16|fp16 only; drop it for --to zbench")
+        try:
+            check_hf_config(hf_config)
+        except CheckpointError as e:
+            raise click.ClickException(str(e))
     try:
         check_output(out, protect=[src])  # before any reading: a refused --out costs nothing
     except CheckpointError as e:
@@ -102,6 +113,8 @@ def convert(src: str, to: str, out: str, max_shard_size: str, tag: str | None, k
             return
         files = write_consolidated(source, out, _DTYPES[to], shard_bytes, progress=sys.stderr.isatty(), protect=[src],
                                    verify=None if no_verify else source.verify)  # checked beside the conversion
+        tie_index(out)  # from_pretrained-loadable: tied names as save_pretrained writes them, and the HF files
+        copied = copy_hf_files(src, out, hf_config)
     except CheckpointError as e:
         raise click.ClickException(str(e))
     except OSError as e:  # a full disk, a quota, a folder we may not write: the output was removed again
@@ -110,7 +123,7 @@ def convert(src: str, to: str, out: str, max_shard_size: str, tag: str | None, k
     tied = sum(1 for i in infos if i.tied_to)
     size = sum(f.stat().st_size for f in files)
     click.echo(f"wrote {len(infos)} tensors ({tied} tied, stored once) as {to} in {len(files)} file(s), "
-               f"{_human(size)}, to {out}")
+               f"{_human(size)}, to {out}" + (f", with {', '.join(copied)}" if copied else ""))
 
 
 def _cannot_write(out: str, e: OSError) -> click.ClickException:

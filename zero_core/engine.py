@@ -115,8 +115,10 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         """True when the next `step()` applies an update."""
         return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
 
-    def backward(self, loss: torch.Tensor) -> None:
-        """Backward of `loss` scaled by the loss scale and 1/accumulation steps; reduces gradients."""
+    def backward(self, loss: torch.Tensor, scale_wrt_gas: bool = True) -> None:
+        """Backward of `loss` scaled by the loss scale and 1/accumulation steps; reduces gradients.
+        `scale_wrt_gas=False` (DeepSpeed's flag) leaves out 1/accumulation steps, for a loss its caller
+        already normalised over the accumulated batch (Hugging Face Trainer's)."""
         self.wait_for_weights()  # buckets no module's forward read (unused parameters)
         boundary = self.is_gradient_accumulation_boundary()
         every = self.strategy.reduces_every_micro_step
@@ -124,7 +126,7 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         window_pos = self.micro_steps % gas
         self.reducer.begin(reduce_now=every or boundary, accumulate=every and window_pos > 0,
                            scale=self.scaler.inv_scale / self.world_size, final=boundary)
-        (loss * (self.scaler.scale.squeeze() / gas)).backward()
+        (loss * (self.scaler.scale.squeeze() / (gas if scale_wrt_gas else 1))).backward()
         self.breakdown.backward_done()
         self.reducer.finish()
         self.strategy.after_backward()

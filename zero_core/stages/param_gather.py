@@ -25,7 +25,7 @@ class _PreBackward(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, gatherer: "ParamGatherer", units: tuple[int, ...], t: torch.Tensor) -> torch.Tensor:
         ctx.gatherer, ctx.units = gatherer, units
-        return t.view_as(t)
+        return t.detach()  # not a view: callers may modify the output in place (Trainer's `loss *= world`)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:

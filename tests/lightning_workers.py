@@ -1,0 +1,71 @@
+"""Lightning runs for tests/test_integration_lightning.py (a helper module, not a test module): a tiny GPT-2 in a
+LightningModule with AdamW and a step-interval LambdaLR, trained by Lightning's DDPStrategy or ZeroStrategy on
+the ranks dist_harness started (Lightning sees LOCAL_RANK and does not launch processes itself)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+import trainer_workers as tw
+
+SAMPLES, MICRO, ACCUMULATE = 16, 2, 2  # per rank: 4 batches an epoch, 2 updates
+
+
+
+
+def module() -> "object":
+    import lightning as L
+
+    class Lit(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model, self.losses = tw.tiny_model("gpt2"), []
+
+        def training_step(self, batch, index):
+            loss = self.model(input_ids=batch["input_ids"], labels=batch["labels"]).loss
+            self.losses.append(float(loss))
+            return loss
+
+        def configure_optimizers(self):
+            opt = torch.optim.AdamW(self.parameters(), lr=1e-2, weight_decay=0.1)
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 3))
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(tw.Samples("gpt2", SAMPLES * 2, 1), batch_size=MICRO)
+
+    return Lit()
+
+
+def fit(strategy: object, world: int, epochs: int, ckpt_path: str | None = None, save_to: str | None = None) -> dict:
+    import lightning as L
+
+    lit = module()
+    trainer = L.Trainer(accelerator="cpu", devices=world, strategy=strategy, max_epochs=epochs, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        gradient_clip_val=1.0, accumulate_grad_batches=ACCUMULATE, num_sanity_val_steps=0)
+    trainer.fit(lit, ckpt_path=ckpt_path)
+    if save_to is not None:
+        trainer.save_checkpoint(save_to)
+    engine = getattr(trainer.strategy, "engine", None)
+    weights = engine.full_state_dict() if engine is not None else {
+        k: v.detach().clone() for k, v in lit.state_dict().items()}
+    every = [None] * world
+    dist.all_gather_object(every, lit.losses)
+    return {"losses": [math.fsum(s) / world for s in zip(*every)], "weights": weights, "step": trainer.global_step}
+
+
+def run(rank: int, world: int, stage: int, folder: str) -> dict:
+    """DDP for 4 epochs; ZeroStrategy for 2, a save, and a resume to 4 epochs from the saved folder."""
+    from lightning.pytorch.strategies import DDPStrategy
+
+    from zero_core.integrations.lightning import ZeroStrategy
+
+    ddp = fit(DDPStrategy(process_group_backend="gloo"), world, 4)
+    first = fit(ZeroStrategy(stage=stage, process_group_backend="gloo"), world, 2, save_to=f"{folder}/zero.ckpt")
+    resumed = fit(ZeroStrategy(stage=3 if stage != 3 else 2, process_group_backend="gloo"), world, 4,
+                  ckpt_path=f"{folder}/zero.ckpt")
+    return {"ddp": ddp, "first": first, "resumed": resumed}

@@ -1,0 +1,76 @@
+"""zero_core's Accelerator (zero_core.integrations.accelerate) against Accelerate's DDP on 2 gloo ranks, fp32: the
+same loop (tiny GPT-2, AdamW, a LambdaLR, accumulate(), clip_grad_norm_) gives the same losses within 1e-5;
+save_state/load_state round-trip the engine; the refusals name the fix."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+
+pytest.importorskip("accelerate")
+pytest.importorskip("transformers")
+
+import trainer_workers as tw  # noqa: E402
+from dist_harness import run_ranks  # noqa: E402
+
+CONFIG = tw.SEEDS / "000_zero3_offload_config_accelerate.json"
+
+
+def _loop(rank: int, world: int, zero: bool, folder: str) -> dict:
+    import accelerate
+
+    from zero_core.integrations.accelerate import Accelerator
+
+    if zero:  # the seed config less fp16, optimizer, scheduler, accumulation: the loop's
+        config = {k: v for k, v in __import__("json").loads(CONFIG.read_text()).items() 
+                  if k not in ("fp16", "optimizer", "scheduler", "gradient_accumulation_steps")}
+        acc = Accelerator(zero_config=config, cpu=True, gradient_accumulation_steps=2)
+    else:
+        acc = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=2)
+    model = tw.tiny_model("gpt2")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    # Accelerate's DDP steps a scheduler once per process per update; the engine once per update, as DeepSpeed
+    per_update = (lambda s: min(1.0, (s + 1) / 3)) if zero else (lambda s: min(1.0, (s // world + 1) / 3))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, per_update)
+    loader = torch.utils.data.DataLoader(tw.Samples("gpt2", 32, 1), batch_size=2)
+    model, opt, loader, sched = acc.prepare(model, opt, loader, sched)
+    losses = []
+    for batch in loader:
+        with acc.accumulate(model):
+            loss = model(**batch).loss
+            acc.backward(loss)
+            if acc.sync_gradients:
+                acc.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+        losses.append(float(loss))
+    every = [None] * world
+    dist.all_gather_object(every, losses)
+    out = {"losses": [math.fsum(s) / world for s in zip(*every)], "weights": acc.get_state_dict(model)}
+    if zero:
+        acc.save_state(f"{folder}/state")
+        acc.load_state(f"{folder}/state")
+        out["reloaded"] = acc.get_state_dict(model)
+    return out
+
+
+@pytest.mark.slow
+def test_zero_accelerator_equals_accelerate_ddp(tmp_path):
+    ddp = run_ranks(_loop, 2, False, str(tmp_path))
+    zero = run_ranks(_loop, 2, True, str(tmp_path))
+    assert len(zero["losses"]) == 8 and zero["losses"] == pytest.approx(ddp["losses"], abs=1e-5)
+    assert max(float((zero["weights"][k] - ddp["weights"][k]).abs().max()) for k in ddp["weights"]) < 1e-4
+    assert (tmp_path / "state" / "latest").is_file()
+    assert all(torch.equal(zero["reloaded"][k], zero["weights"][k]) for k in zero["weights"])
+
+
+def test_without_a_config_it_names_the_fix(monkeypatch):
+    from zero_core.integrations.accelerate import Accelerator
+
+    monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED", raising=False)
+    with pytest.raises(ValueError, match="zero_config='ds_config.json'"):
+        Accelerator(cpu=True)

@@ -1,0 +1,160 @@
+"""Accelerate scripts written for `distributed_type: DEEPSPEED` on zero_core: one changed import.
+
+    from zero_core.integrations.accelerate import Accelerator      # was: from accelerate import Accelerator
+    accelerator = Accelerator()                  # the DeepSpeed settings `accelerate launch` exported, or
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config="ds_config.json"))  # or zero_config=
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    loss = model(**batch).loss; accelerator.backward(loss); optimizer.step(); scheduler.step(); optimizer.zero_grad()
+
+The DeepSpeed plugin is read for its config and never handed to Accelerate, which runs as plain multi-process
+data parallel (so DeepSpeed need not be installed). `prepare` builds zero_core's engine from the model, the
+optimizer (or `DummyOptim` with the config's optimizer) and the scheduler (or `DummyScheduler`); `backward`
+runs the engine's backward and step, as Accelerate's DeepSpeed path does, so the loop's `optimizer.step()`,
+`scheduler.step()` and `zero_grad()` do nothing. Dataloaders are Accelerate's. `save_state`/`load_state`
+write and read zbench checkpoints (any world size or stage); `get_state_dict` gathers the full weights.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import accelerate
+import torch
+from accelerate.utils import DeepSpeedPlugin
+from accelerate.utils.deepspeed import DummyOptim, DummyScheduler  # not re-exported without DeepSpeed
+
+from ..config import read_config_file
+from ..config_auto import AutoValues
+from ..engine import Engine
+from .handles import EngineOptimizer, EngineSchedule, backward_and_step, hidden_size
+
+
+def _plugin_config(plugin: DeepSpeedPlugin) -> dict[str, Any]:
+    """The plugin's DeepSpeed config, less Accelerate's placeholders zero_core does not read."""
+    config = dict(plugin.deepspeed_config)
+    if isinstance(config.get("steps_per_print"), float) and not math.isfinite(config["steps_per_print"]):
+        del config["steps_per_print"]
+    zero = config.get("zero_optimization", {})
+    for key in ("offload_optimizer", "offload_param"):
+        if isinstance(zero.get(key), dict) and zero[key].get("device") == "none":
+            del zero[key]
+    return config
+
+
+class Accelerator(accelerate.Accelerator):
+    """accelerate.Accelerator whose prepared model is zero_core's engine, from a DeepSpeed config."""
+
+    def __init__(self, *args: Any, zero_config: str | os.PathLike | dict | None = None,
+                 deepspeed_plugin: DeepSpeedPlugin | None = None, **kwargs: Any) -> None:
+        if deepspeed_plugin is None and zero_config is None and os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true":
+            deepspeed_plugin = DeepSpeedPlugin()  # what `accelerate launch` exported for a DEEPSPEED config
+        if isinstance(deepspeed_plugin, dict):
+            raise ValueError("zero_core's Accelerator trains one model; pass one DeepSpeedPlugin or zero_config=")
+        if zero_config is None and deepspeed_plugin is None:
+            raise ValueError("zero_core's Accelerator needs a DeepSpeed config: zero_config='ds_config.json', "
+                             "deepspeed_plugin=DeepSpeedPlugin(...), or `accelerate launch` with a DEEPSPEED config")
+        if zero_config is not None:
+            self.zero_config = read_config_file(os.fspath(zero_config)) if isinstance(zero_config, (str, os.PathLike)) \
+                else dict(zero_config)
+        else:
+            self.zero_config = _plugin_config(deepspeed_plugin)
+        gas = self.zero_config.get("gradient_accumulation_steps")
+        if isinstance(gas, int) and "gradient_accumulation_steps" not in kwargs and "gradient_accumulation_plugin" not in kwargs:
+            kwargs["gradient_accumulation_steps"] = gas  # Accelerate's sync_gradients follows the config, as with DeepSpeed
+        use_deepspeed = os.environ.pop("ACCELERATE_USE_DEEPSPEED", None)  # Accelerate must not start DeepSpeed
+        try:
+            super().__init__(*args, **kwargs)
+        finally:
+            if use_deepspeed is not None:
+                os.environ["ACCELERATE_USE_DEEPSPEED"] = use_deepspeed
+        self.engine: Engine | None = None
+
+    def prepare(self, *objects: Any, device_placement: list[bool] | None = None) -> Any:
+        models = [o for o in objects if isinstance(o, torch.nn.Module)]
+        if len(models) > 1 or (self.engine is not None and models):
+            raise ValueError("zero_core's Accelerator trains one model, prepared once; pass it to one prepare() call")
+        if not models:
+            return super().prepare(*objects, device_placement=device_placement)
+        optimizers = [o for o in objects if isinstance(o, (torch.optim.Optimizer, DummyOptim))]
+        schedulers = [o for o in objects if isinstance(o, (torch.optim.lr_scheduler.LRScheduler, DummyScheduler))]
+        if len(optimizers) > 1 or len(schedulers) > 1:
+            raise ValueError("zero_core's Accelerator takes one optimizer and at most one scheduler")
+        loaders = [o for o in objects if isinstance(o, torch.utils.data.DataLoader)]
+        handle = self._build(models[0], optimizers[0] if optimizers else None, schedulers[0] if schedulers else None,
+                             loaders[0].batch_size if loaders else None)
+        out = []
+        for o in objects:
+            if o is models[0]:
+                out.append(self.engine)
+            elif optimizers and o is optimizers[0]:
+                out.append(handle)
+            elif schedulers and o is schedulers[0]:
+                out.append(EngineSchedule(self.engine, handle))
+            else:  # dataloaders and the rest: Accelerate's
+                out.append(super().prepare(o))
+        return tuple(out) if len(out) > 1 else out[0]
+
+    def _build(self, model: torch.nn.Module, optimizer: Any, scheduler: Any, micro: int | None) -> EngineOptimizer:
+        raw = dict(self.zero_config)
+        groups = None
+        if isinstance(optimizer, DummyOptim):
+            groups, optimizer = list(optimizer.params), None
+        if isinstance(scheduler, DummyScheduler):
+            scheduler = scheduler.lr_scheduler_callable  # None: the config's scheduler
+        lr = optimizer.param_groups[0]["lr"] if isinstance(optimizer, torch.optim.Optimizer) else None
+        auto = AutoValues(world_size=self.num_processes, per_device_train_batch_size=micro,
+                          gradient_accumulation_steps=self.gradient_accumulation_steps, learning_rate=lr,
+                          fp16=self.mixed_precision == "fp16", bf16=self.mixed_precision == "bf16",
+                          hidden_size=hidden_size(model))
+        for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
+            raw.setdefault(key, "auto")
+        self.engine = Engine(model, raw, model_parameters=groups, optimizer=optimizer, lr_scheduler=scheduler, auto=auto)
+        self._zero_optimizer = EngineOptimizer(self.engine)
+        return self._zero_optimizer
+
+    # -- the loop's calls ---------------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        if self.engine is None:
+            return super().backward(loss, **kwargs)
+        backward_and_step(self.engine, self._zero_optimizer, loss)  # 1/accumulation applied by the engine
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: int = 2) -> Any:
+        """The engine clips at its step (the config's gradient_clipping); this returns its norm (a host sync)."""
+        if self.engine is None:
+            return super().clip_grad_norm_(parameters, max_norm, norm_type)
+        return torch.tensor(self.engine.get_global_grad_norm())
+
+    def unwrap_model(self, model: Any, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True) -> Any:
+        if isinstance(model, Engine):
+            return model.module
+        return super().unwrap_model(model, keep_fp32_wrapper, keep_torch_compile)
+
+    def get_state_dict(self, model: Any, unwrap: bool = True) -> dict[str, torch.Tensor]:
+        """Collective: the full fp32 weights on every rank, keys as the model's state_dict()."""
+        if isinstance(model, Engine):
+            return model.full_state_dict()
+        return super().get_state_dict(model, unwrap)
+
+    def save_state(self, output_dir: str | None = None, **kwargs: Any) -> str:
+        """A zbench checkpoint of the engine (weights, optimizer, schedule, step) in `output_dir`."""
+        if self.engine is None:
+            return super().save_state(output_dir, **kwargs)
+        if output_dir is None:
+            raise ValueError("save_state needs output_dir with zero_core's Accelerator")
+        self.engine.save_checkpoint(output_dir)
+        return output_dir
+
+    def load_state(self, input_dir: str | None = None, **kwargs: Any) -> None:
+        if self.engine is None:
+            raise ValueError("load_state needs the prepared model: call accelerator.prepare(model, ...) first")
+        if input_dir is None:
+            raise ValueError("load_state needs input_dir with zero_core's Accelerator")
+        self.engine.load_checkpoint(input_dir)
+
+
+def prepare(*objects: Any, zero_config: Any = None, **accelerator_kwargs: Any) -> tuple[Accelerator, Any]:
+    """(an Accelerator, its prepare(*objects)) in one call, for scripts that build the Accelerator inline."""
+    accelerator = Accelerator(zero_config=zero_config, **accelerator_kwargs)
+    return accelerator, accelerator.prepare(*objects)

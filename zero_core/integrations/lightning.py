@@ -1,0 +1,200 @@
+"""Lightning on zero_core: `Trainer(strategy=ZeroStrategy(stage=3, offload_optimizer=True, config=...))`, or one of
+the registered names (Lightning's DeepSpeed names with a `zero_` prefix, so both can be installed):
+
+    zero_core, zero_stage_1, zero_stage_2, zero_stage_2_offload, zero_stage_3, zero_stage_3_offload,
+    zero_stage_3_offload_nvme (needs config={"zero_optimization": {"offload_optimizer": {"nvme_path": ...}}})
+
+The strategy builds zero_core's engine where Lightning's DeepSpeed strategy builds DeepSpeed's (in place of
+the DDP wrapper), from `configure_optimizers`' one optimizer (or the config's) and its step-interval scheduler.
+The config's "auto" values are filled from the Trainer (accumulate_grad_batches, gradient_clip_val, precision,
+the optimizer's lr, estimated_stepping_batches). Checkpoints go through Lightning's API as zbench checkpoint
+folders (`trainer.save_checkpoint(path)`, `ckpt_path=` on any world size or stage; `zbench convert` reads them):
+the Lightning state rides in the checkpoint's client_state as plain JSON data.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+from lightning.pytorch.core.optimizer import _init_optimizers_and_lr_schedulers
+from lightning.pytorch.plugins.precision import Precision
+from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.types import LRSchedulerConfig
+
+from ..config import read_config_file
+from ..config_auto import AutoValues
+from ..engine import Engine
+from .handles import EngineOptimizer, EngineSchedule, hidden_size, step
+
+_PRECISIONS = {"32-true": (False, False), "32": (False, False), "16-mixed": (True, False), "16-true": (True, False),
+               "bf16-mixed": (False, True), "bf16-true": (False, True)}
+
+
+class ZeroPrecision(Precision):
+    """The engine does the backward, the loss scaling, clipping and the update; precision is the config's."""
+
+    def __init__(self, precision: str, strategy: "ZeroStrategy") -> None:
+        self.precision, self.strategy = precision, strategy  # type: ignore[assignment]
+
+    def backward(self, tensor: torch.Tensor, model: Any, optimizer: Any, *args: Any, **kwargs: Any) -> None:
+        # Lightning already divided the loss by accumulate_grad_batches
+        self.strategy.engine.backward(tensor, scale_wrt_gas=False)
+
+    def optimizer_step(self, optimizer: Any, model: Any, closure: Callable[[], Any], **kwargs: Any) -> Any:
+        if closure() is None and model.automatic_optimization:
+            raise ValueError("training_step returned None (a skipped backward), which ZeroStrategy cannot skip in "
+                             "step with the other ranks; return the loss")
+        step(self.strategy.engine, self.strategy.optimizers[0])
+
+    def clip_gradients(self, *args: Any, **kwargs: Any) -> None:
+        """Nothing: the engine clips at its step (the config's gradient_clipping, else Trainer(gradient_clip_val))."""
+
+
+class ZeroStrategy(DDPStrategy):
+    strategy_name = "zero_core"
+
+    def __init__(self, stage: int | None = None, offload_optimizer: bool = False, offload_parameters: bool = False,
+                 config: str | os.PathLike | Mapping[str, Any] | None = None, offload_device: str = "cpu",
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        raw = read_config_file(os.fspath(config)) if isinstance(config, (str, os.PathLike)) else copy.deepcopy(dict(config or {}))
+        zero = raw.setdefault("zero_optimization", {})
+        zero.setdefault("stage", 2 if stage is None else stage)
+        if offload_optimizer:
+            zero.setdefault("offload_optimizer", {}).setdefault("device", offload_device)
+        if offload_parameters:
+            zero.setdefault("offload_param", {}).setdefault("device", offload_device)
+        self.zero_config, self.engine = raw, None
+
+    @classmethod
+    def register_strategies(cls, strategy_registry: Any) -> None:
+        named = {"zero_core": {}, "zero_stage_1": {"stage": 1}, "zero_stage_2": {"stage": 2},
+                 "zero_stage_2_offload": {"stage": 2, "offload_optimizer": True}, "zero_stage_3": {"stage": 3},
+                 "zero_stage_3_offload": {"stage": 3, "offload_optimizer": True, "offload_parameters": True},
+                 "zero_stage_3_offload_nvme": {"stage": 3, "offload_optimizer": True, "offload_device": "nvme"}}
+        for name, kwargs in named.items():
+            strategy_registry.register(name, cls, description=f"zero_core ZeRO {kwargs or 'from the config'}", **kwargs)
+
+    # -- the engine where DDP would wrap the module -------------------------------------------------
+    def configure_ddp(self) -> None:
+        trainer = self.lightning_module.trainer
+        flag = str(self.precision_plugin.precision)
+        if flag not in _PRECISIONS:
+            raise ValueError(f"ZeroStrategy trains in 32, 16-mixed or bf16-mixed precision, not {flag}; change "
+                             "Trainer(precision=...)")
+        self.precision_plugin = ZeroPrecision(flag, self)
+        if trainer.gradient_clip_algorithm not in (None, "norm"):
+            raise ValueError("ZeroStrategy clips gradients by norm only; use Trainer(gradient_clip_algorithm='norm')")
+        optimizers, schedulers = _init_optimizers_and_lr_schedulers(self.lightning_module)
+        if len(optimizers) > 1 or len(schedulers) > 1:
+            raise ValueError("ZeroStrategy trains with one optimizer and at most one scheduler; return one pair from "
+                             "configure_optimizers")
+        optimizer = optimizers[0] if optimizers else None
+        schedule = schedulers[0] if schedulers else None
+        if schedule is not None and (schedule.interval != "step" or schedule.frequency != 1 or schedule.reduce_on_plateau):
+            raise ValueError("ZeroStrategy steps the scheduler after every update; return it with "
+                             "{'interval': 'step', 'frequency': 1} and no monitor")
+        raw = copy.deepcopy(self.zero_config)
+        if "optimizer" in raw:
+            optimizer = None  # the config's optimizer, as Lightning's DeepSpeed strategy does
+        raw.setdefault("train_micro_batch_size_per_gpu", 1)  # only logged: the batches are the dataloader's
+        if trainer.gradient_clip_val is not None:
+            raw.setdefault("gradient_clipping", trainer.gradient_clip_val)
+        if raw.setdefault("gradient_accumulation_steps", trainer.accumulate_grad_batches) != trainer.accumulate_grad_batches:
+            raise ValueError("the config's gradient_accumulation_steps differs from Trainer(accumulate_grad_batches); "
+                             "set one of them")
+        fp16, bf16 = _PRECISIONS[flag]
+        lr = optimizer.param_groups[0]["lr"] if optimizer is not None else None
+        steps = trainer.estimated_stepping_batches
+        auto = AutoValues(world_size=self.world_size, gradient_accumulation_steps=trainer.accumulate_grad_batches,
+                          fp16=fp16, bf16=bf16, learning_rate=lr, hidden_size=hidden_size(self.lightning_module),
+                          max_steps=int(steps) if math.isfinite(steps) and steps >= 1 else None)
+        self.engine = Engine(self.lightning_module, raw, optimizer=optimizer,
+                             lr_scheduler=schedule.scheduler if schedule is not None else None, auto=auto)
+        handle = EngineOptimizer(self.engine)
+        self.optimizers = [handle]
+        if schedule is not None or self.engine.lr_scheduler is not None:
+            self.lr_scheduler_configs = [LRSchedulerConfig(EngineSchedule(self.engine, handle), interval="step")]
+        self.model = self.engine
+
+    def setup_optimizers(self, trainer: Any) -> None:
+        """Done in configure_ddp, with the engine."""
+
+    def setup(self, trainer: Any) -> None:
+        if trainer.state.fn != TrainerFn.FITTING and self.engine is not None:
+            self.model = self.engine  # validate/test/predict after fit: the engine's weights
+            self.accelerator.setup(trainer)
+            return
+        super().setup(trainer)
+
+    def teardown(self) -> None:
+        module, self._lightning_module = self._lightning_module, None  # its parameters stay the engine's views
+        try:
+            super().teardown()
+        finally:
+            self._lightning_module = module
+
+    @property
+    def handles_gradient_accumulation(self) -> bool:
+        return True  # the engine counts micro-steps and reduces at the boundary
+
+    # -- checkpoints: zbench folders through Lightning's API -----------------------------------------
+    @property
+    def restore_checkpoint_after_setup(self) -> bool:
+        return True  # the engine must exist to load into
+
+    @property
+    def lightning_restore_optimizer(self) -> bool:
+        return False  # engine.load_checkpoint restores it
+
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        return {}  # the weights are in the zbench checkpoint
+
+    def save_checkpoint(self, checkpoint: dict, filepath: Any, storage_options: Any = None) -> None:
+        if storage_options is not None:
+            raise ValueError("ZeroStrategy saves zbench checkpoints; drop storage_options")
+        filepath = self.broadcast(str(filepath))
+        state = {k: v for k, v in checkpoint.items() if k not in ("state_dict", "optimizer_states")}
+        self.engine.save_checkpoint(filepath, tag="checkpoint", client_state=plain_data(state))
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        if not Path(checkpoint_path).is_dir():
+            raise ValueError(f"{checkpoint_path} is not a checkpoint folder ZeroStrategy wrote; pass the folder "
+                             "trainer.save_checkpoint made")
+        fitting = self.lightning_module.trainer.state.fn == TrainerFn.FITTING
+        _, client_state = self.engine.load_checkpoint(checkpoint_path, load_optimizer_states=fitting)
+        return client_state
+
+    def load_model_state_dict(self, checkpoint: Mapping[str, Any], strict: bool = True) -> None:
+        """Nothing: load_checkpoint loaded the weights into the engine."""
+
+    def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
+        """Nothing: load_checkpoint loaded the optimizer states."""
+
+    def remove_checkpoint(self, filepath: Any) -> None:
+        if self.is_global_zero:
+            self.checkpoint_io.remove_checkpoint(filepath)  # a folder this strategy wrote (ModelCheckpoint's rotation)
+
+
+def plain_data(value: Any) -> Any:
+    """Lightning's checkpoint extras as JSON data: tensors as numbers or lists, paths and other objects as text."""
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    if isinstance(value, Mapping):
+        return {str(k): plain_data(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain_data(v) for v in value]
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    return str(value)
+
+
+ZeroStrategy.register_strategies(StrategyRegistry)

@@ -1,0 +1,185 @@
+"""Hugging Face Trainer on zero_core: the same script and DeepSpeed config, one changed import.
+
+    from zero_core.integrations.transformers import Trainer, TrainingArguments   # was: from transformers import ...
+    args = TrainingArguments(output_dir="out", deepspeed="ds_config.json", ...)   # the same file, "auto" and all
+    Trainer(model=model, args=args, train_dataset=ds).train()
+
+`TrainingArguments` keeps the `deepspeed=` config as `zero_config` and hides it from transformers and
+Accelerate, which would start DeepSpeed. `ZeroTrainer` (also exported as `Trainer`) builds zero_core's engine
+where Trainer builds DeepSpeed's, in `_prepare_for_training`: "auto" is filled as Trainer fills it
+(config_auto.py); Trainer's decay / no-decay groups and its scheduler are used unless the config names its
+own. Everything else is Trainer's loop: accumulation, eval, logging, callbacks, checkpoint rotation.
+Checkpoints are zbench's, inside `checkpoint-N/` (any world size or stage resumes them), beside a
+`save_pretrained` folder of the full fp32 weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import torch
+import transformers
+from transformers.trainer_utils import has_length
+
+from ..config import read_config_file
+from ..config_auto import AutoValues
+from ..engine import Engine
+from ..model_export import full_state_dict
+from .handles import EngineOptimizer, EngineSchedule, backward_and_step, hidden_size
+
+_BATCH_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+
+
+@dataclasses.dataclass
+class TrainingArguments(transformers.TrainingArguments):
+    """transformers.TrainingArguments whose `deepspeed=` config (a path or a dict) zero_core runs."""
+
+    def __post_init__(self) -> None:
+        self.zero_config = self.deepspeed  # transformers would build DeepSpeed's plugin from it
+        self.deepspeed = None
+        super().__post_init__()
+
+
+def _config_source(args: Any) -> Any:
+    if getattr(args, "deepspeed", None):
+        raise ValueError("ZeroTrainer got transformers.TrainingArguments(deepspeed=...), which starts DeepSpeed; "
+                         "build them with zero_core.integrations.transformers.TrainingArguments")
+    source = getattr(args, "zero_config", None)
+    if not source:
+        raise ValueError("ZeroTrainer needs a DeepSpeed config: pass TrainingArguments(deepspeed='ds_config.json') "
+                         "from zero_core.integrations.transformers")
+    return source
+
+
+class ZeroTrainer(transformers.Trainer):
+    """transformers.Trainer that trains with zero_core's engine from the DeepSpeed config in its arguments."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if not hasattr(transformers.Trainer, "_prepare_for_training"):  # where the engine is built
+            raise ValueError(f"ZeroTrainer needs transformers >= 5 (found {transformers.__version__}); upgrade it")
+        super().__init__(*args, **kwargs)
+        self.zero_config_source = _config_source(self.args)
+        self.engine: Engine | None = None
+
+    # -- building the engine where Trainer builds DeepSpeed's -------------------------------------
+    def _prepare_for_training(self, max_steps: int, train_dataloader: Any, resume_from_checkpoint: Any) -> Any:
+        if self.engine is not None:
+            raise ValueError("ZeroTrainer.train() runs once per trainer; build a new ZeroTrainer to train again "
+                             "(resume_from_checkpoint= continues a run)")
+        gas = self.args.gradient_accumulation_steps
+        if gas > 1 and has_length(train_dataloader) and len(train_dataloader) % gas:
+            raise ValueError(f"an epoch of {len(train_dataloader)} batches per rank does not split into windows of "
+                             f"gradient_accumulation_steps={gas}; use a dataset (or dataloader_drop_last) whose "
+                             "batches per rank are a multiple of it")
+        raw = self.zero_config_source
+        raw = dict(read_config_file(os.fspath(raw)) if isinstance(raw, (str, os.PathLike)) else raw)
+        for key in _BATCH_KEYS:  # a config without batch sizes takes Trainer's, as Accelerate fills them
+            raw.setdefault(key, "auto")
+        optimizer, groups, scheduler = self._optimizer_plan(raw, max_steps)
+        self.engine = Engine(self.model, raw, model_parameters=groups, optimizer=optimizer, lr_scheduler=scheduler,
+                             auto=self._auto_values(max_steps))
+        handle = EngineOptimizer(self.engine)
+        self.optimizer, self.lr_scheduler = handle, EngineSchedule(self.engine, handle)
+        self.model_wrapped = self.engine
+        if resume_from_checkpoint is not None:
+            self.engine.load_checkpoint(resume_from_checkpoint)
+        for attr in ("model", "optimizer", "lr_scheduler"):
+            setattr(self.callback_handler, attr, getattr(self, attr))
+        self.callback_handler.train_dataloader = train_dataloader
+        return self.engine, train_dataloader
+
+    def _wrap_model(self, model: torch.nn.Module, training: bool = True, dataloader: Any = None) -> torch.nn.Module:
+        """The engine, once built, for eval and predict too: Accelerate must not move or wrap the module, whose
+        parameters are views of the engine's buffers."""
+        return self.engine if self.engine is not None else super()._wrap_model(model, training, dataloader)
+
+    def _auto_values(self, max_steps: int) -> AutoValues:
+        a = self.args
+        return AutoValues(world_size=a.world_size, per_device_train_batch_size=a.per_device_train_batch_size,
+                          gradient_accumulation_steps=a.gradient_accumulation_steps, max_grad_norm=a.max_grad_norm,
+                          learning_rate=a.learning_rate, adam_beta1=a.adam_beta1, adam_beta2=a.adam_beta2,
+                          adam_epsilon=a.adam_epsilon, weight_decay=a.weight_decay,
+                          fp16=bool(a.fp16 or a.fp16_full_eval), bf16=bool(a.bf16 or a.bf16_full_eval),
+                          hidden_size=hidden_size(self.model), max_steps=max_steps,
+                          warmup_steps=a.get_warmup_steps(max_steps))
+
+    def _optimizer_plan(self, raw: dict, max_steps: int) -> tuple[Any, Any, Any]:
+        """(optimizer, parameter groups, scheduler) for the engine: the optimizer passed to Trainer, else the
+        config's over Trainer's decay / no-decay groups, else Trainer's own; the scheduler passed, else the
+        config's (None here), else Trainer's built on the engine's optimizer."""
+        optimizer, groups = self.optimizer, None
+        if optimizer is None and "optimizer" in raw:
+            decay = set(self.get_decay_parameter_names(self.model))
+            named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+            groups = [g for g in ({"params": [p for n, p in named if n in decay]},
+                                  {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}) if g["params"]]
+        elif optimizer is None:
+            optimizer = self.create_optimizer()
+        scheduler = self.lr_scheduler
+        if scheduler is None and "scheduler" not in raw:
+            def scheduler(opt: torch.optim.Optimizer) -> Any:  # DeepSpeed's form: built on the engine's optimizer
+                return self.create_scheduler(num_training_steps=max_steps, optimizer=opt)
+        return optimizer, groups, scheduler
+
+    # -- the step: the engine's backward, clipping and update ---------------------------------------
+    def training_step(self, model: torch.nn.Module, inputs: dict[str, Any],
+                      num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
+        if self.engine is None:
+            return super().training_step(model, inputs, num_items_in_batch)
+        self.engine.train()
+        inputs = self._prepare_inputs(inputs)
+        with self.compute_loss_context_manager():  # the model itself, so label smoothing sees its class
+            loss = self.compute_loss(self.model, inputs, num_items_in_batch=num_items_in_batch)
+        scaled_for_ga = self.loss_is_scaled_for_ga
+        if scaled_for_ga is None:  # Trainer's rule: normalised by num_items_in_batch or by compute_loss_func
+            scaled_for_ga = (self.model_accepts_loss_kwargs and num_items_in_batch is not None) or \
+                self.compute_loss_func is not None
+        if not scaled_for_ga:
+            loss = loss / self.current_gradient_accumulation_steps
+        backward_and_step(self.engine, self.optimizer, loss, scale_wrt_gas=False)
+        return loss.detach()
+
+    def _prepare_input(self, data: Any) -> Any:
+        data = super()._prepare_input(data)
+        if self.engine is not None and isinstance(data, torch.Tensor) and torch.is_floating_point(data):
+            return data.to(self.engine.dtype)  # as Trainer casts inputs for DeepSpeed
+        return data
+
+    def _clip_grad_norm(self, model: torch.nn.Module) -> Any:
+        if self.engine is None:
+            return super()._clip_grad_norm(model)
+        return None  # the engine clipped at its step (the config's gradient_clipping, "auto" = max_grad_norm)
+
+    def _get_grad_norm(self, model: torch.nn.Module, grad_norm: Any = None) -> Any:
+        if self.engine is None:
+            return super()._get_grad_norm(model, grad_norm)
+        return self.engine.get_global_grad_norm()
+
+    # -- state --------------------------------------------------------------------------------------
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        if self.engine is None:
+            return super()._save_optimizer_and_scheduler(output_dir)
+        self.engine.save_checkpoint(output_dir)  # a zbench checkpoint: weights, optimizer, schedule, step
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: torch.nn.Module | None = None) -> None:
+        """Nothing yet: `_prepare_for_training` loads the zbench checkpoint into the engine (any world size, stage)."""
+
+    def _load_best_model(self) -> None:
+        if self.engine is None:
+            return super()._load_best_model()
+        self.engine.load_checkpoint(self.state.best_model_checkpoint, load_module_only=True)
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """A folder `from_pretrained` opens, at every stage: the fp32 weights gathered from the masters, written
+        by the model's `save_pretrained` (tied weights once, config.json, the tokenizer)."""
+        if self.engine is None:
+            return super().save_model(output_dir, _internal_call)
+        state = full_state_dict(self.engine, keep=self.args.should_save)  # collective
+        self._save(output_dir if output_dir is not None else self.args.output_dir, state_dict=state)
+        if self.args.push_to_hub and not _internal_call:
+            self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
+
+
+Trainer = ZeroTrainer
