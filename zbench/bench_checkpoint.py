@@ -46,10 +46,11 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def _step(forward: Callable[[Any], Any], backward: Callable[[Any], None], step: Callable[[], None], d: int, dev: Any) -> None:
+def _step(forward: Callable[[Any], Any], backward: Callable[[Any], None], step: Callable[[], None], d: int, dev: Any,
+          dtype: Any = None) -> None:
     import torch
 
-    x = torch.randn(4, d, device=dev)
+    x = torch.randn(4, d, device=dev, dtype=dtype)  # the engines' bf16 weights take bf16 inputs (no autocast)
     backward(forward(x).float().pow(2).mean())
     step()
     _sync()
@@ -63,7 +64,8 @@ def _zero_core(model: Any, root: Path, cuda: bool, rows: list) -> Path:
     cfg = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2}, "bf16": {"enabled": cuda},
            "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}}
     engine = zero_core.initialize(copy.deepcopy(model), cfg)
-    _step(engine, engine.backward, engine.step, model[0].in_features, engine.device)
+    _step(engine, engine.backward, engine.step, model[0].in_features, engine.device,
+          torch.bfloat16 if cuda else torch.float32)
     secs, folder = _timed(lambda: engine.save_checkpoint(root / "zero_core", tag="sync"))
     size = _size(folder)
     rows.append(("zero_core", "save (sync, durable)", secs, size))
@@ -118,11 +120,13 @@ def _deepspeed(model: Any, root: Path, cuda: bool, rows: list) -> None:
         import deepspeed
     except ImportError:
         return
+    import torch
     cfg = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2}, "bf16": {"enabled": cuda},
-           "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": not cuda}}}
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}}}  # FusedAdam needs a JIT build
     m = copy.deepcopy(model)
     engine, *_ = deepspeed.initialize(model=m, model_parameters=m.parameters(), config=cfg)
-    _step(engine, engine.backward, engine.step, model[0].in_features, engine.device)
+    _step(engine, engine.backward, engine.step, model[0].in_features, engine.device,
+          torch.bfloat16 if cuda else torch.float32)
     secs, _ = _timed(lambda: (engine.save_checkpoint(str(root / "deepspeed"), tag="sync"), _sync()))
     size = _size(root / "deepspeed")
     rows.append(("DeepSpeed", "save (sync; no fsync)", secs, size))

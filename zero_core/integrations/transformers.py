@@ -132,10 +132,10 @@ class ZeroTrainer(transformers.Trainer):
         inputs = self._prepare_inputs(inputs)
         with self.compute_loss_context_manager():  # the model itself, so label smoothing sees its class
             loss = self.compute_loss(self.model, inputs, num_items_in_batch=num_items_in_batch)
-        scaled_for_ga = self.loss_is_scaled_for_ga
+        scaled_for_ga = getattr(self, "loss_is_scaled_for_ga", None)  # a class attribute from transformers 5.2x
         if scaled_for_ga is None:  # Trainer's rule: normalised by num_items_in_batch or by compute_loss_func
             scaled_for_ga = (self.model_accepts_loss_kwargs and num_items_in_batch is not None) or \
-                self.compute_loss_func is not None
+                getattr(self, "compute_loss_func", None) is not None
         if not scaled_for_ga:
             loss = loss / self.current_gradient_accumulation_steps
         backward_and_step(self.engine, self.optimizer, loss, scale_wrt_gas=False)
