@@ -229,6 +229,15 @@ class NvmeStates:
     def writer(self) -> NvmeWriter:
         return NvmeWriter(self)
 
+    def write_master(self, lo: int, hi: int, values: torch.Tensor) -> None:
+        """Start-up in any order (sharded initialisation): the master of one whole chunk [lo, hi). Only its
+        region of the record is written; the moments keep the zeros a new file reads as."""
+        i = lo // self.chunk
+        assert lo == i * self.chunk and hi == self._record(i)[1], "write_master takes one whole chunk"
+        buf = self.buffers[0]
+        self._views(buf, i, ("master",))["master"].copy_(values)
+        self._wait(self._submit(True, i, buf, ("master",)))
+
     def close(self) -> None:
         """Stop the I/O threads and close the file: the kernel frees its space (it has no name)."""
         if self._pool is not None:

@@ -32,6 +32,26 @@ class PartitionedStage(Stage):
         off_param = cfg.zero_optimization.offload_param
         self.offload_param = off_param is not None and off_param.device == "cpu"
         self.gatherer: ParamGatherer | None = None
+        self.initial_masters: Any = None  # a deferred model's shards: in the optimizer's masters only
+
+    def flatten_from_masters(self, states: Any) -> None:
+        """A deferred model: the optimizer's masters already hold this rank's shards (deferred/shards.py).
+        Each unit's working buffer is made without storage (it is gathered before use), one at a time."""
+        self.initial_masters = states
+        with torch.no_grad():
+            for g in self.layout.groups:
+                buf = torch.empty(g.padded_numel, dtype=self.dtype, device=self.device)
+                self.full.append(buf)
+                for s in g.slots:
+                    self.params[s.index].data = buf[s.offset : s.offset + s.numel].view(s.shape)
+                buf.untyped_storage().resize_(0)  # the views stay valid; gathering gives them storage again
+        self.flat = torch.empty(0, dtype=self.dtype, device=self.device)
+
+    def _initial_shard(self, g: Any) -> torch.Tensor:
+        if self.initial_masters is not None:
+            return self.initial_masters.read("master", g.partition_offset, g.partition_offset + g.shard_numel)
+        lo, hi = self.layout.shard_range(g.index, self.rank)
+        return self.full[g.index][lo:hi]
 
     def attach(self, optimizer: Any, breakdown: Any) -> None:
         layout, zero = self.layout, self.cfg.zero_optimization
@@ -42,8 +62,7 @@ class PartitionedStage(Stage):
             self.local = (comm.host_buffer(layout.partition_numel, self.dtype, pin=True) if self.offload_param
                           else torch.empty(layout.partition_numel, dtype=self.dtype, device=self.device))
             for g in layout.groups:
-                lo, hi = layout.shard_range(g.index, self.rank)
-                self.local[g.partition_offset : g.partition_offset + g.shard_numel].copy_(self.full[g.index][lo:hi])
+                self.local[g.partition_offset : g.partition_offset + g.shard_numel].copy_(self._initial_shard(g))
             self.output = self._output_for(optimizer)
             if self.output is not self.local:
                 self.output.copy_(self.local)
@@ -58,6 +77,7 @@ class PartitionedStage(Stage):
             prefetch_numel=zero.stage3_prefetch_bucket_size, max_live_numel=zero.stage3_max_live_parameters,
             side=comm.SideStream(self.device),  # its own stream: prefetches must not queue behind reductions
         )
+        self.initial_masters = None
 
     def _output_for(self, optimizer: Any) -> torch.Tensor:
         """Where the update writes its 16-bit output: the partition itself where the states live beside it,
