@@ -22,6 +22,7 @@ def _saved(tmp_path, **kw):
     return model.state_dict(), folder
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shards,nvme", [(True, False), (False, True)])
 def test_sharded_folder_loads_bitwise(tmp_path, monkeypatch, shards, nvme):
     monkeypatch.setenv("ZERO_CORE_NVME_CHUNK_NUMEL", "4096")

@@ -17,7 +17,8 @@ def _eager(kind: str) -> tuple[dict, torch.Tensor]:
     return model.state_dict(), torch.randn(4)
 
 
-@pytest.mark.parametrize("kind,world,stage", [("gpt", 2, 3), ("gpt", 1, 3), ("gpt", 2, 2), ("gpt2", 2, 3)])
+@pytest.mark.parametrize("kind,world,stage", [("gpt", 2, 3), ("gpt", 1, 3), ("gpt", 2, 2),
+                                              pytest.param("gpt2", 2, 3, marks=pytest.mark.slow)])
 def test_initial_weights_equal_eager_construction(kind, world, stage):
     if kind == "gpt2":
         pytest.importorskip("transformers")
@@ -30,6 +31,7 @@ def test_initial_weights_equal_eager_construction(kind, world, stage):
     assert got["loss"] == got["loss"]  # trained a step (finite)
 
 
+@pytest.mark.slow
 def test_large_model_never_whole_on_a_rank(tmp_path, monkeypatch):
     monkeypatch.setenv("ZERO_CORE_NVME_CHUNK_NUMEL", str(1 << 18))
     # freed blocks go back to the system at once, so the resident set measures what is held, not what glibc kept
@@ -57,3 +59,20 @@ def test_deepspeed_init_accepts_deepspeed_arguments():
     assert layer.weight.device.type == "meta"
     with zero.Init(enabled=False):
         assert torch.nn.Linear(2, 2).weight.device.type == "cpu"
+
+
+def test_meta_model_gets_each_modules_own_initialisation():
+    """Built on the meta device without init_context: each module's reset_parameters runs, in module order
+    (for a model of leaf layers that is the order eager construction initialised them in)."""
+    def build():
+        return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 3))
+
+    torch.manual_seed(3)
+    want = build().state_dict()
+    torch.manual_seed(3)
+    with torch.device("meta"):
+        model = build()
+    cfg = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3},
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
+    got = zero_core.initialize(model, cfg).full_state_dict()
+    assert [k for k in want if not torch.equal(got[k], want[k])] == []

@@ -100,6 +100,9 @@ class RecordedInit(_Materialiser):
 
 class ModuleInit(_Materialiser):
     def run(self, take_param: TakeParam) -> None:
+        start = torch.get_rng_state()
+        comm.broadcast_(start, what="broadcast of the random state initialisation starts from")
+        torch.set_rng_state(start)  # every rank draws rank 0's values
         init_weights = getattr(self.model, "_init_weights", None)
         for module in self.model.modules():
             own = [place for place in self.places if place[0] is module and place[2].device.type == "meta"]
