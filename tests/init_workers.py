@@ -93,3 +93,24 @@ def pretrained_state(rank: int, world: int, folder: str, nvme_dir: str | None) -
         model = tiny_gpt2()
     engine = zero_core.initialize(model, cfg, pretrained=folder)
     return {"state": engine.full_state_dict()}
+
+
+def param_offload_losses(rank: int, world: int, device: str, nvme_dir: str) -> dict:
+    """Train SMALL at stage 3 with parameter offload to `device` (cpu or nvme) and optimizer offload to host."""
+    offload = {"device": device, **({"nvme_path": nvme_dir} if device == "nvme" else {})}
+    cfg = ds(3, offload_param=offload, offload_optimizer={"device": "cpu"}, stage3_param_persistence_threshold=0)
+    cfg["bf16"] = {"enabled": True}
+    torch.manual_seed(1)
+    with zero_core.init_context(cfg):
+        model = GPT(SMALL)
+    engine = zero_core.initialize(model, cfg)
+    g = torch.Generator().manual_seed(rank)
+    losses = []
+    for _ in range(3):
+        x = torch.randint(0, SMALL.vocab_size, (2, 12), generator=g)
+        loss = engine(x, x).loss
+        engine.backward(loss)
+        engine.step()
+        losses.append(float(loss.detach()))
+    mapped = engine.strategy.local.untyped_storage().filename if device == "nvme" else None
+    return {"losses": losses, "state": engine.full_state_dict(), "mapped": mapped}

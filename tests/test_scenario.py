@@ -38,7 +38,7 @@ def variant(**kw):
     (lambda d: d["variants"].append({"name": "ddp", "engine": "ddp"}), "variant name 'ddp' is used twice"),
     (lambda d: d.update(metric="f1"), "metric 'f1' does not apply to task 'lm'"),
     (lambda d: d.update(timing_skip_steps=d["steps"]), "leaves none of the"),
-    (lambda d: d["variants"][1].update(nvme_path="/tmp"), "'nvme_path' goes with offload_optimizer: nvme"),
+    (lambda d: d["variants"][1].update(nvme_path="/tmp"), "'nvme_path' goes with offload_optimizer or offload_param: nvme"),
     (lambda d: d.update(batch_search={"multiple_of": 0}), "batch_search.multiple_of"),
     (lambda d: d.update(cuda_alloc_conf="expandable segments"), "e.g. 'expandable_segments:True'"),
 ])
