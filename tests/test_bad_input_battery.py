@@ -43,7 +43,7 @@ def box(tmp_path: Path, good_checkpoint: Path) -> Path:
     (tmp_path / "truncated.json").write_text('{"train_micro_batch_size_per_gpu": 2, "zero_optimiz')
     (tmp_path / "dup.json").write_text('{"train_micro_batch_size_per_gpu": 2, "train_micro_batch_size_per_gpu": 4}')
     (tmp_path / "nvme.json").write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {
-        "stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/x"}}}))
+        "stage": 3, "offload_param": {"device": "nvme"}}}))  # no nvme_path
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "readme.txt").write_text("not a checkpoint")
     (tmp_path / "full").mkdir()

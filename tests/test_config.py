@@ -116,11 +116,12 @@ def test_fp16_and_bf16_both_enabled():
     assert "fp16.enabled" in msg and "bf16.enabled" in msg and "only one" in msg
 
 
-def test_nvme_offload_of_optimizer_states_only():
-    cfg = load_config({**MB, "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}}}, 2)
-    assert cfg.zero_optimization.offload_optimizer.nvme_path == "/tmp"
-    msg = error({**MB, "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/tmp"}}})
-    assert msg.startswith("zero_optimization.offload_param.device='nvme' is not supported yet") and msg.endswith("use 'cpu' or 'none'")
+def test_nvme_offload_of_optimizer_states_and_parameters():
+    for section in ("offload_optimizer", "offload_param"):
+        cfg = load_config({**MB, "zero_optimization": {"stage": 3, section: {"device": "nvme", "nvme_path": "/tmp"}}}, 2)
+        assert getattr(cfg.zero_optimization, section).nvme_path == "/tmp"
+    msg = error({**MB, "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})
+    assert msg.startswith("zero_optimization.offload_param.nvme_path is required with device 'nvme'")
 
 
 def test_cpu_offload_accepted_at_stages_1_to_3_only():

@@ -188,10 +188,7 @@ def test_failing_file_creation_is_one_clear_line(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("zero, expected", [
-    ({"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/tmp"}},
-     "zero_optimization.offload_param.device='nvme' is not supported yet (optimizer states can go to NVMe"),
-    ({"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}, "offload_param": {"device": "nvme", "nvme_path": "/tmp"}},
-     "zero_optimization.offload_param.device='nvme' is not supported yet"),
+    ({"stage": 3, "offload_param": {"device": "nvme"}}, "offload_param.nvme_path is required with device 'nvme'"),
     ({"stage": 2, "offload_optimizer": {"device": "nvme"}}, "offload_optimizer.nvme_path is required with device 'nvme'"),
     ({"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp", "buffer_count": 1}}, "buffer_count=1 is too small"),
     ({"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.3}}, "ratio=0.3 (offloading only part"),

@@ -38,7 +38,7 @@ def variant(**kw):
     (lambda d: d["variants"].append({"name": "ddp", "engine": "ddp"}), "variant name 'ddp' is used twice"),
     (lambda d: d.update(metric="f1"), "metric 'f1' does not apply to task 'lm'"),
     (lambda d: d.update(timing_skip_steps=d["steps"]), "leaves none of the"),
-    (lambda d: d["variants"][1].update(nvme_path="/tmp"), "'nvme_path' goes with offload_optimizer: nvme"),
+    (lambda d: d["variants"][1].update(nvme_path="/tmp"), "'nvme_path' goes with offload_optimizer or offload_param: nvme"),
     (lambda d: d.update(batch_search={"multiple_of": 0}), "batch_search.multiple_of"),
     (lambda d: d.update(cuda_alloc_conf="expandable segments"), "e.g. 'expandable_segments:True'"),
 ])
@@ -131,12 +131,13 @@ def test_variant_config_file_with_a_duplicate_key(tmp_path):
     assert "has the key 'stage' twice" in text
 
 
-def test_unsupported_offload_is_a_row_not_an_error(tmp_path):
-    plan = build_plan(write_scenario(tmp_path, variant(name="nvme", engine="zero", stage=3, offload_param="nvme")))
+def test_nvme_parameter_offload_variant_gets_its_folder(tmp_path):
+    plan = build_plan(write_scenario(tmp_path, variant(name="nvme", engine="zero", stage=3, offload_param="nvme",
+                                                       nvme_path="swap")))
     nvme = [v for v in plan.variants if v.name == "nvme"][0]
-    assert nvme.status == "unsupported" and "not supported yet" in nvme.reason
     assert "NVMe offload (param)" in nvme.label
-    assert all(v.status == "ready" for v in plan.variants if v.name != "nvme")
+    assert nvme.ds_template["zero_optimization"]["offload_param"] == {"device": "nvme", "nvme_path": str(tmp_path / "swap")}
+    assert all(v.status == "ready" for v in plan.variants)
 
 
 def test_variants_filter(tmp_path):

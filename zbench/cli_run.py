@@ -174,6 +174,7 @@ def estimate(model: str, gpus: int, nodes: int, run_dir: str | None) -> None:
         raise click.ClickException(str(e)) from None
     click.echo(f"model {name}")
     click.echo(est.format_table(est.estimate(total, largest, gpus, nodes), total, largest, gpus, nodes))
+    click.echo("\n" + est.format_init(total, largest, gpus))
     if summary is not None:
         click.echo(f"\nmeasured in {run_dir} ({summary['world_size']} rank(s); estimates for that run's layout):\n")
         click.echo("| variant | stage | est. model states GiB/GPU | measured peak GPU GiB |\n|---|---|---|---|")

@@ -67,9 +67,11 @@ def template(sc: Scenario, v: VariantSpec, base_dir: str) -> dict[str, Any]:
             if device is not None:
                 section = zero.setdefault(f"offload_{part}", {})
                 section["device"] = device
-        if v.nvme_path is not None:
+        if v.nvme_path is not None:  # the folder of every section offloaded to NVMe
             path = os.path.expanduser(v.nvme_path)
-            zero["offload_optimizer"]["nvme_path"] = path if os.path.isabs(path) else os.path.join(base_dir, path)
+            for part in ("optimizer", "param"):
+                if getattr(v, f"offload_{part}") == "nvme":
+                    zero[f"offload_{part}"]["nvme_path"] = path if os.path.isabs(path) else os.path.join(base_dir, path)
         if v.engine == "deepspeed" and ours_optimizer and not has_offload(ds):
             # a config without an optimizer section means the script's torch AdamW (as with Accelerate);
             # DeepSpeed's default FusedAdam would be compiled on first use (needs nvcc and a matching arch list)

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 BUFFER_FACTOR = 1.5  # DeepSpeed's additional_buffer_factor
 # zero_core's NVMe chunk buffers per rank: buffer_count (4) x 3 fp32 states x NVME_CHUNK_NUMEL (4 Mi)
 NVME_IO_BUFFER_BYTES = 4 * 3 * 4 * (4 << 20)
+# zero_core's sharded initialisation per rank: up to two open 4 Mi-element fp32 assembly chunks
+INIT_ASSEMBLY_BYTES = 2 * 4 * (4 << 20)
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,21 @@ def estimate(total: int, largest: int, gpus_per_node: int = 1, nodes: int = 1) -
         gpu = zero3_bytes(total, largest, gpus_per_node, nodes, True, off_param, True)[1]
         rows.append(EstimateRow(3, "cpu" if off_param else "none", "nvme", None, host, gpu, disk))
     return rows
+
+
+def init_bytes(total: int, largest: int, gpus_per_node: int) -> tuple[int, int]:
+    """(eager, sharded) host bytes per node while the model is initialised. Eager: every rank builds the
+    whole fp32 model before `initialize` shards it. Sharded (zero_core.init_context at stage 3): each rank
+    holds one layer's fp32 tensors while they are initialised and up to two assembly chunks of its shards;
+    the shards themselves are the model states counted in the rows above."""
+    return 4 * total * gpus_per_node, (4 * largest + INIT_ASSEMBLY_BYTES) * gpus_per_node
+
+
+def format_init(total: int, largest: int, gpus_per_node: int) -> str:
+    eager, sharded = init_bytes(total, largest, gpus_per_node)
+    return ("Initialisation, host memory per node on top of the rows above (GiB):\n"
+            f"| eager construction (every rank builds the fp32 model) | {eager / 2**30:.2f} |\n"
+            f"| zero_core.init_context / zero.Init, stage 3 (one layer + 2 assembly chunks per rank) | {sharded / 2**30:.2f} |")
 
 
 def format_table(rows: list[EstimateRow], total: int, largest: int, gpus_per_node: int, nodes: int) -> str:

@@ -175,7 +175,7 @@ class VariantSpec(Strict):
     stage: count(0, 3) | None = None  # zero/deepspeed; default: the config's, else 2
     offload_optimizer: Device | None = None
     offload_param: Device | None = None
-    nvme_path: str | None = None  # folder for offload_optimizer: nvme (relative to the scenario file)
+    nvme_path: str | None = None  # folder for offload_optimizer/offload_param: nvme (relative to the scenario file)
     ds_config: str | None = None  # a DeepSpeed JSON file
     accelerate_config: str | None = None  # an Accelerate YAML with distributed_type: DEEPSPEED
     batch_size: Batch | None = None  # per GPU; overrides the scenario's
@@ -189,8 +189,8 @@ class VariantSpec(Strict):
             for key in ("stage", "offload_optimizer", "offload_param", "nvme_path", "ds_config", "accelerate_config"):
                 if getattr(self, key) is not None:
                     raise ValueError(f"'{key}' applies to zero and deepspeed variants, not engine '{self.engine}'; remove it")
-        if self.nvme_path is not None and self.offload_optimizer != "nvme":
-            raise ValueError("'nvme_path' goes with offload_optimizer: nvme; set that or remove nvme_path")
+        if self.nvme_path is not None and "nvme" not in (self.offload_optimizer, self.offload_param):
+            raise ValueError("'nvme_path' goes with offload_optimizer or offload_param: nvme; set one or remove nvme_path")
         if self.ds_config and self.accelerate_config:
             raise ValueError("give ds_config or accelerate_config, not both")
         return self

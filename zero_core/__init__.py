@@ -10,15 +10,18 @@ import torch
 from .comm import CollectiveError, CollectiveTimeout
 from .config import ConfigError, ZeroConfig, load_config
 from .config_auto import AutoValues, fill_auto
+from .deferred import init_context
 from .engine import Engine
 from .overflow_log import NonFiniteError
+from .pretrained import load_pretrained
 
-__all__ = ["initialize", "Engine", "ZeroConfig", "ConfigError", "load_config", "AutoValues", "fill_auto", "CollectiveError",
+__all__ = ["initialize", "init_context", "load_pretrained", "Engine", "ZeroConfig", "ConfigError", "load_config", "AutoValues", "fill_auto", "CollectiveError",
            "CollectiveTimeout", "NonFiniteError"]
 
 
 def initialize(model: torch.nn.Module, config: dict | str | os.PathLike | ZeroConfig, model_parameters: Any = None,
-               optimizer: Any = None, lr_scheduler: Any = None, *, auto: AutoValues | dict | None = None) -> Engine:
+               optimizer: Any = None, lr_scheduler: Any = None, *, auto: AutoValues | dict | None = None,
+               pretrained: str | os.PathLike | None = None) -> Engine:
     """Wrap `model` for ZeRO training.
 
     `config` is a DeepSpeed-style dict, a path to such a JSON file, or a `ZeroConfig`. `model_parameters`
@@ -28,7 +31,12 @@ def initialize(model: torch.nn.Module, config: dict | str | os.PathLike | ZeroCo
     `lambda step: lr`. The default process group is used (created from torchrun's environment if absent:
     nccl on CUDA, gloo on CPU); without one, the engine runs as a world of one. `auto` fills the config's
     "auto" values as Hugging Face's Trainer does (an AutoValues or a dict of its fields, e.g.
-    {"learning_rate": 3e-5, "bf16": True}; see zero_core/config_auto.py).
+    {"learning_rate": 3e-5, "bf16": True}; see zero_core/config_auto.py). `pretrained` names a Hugging Face
+    safetensors folder whose weights replace the initial ones, each rank reading only its shards
+    (`load_pretrained`). A model built inside `init_context` (or on the meta device) is never whole on a rank.
     """
-    return Engine(model, config, model_parameters=model_parameters, optimizer=optimizer, lr_scheduler=lr_scheduler,
-                  auto=auto)
+    engine = Engine(model, config, model_parameters=model_parameters, optimizer=optimizer, lr_scheduler=lr_scheduler,
+                    auto=auto)
+    if pretrained is not None:
+        load_pretrained(engine, pretrained)
+    return engine

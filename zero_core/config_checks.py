@@ -51,10 +51,10 @@ def _offload(cfg: ZeroConfig) -> Iterator[Problem]:
         yield Problem((_Z + "stage", _Z + "offload_param.device"),
                       f"zero_optimization.offload_param needs stage 3 but zero_optimization.stage is {zero.stage}; "
                       "remove offload_param or set the stage to 3")
-    if param is not None and param.device == "nvme":
-        yield Problem((_Z + "offload_param.device",),
-                      "zero_optimization.offload_param.device='nvme' is not supported yet (optimizer states can go to "
-                      "NVMe: offload_optimizer.device='nvme'); use 'cpu' or 'none'")
+    if param is not None and param.device == "nvme" and not param.nvme_path:
+        yield Problem((_Z + "offload_param.nvme_path",),
+                      "zero_optimization.offload_param.nvme_path is required with device 'nvme'; set it to a "
+                      "directory on a fast local disk")
     if off is None or off.device == "none":
         return
     if zero.stage == 0:

@@ -32,7 +32,7 @@ _SCHEDULER = ("warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type
               "cycle_second_step_size", "cycle_first_stair_count", "cycle_second_stair_count", "decay_step_size",
               "cycle_momentum", "cycle_min_mom", "cycle_max_mom", "decay_mom_rate")
 _LOGGING = "the engine logs nothing of its own"
-_NVME_PARAM = "only for NVMe parameter offload, which is not supported yet"
+_NVME_PARAM = "NVMe parameter offload maps the whole partition file; the kernel pages it in and out"
 _LIBAIO = "a libaio setting; zero_core's NVMe I/O runs on a thread pool"
 
 
@@ -78,7 +78,7 @@ KEYS: list[Key] = [
     Key(_Z + "offload_optimizer.ratio", REFUSED, "offloading part of the optimizer is not supported yet", (1.0,)),
     *_supported(_Z + "offload_param.device"),
     Key(_Z + "offload_param.pin_memory", IGNORED, "the host copy of the parameters is always pinned"),
-    Key(_Z + "offload_param.nvme_path", IGNORED, _NVME_PARAM),
+    *_supported(_Z + "offload_param.nvme_path"),
     Key(_Z + "offload_param.buffer_count", IGNORED, _NVME_PARAM),
     Key(_Z + "offload_param.buffer_size", IGNORED, _NVME_PARAM),
     Key(_Z + "offload_param.max_in_cpu", IGNORED, _NVME_PARAM),

@@ -19,6 +19,8 @@ import torch
 
 from . import comm
 from .config import ZeroConfig, describe, load_config
+from .deferred import is_deferred
+from .deferred.shards import materialise_whole, shard_into
 from .engine_api import DeepSpeedEngineAPI
 from .gathered import register as register_parameters
 from .loss_scaler import LossScaler
@@ -50,12 +52,15 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         self._announce()
         self.stage, self.dtype = cfg.stage, cfg.dtype
         self.global_step = self.micro_steps = 0
-        self.module = model.to(self.device)
+        deferred = is_deferred(model)  # built inside zero_core.init_context, or on the meta device
+        if deferred and self.stage != 3:  # stages 0-2 hold every weight anyway
+            materialise_whole(model)
+            deferred = False
+        self.module = model if deferred else model.to(self.device)
         plan = plan_optimizer(model, cfg, model_parameters, optimizer)
         group_of = plan.group_of()
         self.strategy = make_stage(model, cfg, self.world_size, self.rank, self.device, group_of)
         self.layout, self.params = self.strategy.layout, self.strategy.params
-        self._cast_frozen_and_buffers(model, {id(p) for p in self.params})
         self.offload_optimizer = offloads_optimizer(cfg)
         self.pinned_cpus = self._pin()
         self.breakdown = StepBreakdown(self.device, enabled_for(self.offload_optimizer))  # step-time breakdown
@@ -65,7 +70,12 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         self.host_schedule, self.lr_scheduler = make_schedules(cfg, plan, lr_scheduler, self.client_optimizer, self)
         if self.host_schedule is not None:
             self.optimizer.lr_at = None  # the host schedule writes each update's lrs
-        self.strategy.flatten(self.optimizer.states.writer())
+        if deferred:  # each rank computes every weight once, in construction order, and keeps its shards
+            shard_into(model, self.layout, self.params, self.rank, self.device, self.dtype, self.optimizer.states)
+            self.strategy.flatten_from_masters(self.optimizer.states)
+        else:
+            self.strategy.flatten(self.optimizer.states.writer())
+        self._cast_frozen_and_buffers(model, {id(p) for p in self.params})
         self.scaler = LossScaler(cfg, self.optimizer.states.device)
         self.strategy.attach(self.optimizer, self.breakdown)
         side = comm.SideStream(self.device, enabled=cfg.zero_optimization.overlap_comm or self.stage == 3)

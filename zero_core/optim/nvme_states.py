@@ -57,9 +57,10 @@ def file_bytes(numel: int, chunk: int) -> int:
     return 3 * 4 * (full * chunk + (round_up(last) if last else 0))
 
 
-def check_path(folder: str, needed: int, local_world: int) -> str | None:
+def check_path(folder: str, needed: int, local_world: int, section: str = "offload_optimizer",
+               what_needs: str = "optimizer states") -> str | None:
     """The one-line problem with using `folder` for `needed` bytes per rank (None when fine)."""
-    where = f"zero_optimization.offload_optimizer.nvme_path '{folder}'"
+    where = f"zero_optimization.{section}.nvme_path '{folder}'"
     if not os.path.isdir(folder):
         what = "is not a directory" if os.path.exists(folder) else "does not exist"
         return f"{where} {what}; create it (a directory on a fast local disk) or fix the path"
@@ -68,7 +69,7 @@ def check_path(folder: str, needed: int, local_world: int) -> str | None:
     free = shutil.disk_usage(folder).free
     total = needed * local_world
     if free < total:
-        return (f"{where} has {free:,} bytes free but optimizer states need {total:,} bytes "
+        return (f"{where} has {free:,} bytes free but {what_needs} need {total:,} bytes "
                 f"({needed:,} per rank x {local_world} rank(s) on this host); free space or point nvme_path at a larger disk")
     return None
 
@@ -228,6 +229,15 @@ class NvmeStates:
 
     def writer(self) -> NvmeWriter:
         return NvmeWriter(self)
+
+    def write_master(self, lo: int, hi: int, values: torch.Tensor) -> None:
+        """Start-up in any order (sharded initialisation): the master of one whole chunk [lo, hi). Only its
+        region of the record is written; the moments keep the zeros a new file reads as."""
+        i = lo // self.chunk
+        assert lo == i * self.chunk and hi == self._record(i)[1], "write_master takes one whole chunk"
+        buf = self.buffers[0]
+        self._views(buf, i, ("master",))["master"].copy_(values)
+        self._wait(self._submit(True, i, buf, ("master",)))
 
     def close(self) -> None:
         """Stop the I/O threads and close the file: the kernel frees its space (it has no name)."""

@@ -45,6 +45,10 @@ class TensorStates:
     def writer(self) -> TensorWriter:
         return TensorWriter(self.master)
 
+    def write_master(self, lo: int, hi: int, values: torch.Tensor) -> None:
+        """Start-up in any order (sharded initialisation): master elements [lo, hi); moments stay zero."""
+        self.master[lo:hi].copy_(values)
+
     def close(self) -> None:
         pass
 

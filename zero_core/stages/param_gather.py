@@ -75,7 +75,7 @@ class ParamGatherer:
         self.held_for_backward = [False] * len(self.full)
         self.fresh = [False] * len(self.full)  # gathered since the last optimizer step
         self.pending: dict[int, torch.cuda.Event] = {}
-        self.live_numel = sum(g.padded_numel for g in layout.groups)  # full buffers allocated (all, until freed below)
+        self.live_numel = sum(g.padded_numel for g in layout.groups if self._is_allocated(g.index))  # freed below
         self.order: list[int] = []  # forward order of units, recorded on the first step
         self.recording = True
         self._handles = []

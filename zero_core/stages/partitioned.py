@@ -8,7 +8,8 @@ Where this rank's 16-bit shard of each unit comes from when it is gathered:
 - by default, a cast of the fp32 master shard on the way (as FSDP2 does): no 16-bit partition at all;
 - with `zero_core.stage3_gather_from_master: false`, or with optimizer offload, a 16-bit partition on
   the device, which the update writes (on the host, then uploaded chunk by chunk: optim/weight_upload.py);
-- with parameter offload, that partition lives in pinned host memory and is copied up per unit.
+- with parameter offload, that partition lives in pinned host memory (`offload_param.device: cpu`) or in a
+  file mapping under `offload_param.nvme_path` ("nvme": param_file.py), and is copied up per unit.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 from .. import comm
 from ..optim.weight_upload import WeightUploader
 from .base import Stage
+from .param_file import param_file
 from .param_gather import ParamGatherer
 
 
@@ -30,8 +32,29 @@ class PartitionedStage(Stage):
         super().__init__(model, params, layout, cfg, rank, device)
         self.units = units
         off_param = cfg.zero_optimization.offload_param
-        self.offload_param = off_param is not None and off_param.device == "cpu"
+        self.offload_param = off_param is not None and off_param.device in ("cpu", "nvme")
+        self.param_nvme_path = off_param.nvme_path if off_param is not None and off_param.device == "nvme" else None
         self.gatherer: ParamGatherer | None = None
+        self.initial_masters: Any = None  # a deferred model's shards: in the optimizer's masters only
+
+    def flatten_from_masters(self, states: Any) -> None:
+        """A deferred model: the optimizer's masters already hold this rank's shards (deferred/shards.py).
+        Each unit's working buffer is made without storage (it is gathered before use), one at a time."""
+        self.initial_masters = states
+        with torch.no_grad():
+            for g in self.layout.groups:
+                buf = torch.empty(g.padded_numel, dtype=self.dtype, device=self.device)
+                self.full.append(buf)
+                for s in g.slots:
+                    self.params[s.index].data = buf[s.offset : s.offset + s.numel].view(s.shape)
+                buf.untyped_storage().resize_(0)  # the views stay valid; gathering gives them storage again
+        self.flat = torch.empty(0, dtype=self.dtype, device=self.device)
+
+    def _initial_shard(self, g: Any) -> torch.Tensor:
+        if self.initial_masters is not None:
+            return self.initial_masters.read("master", g.partition_offset, g.partition_offset + g.shard_numel)
+        lo, hi = self.layout.shard_range(g.index, self.rank)
+        return self.full[g.index][lo:hi]
 
     def attach(self, optimizer: Any, breakdown: Any) -> None:
         layout, zero = self.layout, self.cfg.zero_optimization
@@ -39,11 +62,9 @@ class PartitionedStage(Stage):
             master, dtype = optimizer.states.master, self.dtype  # the update keeps only the fp32 master
             shard_of = lambda lo, hi: master[lo:hi].to(dtype)  # noqa: E731
         else:
-            self.local = (comm.host_buffer(layout.partition_numel, self.dtype, pin=True) if self.offload_param
-                          else torch.empty(layout.partition_numel, dtype=self.dtype, device=self.device))
+            self.local = self._partition_buffer()
             for g in layout.groups:
-                lo, hi = layout.shard_range(g.index, self.rank)
-                self.local[g.partition_offset : g.partition_offset + g.shard_numel].copy_(self.full[g.index][lo:hi])
+                self.local[g.partition_offset : g.partition_offset + g.shard_numel].copy_(self._initial_shard(g))
             self.output = self._output_for(optimizer)
             if self.output is not self.local:
                 self.output.copy_(self.local)
@@ -58,6 +79,16 @@ class PartitionedStage(Stage):
             prefetch_numel=zero.stage3_prefetch_bucket_size, max_live_numel=zero.stage3_max_live_parameters,
             side=comm.SideStream(self.device),  # its own stream: prefetches must not queue behind reductions
         )
+        self.initial_masters = None
+
+    def _partition_buffer(self) -> torch.Tensor:
+        """Where this rank's 16-bit partition lives: a file mapping (param_file.py), pinned host memory, or the device."""
+        numel = self.layout.partition_numel
+        if self.param_nvme_path is not None:
+            return param_file(numel, self.dtype, self.param_nvme_path, self.rank)
+        if self.offload_param:
+            return comm.host_buffer(numel, self.dtype, pin=True)
+        return torch.empty(numel, dtype=self.dtype, device=self.device)
 
     def _output_for(self, optimizer: Any) -> torch.Tensor:
         """Where the update writes its 16-bit output: the partition itself where the states live beside it,

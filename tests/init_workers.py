@@ -1,0 +1,116 @@
+"""Rank functions for the sharded-initialisation tests (spawned by dist_harness.run_ranks)."""
+
+from __future__ import annotations
+
+import resource
+
+import torch
+
+import zero_core
+from zbench.models.gpt import GPT, GPTConfig
+
+SMALL = GPTConfig(vocab_size=96, block_size=16, n_layer=2, n_head=2, n_embd=32)
+# ~38 M parameters: 151 MB of fp32 weights, far above the noise of a process's resident set
+LARGE = GPTConfig(vocab_size=256, block_size=32, n_layer=12, n_head=8, n_embd=512)
+
+
+def ds(stage: int, **zero) -> dict:
+    return {"train_micro_batch_size_per_gpu": 1, "gradient_clipping": 0.0,
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "zero_optimization": {"stage": stage, **zero}}
+
+
+def tiny_gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(vocab_size=96, n_positions=16, n_embd=32, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0)
+    return GPT2LMHeadModel(cfg)
+
+
+def build(kind: str) -> torch.nn.Module:
+    return GPT(SMALL) if kind == "gpt" else tiny_gpt2()
+
+
+def sharded_state(rank: int, world: int, kind: str, stage: int) -> dict:
+    """Every rank seeds differently (rank 0's construction counts, as eager training broadcasts rank 0's
+    weights); the model is built inside init_context; returns the full state dict and the next random draw."""
+    torch.manual_seed(100 + rank)
+    with zero_core.init_context(ds(stage)):
+        model = build(kind)
+    on_meta = all(p.device.type == "meta" for p in model.parameters())
+    engine = zero_core.initialize(model, ds(stage))
+    state = engine.full_state_dict()
+    after = torch.randn(4)
+    x = torch.randint(0, 96, (1, 8))
+    loss = engine(x, labels=x).loss if kind == "gpt2" else engine(x, x).loss
+    engine.backward(loss)
+    engine.step()
+    return {"state": state, "after": after, "on_meta": on_meta, "loss": float(loss.detach())}
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def large_under_limit(rank: int, world: int, nvme_dir: str) -> dict:
+    """Build LARGE sharded, train two steps; the growth of this rank's peak resident set over the whole
+    time must stay below the model's fp32 size, the memory a rank is allowed here."""
+    torch.manual_seed(0)
+    cfg = ds(3, offload_param={"device": "cpu"},
+             offload_optimizer={"device": "nvme", "nvme_path": nvme_dir, "buffer_count": 2})
+    cfg["bf16"] = {"enabled": True}
+    _train(SMALL, cfg, rank, steps=1)  # first use imports and sets up what any run needs; not measured
+    start = _rss()
+    init_peak, losses, engine = _train(LARGE, cfg, rank, steps=2, start=start)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - start
+    return {"init_growth": init_peak, "growth": peak, "fp32_bytes": 4 * LARGE.num_params(), "losses": losses,
+            "layout_numel": engine.layout.partition_numel}
+
+
+def _train(shape: GPTConfig, cfg: dict, rank: int, steps: int, start: int = 0):
+    with zero_core.init_context(cfg):
+        model = GPT(shape)
+    engine = zero_core.initialize(model, cfg)
+    init_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - start
+    g = torch.Generator().manual_seed(rank)
+    losses = []
+    for _ in range(steps):
+        x = torch.randint(0, shape.vocab_size, (1, 16), generator=g)
+        loss = engine(x, x).loss
+        engine.backward(loss)
+        engine.step()
+        losses.append(float(loss.detach()))
+    engine.close()
+    return init_peak, losses, engine
+
+
+def pretrained_state(rank: int, world: int, folder: str, nvme_dir: str | None) -> dict:
+    """Build tiny GPT-2 sharded and load `folder` (written by save_pretrained) at stage 3."""
+    torch.manual_seed(5 + rank)
+    zero = {"offload_optimizer": {"device": "nvme", "nvme_path": nvme_dir, "buffer_count": 2}} if nvme_dir else {}
+    cfg = ds(3, **zero)
+    with zero_core.init_context(cfg):
+        model = tiny_gpt2()
+    engine = zero_core.initialize(model, cfg, pretrained=folder)
+    return {"state": engine.full_state_dict()}
+
+
+def param_offload_losses(rank: int, world: int, device: str, nvme_dir: str) -> dict:
+    """Train SMALL at stage 3 with parameter offload to `device` (cpu or nvme) and optimizer offload to host."""
+    offload = {"device": device, **({"nvme_path": nvme_dir} if device == "nvme" else {})}
+    cfg = ds(3, offload_param=offload, offload_optimizer={"device": "cpu"}, stage3_param_persistence_threshold=0)
+    cfg["bf16"] = {"enabled": True}
+    torch.manual_seed(1)
+    with zero_core.init_context(cfg):
+        model = GPT(SMALL)
+    engine = zero_core.initialize(model, cfg)
+    g = torch.Generator().manual_seed(rank)
+    losses = []
+    for _ in range(3):
+        x = torch.randint(0, SMALL.vocab_size, (2, 12), generator=g)
+        loss = engine(x, x).loss
+        engine.backward(loss)
+        engine.step()
+        losses.append(float(loss.detach()))
+    mapped = engine.strategy.local.untyped_storage().filename if device == "nvme" else None
+    return {"losses": losses, "state": engine.full_state_dict(), "mapped": mapped}

@@ -1,0 +1,55 @@
+"""Sharded initialisation: build a model without holding it, then give each rank only its shard.
+
+    record.py       `init_context`'s recorder: the model on the meta device, its construction logged
+    replay.py       the log computed again on the CPU, one tensor version alive at a time
+    materialise.py  each parameter's value handed to the engine (which keeps this rank's shard), buffers placed
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Iterator
+
+from .materialise import is_deferred, materialiser, placeholder, remember
+from .record import Recorder
+
+__all__ = ["init_context", "is_deferred", "materialiser", "placeholder"]
+
+
+def _stage_of(config: Any) -> int:
+    """The ZeRO stage `config` asks for (a dict, a JSON path or a ZeroConfig), without resolving batch sizes."""
+    from ..config import ZeroConfig, load_config
+
+    if isinstance(config, ZeroConfig):
+        return config.stage
+    if isinstance(config, (str, os.PathLike)):
+        import json
+
+        with open(config) as f:
+            config = json.load(f)
+    if not isinstance(config, dict):
+        raise ValueError(f"init_context takes a DeepSpeed config (dict, JSON path or ZeroConfig), not {type(config).__name__}")
+    zero = config.get("zero_optimization") or {}
+    stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
+    if stage not in (0, 1, 2, 3):
+        load_config(config, 1)  # raises the config's own one-line error
+    return int(stage)
+
+
+@contextlib.contextmanager
+def init_context(config: Any = None, enabled: bool = True) -> Iterator[None]:
+    """Build the model inside this context to initialise it sharded: every tensor made here lives on the
+    meta device (no memory) and its construction is recorded. `zero_core.initialize` then computes each
+    parameter once, in construction order, on the CPU, and keeps only this rank's shard, so the weights equal
+    eager construction's with the same seed, bitwise, at any world size.
+
+    With a `config` whose stage is below 3 (or `enabled=False`) the model is built normally: stages 0-2
+    hold every weight on every rank anyway."""
+    if not enabled or (config is not None and _stage_of(config) != 3):
+        yield
+        return
+    recorder = Recorder()
+    with recorder:
+        yield
+    remember(recorder.recording)

@@ -1,0 +1,135 @@
+"""Give a model built on the meta device its real initial values, one tensor at a time.
+
+Two sources of those values:
+- `RecordedInit`: the model was built inside `zero_core.init_context` (or `deepspeed.zero.Init`); its
+  construction is replayed (replay.py) and the values are bitwise those of eager construction with the
+  same seed, on any number of ranks. Every rank replays with rank 0's starting random state, as the eager
+  path broadcasts rank 0's weights.
+- `ModuleInit`: a model built on the meta device some other way (`torch.device("meta")`, `to_empty`
+  style). Each module gets real tensors and its own `reset_parameters()` (or a Hugging Face model's
+  `_init_weights`), in module order. The values are a valid initialisation, not eager construction's.
+
+Either way `take_param(p, value)` receives each trainable or frozen parameter's full CPU value once (the
+caller keeps its shard or the whole), buffers are placed on `device`, and nothing is held longer than it
+is needed. Parameters keep their identity: `torch.utils.swap_tensors` gives each its real contents.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .. import comm
+from .record import Recording, storage_key
+from .replay import Replay
+
+_PENDING: list[Recording] = []  # constructions not yet materialised (meta tensors only: no memory)
+
+TakeParam = Callable[[torch.nn.Parameter, torch.Tensor], None]
+
+
+def remember(recording: Recording) -> None:
+    _PENDING.append(recording)
+
+
+def is_deferred(model: torch.nn.Module) -> bool:
+    return any(t.device.type == "meta" for t in [*model.parameters(), *model.buffers()])
+
+
+def _places(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.Tensor, bool]]:
+    """(module, attribute, tensor, is parameter) for every meta tensor the model holds under every name."""
+    out = []
+    for module in model.modules():
+        for store, is_param in ((module._parameters, True), (module._buffers, False)):
+            out += [(module, name, t, is_param) for name, t in store.items() if t is not None and t.device.type == "meta"]
+    return out
+
+
+def placeholder(p: torch.nn.Parameter, value: torch.Tensor) -> None:
+    """Give meta parameter `p` the contents `value` (any device and shape), keeping the object."""
+    torch.utils.swap_tensors(p, torch.nn.Parameter(value, requires_grad=p.requires_grad))
+
+
+class _Materialiser:
+    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
+        self.model, self.device = model, device
+        self.places = _places(model)
+
+    def _give(self, places, view_of: Callable[[torch.Tensor], torch.Tensor], take_param: TakeParam) -> None:
+        done: set[int] = set()
+        for module, name, t, is_param in places:
+            if is_param:
+                if id(t) not in done:  # a tied parameter once
+                    done.add(id(t))
+                    take_param(t, view_of(t))
+            else:
+                module._buffers[name] = view_of(t).clone().to(self.device)
+
+
+class RecordedInit(_Materialiser):
+    def __init__(self, model: torch.nn.Module, recording: Recording, device: torch.device) -> None:
+        super().__init__(model, device)
+        self.recording = recording
+
+    def run(self, take_param: TakeParam) -> None:
+        rec = self.recording
+        start = rec.rng_start.clone()
+        comm.broadcast_(start, what="broadcast of the random state model construction began from")
+        rec.rng_start = start
+        by_key: dict[int, list] = {}
+        for place in self.places:
+            by_key.setdefault(storage_key(place[2]), []).append(place)
+        replay = Replay(rec, set(by_key))
+
+        def deliver(key: int, storage: torch.UntypedStorage) -> None:
+            view = lambda m: torch.empty(0, dtype=m.dtype).set_(storage, m.storage_offset(), m.size(), m.stride())  # noqa: E731
+            self._give(by_key.pop(key), view, take_param)
+
+        untouched = torch.get_rng_state()
+        replay.run(deliver)
+        if by_key:
+            names = sorted(name for places in by_key.values() for _, name, _, _ in places)
+            raise RuntimeError(f"tensors {names[:5]} of the model were not created inside zero_core.init_context; "
+                               "build the whole model inside the context")
+        if torch.equal(untouched, rec.rng_end):  # nothing drawn since construction: go on as eager would
+            torch.set_rng_state(replay.rng_after)
+        _PENDING[:] = [r for r in _PENDING if r is not rec]
+        self.peak_bytes = replay.peak_bytes
+
+
+class ModuleInit(_Materialiser):
+    def run(self, take_param: TakeParam) -> None:
+        start = torch.get_rng_state()
+        comm.broadcast_(start, what="broadcast of the random state initialisation starts from")
+        torch.set_rng_state(start)  # every rank draws rank 0's values
+        init_weights = getattr(self.model, "_init_weights", None)
+        for module in self.model.modules():
+            own = [place for place in self.places if place[0] is module and place[2].device.type == "meta"]
+            if not own:
+                continue
+            for _, name, t, is_param in own:
+                if is_param:
+                    placeholder(t, torch.empty(t.shape, dtype=t.dtype))
+                else:
+                    module._buffers[name] = torch.empty(t.shape, dtype=t.dtype)
+            with torch.no_grad():
+                if hasattr(module, "reset_parameters"):
+                    module.reset_parameters()
+                elif callable(init_weights):
+                    init_weights(module)
+            for _, name, t, is_param in own:
+                if is_param:
+                    take_param(t, t.data)
+                else:
+                    module._buffers[name] = module._buffers[name].to(self.device)
+
+
+def materialiser(model: torch.nn.Module, device: torch.device) -> RecordedInit | ModuleInit:
+    """The source of `model`'s initial values (is_deferred(model) must hold)."""
+    meta = next(t for t in [*model.parameters(), *model.buffers()] if t.device.type == "meta")
+    key = storage_key(meta)
+    for rec in reversed(_PENDING):
+        if key in rec.known:
+            return RecordedInit(model, rec, device)
+    return ModuleInit(model, device)

@@ -1,0 +1,126 @@
+"""Build a model without memory: every tensor on the meta device, every operation on it written down.
+
+Inside `Recorder`, factory functions default to the meta device (as `torch.device("meta")` does; `torch.tensor`
+and friends stay on the CPU, since their data is the point) and a dispatch mode logs each aten operation
+with the meta tensors it touched. Nothing is computed and no random number is drawn; the log is enough
+to compute any tensor later (replay.py), in the order eager construction ran, so the random stream and
+therefore every initial weight are the same as when the model is built eagerly with the same seed.
+
+Tensors are identified by their storage: a parameter, its `.data`, its views and a Parameter wrapping
+it all share one. The recorder keeps every meta tensor it saw alive, so no storage address is reused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._device import _device_constructors
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+_KEEP_ON_CPU = {torch.tensor, torch.as_tensor, torch.asarray}  # data given by the caller: keep it real
+
+
+def storage_key(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+def is_meta(x: Any) -> bool:
+    return isinstance(x, torch.Tensor) and x.device.type == "meta"
+
+
+@dataclass
+class Entry:
+    """One aten operation: what it was called with and what it returned (meta tensors kept as they were)."""
+
+    func: Any
+    args: tuple
+    kwargs: dict
+    out: Any
+    writes: tuple[int, ...]  # storages this operation wrote in place
+    reads: tuple[int, ...]  # storages it read (a fresh output's storage is neither)
+    fresh: tuple[int, ...]  # storages it created
+    overwrites: bool  # it sets every byte of its one written storage without reading it
+
+
+@dataclass
+class Recording:
+    """The log of one model construction, and the CPU random state it started from."""
+
+    entries: list[Entry] = field(default_factory=list)
+    rng_start: torch.Tensor | None = None  # torch.get_rng_state() when construction began
+    rng_end: torch.Tensor | None = None  # ... and when it ended (unchanged: nothing was drawn)
+    known: set[int] = field(default_factory=set)
+
+
+# operations that set every element without reading the old ones (random fills draw as eager did)
+_FILLS = {"normal_", "uniform_", "fill_", "zero_", "random_", "bernoulli_", "exponential_", "log_normal_",
+          "cauchy_", "geometric_", "copy_"}
+
+
+def _covers_storage(t: torch.Tensor) -> bool:
+    return (t.storage_offset() == 0 and t.is_contiguous()
+            and t.numel() * t.element_size() == t.untyped_storage().nbytes())
+
+
+class _MetaFactories(TorchFunctionMode):
+    """Factory functions without a device build on the meta device."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func in _device_constructors() and func not in _KEEP_ON_CPU and kwargs.get("device") is None:
+            kwargs["device"] = "meta"
+        return func(*args, **kwargs)
+
+
+class _Log(TorchDispatchMode):
+    def __init__(self, recording: Recording) -> None:
+        super().__init__()
+        self.rec = recording
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func.is_view:  # views are rebuilt from their storage at replay: nothing to compute
+            return out
+        ins = [a for a in tree_flatten((args, kwargs))[0] if is_meta(a)]
+        if not ins and not any(is_meta(o) for o in tree_flatten(out)[0]):
+            return out  # CPU work (constants); it already happened
+        written = []
+        for i, a in enumerate(func._schema.arguments):
+            if a.alias_info is not None and a.alias_info.is_write:
+                v = args[i] if i < len(args) else kwargs.get(a.name)
+                if is_meta(v):
+                    written.append(v)
+        outs = [o for o in tree_flatten(out)[0] if is_meta(o)]
+        fresh = tuple(dict.fromkeys(storage_key(o) for o in outs if storage_key(o) not in self.rec.known))
+        self.rec.known.update(fresh)
+        writes = tuple(dict.fromkeys(storage_key(w) for w in written))
+        overwrites = (func._schema.name.split("::")[-1] in _FILLS and len(written) == 1
+                      and _covers_storage(written[0]) and sum(storage_key(a) == writes[0] for a in ins) == 1)
+        reads = tuple(dict.fromkeys(storage_key(a) for a in ins if not (overwrites and storage_key(a) == writes[0])))
+        self.rec.entries.append(Entry(func, args, kwargs, out, writes, reads, fresh, overwrites))
+        return out
+
+
+class Recorder:
+    """`with Recorder() as rec: model = Build(...)`: the model lives on the meta device and `rec.recording`
+    holds everything needed to compute its initial weights."""
+
+    def __init__(self) -> None:
+        self.recording = Recording()
+        self._modes = [_MetaFactories(), _Log(self.recording)]
+
+    def __enter__(self) -> "Recorder":
+        self.recording.rng_start = torch.get_rng_state()
+        for m in self._modes:
+            m.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for m in reversed(self._modes):
+            m.__exit__(*exc)
+        self.recording.rng_end = torch.get_rng_state()
