@@ -50,7 +50,9 @@ def _step(forward: Callable[[Any], Any], backward: Callable[[Any], None], step: 
           dtype: Any = None) -> None:
     import torch
 
-    x = torch.randn(4, d, device=dev, dtype=dtype)  # the engines' bf16 weights take bf16 inputs (no autocast)
+    if dtype is None:  # bf16 weights take bf16 inputs (nothing autocasts here)
+        dtype = next(iter(forward.parameters())).dtype
+    x = torch.randn(4, d, device=dev, dtype=dtype)
     backward(forward(x).float().pow(2).mean())
     step()
     _sync()
