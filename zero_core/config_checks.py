@@ -61,10 +61,6 @@ def _offload(cfg: ZeroConfig) -> Iterator[Problem]:
         yield Problem((_Z + "stage", _Z + "offload_optimizer.device"),
                       "zero_optimization.offload_optimizer needs stage 1, 2 or 3 but zero_optimization.stage is 0; "
                       "set the stage to 1-3 or the offload device to 'none'")
-    if off.ratio != 1.0:
-        yield Problem((_Z + "offload_optimizer.ratio",),
-                      f"zero_optimization.offload_optimizer.ratio={off.ratio} (offloading only part of the optimizer) "
-                      "is not supported yet; remove it or set 1.0")
     if off.device == "nvme" and not off.nvme_path:
         yield Problem((_Z + "offload_optimizer.nvme_path",),
                       "zero_optimization.offload_optimizer.nvme_path is required with device 'nvme'; set it to a "

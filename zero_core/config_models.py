@@ -20,7 +20,7 @@ from pydantic import (
 )
 
 from .config_errors import full_error
-from .config_types import AS_LIST, Bool, Count, Text, beta_pair, choice, integer, number
+from .config_types import AS_LIST, Bool, Count, Text, beta_pair, choice, integer, number, ratio_or_auto
 
 
 class Section(BaseModel):
@@ -130,7 +130,9 @@ class OffloadOptimizerConfig(Section):
     nvme_path: Text = None
     buffer_count: Annotated[int, integer(0)] = 4
     fast_init: Bool = False
-    ratio: Annotated[float, number(0.0, 1.0)] = 1.0
+    # the fraction of each rank's optimizer partition on the host (the rest on the device); "auto": the largest
+    # device share that fits beside the first step's measured peak (zero_core/optim/auto_ratio.py)
+    ratio: Annotated[float | str, ratio_or_auto()] = 1.0
 
 
 class OffloadParamConfig(Section):
@@ -215,6 +217,10 @@ class ZeroCoreConfig(Section):
     # does), instead of keeping a 16-bit copy of the partition (2 bytes per element of it). GPT-2 XL on 2x
     # H200: -1.46 GiB per GPU for 0.7% of speed (docs/benchmarks/2026-11-23_h200x2_gpt2xl_engines_final.md)
     stage3_gather_from_master: Bool = True
+    # optimizer offload: the fraction of the host share whose AdamW may start during backward, as soon as
+    # each bucket's gradient is final, undone and redone at the step when clipping or a non-finite
+    # gradient says so (bitwise the same result; 12 bytes of host memory per such element for the copies)
+    overlap_host_update: Annotated[float, number(0.0, 1.0)] = 0.0
 
 
 _MONITOR = dict[str, Any] | None  # logging sections: carried through, not used by the engine

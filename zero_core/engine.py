@@ -211,7 +211,7 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         return {
             "working_weights": sum(b.numel() * b.element_size() for b in stored),
             "working_shard": self.strategy.working_shard_bytes(),  # a 16-bit copy of this rank's partition
-            "optimizer_states": self.optimizer.states.numel * 12 if not self.offload_optimizer else 0,
+            "optimizer_states": self.optimizer.device_state_numel() * 12,  # partial offload: the device share
             "gradients": self.optimizer.live_gradient_bytes(),
         }
 

@@ -44,6 +44,7 @@ class ShardedStage(Stage):
             self.uploader = WeightUploader(self.output, [(g.partition_offset, self.shard_view(g)) for g in groups],
                                            breakdown, ends, gather=lambda i: self._all_gather(groups[i]))
             self.publish_chunk = self.uploader
+            optimizer.bind_device_output([self.shard_view(g) for g in groups])  # a share kept on the device (ratio < 1)
             return
         self.output = [self.shard_view(g) for g in groups]  # one view per optimizer segment
         if self.cfg.zero_core.overlap_weight_gather and self.layout.world_size > 1:
