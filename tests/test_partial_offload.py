@@ -94,17 +94,71 @@ def test_split_keeps_the_first_buckets_on_the_device():
     engine.close()
 
 
-@pytest.mark.parametrize("ratio, ok", [(0.5, True), (1, True), ("auto", True), ("AUTO", True), (0, False),
-                                       (1.5, False), (-0.1, False), ("half", False), (True, False)])
-def test_ratio_is_validated(ratio, ok):
+@pytest.mark.parametrize("ratio, expected", [(0.5, None), (1, None), ("auto", None), (0, "must be a number > 0"),
+                                             (1.5, "must be a number > 0"), (-0.1, "must be"), ("half", "must be"),
+                                             (True, "must be")])
+def test_ratio_is_validated(ratio, expected):
     cfg = {"train_micro_batch_size_per_gpu": 1,
            "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": ratio}}}
-    if ok:
-        assert load_config(cfg, 1).zero_optimization.offload_optimizer.ratio == (ratio.lower() if isinstance(ratio, str) else ratio)
+    if expected is None:
+        assert load_config(cfg, 1).zero_optimization.offload_optimizer.ratio == ratio
         return
     with pytest.raises(ConfigError) as e:
         load_config(cfg, 1)
-    assert "offload_optimizer.ratio" in str(e.value) and '"auto"' in str(e.value) and "\n" not in str(e.value)
+    assert "offload_optimizer.ratio" in str(e.value) and expected in str(e.value) and "\n" not in str(e.value)
+
+
+def test_auto_ratio_with_nvme_is_refused():
+    cfg = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {
+        "stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp", "ratio": "auto"}}}
+    with pytest.raises(ConfigError, match="ratio='auto' moves states from host memory to the GPU"):
+        load_config(cfg, 1)
+
+
+class FakeProbe:
+    def __init__(self, limit: int | None, peak: int) -> None:
+        self.limit, self.peak = limit, peak
+
+    def limit_bytes(self) -> int | None:
+        return self.limit
+
+    def peak_bytes(self) -> int:
+        return self.peak
+
+
+@pytest.mark.parametrize("room_elements, expect_split", [(None, False), (0, False), (6000, True), (10**9, True)])
+def test_auto_ratio_moves_what_fits_after_the_first_step_and_trains_the_same(room_elements, expect_split):
+    from zero_core.optim.auto_ratio import DEVICE_BYTES_PER_ELEMENT, MARGIN
+
+    def run(ratio, probe=None):
+        engine = zero_core.initialize(make_model(), ds_config(2, "fp32", 2, clip=0.05, reduce_bucket_size=300,
+                                                              offload_optimizer={"device": "cpu", "ratio": ratio}))
+        if probe is not None:
+            engine.optimizer.auto.probe = probe
+        _train(engine, 4)
+        out = engine.full_state_dict(), getattr(engine.optimizer, "split", 0), engine.optimizer.states.numel
+        engine.close()
+        return out
+
+    peak = 10**6
+    limit = None if room_elements is None else int((peak + room_elements * DEVICE_BYTES_PER_ELEMENT) / (1 - MARGIN)) + 1
+    auto_state, split, numel = run("auto", FakeProbe(limit, peak))
+    assert (split > 0) == expect_split and split < numel  # something always stays offloaded
+    if room_elements:
+        assert split <= room_elements
+    full_state, _, _ = run(1.0)
+    for k, v in full_state.items():  # the re-split run continues exactly as the fully offloaded one
+        assert torch.equal(auto_state[k], v), k
+
+
+@pytest.mark.parametrize("value, ok", [(0.0, True), (0.5, True), (1, True), (1.5, False), ("yes", False)])
+def test_overlap_host_update_is_validated(value, ok):
+    cfg = {"train_micro_batch_size_per_gpu": 1, "zero_core": {"overlap_host_update": value}}
+    if ok:
+        assert load_config(cfg, 1).zero_core.overlap_host_update == value
+        return
+    with pytest.raises(ConfigError, match="zero_core.overlap_host_update must be a number"):
+        load_config(cfg, 1)
 
 
 @pytest.mark.parametrize("clip, poison", [(0.0, False), (1e-3, False), (0.0, True)])

@@ -88,7 +88,8 @@ KEYS: list[Key] = [
     Key("checkpoint.load_universal", IGNORED, "zbench checkpoints always reshard on load"),
     Key("checkpoint.use_node_local_storage", IGNORED, "checkpoints go to one folder that every rank can see"),
     *_supported("zero_core.comm_timeout_s", "zero_core.max_consecutive_nonfinite", "zero_core.overlap_weight_gather",
-                "zero_core.stage3_gather_from_master", "zero_core.overlap_host_update"),
+                "zero_core.stage3_gather_from_master", "zero_core.overlap_host_update",
+                "zero_core.offload_delayed_update"),
     *(Key(section, IGNORED, _LOGGING) for section in ("tensorboard", "wandb", "csv_monitor", "comet", "flops_profiler",
                                                       "comms_logger")),
     # DeepSpeed keys that the models lack on purpose: refused whenever present, with the fix

@@ -130,8 +130,8 @@ class OffloadOptimizerConfig(Section):
     nvme_path: Text = None
     buffer_count: Annotated[int, integer(0)] = 4
     fast_init: Bool = False
-    # the fraction of each rank's optimizer partition on the host (the rest on the device); "auto": the largest
-    # device share that fits beside the first step's measured peak (zero_core/optim/auto_ratio.py)
+    # the fraction of each rank's optimizer partition on the host (the rest on the device, optim/split_adam.py);
+    # "auto": the largest device share that fits after a measured first step (optim/auto_ratio.py)
     ratio: Annotated[float | str, ratio_or_auto()] = 1.0
 
 
@@ -221,6 +221,9 @@ class ZeroCoreConfig(Section):
     # each bucket's gradient is final, undone and redone at the step when clipping or a non-finite
     # gradient says so (bitwise the same result; 12 bytes of host memory per such element for the copies)
     overlap_host_update: Annotated[float, number(0.0, 1.0)] = 0.0
+    # optimizer offload: the ZeRO-Offload paper's one-step delayed update (step N's forward runs on update
+    # N-2's weights while update N-1 runs on the host). CHANGES NUMERICS; off by default (optim/delayed_update.py)
+    offload_delayed_update: Bool = False
 
 
 _MONITOR = dict[str, Any] | None  # logging sections: carried through, not used by the engine

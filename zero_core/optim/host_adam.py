@@ -49,6 +49,7 @@ class HostAdamW(PartitionOptimizer):
     """AdamW whose states live in host memory or on NVMe (`states`), updated chunk by chunk on the host."""
 
     on_host = True
+    adam_key = "cpu_adam"  # the breakdown's name for the update's time (a delayed update overlaps: another one)
 
     def __init__(self, states, *, comm_dtype: torch.dtype, breakdown: StepBreakdown | None = None,
                  overlap_fraction: float = 0.0, **kw) -> None:
@@ -184,7 +185,7 @@ class HostAdamW(PartitionOptimizer):
         assert out is None or isinstance(out, torch.Tensor), "the host update writes one flat 16-bit partition"
         hyper = self._hyper(self.lr, c)
         waited = getattr(self.states, "wait_seconds", 0.0)
-        with self.breakdown.host("cpu_adam"):
+        with self.breakdown.host(self.adam_key):
             for lo, hi, v in self.states.stream():
                 for a in range(lo, hi, self.chunk):
                     b = min(hi, a + self.chunk)

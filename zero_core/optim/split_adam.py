@@ -53,9 +53,12 @@ class SplitAdamW(PartitionOptimizer):
         self._device_out: Output = None  # where the device share writes its 16-bit weights (bound by the stage)
         self._staged_out: torch.Tensor | None = None  # a device buffer when that place is in host memory
         host_opt.counts = lambda: self.applied  # speculative host updates read this step's counters
+        self.auto = None  # ratio "auto": auto_ratio.AutoOffload, until the first step has been measured
+        self._bound: torch.Tensor | list[torch.Tensor] | None = None
 
     def bind_device_output(self, out: torch.Tensor | list[torch.Tensor]) -> None:
         """The device share's 16-bit output: one view per device segment, or the flat partition (stage 3)."""
+        self._bound = out
         if isinstance(out, list):
             self._device_out = out[: len(self.device_opt.segments)]
             return
@@ -65,6 +68,14 @@ class SplitAdamW(PartitionOptimizer):
         self._staged_out = torch.empty(self.split, dtype=out.dtype, device=self.states.device)
         self._device_out = self._staged_out
         self._host_copy_target = out[: self.split]  # parameter offload: the shard is copied down after the update
+
+    def take_over(self, old: SplitAdamW) -> None:
+        """Continue `old`'s run (ratio "auto" re-split it): its counters, schedule and device output."""
+        for name in ("applied", "skipped", "grad_norm", "overflow", "lr", "lr_at"):
+            setattr(self, name, getattr(old, name))
+        if old._bound is not None:
+            self.bind_device_output(old._bound)
+        old.host_opt._folder.close()
 
     # -- a reduction pass ----------------------------------------------------------------------------
     def begin_pass(self, scale: torch.Tensor, accumulate: bool, final: bool) -> None:
