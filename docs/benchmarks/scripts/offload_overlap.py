@@ -8,6 +8,7 @@ use) into a temporary folder and runs `zbench run` on it:
   gpt7b_offload         batch 32 x 1024, bf16, ZeRO-3 + optimizer offload (a DeepSpeed variant is added)
 Each gets: the scenario's own zero_core and DeepSpeed variants (the old path), then zero_core with
 offload_optimizer.ratio R (the first buckets on the GPU) and with zero_core.overlap_host_update F.
+First, `python -m zero_core.kernels.bench --numel 1e9`: the host AdamW against the host's copy bandwidth.
 
 Usage (repo root, one H100/H200; outputs under $OUT, default /tmp/out):
     python3 docs/benchmarks/scripts/offload_overlap.py [gpt2xl longformer gpt7b]
@@ -63,6 +64,10 @@ def main(which: list[str]) -> int:
     out_dir = Path(os.environ.get("OUT", "/tmp/out"))
     out_dir.mkdir(parents=True, exist_ok=True)
     failed = 0
+    with open(out_dir / "offload_overlap_kernels.txt", "w") as log:  # host AdamW against the host's copy bandwidth
+        failed += subprocess.call([sys.executable, "-m", "zero_core.kernels.bench", "--numel", "1e9"], stdout=log,
+                                  stderr=subprocess.STDOUT, cwd=ROOT) != 0
+    print((out_dir / "offload_overlap_kernels.txt").read_text(), flush=True)
     for key in which:
         file, batch, plan = PLANS[key]
         sc = yaml.safe_load((SCENARIOS / file).read_text())
