@@ -30,13 +30,16 @@ BASE = [
     {"stage": 2, "dtype": "fp16", "micro": 2, "steps": 4, "inject_inf_at": 1},
     {"stage": 3, "dtype": "fp16", "micro": 2, "steps": 4, "inject_inf_at": 2, "clip": 0.05},
 ]
-# (ratio, overlap fraction): plain full offload first, then the paths that must equal it
-RATIOS = ((1.0, 0.0), (0.5, 0.0), (0.2, 0.0), (1.0, 1.0), (1.0, 0.4), (0.5, 1.0))
+# (ratio, overlap fraction, host update on its own thread after step()): plain full offload with the update
+# inside step() first, then the paths that must equal it
+RATIOS = ((1.0, 0.0, False), (1.0, 0.0, True), (0.5, 0.0, True), (0.2, 0.0, False), (1.0, 1.0, True),
+          (1.0, 0.4, False), (0.5, 1.0, True))
 
 
 @pytest.fixture(scope="module")
 def results() -> list[dict]:
-    cases = [{**c, "zero": _off(r), "env": SMALL, "zero_core": {"overlap_host_update": f}} for c in BASE for r, f in RATIOS]
+    cases = [{**c, "zero": _off(r), "env": SMALL, "zero_core": {"overlap_host_update": f, "overlap_weight_gather": t}}
+             for c in BASE for r, f, t in RATIOS]
     return run_ranks(zero_train, 2, cases)
 
 
@@ -195,3 +198,18 @@ def test_speculative_updates_run_during_backward_and_settle_exactly(clip, poison
     assert results[0][3] == int(poison)
     for a, b in zip(results[0][:3], results[1][:3]):
         assert torch.equal(a, b)
+
+
+def test_breakdown_shows_gpu_adam_and_overlapped_cpu_adam():
+    from zero_core.step_timer import format_breakdown
+
+    cfg = ds_config(2, "fp32", 2, reduce_bucket_size=300, offload_optimizer={"device": "cpu", "ratio": 0.5})
+    cfg["zero_core"] = {"overlap_host_update": 1.0}
+    engine = zero_core.initialize(make_model(), cfg)
+    _train(engine, 3)
+    b = engine.breakdown.summary()
+    engine.close()
+    # stages 1-2: the host update runs on its own thread after step() returns, the next forward waiting per module
+    assert b["gpu_adam"] > 0 and b["overlapped_cpu_adam"] > 0 and b["cpu_adam"] == 0
+    line = format_breakdown(b)
+    assert "gpu adam" in line and "overlapped cpu adam" in line

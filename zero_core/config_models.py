@@ -210,8 +210,9 @@ class ZeroCoreConfig(Section):
     # stop with NonFiniteError after this many consecutive optimizer steps with NaN/inf gradients
     # (each one skipped and counted); 0 never stops, as DeepSpeed
     max_consecutive_nonfinite: Annotated[int, integer(0)] = 0
-    # stages 1-2 without offload: each bucket's weight all-gather starts right after its update and is
-    # waited for only by the modules that read it (stages/deferred_gather.py); false gathers all at the step's end
+    # stages 1-2: each bucket's weight all-gather starts right after its update and is waited for only by the
+    # modules that read it (stages/deferred_gather.py); with optimizer offload the host update itself runs on
+    # after step() returns, the next forward waiting per module (stages/host_step_overlap.py); false: all in step()
     overlap_weight_gather: Bool = True
     # stage 3 without offload: all-gather each unit from its fp32 master shard, cast on the way (as FSDP2
     # does), instead of keeping a 16-bit copy of the partition (2 bytes per element of it). GPT-2 XL on 2x

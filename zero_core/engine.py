@@ -158,6 +158,7 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
     def _settle_offload_ratio(self) -> None:
         """offload_optimizer.ratio "auto": the first step is measured; move the device share that fits."""
         auto, self.optimizer.auto = self.optimizer.auto, None
+        self.wait_for_weights()  # the first update done before its states move
         self.optimizer = self.reducer.opt = auto.settle(self.optimizer)
         if self.rank == 0:
             print(f"zero_core: offload_optimizer.ratio auto: {getattr(self.optimizer, 'split', 0):,} of "

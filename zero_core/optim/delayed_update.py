@@ -69,6 +69,9 @@ class DelayedHostAdamW(HostAdamW):
         self._thread = threading.Thread(target=run, name="zero_core-delayed-update", daemon=True)
         self._thread.start()
 
+    def run_host_update_with(self, launch: Callable[[Callable[[], None]], None]) -> bool:
+        return False  # the update already runs on its own thread, a step late
+
     @property
     def pending(self) -> bool:
         """An update runs, or ran, whose weights have not been sent yet."""

@@ -74,6 +74,7 @@ class HostAdamW(PartitionOptimizer):
         self.speculative = SpeculativeUpdates(states, budget)
         self._speculating = False
         self.counts: Callable[[], torch.Tensor] = lambda: self.applied  # the updates applied so far (a composite's)
+        self.run_update: Callable[[Callable[[], None]], None] = lambda update: update()  # here, by default
         self._spec_hyper: list[dict] | None = None
 
     # -- gradients ---------------------------------------------------------------------------------
@@ -184,6 +185,10 @@ class HostAdamW(PartitionOptimizer):
             return  # skipped: nothing changes, nothing to send
         assert out is None or isinstance(out, torch.Tensor), "the host update writes one flat 16-bit partition"
         hyper = self._hyper(self.lr, c)
+        self.run_update(lambda: self._chunks(out, publish, done, hyper))
+
+    def _chunks(self, out: Output, publish: Publish | None, done: list[tuple[int, int]], hyper: list[dict]) -> None:
+        """The chunked update, in partition order (on the training thread, or the stage's update thread)."""
         waited = getattr(self.states, "wait_seconds", 0.0)
         with self.breakdown.host(self.adam_key):
             for lo, hi, v in self.states.stream():
@@ -195,6 +200,11 @@ class HostAdamW(PartitionOptimizer):
                     if publish is not None:
                         publish(a, b)
         self.breakdown.add("nvme_wait", getattr(self.states, "wait_seconds", 0.0) - waited)
+
+    def run_host_update_with(self, launch: Callable[[Callable[[], None]], None]) -> bool:
+        """Let the stage run the chunked update (e.g. on its own thread, stages/host_step_overlap.py)."""
+        self.run_update, self.adam_key = launch, "overlapped_cpu_adam"
+        return True
 
     def _runs_between(self, a: int, b: int) -> list[tuple[int, int, int]]:
         """The pieces of [a, b) by optimizer group (run boundaries are multiples of the layout's alignment, so

@@ -52,6 +52,7 @@ class SplitAdamW(PartitionOptimizer):
         self.breakdown = host_opt.breakdown
         self._device_out: Output = None  # where the device share writes its 16-bit weights (bound by the stage)
         self._staged_out: torch.Tensor | None = None  # a device buffer when that place is in host memory
+        self._host_copy_target: torch.Tensor | None = None  # ... and the host place it is copied down to
         host_opt.counts = lambda: self.applied  # speculative host updates read this step's counters
         self.auto = None  # ratio "auto": auto_ratio.AutoOffload, until the first step has been measured
         self._bound: torch.Tensor | list[torch.Tensor] | None = None
@@ -62,7 +63,7 @@ class SplitAdamW(PartitionOptimizer):
         if isinstance(out, list):
             self._device_out = out[: len(self.device_opt.segments)]
             return
-        if out.device == self.states.device:
+        if out.device.type == self.states.device.type:
             self._device_out = out
             return
         self._staged_out = torch.empty(self.split, dtype=out.dtype, device=self.states.device)
@@ -75,7 +76,11 @@ class SplitAdamW(PartitionOptimizer):
             setattr(self, name, getattr(old, name))
         if old._bound is not None:
             self.bind_device_output(old._bound)
+        self.host_opt.run_update, self.host_opt.adam_key = old.host_opt.run_update, old.host_opt.adam_key
         old.host_opt._folder.close()
+
+    def run_host_update_with(self, launch: Callable[[Callable[[], None]], None]) -> bool:
+        return self.host_opt.run_host_update_with(launch)
 
     # -- a reduction pass ----------------------------------------------------------------------------
     def begin_pass(self, scale: torch.Tensor, accumulate: bool, final: bool) -> None:
@@ -116,7 +121,7 @@ class SplitAdamW(PartitionOptimizer):
         dev.lr, dev.applied, dev.overflow = self.lr, self.applied, self.overflow
         with self.breakdown.device("gpu_adam"):
             dev._update(coef, self._device_out, None, None)  # queued: runs while the host updates its share
-        if self._staged_out is not None:
+        if self._staged_out is not None and self._host_copy_target is not None:
             self._host_copy_target.copy_(self._staged_out, non_blocking=True)
         if publish is not None:
             publish(self.split, self.split)  # gathers the buckets the device share holds alone
