@@ -28,11 +28,13 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[3]
 SCENARIOS = ROOT / "scenarios"
-# scenario -> (batch, the zero_core (ratio, overlap fraction) variants to add)
+# scenario -> (batch, the zero_core variants to add: (offload ratio, overlap_host_update, overlap_weight_gather));
+# (1, 0, False) is the old path at stages 1-2 (the host update inside step()); stage 3 always runs it there
 PLANS = {
-    "gpt2xl": ("gpt2xl_offload.yaml", 16, [(0.5, 0.0), (0.25, 0.0), (0.25, 0.5)]),
-    "longformer": ("longformer_feedback.yaml", 10, [(0.5, 0.0), (0.25, 0.0), (0.25, 1.0)]),
-    "gpt7b": ("gpt7b_offload.yaml", 32, [(0.8, 0.0), (0.7, 0.0), (0.8, 0.3)]),
+    "gpt2xl": ("gpt2xl_offload.yaml", 16, [(0.5, 0.0, True), (0.25, 0.0, True), (0.25, 0.5, True)]),
+    "longformer": ("longformer_feedback.yaml", 10, [(1.0, 0.0, False), (1.0, 0.0, True), (0.5, 0.0, True),
+                                                    (0.25, 0.0, True), (0.25, 1.0, True)]),
+    "gpt7b": ("gpt7b_offload.yaml", 32, [(0.8, 0.0, True), (0.7, 0.0, True), (0.8, 0.3, True)]),
 }
 GPT7B_DS = {  # the scenario's zero_core variant as a DeepSpeed JSON, so DeepSpeed runs it too
     "bf16": {"enabled": True},
@@ -43,17 +45,17 @@ GPT7B_DS = {  # the scenario's zero_core variant as a DeepSpeed JSON, so DeepSpe
 }
 
 
-def variants_for(sc: dict, base_json: dict, folder: Path, plan: list[tuple[float, float]]) -> list[dict]:
+def variants_for(sc: dict, base_json: dict, folder: Path, plan: list[tuple[float, float, bool]]) -> list[dict]:
     engine = next((v for v in sc["variants"] if v.get("engine") == "zero"), None)
     out = [v for v in sc["variants"] if v.get("engine") != "ddp"]
     if not any(v.get("engine") == "deepspeed" for v in out):
         (folder / "plain.json").write_text(json.dumps(base_json))
         out.append({"name": "ds-offload", "engine": "deepspeed", "ds_config": "plain.json"})
-    for ratio, overlap in plan:
+    for ratio, overlap, in_flight in plan:
         cfg = json.loads(json.dumps(base_json))
         cfg["zero_optimization"]["offload_optimizer"]["ratio"] = ratio
-        cfg["zero_core"] = {"overlap_host_update": overlap}
-        name = f"zero-ratio{ratio:g}-overlap{overlap:g}".replace(".", "p")
+        cfg["zero_core"] = {"overlap_host_update": overlap, "overlap_weight_gather": in_flight}
+        name = f"zero-ratio{ratio:g}-overlap{overlap:g}{'' if in_flight else '-in-step'}".replace(".", "p")
         (folder / f"{name}.json").write_text(json.dumps(cfg, indent=1))
         stage = {"stage": engine["stage"]} if engine and "stage" in engine else {}
         out.append({"name": name, "engine": "zero", "ds_config": f"{name}.json", **stage})
