@@ -48,7 +48,10 @@ def test_bench_kernels_on_cpu_prints_table():
     rows = [line for line in result.output.splitlines() if line.startswith("| ")]
     names = " ".join(rows)
     assert "copy fp32" in names and "adamw_step" in names and "reduce_epilogue" in names
-    assert len(rows) >= 6
+    assert "copy fp32 (host)" in names and "host adamw (offload)" in names  # the host's bandwidth, same run
+    host_adam = next(r for r in rows if "host adamw (offload)" in r).split("|")
+    assert float(host_adam[3]) > 0 and float(host_adam[6]) >= 0  # timed, with its share of the host copy
+    assert len(rows) >= 8
 
 
 def test_train_two_ranks_learns():

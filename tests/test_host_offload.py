@@ -191,7 +191,6 @@ def test_failing_file_creation_is_one_clear_line(tmp_path, monkeypatch):
     ({"stage": 3, "offload_param": {"device": "nvme"}}, "offload_param.nvme_path is required with device 'nvme'"),
     ({"stage": 2, "offload_optimizer": {"device": "nvme"}}, "offload_optimizer.nvme_path is required with device 'nvme'"),
     ({"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp", "buffer_count": 1}}, "buffer_count=1 is too small"),
-    ({"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.3}}, "ratio=0.3 (offloading only part"),
     ({"stage": 0, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}}, "needs stage 1, 2 or 3"),
     ({"stage": 2, "aio": {"use_gds": True}}, "zero_optimization.aio.use_gds=true (GPUDirect Storage) is not supported"),
     ({"stage": 2, "aio": {"block_size": 1000}}, "block_size=1000 must be a positive multiple of 4096"),
@@ -273,7 +272,8 @@ def test_offload_engine_reports_a_breakdown(tmp_path):
         engine.step()
     b = engine.breakdown.summary()
     assert set(b) >= {"step", "gpu_fwd_bwd", "d2h", "host_fold", "fold_wait", "cpu_adam", "nvme_wait", "h2d", "h2d_tail", "exposed"}
-    assert b["cpu_adam"] > 0 and b["host_fold"] > 0 and b["gpu_fwd_bwd"] > 0 and b["step"] >= b["cpu_adam"]
+    host_adam = b["cpu_adam"] + b["overlapped_cpu_adam"]  # stages 1-2: on its own thread, overlapping the next forward
+    assert host_adam > 0 and b["host_fold"] > 0 and b["gpu_fwd_bwd"] > 0 and b["step"] >= b["cpu_adam"]
     from zero_core.step_timer import format_breakdown
 
     assert format_breakdown(b).startswith("step ")

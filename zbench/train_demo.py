@@ -81,6 +81,7 @@ def run_rank(job: TrainJob) -> dict:
             losses.append(loss.detach())
             if engine.rank == 0 and (engine.global_step % every == 0 or engine.global_step == 1):
                 print(f"step {engine.global_step:>5}  loss {float(loss.detach()):.4f}  lr {engine.get_lr()[0]:.2e}", flush=True)
+    engine.wait_for_weights()  # the last update may still run on the host (offload, stages 1-2): it counts
     if engine.device.type == "cuda":
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - start

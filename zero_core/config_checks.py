@@ -13,7 +13,7 @@ _Z = "zero_optimization."
 
 
 def contradictions(cfg: ZeroConfig) -> list[Problem]:
-    return [*_precision_and_optimizer(cfg), *_scheduler(cfg), *_offload(cfg), *_aio(cfg)]
+    return [*_precision_and_optimizer(cfg), *_scheduler(cfg), *_offload(cfg), *_delayed_update(cfg), *_aio(cfg)]
 
 
 def _precision_and_optimizer(cfg: ZeroConfig) -> Iterator[Problem]:
@@ -61,10 +61,10 @@ def _offload(cfg: ZeroConfig) -> Iterator[Problem]:
         yield Problem((_Z + "stage", _Z + "offload_optimizer.device"),
                       "zero_optimization.offload_optimizer needs stage 1, 2 or 3 but zero_optimization.stage is 0; "
                       "set the stage to 1-3 or the offload device to 'none'")
-    if off.ratio != 1.0:
-        yield Problem((_Z + "offload_optimizer.ratio",),
-                      f"zero_optimization.offload_optimizer.ratio={off.ratio} (offloading only part of the optimizer) "
-                      "is not supported yet; remove it or set 1.0")
+    if off.ratio == "auto" and off.device == "nvme":
+        yield Problem((_Z + "offload_optimizer.ratio", _Z + "offload_optimizer.device"),
+                      "zero_optimization.offload_optimizer.ratio='auto' moves states from host memory to the GPU after "
+                      "the first step, which NVMe offload does not support; set a number (0 < ratio <= 1) or device 'cpu'")
     if off.device == "nvme" and not off.nvme_path:
         yield Problem((_Z + "offload_optimizer.nvme_path",),
                       "zero_optimization.offload_optimizer.nvme_path is required with device 'nvme'; set it to a "
@@ -73,6 +73,24 @@ def _offload(cfg: ZeroConfig) -> Iterator[Problem]:
         yield Problem((_Z + "offload_optimizer.buffer_count",),
                       f"zero_optimization.offload_optimizer.buffer_count={off.buffer_count} is too small for NVMe "
                       "offload: one chunk is updated while the next is read; set 2 or more (4 is the default)")
+
+
+def _delayed_update(cfg: ZeroConfig) -> Iterator[Problem]:
+    core, off = cfg.zero_core, cfg.zero_optimization.offload_optimizer
+    if not core.offload_delayed_update:
+        return
+    key = "zero_core.offload_delayed_update"
+    if off is None or off.device == "none":
+        yield Problem((key,), f"{key}=true delays the host update of optimizer offload, but offload_optimizer is off; "
+                              "set zero_optimization.offload_optimizer.device to 'cpu' or drop the key")
+    elif off.ratio != 1.0:
+        yield Problem((key, _Z + "offload_optimizer.ratio"),
+                      f"{key}=true delays the whole host update and cannot be combined with partial offload "
+                      f"(offload_optimizer.ratio={off.ratio}); drop one of them")
+    if core.overlap_host_update > 0:
+        yield Problem((key, "zero_core.overlap_host_update"),
+                      f"{key}=true and zero_core.overlap_host_update={core.overlap_host_update:g} both move the host "
+                      "update; keep one (the delayed update changes numerics, the overlap does not)")
 
 
 def _aio(cfg: ZeroConfig) -> Iterator[Problem]:

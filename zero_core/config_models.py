@@ -20,7 +20,7 @@ from pydantic import (
 )
 
 from .config_errors import full_error
-from .config_types import AS_LIST, Bool, Count, Text, beta_pair, choice, integer, number
+from .config_types import AS_LIST, Bool, Count, Text, beta_pair, choice, integer, number, ratio_or_auto
 
 
 class Section(BaseModel):
@@ -130,7 +130,9 @@ class OffloadOptimizerConfig(Section):
     nvme_path: Text = None
     buffer_count: Annotated[int, integer(0)] = 4
     fast_init: Bool = False
-    ratio: Annotated[float, number(0.0, 1.0)] = 1.0
+    # the fraction of each rank's optimizer partition on the host (the rest on the device, optim/split_adam.py);
+    # "auto": the largest device share that fits after a measured first step (optim/auto_ratio.py)
+    ratio: Annotated[float | str, ratio_or_auto()] = 1.0
 
 
 class OffloadParamConfig(Section):
@@ -208,8 +210,9 @@ class ZeroCoreConfig(Section):
     # stop with NonFiniteError after this many consecutive optimizer steps with NaN/inf gradients
     # (each one skipped and counted); 0 never stops, as DeepSpeed
     max_consecutive_nonfinite: Annotated[int, integer(0)] = 0
-    # stages 1-2 without offload: each bucket's weight all-gather starts right after its update and is
-    # waited for only by the modules that read it (stages/deferred_gather.py); false gathers all at the step's end
+    # stages 1-2: each bucket's weight all-gather starts right after its update and is waited for only by the
+    # modules that read it (stages/deferred_gather.py); with optimizer offload the host update itself runs on
+    # after step() returns, the next forward waiting per module (stages/host_step_overlap.py); false: all in step()
     overlap_weight_gather: Bool = True
     # save_checkpoint() returns once the state is copied into reusable host buffers; writing, checksums,
     # fsync and the atomic commit go on in a background thread (engine.wait_for_checkpoint())
@@ -218,6 +221,13 @@ class ZeroCoreConfig(Section):
     # does), instead of keeping a 16-bit copy of the partition (2 bytes per element of it). GPT-2 XL on 2x
     # H200: -1.46 GiB per GPU for 0.7% of speed (docs/benchmarks/2026-11-23_h200x2_gpt2xl_engines_final.md)
     stage3_gather_from_master: Bool = True
+    # optimizer offload: the fraction of the host share whose AdamW may start during backward, as soon as
+    # each bucket's gradient is final, undone and redone at the step when clipping or a non-finite
+    # gradient says so (bitwise the same result; 12 bytes of host memory per such element for the copies)
+    overlap_host_update: Annotated[float, number(0.0, 1.0)] = 0.0
+    # optimizer offload: the ZeRO-Offload paper's one-step delayed update (step N's forward runs on update
+    # N-2's weights while update N-1 runs on the host). CHANGES NUMERICS; off by default (optim/delayed_update.py)
+    offload_delayed_update: Bool = False
 
 
 _MONITOR = dict[str, Any] | None  # logging sections: carried through, not used by the engine

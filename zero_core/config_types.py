@@ -102,6 +102,20 @@ def choice(options: dict[str, Any], *, allow_none: bool = False, note: str = "")
     return PlainValidator(check)
 
 
+def ratio_or_auto() -> PlainValidator:
+    """A fraction in (0, 1], or "auto" (the engine picks it at run time)."""
+    what = 'a number > 0 and <= 1, or "auto"'
+
+    def check(v: Any) -> float | str:
+        if isinstance(v, str) and v.strip().lower() == "auto":
+            return "auto"
+        if not _is_number(v) or not (0.0 < float(v) <= 1.0):
+            raise leaf_error(what, v)
+        return float(v)
+
+    return PlainValidator(check)
+
+
 def beta_pair() -> PlainValidator:
     def check(v: Any) -> tuple[float, float]:
         if not isinstance(v, (list, tuple)) or len(v) != 2:

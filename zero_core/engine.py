@@ -164,6 +164,18 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
                 self.host_schedule.values(self.global_step)  # (under fp16 it catches up at the next update or read)
             self.overflow_log.poll(self.global_step)
             self.breakdown.end_step()
+            if getattr(self.optimizer, "auto", None) is not None:
+                self._settle_offload_ratio()
+
+    def _settle_offload_ratio(self) -> None:
+        """offload_optimizer.ratio "auto": the first step is measured; move the device share that fits."""
+        auto, self.optimizer.auto = self.optimizer.auto, None
+        self.wait_for_weights()  # the first update done before its states move
+        self.optimizer = self.reducer.opt = auto.settle(self.optimizer)
+        if self.rank == 0:
+            print(f"zero_core: offload_optimizer.ratio auto: {getattr(self.optimizer, 'split', 0):,} of "
+                  f"{self.optimizer.states.numel:,} partition elements keep their optimizer states on the device",
+                  flush=True)
 
     def applied_steps(self) -> int:
         """Updates applied so far (skipped fp16 steps excluded): a host sync only under dynamic loss scaling,
@@ -179,6 +191,14 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
             group.beta1 = b1
         for group, lr in zip(self.client_optimizer.param_groups, lrs):  # readers of the optimizer's groups
             group["lr"] = lr
+
+    def _drain_updates(self) -> None:
+        """zero_core.offload_delayed_update: apply and send the update still running on the host."""
+        if getattr(self.optimizer, "pending", False):
+            s = self.strategy
+            s.begin_update()
+            self.optimizer.drain(s.output, s.publish_chunk)
+            s.finish_update()
 
     def wait_for_weights(self) -> None:
         """Finish the weight all-gathers still in flight after `step()` (stages 1-2 start them per bucket
@@ -201,6 +221,7 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         host buffers; the write and commit go on in the background (`wait_for_checkpoint()`)."""
         from .checkpointing import save
 
+        self._drain_updates()
         self.wait_for_weights()
         if async_save is None:
             async_save = self.config.zero_core.async_checkpoint
@@ -221,6 +242,7 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         `load_optimizer_states=False`) keeps this engine's optimizer states, step and schedule."""
         from .checkpointing import load
 
+        self._drain_updates()  # a delayed update must not write the states while they are loaded
         if not load_module_strict:
             raise NotImplementedError("engine.load_checkpoint(load_module_strict=False) is not supported by zero_core; "
                                       "load a checkpoint of this model")
@@ -235,7 +257,7 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         return {
             "working_weights": sum(b.numel() * b.element_size() for b in stored),
             "working_shard": self.strategy.working_shard_bytes(),  # a 16-bit copy of this rank's partition
-            "optimizer_states": self.optimizer.states.numel * 12 if not self.offload_optimizer else 0,
+            "optimizer_states": self.optimizer.device_state_numel() * 12,  # partial offload: the device share
             "gradients": self.optimizer.live_gradient_bytes(),
         }
 
@@ -243,6 +265,7 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         """Collective: the full fp32 state dict on CPU on every rank, keys as in `module.state_dict()`."""
         from .model_export import full_state_dict
 
+        self._drain_updates()
         return full_state_dict(self)
 
     @property
@@ -258,6 +281,7 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
     def close(self) -> None:
         """Detach the gradient hooks, stop the offload thread and free the NVMe state file. The engine
         cannot train afterwards. (Process exit frees the file too, however the process ends.)"""
+        self._drain_updates()
         self.strategy.close()
         self.reducer.remove()
         self.optimizer.close()

@@ -13,6 +13,9 @@ Keys (ms per optimizer step; "overlapped" phases run while something else does):
   fold_wait    host time the end of backward waited for the last shards to land (and be folded); it
                overlaps the GPU's tail of backward, so only what passes that is exposed
   cpu_adam     host time of the chunked update: AdamW, 16-bit conversion, issuing the copies (exposed)
+  gpu_adam     device time of the fused update of the share kept on the device (partial offload; it runs
+               while the host updates its share)
+  overlapped_cpu_adam  host time of updates run during backward (speculative; their own thread, overlapped)
   nvme_wait    the part of cpu_adam spent waiting for NVMe reads and writes
   h2d          device time of the 16-bit weight copies to the GPU (overlapped with cpu_adam)
   h2d_tail     from the end of cpu_adam until the last copy landed (exposed)
@@ -33,7 +36,8 @@ from contextlib import contextmanager
 
 import torch
 
-KEYS = ("step", "gpu_fwd_bwd", "d2h", "host_fold", "fold_wait", "cpu_adam", "nvme_wait", "h2d", "h2d_tail", "exposed")
+KEYS = ("step", "gpu_fwd_bwd", "d2h", "host_fold", "fold_wait", "cpu_adam", "gpu_adam", "overlapped_cpu_adam", "nvme_wait",
+        "h2d", "h2d_tail", "exposed")
 _Span = tuple[str, "torch.cuda.Event", "torch.cuda.Event"]
 
 
@@ -74,6 +78,19 @@ class StepBreakdown:
             yield
         finally:
             self.add(key, time.perf_counter() - start)
+
+    @contextmanager
+    def device(self, key: str) -> Iterator[None]:
+        """Device time of the work queued inside (CUDA events on the current stream), host time on the CPU."""
+        if not self.cuda:
+            with self.host(key):
+                yield
+            return
+        start = self.event()
+        try:
+            yield
+        finally:
+            self.span(key, start, self.event())
 
     def event(self, stream: torch.cuda.Stream | None = None) -> torch.cuda.Event | None:
         """A timing event recorded now on `stream` (default: the current one); None off CUDA."""
@@ -156,8 +173,8 @@ def format_breakdown(b: dict[str, float]) -> str:
         return ""
     head = (f"step {b['step']:.1f} ms = fwd+bwd {b['gpu_fwd_bwd']:.1f} + cpu adam {b['cpu_adam']:.1f}"
             f" + exposed {b['exposed']:.1f} (h2d tail {b['h2d_tail']:.1f})")
-    tail = (f" | overlapped: d2h {b['d2h']:.1f}, host fold {b['host_fold']:.1f}, fold wait {b['fold_wait']:.1f},"
-            f" h2d {b['h2d']:.1f}")
+    tail = (f" | overlapped: gpu adam {b.get('gpu_adam', 0.0):.1f}, overlapped cpu adam {b.get('overlapped_cpu_adam', 0.0):.1f},"
+            f" d2h {b['d2h']:.1f}, host fold {b['host_fold']:.1f}, fold wait {b['fold_wait']:.1f}, h2d {b['h2d']:.1f}")
     if b.get("nvme_wait"):
         tail += f" | nvme wait {b['nvme_wait']:.1f} (inside cpu adam)"
     return head + tail

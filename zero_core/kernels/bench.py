@@ -144,10 +144,12 @@ def _bench_torch_phase(numel: int, dtype16: torch.dtype, device: torch.device, t
 
 
 def bench_kernels(numel: int = 1_000_000_000, dtype16: torch.dtype = torch.bfloat16,
-                  device: str = "cuda") -> list[dict]:
-    """Time copy, adamw_step, reduce_epilogue and the whole optimizer phase (ours vs torch) on ``numel``.
+                  device: str = "cuda", host: bool = True) -> list[dict]:
+    """Time copy, adamw_step, reduce_epilogue and the whole optimizer phase (ours vs torch) on ``numel``, and
+    (`host`) the offload step's host AdamW against the host's copy bandwidth.
 
-    Returns one dict per row: name, backend, ms, bytes (counted traffic), GB/s, pct_of_copy.
+    Returns one dict per row: name, backend, ms, bytes (counted traffic), GB/s, pct_of_copy (of the copy row
+    of the same memory: the device's, or the host's for the host rows).
     """
     dev = torch.device(device)
     timeit = _timer(dev)
@@ -174,6 +176,10 @@ def bench_kernels(numel: int = 1_000_000_000, dtype16: torch.dtype = torch.bfloa
     copy_gbs = rows[0]["GB/s"]
     for r in rows:
         r["pct_of_copy"] = 100.0 * r["GB/s"] / copy_gbs
+    if host:  # optimizer offload's update against the host's own copy bandwidth (host_bench.py)
+        from .host_bench import host_rows
+
+        rows += host_rows(numel, dtype16)
     return rows
 
 

@@ -11,8 +11,6 @@ import torch
 from torch import Tensor
 
 
-
-
 def reduce_epilogue(
     reduced: Tensor, acc: Tensor, scale: Tensor, accumulate: bool, sumsq: Tensor, nonfinite: Tensor
 ) -> None:
@@ -26,10 +24,15 @@ def reduce_epilogue(
         acc.add_(reduced, alpha=s)  # promotes to fp32 element by element
     else:
         scaled_copy(reduced, acc, s)
-    ss = torch.dot(acc, acc)
-    sumsq.add_(ss)
-    if not bool(torch.isfinite(ss)):
-        nonfinite.fill_(1)
+    add_sums(torch.dot(acc, acc).reshape(1), sumsq, nonfinite)
+
+
+def add_sums(sums: Tensor, sumsq: Tensor, nonfinite: Tensor) -> None:
+    """Add each of `sums` (sums of squares of consecutive pieces) to `sumsq` in order; flag a non-finite one."""
+    for ss in sums:
+        sumsq.add_(ss)
+        if not bool(torch.isfinite(ss)):
+            nonfinite.fill_(1)
 
 
 def scaled_copy(reduced: Tensor, acc: Tensor, s: float) -> None:

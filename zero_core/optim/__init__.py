@@ -3,6 +3,7 @@
     device (default)        DeviceAdamW: fp32 master and moments on the GPU, fused Triton kernels
     offload_optimizer cpu   HostAdamW over states in host memory: torch's fused CPU Adam in chunks
     offload_optimizer nvme  HostAdamW over states in one file per rank on NVMe, streamed chunk by chunk
+    ... with ratio < 1      SplitAdamW: the first buckets on the device (DeviceAdamW), the rest offloaded
 
 Every one honours the same interface (base.py), which the gradient reducer and the engine call.
 """
@@ -18,12 +19,16 @@ from . import affinity, nvme_states
 from ..config_errors import ConfigError
 from .base import Hyper, PartitionOptimizer
 from .client_optimizer import ClientOptimizer
+from .delayed_update import DelayedHostAdamW
 from .device_adam import DeviceAdamW
 from .host_adam import HostAdamW
 from .param_groups import OptimizerPlan, segment_runs
-from .states import NAMES, make_states
+from .auto_ratio import AutoOffload, probe_for
+from .split_adam import SplitAdamW, device_segment_count
+from .split_states import SplitStates
+from .states import NAMES, TensorStates, make_states
 
-__all__ = ["PartitionOptimizer", "DeviceAdamW", "HostAdamW", "Hyper", "make_optimizer", "offloads_optimizer"]
+__all__ = ["PartitionOptimizer", "DeviceAdamW", "HostAdamW", "SplitAdamW", "Hyper", "make_optimizer", "offloads_optimizer"]
 
 
 def offloads_optimizer(cfg: ZeroConfig) -> bool:
@@ -40,14 +45,60 @@ def make_optimizer(cfg: ZeroConfig, layout, device: torch.device, rank: int, bre
     if client and offloads_optimizer(cfg):
         raise ConfigError(f"a {type(plan.client).__name__} optimizer runs on the device shards; optimizer offload "
                           "updates on the host with AdamW/Adam only: pass torch.optim.AdamW/Adam or drop offload_optimizer")
-    states = make_states(layout.partition_numel, device, zero.offload_optimizer, cfg.aio or zero.aio or AioConfig(), rank,
-                         names=("master",) if client else NAMES)
     groups = [Hyper(g.betas[0], g.betas[1], g.eps, g.weight_decay) for g in plan.groups]
-    kw = dict(groups=groups, runs=segment_runs(layout, rank, slot_groups), decoupled=plan.decoupled,
+    runs = segment_runs(layout, rank, slot_groups)
+    kw = dict(groups=groups, runs=runs, decoupled=plan.decoupled,
               clip=float(cfg.gradient_clipping or 0.0), lr_at=make_lr_schedule(cfg, [g.lr for g in plan.groups]),
               shard_stats=cfg.stage > 0, comm_device=device)
+    aio = cfg.aio or zero.aio or AioConfig()
+    on_device = device_segment_count(runs, offload_ratio(cfg)) if offloads_optimizer(cfg) else 0
+    if on_device or (offloads_optimizer(cfg) and zero.offload_optimizer.ratio == "auto"):
+        return _split(layout.partition_numel, runs, on_device, cfg, device, rank, aio, breakdown, kw)
+    states = make_states(layout.partition_numel, device, zero.offload_optimizer, aio, rank,
+                         names=("master",) if client else NAMES)
     if client:
         return ClientOptimizer(states, plan.client, **kw)
     if offloads_optimizer(cfg):
-        return HostAdamW(states, comm_dtype=cfg.comm_dtype, breakdown=breakdown, **kw)
+        host = DelayedHostAdamW if cfg.zero_core.offload_delayed_update else HostAdamW
+        return host(states, comm_dtype=cfg.comm_dtype, breakdown=breakdown,
+                         overlap_fraction=cfg.zero_core.overlap_host_update, **kw)
     return DeviceAdamW(states, **kw)
+
+
+def offload_ratio(cfg: ZeroConfig) -> float:
+    """The offloaded fraction of each rank's optimizer partition (1.0: all of it; "auto" starts there)."""
+    off = cfg.zero_optimization.offload_optimizer
+    return 1.0 if off is None or off.ratio == "auto" else float(off.ratio)
+
+
+def _split(numel: int, runs, on_device: int, cfg: ZeroConfig, device: torch.device, rank: int, aio,
+           breakdown: StepBreakdown, kw: dict) -> SplitAdamW:
+    """Partial offload: the first `on_device` segments' states on the device, the rest where the config says;
+    with ratio "auto" none at first, and after the first step as many as fit (auto_ratio.py)."""
+    split = runs[on_device][0][0] if on_device else 0
+    states = SplitStates(TensorStates(split, device),
+                         make_states(numel - split, device, cfg.zero_optimization.offload_optimizer, aio, rank))
+    opt = _assemble(states, runs, on_device, cfg, breakdown, kw)
+    if cfg.zero_optimization.offload_optimizer.ratio == "auto":
+        opt.auto = AutoOffload(runs, probe_for(device), lambda count: _moved(opt, count, runs, cfg, breakdown, kw))
+    return opt
+
+
+def _assemble(states: SplitStates, runs, on_device: int, cfg: ZeroConfig, breakdown: StepBreakdown, kw: dict) -> SplitAdamW:
+    split = states.split
+    host_runs = [[(lo - split, hi - split, g) for lo, hi, g in seg] for seg in runs[on_device:]]
+    device_opt = DeviceAdamW(states.device_part, **{**kw, "runs": runs[:on_device]})
+    host_opt = HostAdamW(states.host_part, comm_dtype=cfg.comm_dtype, breakdown=breakdown,
+                         overlap_fraction=cfg.zero_core.overlap_host_update, **{**kw, "runs": host_runs})
+    return SplitAdamW(states, device_opt, host_opt, **kw)
+
+
+def _moved(old: SplitAdamW, on_device: int, runs, cfg: ZeroConfig, breakdown: StepBreakdown, kw: dict) -> SplitAdamW:
+    """`old` (everything offloaded, in host memory) with its first `on_device` segments' states moved to the device."""
+    split, host = runs[on_device][0][0], old.states.host_part
+    device_part = TensorStates(split, old.states.device)
+    for name in NAMES:
+        getattr(device_part, name).copy_(getattr(host, name)[:split])
+    new = _assemble(SplitStates(device_part, host.part(split, host.numel)), runs, on_device, cfg, breakdown, kw)
+    new.take_over(old)
+    return new

@@ -112,6 +112,17 @@ class PartitionOptimizer(ABC):
     def _update(self, coef: torch.Tensor, out: Output, publish: Publish | None,
                 after_segment: Callable[[int], None] | None) -> None: ...
 
+    def bind_device_output(self, out: torch.Tensor | list[torch.Tensor]) -> None:
+        """Host updates: where on the device a share updated there writes its 16-bit weights (partial offload)."""
+
+    def run_host_update_with(self, launch: Callable[[Callable[[], None]], None]) -> bool:
+        """Host updates: let `launch` run the chunked update (the stage's thread); False where it cannot."""
+        return False
+
+    def device_state_numel(self) -> int:
+        """Partition elements whose fp32 states live on the device (memory reports)."""
+        return 0 if self.on_host else self.states.numel
+
     def live_gradient_bytes(self) -> int:
         """Bytes of fp32 gradients this optimizer holds now (memory reports)."""
         return 0

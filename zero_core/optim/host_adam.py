@@ -28,6 +28,8 @@ from .base import Output, PartitionOptimizer, Publish
 from .host_folder import HostFolder
 from .param_groups import merged_runs
 from .nvme_states import ALIGN, chunk_numel_from_env
+from .speculative import SpeculativeUpdates, without
+from .states import TensorStates
 
 # 4 Mi elements (16 MiB per fp32 state): with 8-16 threads per rank each thread's slice is 256-512 Ki
 # elements, far above OpenMP's fork/join cost per op, and its 1-2 MiB of fp32 master is still in its
@@ -47,8 +49,10 @@ class HostAdamW(PartitionOptimizer):
     """AdamW whose states live in host memory or on NVMe (`states`), updated chunk by chunk on the host."""
 
     on_host = True
+    adam_key = "cpu_adam"  # the breakdown's name for the update's time (a delayed update overlaps: another one)
 
-    def __init__(self, states, *, comm_dtype: torch.dtype, breakdown: StepBreakdown | None = None, **kw) -> None:
+    def __init__(self, states, *, comm_dtype: torch.dtype, breakdown: StepBreakdown | None = None,
+                 overlap_fraction: float = 0.0, **kw) -> None:
         super().__init__(states, **kw)
         if not host_kernels.available():
             raise ValueError("optimizer offload needs torch's fused CPU Adam (torch._fused_adamw_, torch >= 2.4); upgrade torch")
@@ -65,6 +69,13 @@ class HostAdamW(PartitionOptimizer):
         self._lazy_stats = torch.zeros(2, dtype=torch.float32, device=self.comm_device)
         self._folder = HostFolder()  # folds shards on its own thread while backward goes on
         self._flat_runs = merged_runs(self.runs)
+        # updates started during backward (speculative.py); states on NVMe are streamed, never updated in place
+        budget = int(overlap_fraction * n) if isinstance(states, TensorStates) else 0
+        self.speculative = SpeculativeUpdates(states, budget)
+        self._speculating = False
+        self.counts: Callable[[], torch.Tensor] = lambda: self.applied  # the updates applied so far (a composite's)
+        self.run_update: Callable[[Callable[[], None]], None] = lambda update: update()  # here, by default
+        self._spec_hyper: list[dict] | None = None
 
     # -- gradients ---------------------------------------------------------------------------------
     def begin_pass(self, scale: torch.Tensor, accumulate: bool, final: bool) -> None:
@@ -74,6 +85,11 @@ class HostAdamW(PartitionOptimizer):
         self._lazy_stats.zero_()
         self.lazy = final and not accumulate
         self._lazy_scale = float(scale[0])
+        # a host schedule (lr_at None) writes the lr only at the step: nothing can start before it
+        self._speculating = final and self.speculative.budget > 0 and self.lr_at is not None
+        self._spec_hyper = None
+        if self._speculating:
+            self.speculative.begin()
 
     def receive(self, reduced: torch.Tensor, offset: int) -> None:
         """Copy the shard into pinned staging (on the caller's stream, the reduce stream on CUDA); the
@@ -92,14 +108,28 @@ class HostAdamW(PartitionOptimizer):
         self._folder.submit(landed, self._fold_job(offset, numel, scale, accumulate))
 
     def _fold_job(self, offset: int, numel: int, scale: torch.Tensor, accumulate: bool) -> Callable[[], None]:
-        if self.lazy:
-            return lambda: None  # the step rebuilds this shard's gradient from staging
+        lazy, speculate = self.lazy, self._speculating and self.speculative.reserve(numel)
 
         def job() -> None:
-            with self.breakdown.host("host_fold"):
-                self.fold(offset, numel, scale, accumulate)
+            if not lazy:  # else the step rebuilds this shard's gradient from staging
+                with self.breakdown.host("host_fold"):
+                    self.fold(offset, numel, scale, accumulate)
+            if speculate:  # the shard is final: update it now, undone at the step if it must be
+                with self.breakdown.host("overlapped_cpu_adam"):
+                    self.speculative.update(offset, offset + numel, self._speculative_adam)
 
         return job
+
+    def _speculative_adam(self, lo: int, hi: int) -> None:
+        """AdamW over [lo, hi) as the step would apply it unclipped (on the folding thread)."""
+        if self._spec_hyper is None:
+            applied = self.counts()
+            lr = self.lr_at(applied)  # this step's lr: the schedule at the updates applied so far
+            self._spec_step = (applied + 1).cpu()  # the step count the update will have
+            self._spec_hyper = self._hyper(lr.cpu(), None)
+        v = {n: getattr(self.states, n) for n in ("master", "exp_avg", "exp_avg_sq")}
+        for a in range(lo, hi, self.chunk):
+            self._adam_pieces(v, 0, self._runs_between(a, min(hi, a + self.chunk)), self._spec_hyper, self._spec_step)
 
     def end_pass(self) -> None:
         with self.breakdown.host("fold_wait"):
@@ -133,31 +163,48 @@ class HostAdamW(PartitionOptimizer):
         return g
 
     # -- the update --------------------------------------------------------------------------------
+    def _hyper(self, lr: torch.Tensor, coef: float | None) -> list[dict]:
+        """The fused kernel's arguments per optimizer group (`coef` None or 1: unclipped)."""
+        scale = None if coef is None or coef == 1.0 else torch.tensor(1.0 / coef)  # fused Adam's grad_scale divides
+        return [dict(lr=float(lr[g]), beta1=h.beta1, beta2=h.beta2, weight_decay=h.weight_decay, eps=h.eps,
+                     amsgrad=False, maximize=False, grad_scale=scale, found_inf=None) for g, h in enumerate(self.groups)]
+
+    def _adam_pieces(self, v: dict[str, torch.Tensor], lo: int, pieces, hyper: list[dict], step: torch.Tensor) -> None:
+        """One fused call per (a, b, group) piece; `v` holds the states from partition element `lo` on."""
+        fused = torch._fused_adamw_ if self.decoupled else torch._fused_adam_
+        for ra, rb, g in pieces:
+            sl = slice(ra - lo, rb - lo)
+            fused([v["master"][sl]], [self._grad(ra, rb)], [v["exp_avg"][sl]], [v["exp_avg_sq"][sl]], [], [step], **hyper[g])
+
     def _update(self, coef: torch.Tensor, out: Output, publish: Publish | None,
                 after_segment: Callable[[int], None] | None = None) -> None:  # buckets are gathered through `publish`
-        if int(self.overflow[0]) != 0:
+        c = float(coef[0])
+        skip = int(self.overflow[0]) != 0
+        done = self.speculative.settle(keep=not skip and c == 1.0)  # what backward already updated for good
+        if skip:
             return  # skipped: nothing changes, nothing to send
         assert out is None or isinstance(out, torch.Tensor), "the host update writes one flat 16-bit partition"
-        c = float(coef[0])
-        fused = torch._fused_adamw_ if self.decoupled else torch._fused_adam_
-        scale = None if c == 1.0 else torch.tensor(1.0 / c)  # fused Adam's grad_scale divides
-        hyper = [dict(lr=float(self.lr[g]), beta1=h.beta1, beta2=h.beta2, weight_decay=h.weight_decay, eps=h.eps,
-                      amsgrad=False, maximize=False, grad_scale=scale, found_inf=None) for g, h in enumerate(self.groups)]
+        hyper = self._hyper(self.lr, c)
+        self.run_update(lambda: self._chunks(out, publish, done, hyper))
+
+    def _chunks(self, out: Output, publish: Publish | None, done: list[tuple[int, int]], hyper: list[dict]) -> None:
+        """The chunked update, in partition order (on the training thread, or the stage's update thread)."""
         waited = getattr(self.states, "wait_seconds", 0.0)
-        with self.breakdown.host("cpu_adam"):
+        with self.breakdown.host(self.adam_key):
             for lo, hi, v in self.states.stream():
                 for a in range(lo, hi, self.chunk):
                     b = min(hi, a + self.chunk)
-                    for ra, rb, g in self._runs_between(a, b):  # one call per optimizer group in the chunk
-                        sl = slice(ra - lo, rb - lo)
-                        fused([v["master"][sl]], [self._grad(ra, rb)], [v["exp_avg"][sl]], [v["exp_avg_sq"][sl]],
-                              [], [self.applied], **hyper[g])
-                    p = v["master"][a - lo : b - lo]
+                    self._adam_pieces(v, lo, without(self._runs_between(a, b), done), hyper, self.applied)
                     if out is not None:
-                        out[a:b].copy_(p)  # the 16-bit copy while p is in cache
+                        out[a:b].copy_(v["master"][a - lo : b - lo])  # the 16-bit copy while it is in cache
                     if publish is not None:
                         publish(a, b)
         self.breakdown.add("nvme_wait", getattr(self.states, "wait_seconds", 0.0) - waited)
+
+    def run_host_update_with(self, launch: Callable[[Callable[[], None]], None]) -> bool:
+        """Let the stage run the chunked update (e.g. on its own thread, stages/host_step_overlap.py)."""
+        self.run_update, self.adam_key = launch, "overlapped_cpu_adam"
+        return True
 
     def _runs_between(self, a: int, b: int) -> list[tuple[int, int, int]]:
         """The pieces of [a, b) by optimizer group (run boundaries are multiples of the layout's alignment, so

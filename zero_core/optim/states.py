@@ -36,6 +36,14 @@ class TensorStates:
             setattr(self, n, comm.host_buffer(numel, torch.float32, pin=False) if device.type == "cpu"
                     else torch.zeros(numel, dtype=torch.float32, device=device))
 
+    def part(self, lo: int, hi: int) -> TensorStates:
+        """A store over elements [lo, hi) of this one: views, no copy (partial offload moving a share away)."""
+        out = TensorStates.__new__(TensorStates)
+        out.numel, out.device, out.names = hi - lo, self.device, self.names
+        for n in self.names:
+            setattr(out, n, getattr(self, n)[lo:hi])
+        return out
+
     def stream(self, names: tuple[str, ...] = NAMES, write_back: bool = True) -> Iterator[tuple[int, int, Views]]:
         yield 0, self.numel, {n: getattr(self, n) for n in names if n in self.names}
 

@@ -40,6 +40,11 @@ class WeightUploader:
         self.side.wait_current()
 
     def __call__(self, a: int, b: int) -> None:
+        self.upload(a, b)
+        self._gather_up_to(b)
+
+    def upload(self, a: int, b: int) -> None:
+        """Copy output[a:b] up (on the copy stream), without gathering."""
         start = self.breakdown.event(self.side.stream)
         with torch.cuda.stream(self.side.stream):
             for off, view in self.pieces:
@@ -47,7 +52,6 @@ class WeightUploader:
                 if lo < hi:
                     view[lo - off : hi - off].copy_(self.src[lo:hi], non_blocking=True)
         self.breakdown.span("h2d", start, self.breakdown.event(self.side.stream))
-        self._gather_up_to(b)
 
     def _gather_up_to(self, end: int) -> None:
         joined = False

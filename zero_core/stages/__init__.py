@@ -30,7 +30,7 @@ def make_stage(model: torch.nn.Module, cfg: ZeroConfig, world_size: int, rank: i
     grouped = group_of is not None and len(set(group_of.values())) > 1
 
     def layout_of(params: list, bounds: list[int] | None, world: int) -> FlatLayout:
-        bucket = None if bounds is not None else cfg.zero_optimization.reduce_bucket_size
+        bucket = None if bounds is not None else _bucket_numel(cfg, sum(p.numel() for p in params))
         layout = build_layout([(named[id(p)], p.shape) for p in params], world, group_bounds=bounds, bucket_numel=bucket)
         return layout
 
@@ -46,3 +46,16 @@ def make_stage(model: torch.nn.Module, cfg: ZeroConfig, world_size: int, rank: i
         layout = layout_of(trainable, [g.slots[0].index for g in layout.groups], layout_world)
     kind = ReplicatedStage if cfg.stage == 0 else ShardedStage
     return kind(model, trainable, layout, cfg, rank, device)
+
+
+# Partial offload splits the partition at a bucket boundary: at least this many buckets give the split
+# ratio a granularity of a few percent, even under DeepSpeed's 5e8-element default bucket.
+SPLIT_BUCKETS = 32
+
+
+def _bucket_numel(cfg: ZeroConfig, total: int) -> int:
+    bucket = cfg.zero_optimization.reduce_bucket_size
+    off = cfg.zero_optimization.offload_optimizer
+    if off is not None and off.device != "none" and off.ratio != 1.0:
+        bucket = min(bucket, max(1, -(-total // SPLIT_BUCKETS)))
+    return bucket

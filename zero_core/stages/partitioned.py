@@ -71,6 +71,8 @@ class PartitionedStage(Stage):
             if self.output.device.type == "cpu" and self.local.is_cuda:  # host update: upload chunk by chunk
                 self.uploader = WeightUploader(self.output, [(0, self.local)], breakdown)
                 self.publish_chunk = self.uploader
+            if optimizer.on_host:
+                optimizer.bind_device_output(self.local)  # a share kept on the device writes here (ratio < 1)
             local = self.local
             shard_of = lambda lo, hi: local[lo:hi]  # noqa: E731
         self.gatherer = ParamGatherer(

@@ -24,6 +24,7 @@ from .. import comm
 from ..optim.weight_upload import WeightUploader
 from .base import Stage
 from .deferred_gather import DeferredWeightGather
+from .host_step_overlap import HostStepInFlight
 from .units import block_units, units_as_buckets
 
 
@@ -33,6 +34,7 @@ class ShardedStage(Stage):
         self.persistent_buckets = cfg.stage == 1
         self.reduces_every_micro_step = cfg.stage == 2
         self.deferred: DeferredWeightGather | None = None
+        self.inflight: HostStepInFlight | None = None  # offload: the host update still running (host_step_overlap.py)
 
     def attach(self, optimizer: Any, breakdown: Any) -> None:
         groups = self.layout.groups
@@ -44,18 +46,29 @@ class ShardedStage(Stage):
             self.uploader = WeightUploader(self.output, [(g.partition_offset, self.shard_view(g)) for g in groups],
                                            breakdown, ends, gather=lambda i: self._all_gather(groups[i]))
             self.publish_chunk = self.uploader
+            optimizer.bind_device_output([self.shard_view(g) for g in groups])  # a share kept on the device (ratio < 1)
+            if self.cfg.zero_core.overlap_weight_gather:  # the host update runs on while the next forward starts
+                inflight = HostStepInFlight(self._bucket_units(), ends, self.uploader,
+                                            lambda i: self._all_gather(groups[i]), self.model)
+                if optimizer.run_host_update_with(inflight.launch):
+                    self.inflight, self.publish_chunk = inflight, inflight.publish
+                else:
+                    inflight.remove()
             return
         self.output = [self.shard_view(g) for g in groups]  # one view per optimizer segment
         if self.cfg.zero_core.overlap_weight_gather and self.layout.world_size > 1:
-            trainable = {id(p) for p in self.params}
-            unit_params, bounds, units = block_units(self.model, trainable)
-            bucket_units = units_as_buckets(units, unit_params, bounds, self.params, self.layout)
+            bucket_units = self._bucket_units()
             self.deferred = DeferredWeightGather(bucket_units, self._start_gather, self.model)
             self.after_segment = self.deferred.start
             # update (and so gather) first the buckets the model reads before its first block, then the rest
             # in forward order: the first forward waits only for those
             first = sorted(bucket_units[0][1]) if bucket_units else []
             optimizer.segment_order = first + [i for i in range(len(groups)) if i not in first]
+
+    def _bucket_units(self) -> list:
+        """(module, the buckets its forward reads) per unit: the root unit, then the blocks (units.py)."""
+        unit_params, bounds, units = block_units(self.model, {id(p) for p in self.params})
+        return units_as_buckets(units, unit_params, bounds, self.params, self.layout)
 
     def _start_gather(self, bucket: int) -> comm.PendingCollective:
         g = self.layout.groups[bucket]
@@ -69,9 +82,13 @@ class ShardedStage(Stage):
         if self.uploader is not None:
             self.uploader.begin()
         self.wait_for_weights()  # the update rewrites the shards the last gathers read
+        if self.inflight is not None:
+            self.inflight.begin()
 
     def finish_update(self) -> None:
-        if self.uploader is not None:
+        if self.inflight is not None:
+            self.inflight.end_step()  # the forward gathers what the update thread publishes
+        elif self.uploader is not None:
             self.uploader.finish()  # and all-gathers the buckets not gathered yet
         elif self.deferred is None:
             for g in self.layout.groups:
@@ -80,6 +97,8 @@ class ShardedStage(Stage):
     def wait_for_weights(self) -> None:
         if self.deferred is not None:
             self.deferred.wait_all()
+        if self.inflight is not None:
+            self.inflight.finish()
 
     def reload(self, states: Any) -> None:
         super().reload(states)
@@ -90,3 +109,5 @@ class ShardedStage(Stage):
     def close(self) -> None:
         if self.deferred is not None:
             self.deferred.remove()
+        if self.inflight is not None:
+            self.inflight.remove()

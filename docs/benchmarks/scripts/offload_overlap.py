@@ -1,0 +1,103 @@
+"""Partial optimizer offload and host updates started during backward, side by side with DeepSpeed and the
+plain offload path, on one GPU (the offload scenarios of docs/benchmarks).
+
+For each scenario it writes a copy of the scenario YAML with extra variants (and the DeepSpeed JSONs they
+use) into a temporary folder and runs `zbench run` on it:
+  gpt2xl_offload        batch 16, 24 GiB cap, ZeRO-3 + optimizer and parameter offload, fp16 (exact mode)
+  longformer_feedback   batch 10, 16 GiB cap, ZeRO-2 + optimizer offload, fp16
+  gpt7b_offload         batch 32 x 1024, bf16, ZeRO-3 + optimizer offload (a DeepSpeed variant is added)
+Each gets: the scenario's own zero_core and DeepSpeed variants (the old path), then zero_core with
+offload_optimizer.ratio R (the first buckets on the GPU) and with zero_core.overlap_host_update F.
+First, `python -m zero_core.kernels.bench --numel 1e9`: the host AdamW against the host's copy bandwidth.
+
+Usage (repo root, one H100/H200; outputs under $OUT, default /tmp/out):
+    python3 docs/benchmarks/scripts/offload_overlap.py [gpt2xl longformer gpt7b]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[3]
+SCENARIOS = ROOT / "scenarios"
+# scenario -> (batch, the zero_core variants to add: (offload ratio, overlap_host_update, overlap_weight_gather));
+# (1, 0, False) is the old path at stages 1-2 (the host update inside step()); stage 3 always runs it there
+PLANS = {
+    "gpt2xl": ("gpt2xl_offload.yaml", 16, [(0.5, 0.0, True), (0.25, 0.0, True), (0.25, 0.5, True)]),
+    "longformer": ("longformer_feedback.yaml", 10, [(1.0, 0.0, False), (1.0, 0.0, True), (0.5, 0.0, True),
+                                                    (0.25, 0.0, True), (0.25, 1.0, True)]),
+    "gpt7b": ("gpt7b_offload.yaml", 32, [(0.8, 0.0, True), (0.7, 0.0, True), (0.8, 0.3, True)]),
+}
+GPT7B_DS = {  # the scenario's zero_core variant as a DeepSpeed JSON, so DeepSpeed runs it too
+    "bf16": {"enabled": True},
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto"}},
+    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True}, "overlap_comm": True},
+    "gradient_clipping": "auto", "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+    "gradient_accumulation_steps": 1,
+}
+
+
+def variants_for(sc: dict, base_json: dict, folder: Path, plan: list[tuple[float, float, bool]]) -> list[dict]:
+    engine = next((v for v in sc["variants"] if v.get("engine") == "zero"), None)
+    out = [v for v in sc["variants"] if v.get("engine") != "ddp"]
+    if not any(v.get("engine") == "deepspeed" for v in out):
+        (folder / "plain.json").write_text(json.dumps(base_json))
+        out.append({"name": "ds-offload", "engine": "deepspeed", "ds_config": "plain.json"})
+    for ratio, overlap, in_flight in plan:
+        cfg = json.loads(json.dumps(base_json))
+        cfg["zero_optimization"]["offload_optimizer"]["ratio"] = ratio
+        cfg["zero_core"] = {"overlap_host_update": overlap, "overlap_weight_gather": in_flight}
+        name = f"zero-ratio{ratio:g}-overlap{overlap:g}{'' if in_flight else '-in-step'}".replace(".", "p")
+        (folder / f"{name}.json").write_text(json.dumps(cfg, indent=1))
+        stage = {"stage": engine["stage"]} if engine and "stage" in engine else {}
+        out.append({"name": name, "engine": "zero", "ds_config": f"{name}.json", **stage})
+    return out
+
+
+def main(which: list[str]) -> int:
+    out_dir = Path(os.environ.get("OUT", "/tmp/out"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    failed = 0
+    with open(out_dir / "offload_overlap_kernels.txt", "w") as log:  # host AdamW against the host's copy bandwidth
+        failed += subprocess.call([sys.executable, "-m", "zero_core.kernels.bench", "--numel", "1e9"], stdout=log,
+                                  stderr=subprocess.STDOUT, cwd=ROOT) != 0
+    print((out_dir / "offload_overlap_kernels.txt").read_text(), flush=True)
+    for key in which:
+        file, batch, plan = PLANS[key]
+        sc = yaml.safe_load((SCENARIOS / file).read_text())
+        with tempfile.TemporaryDirectory(prefix="offload_overlap_") as tmp:
+            folder = Path(tmp)
+            ds = next((v["ds_config"] for v in sc["variants"] if v.get("ds_config")), None)
+            base = json.loads((SCENARIOS / ds).read_text()) if ds else json.loads(json.dumps(GPT7B_DS))
+            if ds:
+                shutil.copy(SCENARIOS / ds, folder / Path(ds).name)
+                for v in sc["variants"]:
+                    if v.get("ds_config"):
+                        v["ds_config"] = Path(v["ds_config"]).name
+            sc["variants"] = variants_for(sc, base, folder, plan)
+            sc["batch_size"] = batch
+            sc.pop("batch_search", None)
+            for name in ("data",):  # relative data paths stay valid from the temporary folder
+                if isinstance(sc.get(name), dict) and "path" in sc[name]:
+                    sc[name]["path"] = str((SCENARIOS / sc[name]["path"]).resolve())
+            path = folder / file
+            path.write_text(yaml.safe_dump(sc, sort_keys=False))
+            cmd = [sys.executable, "-m", "zbench.cli", "run", str(path), "--out", str(out_dir / "runs"), "--no-progress",
+                   "--wandb", "off"]
+            print("+", " ".join(cmd), flush=True)
+            with open(out_dir / f"offload_overlap_{key}.txt", "w") as log:
+                failed += subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT) != 0
+            print((out_dir / f"offload_overlap_{key}.txt").read_text()[-6000:], flush=True)
+    return failed
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:] or list(PLANS)))

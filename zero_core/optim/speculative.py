@@ -1,0 +1,88 @@
+"""Host AdamW started during backward, exact (`zero_core.overlap_host_update`: the fraction of the host
+share that may be updated this way).
+
+In the pass that ends at the optimizer step, as soon as a bucket's gradient shard is final (landed in
+host memory, and folded under accumulation), the host folding thread updates that bucket's states, as
+if the step will apply unclipped: coefficient 1, this step's learning rate and step count. Whether
+that guess holds is known only once every shard of every rank is in (the global norm and the
+non-finite flag), so the pre-update master and moments of each speculated range are copied aside
+first. At the step:
+
+    non-finite gradients           every speculated range is restored: the step is skipped, as before
+    clipping engages (coef < 1)    restored, then updated with the coefficient with the rest
+    otherwise                      kept; the step updates only what was not speculated
+
+Each element sees exactly the update the non-overlapped step would give it (the fused kernel is
+element-wise, and ranges start at bucket-shard boundaries, multiples of the layout's alignment), so
+the result is bitwise the same. The copies cost 12 bytes of host memory per speculated element, which
+is why the fraction is bounded. The 16-bit conversion and the upload of speculated ranges still happen
+in the step, in partition order (the uploader gathers buckets in that order).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .. import comm
+from .states import NAMES
+
+Range = tuple[int, int]
+
+
+class SpeculativeUpdates:
+    def __init__(self, states, budget_numel: int) -> None:
+        self.states, self.budget = states, budget_numel
+        self._backup: dict[str, torch.Tensor] = {}
+        self.ranges: list[tuple[int, int, int]] = []  # (lo, hi, position in the backup)
+        self._used = self._reserved = 0
+
+    def begin(self) -> None:
+        """A new final pass: nothing speculated yet (the last step settled what was)."""
+        assert not self.ranges, "speculated ranges left unsettled"
+        self._used = self._reserved = 0
+
+    def reserve(self, numel: int) -> bool:
+        """Room for `numel` more elements in the copies (taken now, in submission order)?"""
+        if self._reserved + numel > self.budget:
+            return False
+        self._reserved += numel
+        return True
+
+    def update(self, lo: int, hi: int, adam: Callable[[int, int], None]) -> None:
+        """Copy [lo, hi) of every state aside, then run `adam(lo, hi)` (coefficient 1) over it."""
+        if not self._backup:
+            self._backup = {n: comm.host_buffer(self.budget, torch.float32, pin=False) for n in NAMES}
+        pos = self._used
+        for n in NAMES:
+            self._backup[n][pos : pos + hi - lo].copy_(getattr(self.states, n)[lo:hi])
+        self._used += hi - lo
+        self.ranges.append((lo, hi, pos))
+        adam(lo, hi)
+
+    def settle(self, keep: bool) -> list[Range]:
+        """The step's verdict: `keep` the speculated updates (returned, so the step skips them) or put the
+        states back as they were (the step then redoes or skips everything)."""
+        ranges, self.ranges = self.ranges, []
+        if keep:
+            return [(lo, hi) for lo, hi, _ in ranges]
+        for lo, hi, pos in ranges:
+            for n in NAMES:
+                getattr(self.states, n)[lo:hi].copy_(self._backup[n][pos : pos + hi - lo])
+        return []
+
+
+def without(pieces: list[tuple[int, int, int]], done: list[Range]) -> list[tuple[int, int, int]]:
+    """`pieces` ((lo, hi, group) runs) minus the `done` ranges."""
+    out = []
+    for lo, hi, g in pieces:
+        cuts = sorted((max(lo, a), min(hi, b)) for a, b in done if a < hi and b > lo)
+        at = lo
+        for a, b in cuts:
+            if at < a:
+                out.append((at, a, g))
+            at = max(at, b)
+        if at < hi:
+            out.append((at, hi, g))
+    return out

@@ -1,0 +1,64 @@
+"""One rank's optimizer states split in two stores at a partition offset: the first `split` elements in
+device memory, the rest in host memory or on NVMe (partial offload, `offload_optimizer.ratio` < 1).
+
+It gives the same three ways in as the stores it joins (states.py), in partition coordinates, so
+checkpoints, `full_state_dict` and `refresh_working_weights` see one partition: a checkpoint holds the
+full per-rank partition whatever the split, and loads into any split, any offload or none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from .states import NAMES, TensorStates, Views
+
+
+class SplitStates:
+    def __init__(self, device_part: TensorStates, host_part) -> None:
+        self.device_part, self.host_part = device_part, host_part
+        self.split = device_part.numel  # partition elements [0, split) live on the device
+        self.numel = device_part.numel + host_part.numel
+        self.device = device_part.device  # where the step's counters and statistics live
+        self.names = device_part.names
+
+    def stream(self, names: tuple[str, ...] = NAMES, write_back: bool = True) -> Iterator[tuple[int, int, Views]]:
+        if self.split:
+            yield from self.device_part.stream(names, write_back)
+        for lo, hi, views in self.host_part.stream(names, write_back):
+            yield lo + self.split, hi + self.split, views
+
+    def read(self, name: str, lo: int, hi: int) -> torch.Tensor:
+        s = self.split
+        if hi <= s:
+            return self.device_part.read(name, lo, hi)
+        if lo >= s:
+            return self.host_part.read(name, lo - s, hi - s)
+        return torch.cat([self.device_part.read(name, lo, s).cpu(), self.host_part.read(name, 0, hi - s).cpu()])
+
+    def writer(self) -> SplitWriter:
+        return SplitWriter(self.device_part.writer(), self.host_part.writer(), self.split)
+
+    def close(self) -> None:
+        self.device_part.close()
+        self.host_part.close()
+
+
+class SplitWriter:
+    """Fills the device part front to back, then the host part."""
+
+    def __init__(self, first, second, split: int) -> None:
+        self.first, self.second, self.left = first, second, split
+
+    def write(self, piece: torch.Tensor) -> None:
+        head = min(self.left, piece.numel())
+        if head:
+            self.first.write(piece[:head])
+            self.left -= head
+        if head < piece.numel():
+            self.second.write(piece[head:])
+
+    def close(self) -> None:
+        self.first.close()
+        self.second.close()
