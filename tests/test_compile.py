@@ -109,7 +109,7 @@ def test_dropout_is_detected_in_modules_and_in_functional_rates():
 
 
 def test_compiled_rows_with_dropout_are_not_compared_step_by_step_with_eager_ones():
-    from zbench.results import add_parity
+    from zbench.parity import add_parity
 
     def row(name, engine, compiled, dropout, losses):
         return {"variant": name, "engine": engine, "status": "ok", "batch": 4, "compiled": compiled,

@@ -74,28 +74,6 @@ def measured_row(row: dict[str, Any], res: dict[str, Any], *, seq_len: int, sear
     return row
 
 
-def add_parity(rows: list[dict[str, Any]], tol: float) -> None:
-    """Loss parity of every measured row against the first measured ddp row (same batch only)."""
-    ref = next((r for r in rows if r["engine"] == "ddp" and r["status"] == "ok"), None)
-    for r in rows:
-        if r["status"] != "ok":
-            continue
-        if r.get("simulated"):  # one rank's gradients, other ranks' shards never updated: not the run's numbers
-            r["parity"], r["parity_note"] = None, "simulated ranks: not compared"
-        elif ref is None:
-            r["parity"], r["parity_note"] = None, "no ddp row"
-        elif r is ref:
-            r["parity"], r["parity_note"] = 0.0, "reference"
-        elif r["batch"] != ref["batch"]:
-            r["parity"], r["parity_note"] = None, f"batch {r['batch']} vs ddp {ref['batch']}"
-        elif r.get("dropout") and r.get("compiled") != ref.get("compiled"):
-            # compiled code draws its dropout masks from its own generator: per-step losses cannot match
-            r["parity"], r["parity_note"] = None, "dropout masks differ (compiled vs eager)"
-        else:
-            r["parity"] = metrics.loss_parity(r["losses"], ref["losses"])
-            r["parity_note"] = "ok" if r["parity"] <= tol else "FAIL"
-
-
 def add_floor_ratio(rows: list[dict[str, Any]], floor: dict[str, float] | None) -> None:
     """Each measured row's step time over the floor (forward+backward alone + optimizer phase)."""
     if not floor:

@@ -24,7 +24,8 @@ from .launch import Nodes, OutOfMemory, RankFailure, launch, start_method
 from .models.configs import ArchConfig
 from .plan import Plan, VariantPlan
 from .progress import ProgressView
-from .results import add_floor_ratio, add_parity, base_row, measured_row, write_files
+from .parity import add_parity
+from .results import add_floor_ratio, base_row, measured_row, write_files
 from .run_folder import run_path, write_atomic
 from .run_summary import NotARunFolder, load_kept
 from .search import largest_fitting, largest_fitting_value
