@@ -17,7 +17,7 @@ _FP16_KEYS = ("loss_scale", "initial_scale_power", "loss_scale_window", "hystere
               "min_loss_scale")
 
 
-def _recipe(ds: dict[str, Any], steps: int) -> dict[str, Any] | None:
+def _recipe(ds: dict[str, Any], steps: int, world_size: int) -> dict[str, Any] | None:
     """What shapes the numbers of a run, read as zero_core reads the dict; None when it cannot be read."""
     import torch
 
@@ -25,7 +25,7 @@ def _recipe(ds: dict[str, Any], steps: int) -> dict[str, Any] | None:
     from zero_core.lr_schedules import DEVICE_SCHEDULES, make_lr_schedule
 
     try:
-        cfg = load_config(ds, 1)
+        cfg = load_config(ds, world_size)
     except ValueError:
         return None
     p = cfg.optimizer.params
@@ -55,7 +55,8 @@ def _why_not(row: dict[str, Any], ref: dict[str, Any]) -> str | None:
     if row.get("ds_config") is None or ref.get("ds_config") is None:
         return None  # rows of an older results.json: nothing to compare the recipe with
     steps = len(ref.get("losses") or []) // max(1, ref.get("grad_accum") or 1)
-    mine, theirs = _recipe(row["ds_config"], steps), _recipe(ref["ds_config"], steps)
+    mine = _recipe(row["ds_config"], steps, row.get("world_size") or 1)
+    theirs = _recipe(ref["ds_config"], steps, ref.get("world_size") or 1)
     if mine is None or theirs is None:
         return "config unreadable: not compared"
     for part in ("schedule", "loss scale"):

@@ -67,7 +67,7 @@ def measured_row(row: dict[str, Any], res: dict[str, Any], *, seq_len: int, sear
         ds_config=res["ds_config"], seq_len=seq_len, skipped_steps=res.get("skipped_steps"),
         recompute=res.get("recompute", False), breakdown=res.get("breakdown") or {},
         compiled=res.get("compiled"), compiled_graphs=res.get("compiled_graphs", 0), dropout=res.get("dropout", False),
-        simulated=res.get("simulated", False),
+        simulated=res.get("simulated", False), wandb_live=res.get("wandb_live"), train_wall=res.get("train_wall"),
     )
     if row["recompute"]:
         row["method"] += " + activation checkpointing"  # TFLOP/s still counts model FLOPs (no recompute)
@@ -114,7 +114,7 @@ def table_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         step = r.get("batch_search_step") or 1
         batch = f"{r['batch']}" + ((f" (step {step})" if step > 1 else "") if r.get("batch_searched") else " (set)")
         parity = r.get("parity")
-        parity_cell = r.get("parity_note", "–") if parity is None else f"{parity:.1e} {r['parity_note']}"
+        parity_cell = r.get("parity_note", "–") if parity is None or r.get("parity_note") == "reference" else f"{parity:.1e} {r['parity_note']}"
         notes = r.get("note", "")
         if r.get("skipped_steps"):  # engines that count them (zero_core, DeepSpeed): NaN/inf steps left out
             notes = "; ".join(filter(None, [notes, f"{r['skipped_steps']} step(s) skipped (non-finite gradients)"]))
@@ -137,33 +137,44 @@ def _where(summary: dict[str, Any]) -> str:
     return f"{summary['world_size']} rank(s) on {summary['device']}"
 
 
+def caption(summary: dict[str, Any]) -> str:
+    """The line under the table: model, data, precision, where it ran, tolerance and how it was timed."""
+    text = (f"{summary['scenario']}: {summary['init']} {summary['model']}, {summary['data_kind']} data "
+            f"({summary.get('data_desc') or 'n/a'}), {summary['precision']}, " + _where(summary)
+            + f"; loss parity tolerance {summary['parity_tol']:g}")
+    if summary["task"] == "seq2seq":
+        text += "; " + SEQ2SEQ_NOTES[summary["data_kind"]]
+    fl = summary.get("floor")
+    if fl:
+        how = f" (blocks compiled, {fl['compiled']})" if fl.get("compiled") else ""
+        text += (f"; floor: forward+backward alone{how} {fl['fwd_bwd_ms']:.1f} ms on one device with "
+                 f"{summary['precision']} weights + optimizer phase {fl['optimizer_ms']:.1f} ms "
+                 f"for a {fl['shard_numel'] / 1e6:.1f} M-element shard")
+    skip = (summary.get("scenario_config") or {}).get("timing_skip_steps")
+    if skip:
+        text += f"; tokens/s, step time and TFLOP/s leave out the first {skip} optimizer steps"
+    return text
+
+
+def footer(summary: dict[str, Any]) -> str:
+    """The step-time breakdown of the offload rows ("" without any)."""
+    split = [(r["variant"], r["breakdown"]) for r in summary["variants"] if r.get("status") == "ok" and r.get("breakdown")]
+    if not split:
+        return ""
+    from zero_core.step_timer import format_breakdown
+
+    text = "Step-time breakdown (rank 0, ms per optimizer step, the timed steps):\n"
+    return text + "".join(f"- {name}: {format_breakdown(b)}\n" for name, b in split)
+
+
 def markdown(summary: dict[str, Any]) -> str:
     """The table as a markdown pipe table (the articles' layout), with a caption line."""
     header, rows = table_rows(summary)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cells) + " |" for cells in rows]
-    caption = (f"{summary['scenario']}: {summary['init']} {summary['model']}, {summary['data_kind']} data "
-               f"({summary.get('data_desc') or 'n/a'}), {summary['precision']}, " + _where(summary)
-               + f"; loss parity tolerance {summary['parity_tol']:g}")
-    if summary["task"] == "seq2seq":
-        caption += "; " + SEQ2SEQ_NOTES[summary["data_kind"]]
-    fl = summary.get("floor")
-    if fl:
-        how = f" (blocks compiled, {fl['compiled']})" if fl.get("compiled") else ""
-        caption += (f"; floor: forward+backward alone{how} {fl['fwd_bwd_ms']:.1f} ms on one device with "
-                    f"{summary['precision']} weights + optimizer phase {fl['optimizer_ms']:.1f} ms "
-                    f"for a {fl['shard_numel'] / 1e6:.1f} M-element shard")
-    skip = (summary.get("scenario_config") or {}).get("timing_skip_steps")
-    if skip:
-        caption += f"; tokens/s, step time and TFLOP/s leave out the first {skip} optimizer steps"
-    text = "\n".join(lines) + "\n\n" + caption + "\n"
-    split = [(r["variant"], r["breakdown"]) for r in summary["variants"] if r.get("status") == "ok" and r.get("breakdown")]
-    if split:  # optimizer offload: GPU compute, D2H, CPU Adam, H2D and the exposed rest, per step
-        from zero_core.step_timer import format_breakdown
-
-        text += "\nStep-time breakdown (rank 0, ms per optimizer step, the timed steps):\n"
-        text += "".join(f"- {name}: {format_breakdown(b)}\n" for name, b in split)
-    return text
+    text = "\n".join(lines) + "\n\n" + caption(summary) + "\n"
+    rest = footer(summary)
+    return text + ("\n" + rest if rest else "")
 
 
 def frame(summary: dict[str, Any]) -> Any:

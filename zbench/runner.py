@@ -29,6 +29,7 @@ from .results import add_floor_ratio, base_row, measured_row, write_files
 from .run_folder import run_path, write_atomic
 from .run_summary import NotARunFolder, load_kept
 from .search import largest_fitting, largest_fitting_value
+from .wandb_log import wandb_spec
 
 _ENGINE_MODULES = {"ddp": ("zbench.variants.ddp",), "zero": ("zbench.variants.zero",),
                    "fsdp2": ("zbench.variants.fsdp2",), "deepspeed": ("zbench.variants.deepspeed", "deepspeed")}
@@ -86,6 +87,8 @@ class Runner:
         os.makedirs(log_dir, exist_ok=True)
         progress = run_path(self.run_dir, "logs", vp.name, f"progress-{index}.jsonl")
         job = {**variant_job(self.plan, vp, arch, batch, mode), "progress": progress}
+        if mode == "train" and self.opts.wandb != "off":
+            job["wandb"] = wandb_spec(self.run_dir, self.plan, vp.name, self.opts.wandb, job["ds"])
         if mode == "train" and vp.spec.engine == "zero" and self.plan.scenario.checkpoint_every and not self.plan.simulated:
             # a rerun with --resume continues from here, on any number of ranks
             job["checkpoint_dir"] = self._checkpoint_dir(vp)
@@ -277,11 +280,12 @@ def check_resume(run_dir: str, plan: Plan) -> None:
         load_kept(run_dir, run_path(run_dir, "floor.json"), "floor")
 
 
-def write_outputs(run_dir: str, summary: dict[str, Any], wandb_mode: str = "off") -> None:
-    """Files, plots and (unless off) W&B runs; `zbench report` calls this with W&B off."""
+def write_outputs(run_dir: str, summary: dict[str, Any], wandb_mode: str = "off", replay: bool = False) -> None:
+    """Files, plots and (unless off) W&B: the summary run, and a run for each row not logged live while it trained
+    (every row with `replay`, as `zbench report --wandb` asks)."""
     from .plots import write_plots
     from .wandb_log import log_runs
 
     write_files(run_dir, summary)
     write_plots(run_dir, summary)
-    log_runs(run_dir, summary, wandb_mode)
+    log_runs(run_dir, summary, wandb_mode, replay=replay)
