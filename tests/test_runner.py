@@ -281,3 +281,18 @@ def test_nvme_offload_variant_runs_and_leaves_no_state_files(tmp_path):
     assert rows["ddp"]["breakdown"] == {}
     assert "Step-time breakdown" in proc.stdout
     assert "- zero2-nvme: step " in proc.stdout and "- ddp:" not in proc.stdout
+
+
+def test_eval_batch_search_finds_the_largest_eval_batch(tmp_path):
+    """search_eval_batch: after the training batch, the largest eval batch that fits after a training step (each
+    try a fresh launch); the training launch evaluates with it and the table has the articles' Eval Size Max."""
+    path = tiny_scenario(tmp_path, "evals", [{"name": "ddp", "engine": "ddp"}, {"name": "zero2", "engine": "zero", "stage": 2}],
+                         samples=64, steps=2, search_eval_batch=True, batch_search={"start": 2, "max": 16})
+    proc = zbench("run", path, "--out", str(tmp_path), "--wandb", "off", "--no-progress", faults="eval-oom")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = table(proc.stdout)
+    assert rows["ddp"]["Eval size (max)"] == rows["zero2"]["Eval size (max)"] == "6"
+    assert rows["ddp"]["Batch size (max)"] == "4 (set)"
+    assert "[zero2] eval batch 8: out of memory" in proc.stderr and "[zero2] eval batch 7: out of memory" in proc.stderr
+    rows = json.load(open(os.path.join(run_dir(proc.stdout), "results.json")))["variants"]
+    assert [r["eval_batch"] for r in rows] == [6, 6]

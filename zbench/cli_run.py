@@ -44,7 +44,8 @@ def run(ctx: click.Context, scenario: str, only: str | None, gpus: int | None, o
     from .launch import Nodes, RankFailure
     from .plan import build_plan
     from .run_folder import RunFolderError
-    from .runner import RunOptions, Runner, check_resume, say
+    from .run_summary import check_resume
+    from .runner import RunOptions, Runner, say
     from .terminal_table import print_table
 
     names = [n.strip() for n in only.split(",") if n.strip()] if only else None

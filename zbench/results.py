@@ -54,7 +54,7 @@ def measured_row(row: dict[str, Any], res: dict[str, Any], *, seq_len: int, sear
     else:
         tps = metrics.tokens_per_s(res["tokens_per_epoch"], train_s)
     row.update(
-        batch=res["batch"], batch_searched=searched, batch_search_step=search_step if searched else None,
+        batch=res["batch"], eval_batch=res.get("eval_batch"), batch_searched=searched, batch_search_step=search_step if searched else None,
         world_size=res["world_size"], device=res["device_name"],
         train_s_per_epoch=train_s, eval_s_per_epoch=mean(e["eval_s"] for e in epochs),
         eval={k: v for k, v in epochs[-1]["eval"].items()},
@@ -97,8 +97,9 @@ def table_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     floor = bool(summary.get("floor"))
     # a column of its own when any variant ran compiled, so eager and compiled rows are never mistaken
     compiled = any(r.get("compiled") for r in summary["variants"])
+    evals = any(r.get("eval_batch_searched") for r in summary["variants"])  # the articles' "Eval Size Max"
     header = ["Variant", "Method", *(["torch.compile"] if compiled else []), "Model", "Data", "Batch size (max)",
-              "Train time per epoch (s)",
+              *(["Eval size (max)"] if evals else []), "Train time per epoch (s)",
               "Eval time per epoch (s)", *(METRIC_NAMES[c] for c in cols), "Tokens/s", "Step (ms)",
               *(["Step vs floor"] if floor else []), "TFLOP/s per GPU", "Peak GPU GiB", "Peak CPU GiB",
               "Loss parity vs DDP", "Notes"]
@@ -108,7 +109,8 @@ def table_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         data = summary["data_kind"]
         if r["status"] != "ok":
             note = r["note"] or ("OOM Error" if r["status"] == "oom" else r["status"])
-            out.append([r["variant"], r["method"], *(["–"] if compiled else []), model, data, "–", "–", "–", *("–" for _ in cols),
+            out.append([r["variant"], r["method"], *(["–"] if compiled else []), model, data, "–", *(["–"] if evals else []),
+                        "–", "–", *("–" for _ in cols),
                         *("–" for _ in range(6 + floor)), note])
             continue
         step = r.get("batch_search_step") or 1
@@ -120,6 +122,7 @@ def table_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             notes = "; ".join(filter(None, [notes, f"{r['skipped_steps']} step(s) skipped (non-finite gradients)"]))
         out.append([
             r["variant"], r["method"], *([r.get("compiled") or "no"] if compiled else []), model, data, batch,
+            *([f"{r.get('eval_batch')}" + ("" if r.get("eval_batch_searched") else " (set)")] if evals else []),
             _num(r["train_s_per_epoch"], ".2f"),
             _num(r["eval_s_per_epoch"], ".2f"), *(_num(r["eval"].get(c), ".2f" if c in ("perplexity", "bleu") else ".3f") for c in cols),
             _num(r["tokens_per_s"], ",.0f"), _num(r.get("step_ms"), ".1f"),

@@ -210,6 +210,7 @@ class Scenario(Strict):
     steps: count(1, MAX_STEPS) | None = None  # optimizer steps instead of epochs (reported as one epoch)
     batch_size: Batch | None = None  # per GPU; absent: OOM-safe search per variant
     eval_batch_size: Batch | None = None
+    search_eval_batch: Flag = False  # without eval_batch_size: also find the largest eval batch (an "Eval size (max)" column)
     grad_accum: count(1, MAX_GRAD_ACCUM) = 1
     gradient_checkpointing: Flag = False  # recompute each block in backward: activation memory for compute
     # torch.compile each repeated block's forward, for every variant (a variant's own `compile` overrides):

@@ -1,7 +1,8 @@
 """One rank of one variant: build data, model and engine; train, evaluate, measure; report to rank 0.
 
 This is the launcher's entrypoint (`run_job`), so it imports only torch and zbench's training pieces:
-no pandas, matplotlib or W&B in the rank processes. A probe (the batch search) runs a few steps and
+no pandas, matplotlib or W&B in the rank processes (W&B only in rank 0 of a training launch, zbench/live_log.py).
+A probe (the batch search) runs a few steps and
 returns; an out-of-memory error propagates, so the launcher stops every rank and reports it.
 """
 
@@ -123,9 +124,10 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
         return {"rank": 0, **floor.measure(bundle, first, sc.precision, job["world_size"], device),
                 "compiled": job.get("compile")}
     gas = sc.grad_accum
-    probe = job["mode"] == "probe"
+    probe = job["mode"] in ("probe", "eval_probe")
+    eval_probe = job["mode"] == "eval_probe"  # the eval batch search: one optimizer step, then a few eval batches
     run_micro, run_epochs = _schedule(sc, splits.train, batch, world)
-    micro_per_epoch, epochs = (sc.batch_search.steps * gas, 1) if probe else (run_micro, run_epochs)
+    micro_per_epoch, epochs = ((1 if eval_probe else sc.batch_search.steps) * gas, 1) if probe else (run_micro, run_epochs)
     total_steps = epochs * micro_per_epoch // gas
     ds = ds_config.finalize(job["ds"], sc=sc, batch=batch, world_size=world, total_steps=total_steps, hidden=bundle.hidden)
     variant = build_variant(job["engine"], bundle, ds, device)
@@ -137,7 +139,7 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
                                                micro_steps=run_micro * run_epochs))
     progress = ProgressWriter(job.get("progress") if rank == 0 else None)
     live = LiveLog(None if probe else job.get("wandb"), rank, world, device)  # W&B per optimizer step, rank 0
-    eval_bs = sc.eval_batch_size or batch
+    eval_bs = job.get("eval_batch") or sc.eval_batch_size or batch
     n_eval = -(-next(iter(splits.eval.values())).shape[0] // (eval_bs * world))
     losses: list[torch.Tensor] = []  # kept on the device: reading each would stall it
     ckpt = Checkpointing(job.get("checkpoint_dir"), sc.checkpoint_every, gas, variant)
@@ -184,7 +186,7 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
         steady = {} if epoch or steady_start is None else {"steady_s": end - steady_start,
                                                            "steady_steps": (micro_per_epoch - skip_micro) // gas,
                                                            "steady_tokens": steady_tokens}
-        if probe:
+        if probe and not eval_probe:
             epoch_rows.append({"train_s": train_s, "tokens": tokens, "rows": rows})
             break
         variant.eval()
@@ -192,6 +194,8 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
         start = time.perf_counter()
         with torch.no_grad():
             for j, (b, valid) in enumerate(eval_batches(splits.eval, batch=eval_bs, rank=rank, world=world)):
+                if eval_probe and j == sc.batch_search.steps:  # the first batches are full: enough to fit or not
+                    break
                 b = {k: v.to(device, non_blocking=True) for k, v in shape(b).items()}
                 out = variant.forward(b)
                 sums.add(out.logits, b["labels"], valid)
@@ -240,7 +244,7 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
     return {
         "rank": 0, "status": "ok", "world_size": world, "device": device.type,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "batch": batch, "grad_accum": gas, "micro_steps_per_epoch": micro_per_epoch, "epochs": epoch_rows,
+        "batch": batch, "eval_batch": eval_bs, "grad_accum": gas, "micro_steps_per_epoch": micro_per_epoch, "epochs": epoch_rows,
         "losses": curve.tolist(), "tokens_per_epoch": round(micro_per_epoch * batch * world * tokens_per_row),
         "tokens_per_row": tokens_per_row, "n_params": bundle.n_params, "largest_layer": bundle.largest_layer,
         "layers": bundle.layers, "hidden": bundle.hidden, "peak_gpu_gib": peak_gpu, "peak_cpu_gib": peak_cpu,
