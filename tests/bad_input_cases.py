@@ -16,7 +16,7 @@ from typing import Callable
 
 from helpers import QUICKSTART, REPO, TINY
 
-BLENDERBOT = str(REPO / "scenarios" / "models" / "tiny-blenderbot.json")
+BLENDERBOT = str(REPO / "zbench" / "model_configs" / "tiny-blenderbot.json")
 
 
 def _lol(levels: int = 9) -> str:

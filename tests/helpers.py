@@ -19,7 +19,7 @@ TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 FIXTURES = TESTS / "fixtures"
 QUICKSTART = REPO / "scenarios" / "quickstart.yaml"
-TINY = str(REPO / "scenarios" / "models" / "tiny-gpt.json")  # a str: scenarios hold it as YAML text
+TINY = str(REPO / "zbench" / "model_configs" / "tiny-gpt.json")  # a str: scenarios hold it as YAML text
 
 
 # -- commands that fail ------------------------------------------------------------------------------
@@ -147,14 +147,22 @@ def zbench(*args: str, env: dict | None = None, timeout: int = 300, faults: str 
 
 
 def table(stdout: str) -> dict[str, dict[str, str]]:
-    """Rows of the printed markdown table by variant name (first cell), each by column header."""
-    lines = [line for line in stdout.splitlines() if line.startswith("| ")]
+    """Rows of a markdown table by variant name (first cell), each by column header: the run's table.md, every
+    column, when `stdout` names a run folder (`results: FOLDER`; the terminal shows fewer), else `stdout`'s."""
+    named = [line for line in stdout.splitlines() if line.startswith("results: ")]
+    text = Path(named[0].split()[1], "table.md").read_text() if named else stdout
+    lines = [line for line in text.splitlines() if line.startswith("| ")]
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     rows = {}
     for line in lines[1:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
         rows[cells[0]] = dict(zip(header, cells))
     return rows
+
+
+def printed(stdout: str) -> str:
+    """What a command printed with its wrapped lines joined (the terminal table wraps captions and notes)."""
+    return " ".join(stdout.split())
 
 
 def run_dir(stdout: str) -> str:

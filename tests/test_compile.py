@@ -88,7 +88,8 @@ def test_an_eager_scenario_has_no_compile_column(tmp_path):
     path = tiny_scenario(tmp_path, "eager", [{"name": "ddp", "engine": "ddp"}])
     proc = zbench("run", path, "--out", str(tmp_path / "runs"), "--wandb", "off")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "torch.compile" not in proc.stdout and "Batch size" in proc.stdout
+    row = table(proc.stdout)["ddp"]  # table.md, every column
+    assert "torch.compile" not in proc.stdout and "torch.compile" not in row and "Batch size (max)" in row
 
 
 def test_an_unknown_backend_is_one_line_naming_the_choices(tmp_path):
@@ -109,7 +110,7 @@ def test_dropout_is_detected_in_modules_and_in_functional_rates():
 
 
 def test_compiled_rows_with_dropout_are_not_compared_step_by_step_with_eager_ones():
-    from zbench.results import add_parity
+    from zbench.parity import add_parity
 
     def row(name, engine, compiled, dropout, losses):
         return {"variant": name, "engine": engine, "status": "ok", "batch": 4, "compiled": compiled,

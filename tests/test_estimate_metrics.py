@@ -48,7 +48,7 @@ def test_gpt2_xl_counts_and_stage3_estimate_on_two_gpus():
 
 
 def test_estimate_command_prints_the_table():
-    result = cli("estimate", "--model", "scenarios/models/gpt2-xl.json", "--gpus", "2")
+    result = cli("estimate", "--model", "zbench/model_configs/gpt2-xl.json", "--gpus", "2")
     assert result.exit_code == 0, result.output
     out = result.output
     assert "SW: Model with 1558M total params, 80M largest layer params." in out

@@ -131,7 +131,7 @@ def test_hf_overrides_keep_the_base_types():
 
 @pytest.mark.skipif(not transformers_available(), reason="an hf model config needs transformers")
 def test_plan_checks_the_decoder_length(tmp_path):
-    blender = os.path.join(REPO, "scenarios", "models", "tiny-blenderbot.json")
+    blender = os.path.join(REPO, "zbench", "model_configs", "tiny-blenderbot.json")
     seq2seq = {**BASE, "model": {"arch": blender}, "task": "seq2seq", "target_len": 100}
     with pytest.raises(ScenarioError, match="target_len 100 exceeds the 64 positions of 'tiny-blenderbot'"):
         build_plan(write_scenario(tmp_path, seq2seq))

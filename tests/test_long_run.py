@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from helpers import run_dir, write_scenario, zbench
+from helpers import run_dir, table, write_scenario, zbench
 
 STEPS, EVERY, KILL_AT, NAN_AT = 240, 40, 130, 50
 QUIET = ("--wandb", "off", "--no-progress")
@@ -31,7 +31,7 @@ def test_long_run_killed_mid_step_resumes_bit_identical(tmp_path):
     first = zbench("run", path, "--out", str(tmp_path / "runs"), *QUIET, faults=f"nan-at-step-{NAN_AT},kill-at-step-{KILL_AT}:victim")
     run = run_dir(first.stdout)
     ckpts = Path(run) / "checkpoints"
-    victim_row = next(line for line in first.stdout.splitlines() if line.startswith("| victim |"))
+    victim_row = " | ".join(table(first.stdout)["victim"].values())
     # whichever the launcher saw first: the SIGKILLed rank (an OOM-killer suspect, exit 0) or rank 0's error
     # about its vanished peer (a failed row, exit 1); never a finished variant
     if "SIGKILLed" in victim_row:

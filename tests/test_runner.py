@@ -17,15 +17,32 @@ import sys
 
 import pytest
 
-from helpers import REPO, quickstart, run_dir, table, tiny_scenario, write_scenario, zbench
+from helpers import REPO, printed, quickstart, run_dir, table, tiny_scenario, write_scenario, zbench
 
 
 @pytest.fixture(scope="module")
 def quickstart_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs")
-    proc = zbench("run", "scenarios/quickstart.yaml", "--out", str(out))
+    proc = zbench("run", "scenarios/quickstart.yaml", "--out", str(out), env={"COLUMNS": "80"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc, run_dir(proc.stdout)
+
+
+def test_the_printed_table_fits_the_terminal(quickstart_run):
+    """Printed in an 80-column terminal: no line over 120 characters, every row there with its numbers; the
+    columns equal in every row are named once in the caption, and table.md keeps every column."""
+    proc, folder = quickstart_run
+    lines = proc.stdout.splitlines()[1:]  # after the run folder's path, which is as long as it is
+    assert max(len(line) for line in lines) <= 120
+    rows = table(proc.stdout)  # table.md
+    start = next(i for i, line in enumerate(lines) if line.startswith("Variant"))
+    shown = {line.split()[0]: line for line in lines[start:] if line.split() and line.split()[0] in rows}
+    assert list(shown) == list(rows)
+    for name, row in rows.items():
+        assert row["Tokens/s"] in shown[name] and row["Loss parity vs DDP"] in shown[name]
+    text = printed("\n".join(lines))
+    assert "In every row: Model: random-init tiny-gpt; Data: synthetic; Batch size (max): 8 (set)" in text
+    assert "Model" not in lines[start] and len(next(iter(rows.values()))) > len(lines[start].split())
 
 
 def test_quickstart_prints_the_table_last(quickstart_run):
@@ -39,20 +56,20 @@ def test_quickstart_prints_the_table_last(quickstart_run):
         assert parity.endswith("reference" if name == "ddp" else " ok"), parity
         assert float(row["Eval loss"]) < 5.0  # learned something from ln(512) = 6.24
     body = proc.stdout.rstrip().splitlines()
-    assert body[-1].startswith("quickstart: random-init tiny-gpt, synthetic data")  # the table's caption ends it
-    assert body[-3].startswith("| fsdp2 |")
+    caption = " ".join(" ".join(body[next(i for i, line in enumerate(body) if line.startswith("quickstart: ")):]).split())
+    assert caption.startswith("quickstart: random-init tiny-gpt, synthetic data")  # the table's caption ends it
     summary = json.load(open(os.path.join(folder, "results.json")))
     for v in summary["variants"]:  # timing_skip_steps: 2 -> tokens/s over the 14 later steps of epoch 1
         assert v["steady"] and v["tokens_per_s"] == pytest.approx(8 * 2 * 32 / (v["step_ms"] / 1e3))
         assert rows[v["variant"]]["Step (ms)"] == f"{v['step_ms']:.1f}"
-    assert "leave out the first 2 optimizer steps" in body[-1]
+    assert "leave out the first 2 optimizer steps" in caption
     floor = summary["floor"]  # measured on one rank before the variants
     assert floor["fwd_bwd_ms"] > 0 and floor["optimizer_ms"] > 0 and floor["batch"] == 8
     assert floor["shard_numel"] == -(-summary["variants"][0]["n_params"] // 2)
     for v in summary["variants"]:
         assert v["vs_floor"] == pytest.approx(v["step_ms"] / (floor["fwd_bwd_ms"] + floor["optimizer_ms"]))
         assert rows[v["variant"]]["Step vs floor"] == f"{v['vs_floor']:.3f}x"
-    assert "floor: forward+backward alone" in body[-1]
+    assert "floor: forward+backward alone" in caption
     ref = summary["variants"][0]["losses"]
     assert len(ref) == 32 and ref[-1] < ref[0] - 1.0
     for v in summary["variants"][1:]:
@@ -83,10 +100,17 @@ def test_wandb_offline_runs_read_back_with_wandbs_reader(quickstart_run):
         history = [r["history"]["item"] for r in records if r["type"] == "history"]
         seen[run["display_name"].split("@")[0]] = history
     assert set(seen) == {"ddp", "zero1", "zero2", "zero3", "fsdp2", "summary"}
-    for v in summary["variants"]:
-        losses = [h["train/loss"] for h in seen[v["variant"]]]
-        assert losses == pytest.approx(v["losses"])
-        assert seen[v["variant"]][-1]["eval/loss"] == pytest.approx(v["eval"]["loss"])
+    for v in summary["variants"]:  # logged live by rank 0: one row per optimizer step while it trained
+        history = seen[v["variant"]]
+        assert [h["train/global_step"] for h in history] == list(range(1, len(v["losses"]) + 1))  # gas 1
+        for h in history:
+            assert h["train/learning_rate"] == pytest.approx(3e-3) and h["train/grad_norm"] > 0
+            assert h["train/tokens_per_second"] > 0 and h["train/cpu_rss_gib"] > 0 and h["train/skipped_steps"] == 0
+        assert history[0]["train/loss"] > history[-1]["train/loss"] + 1.0
+        started, ended = v["train_wall"]  # the worker's wall clock around its training and eval
+        assert started < history[0]["_timestamp"] < ended  # step 1 was written during training, not replayed after
+        assert history[0]["_timestamp"] < history[len(history) // 2]["_timestamp"] < history[-1]["_timestamp"]
+        assert history[-1]["eval/loss"] == pytest.approx(v["eval"]["loss"])
     assert seen["summary"][0]["results.nrows"] == 5 and seen["summary"][0]["results._type"] == "table-file"
 
 
@@ -96,10 +120,10 @@ def test_report_rewrites_the_files_and_resume_keeps_finished_variants(quickstart
     shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("wandb"))
     for name in ("table.md", "results.csv", "throughput.png", "memory.png", "loss.png"):
         os.remove(os.path.join(copy, name))
-    rep = zbench("report", copy)
+    rep = zbench("report", copy, env={"COLUMNS": "80"})
     assert rep.returncode == 0, rep.stderr
     assert table(rep.stdout) == table(proc.stdout)
-    assert open(os.path.join(copy, "table.md")).read() == rep.stdout
+    assert rep.stdout.splitlines()[3:] == proc.stdout.splitlines()[3:]  # the same terminal table
     for name in ("results.csv", "throughput.png", "memory.png", "loss.png"):
         assert os.path.getsize(os.path.join(copy, name)) > 0
     again = zbench("run", "scenarios/quickstart.yaml", "--resume", copy, "--wandb", "off")
@@ -168,7 +192,7 @@ def test_mrpc_classification_reports_f1_on_real_data(tmp_path):
         assert row["Data"] == "real" and 0.0 <= float(row["F1"]) <= 1.0 and 0.0 <= float(row["Accuracy"]) <= 1.0
     assert rows["zero2"]["Method"] == "zero_core ZeRO Stage 2"
     assert rows["zero2"]["Loss parity vs DDP"].endswith(" ok")
-    assert "MRPC (bytes tokens), 32 train / 8 eval rows" in proc.stdout
+    assert "MRPC (bytes tokens), 32 train / 8 eval rows" in printed(proc.stdout)
 
 
 def _fault_scenario(tmp_path) -> str:
@@ -258,3 +282,18 @@ def test_nvme_offload_variant_runs_and_leaves_no_state_files(tmp_path):
     assert rows["ddp"]["breakdown"] == {}
     assert "Step-time breakdown" in proc.stdout
     assert "- zero2-nvme: step " in proc.stdout and "- ddp:" not in proc.stdout
+
+
+def test_eval_batch_search_finds_the_largest_eval_batch(tmp_path):
+    """search_eval_batch: after the training batch, the largest eval batch that fits after a training step (each
+    try a fresh launch); the training launch evaluates with it and the table has the articles' Eval Size Max."""
+    path = tiny_scenario(tmp_path, "evals", [{"name": "ddp", "engine": "ddp"}, {"name": "zero2", "engine": "zero", "stage": 2}],
+                         samples=64, steps=2, search_eval_batch=True, batch_search={"start": 2, "max": 16})
+    proc = zbench("run", path, "--out", str(tmp_path), "--wandb", "off", "--no-progress", faults="eval-oom")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = table(proc.stdout)
+    assert rows["ddp"]["Eval size (max)"] == rows["zero2"]["Eval size (max)"] == "6"
+    assert rows["ddp"]["Batch size (max)"] == "4 (set)"
+    assert "[zero2] eval batch 8: out of memory" in proc.stderr and "[zero2] eval batch 7: out of memory" in proc.stderr
+    rows = json.load(open(os.path.join(run_dir(proc.stdout), "results.json")))["variants"]
+    assert [r["eval_batch"] for r in rows] == [6, 6]

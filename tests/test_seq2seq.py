@@ -13,7 +13,7 @@ import pytest
 import torch
 from sacrebleu import corpus_bleu
 
-from helpers import FIXTURES, REPO, refused_run, run_dir, table, write_scenario, zbench
+from helpers import FIXTURES, REPO, printed, refused_run, run_dir, table, write_scenario, zbench
 from zbench import metrics
 from zbench.data import build_splits
 from zbench.data.pairs import encode, load_text_pairs, pick_columns, read_pairs
@@ -192,7 +192,7 @@ def test_pair_file_problems_are_one_line_before_launch(tmp_path):
     (tmp_path / "qa.jsonl").write_text('{"question": "q", "answer": "a"}\n')
     with open(os.path.join(REPO, "scenarios", "seq2seq_tiny.yaml")) as f:
         base = yaml.safe_load(f)
-    base["model"]["arch"] = os.path.join(REPO, "scenarios", "models", "tiny-blenderbot.json")
+    base["model"]["arch"] = os.path.join(REPO, "zbench", "model_configs", "tiny-blenderbot.json")
     for data, expected in [
         ({"text_pairs": {"train": "nope.jsonl"}}, "data.text_pairs: nope.jsonl does not exist"),
         ({"text_pairs": {"train": "qa.jsonl"}}, "qa.jsonl has columns question, answer; name the text columns"),
@@ -220,4 +220,4 @@ def test_seq2seq_run_reports_bleu_on_two_ranks(tmp_path):
     bleus = [v["eval"]["bleu"] for v in summary["variants"]]
     assert bleus[0] > 0  # 80 steps teach the toy model a few words of the replies
     assert bleus[1] == pytest.approx(bleus[0], abs=0.5)  # zero3 gathers its weights in every generation step
-    assert "text pairs (bytes tokens), 40 train / 8 eval rows" in proc.stdout
+    assert "text pairs (bytes tokens), 40 train / 8 eval rows" in printed(proc.stdout)

@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 import zbench.cli
+import zbench.train_demo
 from zbench.cli import main
 
 SUMMARY = {"stage": 2, "world_size": 2, "steps": 1, "warmup": 0, "first_loss": 1.0, "final_loss": 0.5, "tokens_per_s": 1.0,
@@ -20,7 +21,7 @@ SUMMARY = {"stage": 2, "world_size": 2, "steps": 1, "warmup": 0, "first_loss": 1
 def train(tmp_path, monkeypatch):
     """Run `zbench train --config <config> <flags>`; returns (result, the config the ranks would get or None)."""
     jobs = []
-    monkeypatch.setattr(zbench.cli, "launch", lambda job, nproc: jobs.append(job) or SUMMARY)
+    monkeypatch.setattr(zbench.train_demo, "launch", lambda job, nproc: jobs.append(job) or SUMMARY)  # imported at use
 
     def run(config: dict, *flags: str):
         path = tmp_path / "ds.json"

@@ -8,9 +8,12 @@ from typing import Any
 
 import click
 
+from .bounds import MAX_BATCH, MAX_RANKS, MAX_SEQ, MAX_STEPS
+from .cli_lazy import LazyGroup
 from .interrupt import Interrupted, interruptible
-from .limits import MAX_BATCH, MAX_RANKS, MAX_SEQ, MAX_STEPS
-from .train_demo import PRESETS, TrainJob, default_ds_config, launch
+from .models.registry import gpt_names
+
+# Every command imports what it runs when it runs: `zbench --help` loads no torch, zero_core or pandas.
 
 MAX_NUMEL = 10**10  # elements in the kernel benchmark's partition (40 GB of fp32, plus its moments)
 
@@ -46,7 +49,25 @@ def _numel(text: str) -> int:
     return int(number)
 
 
-@click.group()
+# name: (module, command, the one-line help `zbench --help` lists without importing the module)
+LAZY = {
+    "run": ("zbench.cli_run", "run", "Run every variant of SCENARIO (a YAML file) and print the comparison table."),
+    "report": ("zbench.cli_run", "report",
+               "Rewrite table.md, results.csv and the plots of RUN_DIR from its results.json; print the table."),
+    "estimate": ("zbench.cli_run", "estimate",
+                 "Memory per GPU and per CPU for each ZeRO stage and offload choice (DeepSpeed's estimator)."),
+    "convert": ("zbench.cli_checkpoints", "convert", "Convert checkpoint SRC into consolidated safetensors (fp32/bf16/fp16) "
+                "or a resharded zbench checkpoint."),
+    "inspect": ("zbench.cli_checkpoints", "inspect", "Say what checkpoint SRC is (kind, step, stage, world size, params, "
+                "dtypes, size) and check its files."),
+}
+
+
+BENCH_CHECKPOINT_HELP = ("Save, async save, load and convert one rank's training state: zero_core, DCP and DeepSpeed "
+                         "(where installed), beside the disk's O_DIRECT write/read floor measured in the same run.")
+
+
+@click.group(cls=LazyGroup, lazy=LAZY)
 @click.version_option(package_name="zbench")
 def main() -> None:
     """zbench: ZeRO training engine, scenario runner and checkpoint tools."""
@@ -61,7 +82,8 @@ def main() -> None:
 @click.option("--grad-accum", default=1, show_default=True, type=click.IntRange(1, MAX_BATCH), help="Gradient accumulation steps.")
 @click.option("--seq-len", default=32, show_default=True, type=click.IntRange(1, MAX_SEQ))
 @click.option("--precision", default="fp32", show_default=True, type=click.Choice(["fp32", "bf16", "fp16"]))
-@click.option("--model", "preset", default="tiny", show_default=True, type=click.Choice(sorted(PRESETS)), help="GPT shape (random init).")
+@click.option("--model", "preset", default="tiny", show_default=True, type=click.Choice(gpt_names()),
+              help="A shipped GPT shape (random init).")
 @click.option("--lr", default=3e-3, show_default=True, type=_FiniteFloat(), help="AdamW learning rate.")
 @click.option("--warmup", default=0, show_default=True, type=click.IntRange(0, MAX_STEPS),
               help="Untimed steps before the timed ones; with --config also the lr warm-up steps (warmup_num_steps).")
@@ -76,8 +98,9 @@ def train(ctx: click.Context, nproc: int, stage: int, config_path: str | None, s
     from zero_core.config import resolve_config
 
     from .train_config import TrainFlags, config_from_flags
+    from .train_demo import TrainJob, default_ds_config, launch, preset_config
 
-    arch = PRESETS[preset]
+    arch = preset_config(preset)
     try:
         if config_path:
             try:
@@ -125,7 +148,8 @@ def train(ctx: click.Context, nproc: int, stage: int, config_path: str | None, s
         click.echo(f"breakdown (rank 0, ms/step): {format_breakdown(summary['breakdown'])}")
 
 
-@main.group()
+@main.group(cls=LazyGroup, lazy={"checkpoint": ("zbench.cli_bench_checkpoint", "bench_checkpoint_cmd",
+                                                 BENCH_CHECKPOINT_HELP)})
 def bench() -> None:
     """Micro-benchmarks."""
 
@@ -145,15 +169,6 @@ def bench_kernels_cmd(numel: str, device: str | None) -> None:
         raise _fail("--device cuda but no GPU is visible; use --device cpu")
     click.echo(format_rows(bench_kernels(numel=n, device=device)))
 
-
-from .cli_bench_checkpoint import bench_checkpoint_cmd  # noqa: E402
-from .cli_checkpoints import convert, inspect  # noqa: E402
-
-bench.add_command(bench_checkpoint_cmd)
-from .cli_run import estimate, report, run  # noqa: E402
-
-for _command in (convert, inspect, run, report, estimate):
-    main.add_command(_command)
 
 if __name__ == "__main__":
     sys.exit(main())

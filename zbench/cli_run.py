@@ -13,11 +13,8 @@ import shlex
 
 import click
 
-from zero_core import ConfigError
-
+from .bounds import MAX_NODES, MAX_RANKS
 from .interrupt import Interrupted, interruptible
-from .limits import MAX_NODES, MAX_RANKS
-from .run_folder import RunFolderError, name_problem
 
 MAX_PORT = 65_000  # leaves 535 ports above it for the launches of one run
 
@@ -46,8 +43,10 @@ def run(ctx: click.Context, scenario: str, only: str | None, gpus: int | None, o
     """Run every variant of SCENARIO (a YAML file) and print the comparison table."""
     from .launch import Nodes, RankFailure
     from .plan import build_plan
-    from .results import markdown
-    from .runner import RunOptions, Runner, check_resume, say
+    from .run_folder import RunFolderError
+    from .run_summary import check_resume
+    from .runner import RunOptions, Runner, say
+    from .terminal_table import print_table
 
     names = [n.strip() for n in only.split(",") if n.strip()] if only else None
     runner: Runner | None = None
@@ -64,7 +63,7 @@ def run(ctx: click.Context, scenario: str, only: str | None, gpus: int | None, o
                     say(f"note: {note}")
                 runner = Runner(plan, RunOptions(out=out, wandb=wandb_mode, resume=resume, nodes=nodes,
                                                  progress=not no_progress, fork_ok=True))  # this command ran no torch op
-            except (ConfigError, ValueError) as e:
+            except ValueError as e:  # zero_core's ConfigError and the scenario's errors: one line each
                 raise click.ClickException(str(e)) from None
             _check_writable(runner.run_dir, "--resume" if resume else "--out")
             try:
@@ -83,9 +82,9 @@ def run(ctx: click.Context, scenario: str, only: str | None, gpus: int | None, o
         click.echo(f"node {node_rank}: all launches finished; the table is written by the node holding rank 0 "
                    f"(logs: {runner.run_dir})")
     else:
-        click.echo(f"results: {runner.run_dir} (results.json, results.csv, table.md, *.png"
-                   + (", wandb/" if wandb_mode != "off" else "") + ")\n")
-        click.echo(markdown(summary), nl=False)
+        click.echo(f"results: {runner.run_dir}\nfiles: results.json, results.csv, table.md (every column), *.png"
+                   + (", wandb/" if wandb_mode != "off" else "") + "\n")
+        print_table(summary)
     if runner.failures:
         first: RankFailure = runner.failures[0]
         more = f"; {len(runner.failures) - 1} more variant(s) failed too" if len(runner.failures) > 1 else ""
@@ -97,11 +96,13 @@ def _check_rendezvous(endpoint: str | None, rdzv_id: str) -> None:
     if endpoint is not None:
         host, _, port = endpoint.rpartition(":")
         if not host or not re.fullmatch(r"[0-9]{1,5}", port) or not 1 <= int(port) <= MAX_PORT:
-            raise ConfigError(f"--rdzv-endpoint {endpoint!r} must be HOST:PORT with PORT from 1 to {MAX_PORT:,} (each "
+            raise ValueError(f"--rdzv-endpoint {endpoint!r} must be HOST:PORT with PORT from 1 to {MAX_PORT:,} (each "
                               "launch of the run uses PORT + its index), e.g. node0:29500")
+    from .run_folder import name_problem
+
     problem = name_problem(rdzv_id)
     if problem:
-        raise ConfigError(f"--rdzv-id {problem}")
+        raise ValueError(f"--rdzv-id {problem}")
 
 
 @click.command()
@@ -110,9 +111,10 @@ def _check_rendezvous(endpoint: str | None, rdzv_id: str) -> None:
               help="Also log the runs to W&B again.")
 def report(run_dir: str, wandb_mode: str) -> None:
     """Rewrite table.md, results.csv and the plots of RUN_DIR from its results.json; print the table."""
-    from .results import markdown
+    from .run_folder import RunFolderError
     from .run_summary import NotARunFolder, load_summary
     from .runner import write_outputs
+    from .terminal_table import print_table
 
     try:
         summary = load_summary(run_dir)
@@ -120,10 +122,11 @@ def report(run_dir: str, wandb_mode: str) -> None:
         raise click.ClickException(str(e)) from None
     _check_writable(run_dir, "RUN_DIR")
     try:
-        write_outputs(run_dir, summary, wandb_mode)
+        write_outputs(run_dir, summary, wandb_mode, replay=True)
     except RunFolderError as e:
         raise click.ClickException(str(e)) from None
-    click.echo(markdown(summary), nl=False)
+    click.echo(f"results: {run_dir}\nrewrote: results.csv, table.md (every column), *.png\n")
+    print_table(summary)
 
 
 def _check_writable(folder: str, flag: str) -> None:
@@ -140,13 +143,12 @@ def _model_counts(model: str) -> tuple[str, int, int]:
     """(name, total params, largest layer params) of an arch config, built on the meta device."""
     import torch
 
+    from zero_core import ConfigError
+
     from .models.configs import load_arch
     from .models.factory import build_model
 
-    base = os.path.join(os.getcwd(), "scenarios")
-    if model.endswith(".json") and not os.path.isabs(model):
-        model = os.path.abspath(model)
-    arch = load_arch(model, base)
+    arch = load_arch(model, os.getcwd())  # a shipped name resolves from any folder
     try:
         with torch.device("meta"):  # shapes only: a 45 B model costs no memory
             bundle = build_model(task="lm", arch=arch, pretrained=None)
@@ -158,12 +160,15 @@ def _model_counts(model: str) -> tuple[str, int, int]:
 
 
 @click.command()
-@click.option("--model", "model", required=True, help="An arch config: scenarios/models/X.json or its name X.")
+@click.option("--model", "model", required=True,
+              help="A shipped model name (e.g. gpt2-xl), a config .json (zbench's or Hugging Face's) or a model folder.")
 @click.option("--gpus", default=1, show_default=True, type=click.IntRange(1, MAX_RANKS), help="GPUs per node.")
 @click.option("--nodes", default=1, show_default=True, type=click.IntRange(1, MAX_NODES))
 @click.option("--run", "run_dir", type=click.Path(file_okay=False, exists=True), help="Also compare with a run's measured peaks.")
 def estimate(model: str, gpus: int, nodes: int, run_dir: str | None) -> None:
     """Memory per GPU and per CPU for each ZeRO stage and offload choice (DeepSpeed's estimator)."""
+    from zero_core import ConfigError
+
     from . import estimate as est
     from .run_summary import NotARunFolder, load_summary
 

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from types import TracebackType
+from typing import Any
 
 _DRAW = threading.Lock()
 os.register_at_fork(before=_DRAW.acquire, after_in_parent=_DRAW.release, after_in_child=_DRAW.release)
@@ -35,6 +36,16 @@ class ProgressWriter:
         self.last = now
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps({"phase": phase, "done": done, "total": total}) + "\n")
+
+
+def make_bars(console: Any, get_time: Any = None) -> Any:
+    """Rich bars: description, bar, done/total, time elapsed and the ETA (time remaining at the current rate)."""
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("ETA"), TimeRemainingColumn(), console=console, auto_refresh=False,
+                    transient=not console.is_terminal, redirect_stdout=False, redirect_stderr=False, get_time=get_time)
 
 
 class ProgressView:
@@ -59,12 +70,9 @@ class ProgressView:
 
     def _run(self) -> None:
         from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         console = Console(stderr=True)
-        bars = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=console, auto_refresh=False, transient=not console.is_terminal,
-                        redirect_stdout=False, redirect_stderr=False)
+        bars = make_bars(console)
         tasks: dict[str, int] = {}
         offset = 0
         with _DRAW:

@@ -54,7 +54,7 @@ def measured_row(row: dict[str, Any], res: dict[str, Any], *, seq_len: int, sear
     else:
         tps = metrics.tokens_per_s(res["tokens_per_epoch"], train_s)
     row.update(
-        batch=res["batch"], batch_searched=searched, batch_search_step=search_step if searched else None,
+        batch=res["batch"], eval_batch=res.get("eval_batch"), batch_searched=searched, batch_search_step=search_step if searched else None,
         world_size=res["world_size"], device=res["device_name"],
         train_s_per_epoch=train_s, eval_s_per_epoch=mean(e["eval_s"] for e in epochs),
         eval={k: v for k, v in epochs[-1]["eval"].items()},
@@ -67,33 +67,11 @@ def measured_row(row: dict[str, Any], res: dict[str, Any], *, seq_len: int, sear
         ds_config=res["ds_config"], seq_len=seq_len, skipped_steps=res.get("skipped_steps"),
         recompute=res.get("recompute", False), breakdown=res.get("breakdown") or {},
         compiled=res.get("compiled"), compiled_graphs=res.get("compiled_graphs", 0), dropout=res.get("dropout", False),
-        simulated=res.get("simulated", False),
+        simulated=res.get("simulated", False), wandb_live=res.get("wandb_live"), train_wall=res.get("train_wall"),
     )
     if row["recompute"]:
         row["method"] += " + activation checkpointing"  # TFLOP/s still counts model FLOPs (no recompute)
     return row
-
-
-def add_parity(rows: list[dict[str, Any]], tol: float) -> None:
-    """Loss parity of every measured row against the first measured ddp row (same batch only)."""
-    ref = next((r for r in rows if r["engine"] == "ddp" and r["status"] == "ok"), None)
-    for r in rows:
-        if r["status"] != "ok":
-            continue
-        if r.get("simulated"):  # one rank's gradients, other ranks' shards never updated: not the run's numbers
-            r["parity"], r["parity_note"] = None, "simulated ranks: not compared"
-        elif ref is None:
-            r["parity"], r["parity_note"] = None, "no ddp row"
-        elif r is ref:
-            r["parity"], r["parity_note"] = 0.0, "reference"
-        elif r["batch"] != ref["batch"]:
-            r["parity"], r["parity_note"] = None, f"batch {r['batch']} vs ddp {ref['batch']}"
-        elif r.get("dropout") and r.get("compiled") != ref.get("compiled"):
-            # compiled code draws its dropout masks from its own generator: per-step losses cannot match
-            r["parity"], r["parity_note"] = None, "dropout masks differ (compiled vs eager)"
-        else:
-            r["parity"] = metrics.loss_parity(r["losses"], ref["losses"])
-            r["parity_note"] = "ok" if r["parity"] <= tol else "FAIL"
 
 
 def add_floor_ratio(rows: list[dict[str, Any]], floor: dict[str, float] | None) -> None:
@@ -119,8 +97,9 @@ def table_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     floor = bool(summary.get("floor"))
     # a column of its own when any variant ran compiled, so eager and compiled rows are never mistaken
     compiled = any(r.get("compiled") for r in summary["variants"])
+    evals = any(r.get("eval_batch_searched") for r in summary["variants"])  # the articles' "Eval Size Max"
     header = ["Variant", "Method", *(["torch.compile"] if compiled else []), "Model", "Data", "Batch size (max)",
-              "Train time per epoch (s)",
+              *(["Eval size (max)"] if evals else []), "Train time per epoch (s)",
               "Eval time per epoch (s)", *(METRIC_NAMES[c] for c in cols), "Tokens/s", "Step (ms)",
               *(["Step vs floor"] if floor else []), "TFLOP/s per GPU", "Peak GPU GiB", "Peak CPU GiB",
               "Loss parity vs DDP", "Notes"]
@@ -130,18 +109,20 @@ def table_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         data = summary["data_kind"]
         if r["status"] != "ok":
             note = r["note"] or ("OOM Error" if r["status"] == "oom" else r["status"])
-            out.append([r["variant"], r["method"], *(["–"] if compiled else []), model, data, "–", "–", "–", *("–" for _ in cols),
+            out.append([r["variant"], r["method"], *(["–"] if compiled else []), model, data, "–", *(["–"] if evals else []),
+                        "–", "–", *("–" for _ in cols),
                         *("–" for _ in range(6 + floor)), note])
             continue
         step = r.get("batch_search_step") or 1
         batch = f"{r['batch']}" + ((f" (step {step})" if step > 1 else "") if r.get("batch_searched") else " (set)")
         parity = r.get("parity")
-        parity_cell = r.get("parity_note", "–") if parity is None else f"{parity:.1e} {r['parity_note']}"
+        parity_cell = r.get("parity_note", "–") if parity is None or r.get("parity_note") == "reference" else f"{parity:.1e} {r['parity_note']}"
         notes = r.get("note", "")
         if r.get("skipped_steps"):  # engines that count them (zero_core, DeepSpeed): NaN/inf steps left out
             notes = "; ".join(filter(None, [notes, f"{r['skipped_steps']} step(s) skipped (non-finite gradients)"]))
         out.append([
             r["variant"], r["method"], *([r.get("compiled") or "no"] if compiled else []), model, data, batch,
+            *([f"{r.get('eval_batch')}" + ("" if r.get("eval_batch_searched") else " (set)")] if evals else []),
             _num(r["train_s_per_epoch"], ".2f"),
             _num(r["eval_s_per_epoch"], ".2f"), *(_num(r["eval"].get(c), ".2f" if c in ("perplexity", "bleu") else ".3f") for c in cols),
             _num(r["tokens_per_s"], ",.0f"), _num(r.get("step_ms"), ".1f"),
@@ -159,33 +140,44 @@ def _where(summary: dict[str, Any]) -> str:
     return f"{summary['world_size']} rank(s) on {summary['device']}"
 
 
+def caption(summary: dict[str, Any]) -> str:
+    """The line under the table: model, data, precision, where it ran, tolerance and how it was timed."""
+    text = (f"{summary['scenario']}: {summary['init']} {summary['model']}, {summary['data_kind']} data "
+            f"({summary.get('data_desc') or 'n/a'}), {summary['precision']}, " + _where(summary)
+            + f"; loss parity tolerance {summary['parity_tol']:g}")
+    if summary["task"] == "seq2seq":
+        text += "; " + SEQ2SEQ_NOTES[summary["data_kind"]]
+    fl = summary.get("floor")
+    if fl:
+        how = f" (blocks compiled, {fl['compiled']})" if fl.get("compiled") else ""
+        text += (f"; floor: forward+backward alone{how} {fl['fwd_bwd_ms']:.1f} ms on one device with "
+                 f"{summary['precision']} weights + optimizer phase {fl['optimizer_ms']:.1f} ms "
+                 f"for a {fl['shard_numel'] / 1e6:.1f} M-element shard")
+    skip = (summary.get("scenario_config") or {}).get("timing_skip_steps")
+    if skip:
+        text += f"; tokens/s, step time and TFLOP/s leave out the first {skip} optimizer steps"
+    return text
+
+
+def footer(summary: dict[str, Any]) -> str:
+    """The step-time breakdown of the offload rows ("" without any)."""
+    split = [(r["variant"], r["breakdown"]) for r in summary["variants"] if r.get("status") == "ok" and r.get("breakdown")]
+    if not split:
+        return ""
+    from zero_core.step_timer import format_breakdown
+
+    text = "Step-time breakdown (rank 0, ms per optimizer step, the timed steps):\n"
+    return text + "".join(f"- {name}: {format_breakdown(b)}\n" for name, b in split)
+
+
 def markdown(summary: dict[str, Any]) -> str:
     """The table as a markdown pipe table (the articles' layout), with a caption line."""
     header, rows = table_rows(summary)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cells) + " |" for cells in rows]
-    caption = (f"{summary['scenario']}: {summary['init']} {summary['model']}, {summary['data_kind']} data "
-               f"({summary.get('data_desc') or 'n/a'}), {summary['precision']}, " + _where(summary)
-               + f"; loss parity tolerance {summary['parity_tol']:g}")
-    if summary["task"] == "seq2seq":
-        caption += "; " + SEQ2SEQ_NOTES[summary["data_kind"]]
-    fl = summary.get("floor")
-    if fl:
-        how = f" (blocks compiled, {fl['compiled']})" if fl.get("compiled") else ""
-        caption += (f"; floor: forward+backward alone{how} {fl['fwd_bwd_ms']:.1f} ms on one device with "
-                    f"{summary['precision']} weights + optimizer phase {fl['optimizer_ms']:.1f} ms "
-                    f"for a {fl['shard_numel'] / 1e6:.1f} M-element shard")
-    skip = (summary.get("scenario_config") or {}).get("timing_skip_steps")
-    if skip:
-        caption += f"; tokens/s, step time and TFLOP/s leave out the first {skip} optimizer steps"
-    text = "\n".join(lines) + "\n\n" + caption + "\n"
-    split = [(r["variant"], r["breakdown"]) for r in summary["variants"] if r.get("status") == "ok" and r.get("breakdown")]
-    if split:  # optimizer offload: GPU compute, D2H, CPU Adam, H2D and the exposed rest, per step
-        from zero_core.step_timer import format_breakdown
-
-        text += "\nStep-time breakdown (rank 0, ms per optimizer step, the timed steps):\n"
-        text += "".join(f"- {name}: {format_breakdown(b)}\n" for name, b in split)
-    return text
+    text = "\n".join(lines) + "\n\n" + caption(summary) + "\n"
+    rest = footer(summary)
+    return text + ("\n" + rest if rest else "")
 
 
 def frame(summary: dict[str, Any]) -> Any:

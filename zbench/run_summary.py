@@ -19,6 +19,7 @@ from zero_core.config_errors import leaf_error, show
 
 from .limits import Flag, count
 from .results import TASK_COLUMNS
+from .run_folder import run_path
 from .scenario import RunName
 from .scenario_errors import key_path
 
@@ -190,3 +191,31 @@ def load_kept(run_dir: str, path: str, what: Literal["row", "floor"]) -> dict[st
         raise NotARunFolder(f"--resume {run_dir}: {e}; it was not written by zbench run: remove it to run {again} "
                             "again") from None
     return data
+
+
+def check_resume(run_dir: str, plan: Any) -> None:
+    """Before anything runs: a resumed folder comes from the same scenario file (its finished rows are
+    reused by name), every file it keeps is one the runner wrote, and no path the run will write
+    leaves it (a link planted in the folder)."""
+    kept = run_path(run_dir, "scenario.yaml")
+    if not os.path.isfile(kept):
+        raise NotARunFolder(f"--resume {run_dir} has no scenario.yaml: it is not a zbench run folder; pass a folder "
+                            "written by zbench run")
+    same = os.path.getsize(kept) == os.path.getsize(plan.path)
+    if same:
+        with open(kept, "rb") as a, open(plan.path, "rb") as b:
+            same = a.read() == b.read()
+    if not same:
+        raise ValueError(f"--resume {run_dir} was run with another version of the scenario ({kept}); "
+                         "resume with that file or start a new run")
+    for name in ("results.json", "results.csv", "table.md", "throughput.png", "memory.png", "loss.png", "wandb",
+                 "floor.json", "logs/floor"):
+        run_path(run_dir, name)
+    for vp in plan.variants:
+        for part in ("logs", "checkpoints"):
+            run_path(run_dir, part, vp.name)
+        row = run_path(run_dir, "variants", f"{vp.name}.json")
+        if os.path.lexists(row):
+            load_kept(run_dir, row, "row")
+    if plan.scenario.measure_floor and os.path.lexists(run_path(run_dir, "floor.json")):
+        load_kept(run_dir, run_path(run_dir, "floor.json"), "floor")

@@ -24,10 +24,12 @@ from .launch import Nodes, OutOfMemory, RankFailure, launch, start_method
 from .models.configs import ArchConfig
 from .plan import Plan, VariantPlan
 from .progress import ProgressView
-from .results import add_floor_ratio, add_parity, base_row, measured_row, write_files
+from .parity import add_parity
+from .results import add_floor_ratio, base_row, measured_row, write_files
 from .run_folder import run_path, write_atomic
-from .run_summary import NotARunFolder, load_kept
+from .run_summary import load_kept
 from .search import largest_fitting, largest_fitting_value
+from .wandb_log import wandb_spec
 
 _ENGINE_MODULES = {"ddp": ("zbench.variants.ddp",), "zero": ("zbench.variants.zero",),
                    "fsdp2": ("zbench.variants.fsdp2",), "deepspeed": ("zbench.variants.deepspeed", "deepspeed")}
@@ -58,11 +60,12 @@ def new_run_dir(out: str, name: str, node_rank: int) -> str:
     return path
 
 
-def variant_job(plan: Plan, vp: VariantPlan, arch: ArchConfig | None, batch: int, mode: str) -> dict[str, Any]:
+def variant_job(plan: Plan, vp: VariantPlan, arch: ArchConfig | None, batch: int, mode: str,
+                eval_batch: int | None = None) -> dict[str, Any]:
     """What one launch of a variant runs (zbench.worker.run_job's argument, before progress and checkpoints)."""
     return {"scenario": plan.scenario.model_dump(mode="json"), "base_dir": plan.base_dir,
             "arch": asdict(arch) if arch else None, "engine": vp.spec.engine, "ds": vp.ds_template,
-            "batch": batch, "mode": mode, "compile": plan.scenario.compile_backend(vp.spec),
+            "batch": batch, "eval_batch": eval_batch, "mode": mode, "compile": plan.scenario.compile_backend(vp.spec),
             "simulate_world": plan.world_size if plan.simulated else None}
 
 
@@ -76,7 +79,8 @@ class Runner:
         self.failures: list[RankFailure] = []  # variants whose ranks failed (not OOM): rows, then one error
 
     # -- launches -----------------------------------------------------------------------------
-    def _launch(self, vp: VariantPlan, arch: ArchConfig | None, batch: int, mode: str) -> dict[int, Any]:
+    def _launch(self, vp: VariantPlan, arch: ArchConfig | None, batch: int, mode: str,
+                eval_batch: int | None = None) -> dict[int, Any]:
         from .worker import run_job
 
         index = self.launches
@@ -84,14 +88,17 @@ class Runner:
         log_dir = run_path(self.run_dir, "logs", vp.name)
         os.makedirs(log_dir, exist_ok=True)
         progress = run_path(self.run_dir, "logs", vp.name, f"progress-{index}.jsonl")
-        job = {**variant_job(self.plan, vp, arch, batch, mode), "progress": progress}
+        job = {**variant_job(self.plan, vp, arch, batch, mode, eval_batch), "progress": progress}
+        if mode == "train" and self.opts.wandb != "off":
+            job["wandb"] = wandb_spec(self.run_dir, self.plan, vp.name, self.opts.wandb, job["ds"])
         if mode == "train" and vp.spec.engine == "zero" and self.plan.scenario.checkpoint_every and not self.plan.simulated:
             # a rerun with --resume continues from here, on any number of ranks
             job["checkpoint_dir"] = self._checkpoint_dir(vp)
-        title = f"{vp.name} (batch {batch})"
+        sizes = f"batch {batch}" + (f", eval batch {eval_batch}" if eval_batch else "")
+        title = f"{vp.name} ({sizes})"
         with ProgressView(job["progress"], title, enabled=self.opts.progress):
             res = launch(run_job, json.dumps(job), self.nodes, run_id=f"{vp.name}-{mode}{index}", log_dir=log_dir,
-                         index=index, what=f"variant '{vp.name}' ({mode}, batch {batch})", fork_ok=self.opts.fork_ok)
+                         index=index, what=f"variant '{vp.name}' ({mode}, {sizes})", fork_ok=self.opts.fork_ok)
         self.writer = 0 in res
         return res
 
@@ -129,13 +136,15 @@ class Runner:
         write_atomic(kept, json.dumps(floor))
         return floor
 
-    def _fits(self, vp: VariantPlan, arch: ArchConfig | None, batch: int) -> bool:
+    def _fits(self, vp: VariantPlan, arch: ArchConfig | None, batch: int, eval_batch: int | None = None) -> bool:
+        """Whether a few training steps at `batch` fit (or, given `eval_batch`, one step then eval batches of it)."""
+        what = f"eval batch {eval_batch}" if eval_batch else f"batch {batch}"
         try:
-            self._launch(vp, arch, batch, "probe")
+            self._launch(vp, arch, batch, "eval_probe" if eval_batch else "probe", eval_batch)
         except OutOfMemory:
-            say(f"[{vp.name}] batch {batch}: out of memory")
+            say(f"[{vp.name}] {what}: out of memory")
             return False
-        say(f"[{vp.name}] batch {batch}: fits")
+        say(f"[{vp.name}] {what}: fits")
         return True
 
     # -- one variant ----------------------------------------------------------------------------
@@ -167,10 +176,17 @@ class Runner:
             searched = True
             if batch is None:
                 return {**row, "status": "oom", "note": f"OOM Error even at batch {sc.batch_search.start}"}
+        eval_batch = None
+        if sc.search_eval_batch and sc.eval_batch_size is None:  # the articles' "Eval Size Max"
+            bs = sc.batch_search
+            say(f"[{vp.name}] searching the largest eval batch per GPU after a step at batch {batch}")
+            eval_batch = largest_fitting(lambda b: self._fits(vp, arch, batch, b), bs.start, bs.max, bs.multiple_of)
+            if eval_batch is None:
+                return {**row, "status": "oom", "batch": batch, "note": f"OOM in eval even at eval batch {bs.start}"}
         ranks = f"rank 0 of {self.plan.world_size}, simulated" if self.plan.simulated else f"{self.plan.world_size} rank(s)"
         say(f"[{vp.name}] training: batch {batch} per rank on {ranks}")
         try:
-            res = self._launch(vp, arch, batch, "train")
+            res = self._launch(vp, arch, batch, "train", eval_batch)
         except OutOfMemory as e:
             killed = f" (rank {e.rank} was SIGKILLed: most often the out-of-memory killer)" if e.exitcode == -9 else ""
             return {**row, "status": "oom", "batch": batch, "note": f"OOM Error at batch {batch}{killed}"}
@@ -188,6 +204,7 @@ class Runner:
             shape = {**vp.spec.model_overrides, **{k: v for k, v in row["model_search"].items() if k != "n_params"}}
             size = f"{n / 1e9:.2f} B" if n >= 1e8 else f"{n / 1e6:.2f} M"
             row["note"] = ", ".join(f"{k}={v}" for k, v in shape.items()) + f" ({size} params)"
+        row["eval_batch_searched"] = eval_batch is not None
         return measured_row(row, r0, seq_len=sc.seq_len, searched=searched,
                             search_step=sc.batch_search.multiple_of, est_gpu_gib=est)
 
@@ -248,39 +265,12 @@ class Runner:
         return summary
 
 
-def check_resume(run_dir: str, plan: Plan) -> None:
-    """Before anything runs: a resumed folder comes from the same scenario file (its finished rows are
-    reused by name), every file it keeps is one the runner wrote, and no path the run will write
-    leaves it (a link planted in the folder)."""
-    kept = run_path(run_dir, "scenario.yaml")
-    if not os.path.isfile(kept):
-        raise NotARunFolder(f"--resume {run_dir} has no scenario.yaml: it is not a zbench run folder; pass a folder "
-                            "written by zbench run")
-    same = os.path.getsize(kept) == os.path.getsize(plan.path)
-    if same:
-        with open(kept, "rb") as a, open(plan.path, "rb") as b:
-            same = a.read() == b.read()
-    if not same:
-        raise ValueError(f"--resume {run_dir} was run with another version of the scenario ({kept}); "
-                         "resume with that file or start a new run")
-    for name in ("results.json", "results.csv", "table.md", "throughput.png", "memory.png", "loss.png", "wandb",
-                 "floor.json", "logs/floor"):
-        run_path(run_dir, name)
-    for vp in plan.variants:
-        for part in ("logs", "checkpoints"):
-            run_path(run_dir, part, vp.name)
-        row = run_path(run_dir, "variants", f"{vp.name}.json")
-        if os.path.lexists(row):
-            load_kept(run_dir, row, "row")
-    if plan.scenario.measure_floor and os.path.lexists(run_path(run_dir, "floor.json")):
-        load_kept(run_dir, run_path(run_dir, "floor.json"), "floor")
-
-
-def write_outputs(run_dir: str, summary: dict[str, Any], wandb_mode: str = "off") -> None:
-    """Files, plots and (unless off) W&B runs; `zbench report` calls this with W&B off."""
+def write_outputs(run_dir: str, summary: dict[str, Any], wandb_mode: str = "off", replay: bool = False) -> None:
+    """Files, plots and (unless off) W&B: the summary run, and a run for each row not logged live while it trained
+    (every row with `replay`, as `zbench report --wandb` asks)."""
     from .plots import write_plots
     from .wandb_log import log_runs
 
     write_files(run_dir, summary)
     write_plots(run_dir, summary)
-    log_runs(run_dir, summary, wandb_mode)
+    log_runs(run_dir, summary, wandb_mode, replay=replay)

@@ -1,6 +1,6 @@
 """The scenario YAML: what to train, on what data, and which engine variants to compare.
 
-    model:    {arch: tiny-gpt}            # scenarios/models/tiny-gpt.json, random init
+    model:    {arch: tiny-gpt}            # a shipped model config (zbench/model_configs/), random init
               {pretrained: ./my-model}    # a local folder or a hub id (needs transformers)
     data:     {synthetic: {vocab: 512}} | {mrpc_tsv: DIR} | {mrpc_hf: DIR or cache} | {text_files: [a.txt, b.txt]}
               | {text_pairs: {train: a.jsonl, eval: b.jsonl}}
@@ -80,7 +80,7 @@ class Strict(BaseModel):
 
 
 class ModelSpec(Strict):
-    arch: str | None = None  # a config name in scenarios/models/ or a path to a .json file (random init)
+    arch: str | None = None  # a shipped config name, a .json path or a model folder (random init)
     pretrained: str | None = None  # a local folder or a hub id (needs transformers)
     overrides: dict[str, Any] = {}  # replace fields of the arch config (e.g. n_layer)
     tokenizer: str | None = None  # a HF tokenizer; default: the pretrained model's, else bytes
@@ -210,6 +210,7 @@ class Scenario(Strict):
     steps: count(1, MAX_STEPS) | None = None  # optimizer steps instead of epochs (reported as one epoch)
     batch_size: Batch | None = None  # per GPU; absent: OOM-safe search per variant
     eval_batch_size: Batch | None = None
+    search_eval_batch: Flag = False  # without eval_batch_size: also find the largest eval batch (an "Eval size (max)" column)
     grad_accum: count(1, MAX_GRAD_ACCUM) = 1
     gradient_checkpointing: Flag = False  # recompute each block in backward: activation memory for compute
     # torch.compile each repeated block's forward, for every variant (a variant's own `compile` overrides):

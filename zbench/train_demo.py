@@ -15,15 +15,15 @@ import torch
 
 from .data.synthetic import synthetic_tokens
 from .models.gpt import GPT, GPTConfig
+from .models.registry import REGISTRY_DIR
 
-TINY_GPT = GPTConfig(vocab_size=512, block_size=64, n_layer=2, n_head=4, n_embd=64)
-# GPT-2 shapes from the public model cards (vocab padded to a multiple of 64 for the matmuls)
-PRESETS = {
-    "tiny": TINY_GPT,
-    "gpt2": GPTConfig(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768),
-    "gpt2-medium": GPTConfig(vocab_size=50304, block_size=1024, n_layer=24, n_head=16, n_embd=1024),
-    "gpt2-xl": GPTConfig(vocab_size=50304, block_size=1024, n_layer=48, n_head=25, n_embd=1600),
-}
+
+
+def preset_config(name: str) -> GPTConfig:
+    """A shipped GPT shape by name (the model registry, zbench/model_configs/), e.g. tiny, gpt2, gpt2-xl."""
+    from .models.configs import gpt_config, load_arch
+
+    return gpt_config(load_arch(name, REGISTRY_DIR))
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,9 @@
 
 Offline by default: the runs are written under `<run folder>/wandb/` and uploaded later with
 `wandb sync <run folder>/wandb/offline-run-*` (no account or network needed to run a scenario).
-Logging happens after the launches, from the results, so rank processes never import wandb.
+A variant that trains is logged live by its rank 0 (zbench/live_log.py, from `wandb_spec`); after the
+run this module adds the summary run with the table, and a run from the results for each row that was
+not logged live (rows that did not train, rows kept by --resume, every row for `zbench report --wandb`).
 A W&B problem never fails a run: it becomes a warning.
 """
 
@@ -22,8 +24,18 @@ def _settings(wandb: Any) -> Any:
     return wandb.Settings(console="off", silent=True, x_disable_stats=True)
 
 
-def log_runs(run_dir: str, summary: dict[str, Any], mode: str) -> list[str]:
-    """Write the W&B runs; returns their local folders ([] when mode is "off" or W&B is missing)."""
+def wandb_spec(run_dir: str, plan: Any, variant: str, mode: str, ds: dict[str, Any]) -> dict[str, Any]:
+    """What rank 0 of a training launch needs to open the variant's live run (plain data: it crosses processes)."""
+    run_path(run_dir, "wandb")  # W&B writes below run_dir/wandb: never through a link planted there
+    stamp = os.path.basename(os.path.normpath(run_dir))
+    config = {"scenario": plan.scenario.model_dump(mode="json"), "variant": variant, "ds_config": ds, "run_dir": run_dir}
+    return {"mode": mode, "dir": run_dir, "project": os.environ.get("WANDB_PROJECT", PROJECT),
+            "group": str(plan.scenario.name), "name": f"{variant}@{stamp}", "config": config}
+
+
+def log_runs(run_dir: str, summary: dict[str, Any], mode: str, replay: bool = False) -> list[str]:
+    """Write the W&B runs not logged live (all with `replay`); returns their local folders ([] when mode is
+    "off" or W&B is missing)."""
     if mode == "off":
         return []
     try:
@@ -38,6 +50,8 @@ def log_runs(run_dir: str, summary: dict[str, Any], mode: str) -> list[str]:
     folders = []
     try:
         for row in summary["variants"]:
+            if row.get("wandb_live") and not replay:
+                continue  # its rank 0 logged it while it trained
             config = {"scenario": summary.get("scenario_config"), "variant": row["variant"], "engine": row["engine"],
                       "stage": row["stage"], "status": row["status"], "batch": row.get("batch"),
                       "ds_config": row.get("ds_config"), "run_dir": run_dir}

@@ -1,7 +1,8 @@
 """One rank of one variant: build data, model and engine; train, evaluate, measure; report to rank 0.
 
 This is the launcher's entrypoint (`run_job`), so it imports only torch and zbench's training pieces:
-no pandas, matplotlib or W&B in the rank processes. A probe (the batch search) runs a few steps and
+no pandas, matplotlib or W&B in the rank processes (W&B only in rank 0 of a training launch, zbench/live_log.py).
+A probe (the batch search) runs a few steps and
 returns; an out-of-memory error propagates, so the launcher stops every rank and reports it.
 """
 
@@ -25,6 +26,7 @@ from .data import build_splits
 from .data.batches import eval_batches, steps_per_epoch, train_stream, trim_padding, widest_batch
 from .evaluation import EvalSums
 from .generation import TextGeneration
+from .live_log import LiveLog
 from .models.configs import ArchConfig
 from .models.compiled import compile_blocks, graphs_compiled
 from .models.factory import build_model, uses_dropout
@@ -142,9 +144,10 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
         return {"rank": 0, **floor.measure(bundle, first, sc.precision, job["world_size"], device),
                 "compiled": job.get("compile")}
     gas = sc.grad_accum
-    probe = job["mode"] == "probe"
+    probe = job["mode"] in ("probe", "eval_probe")
+    eval_probe = job["mode"] == "eval_probe"  # the eval batch search: one optimizer step, then a few eval batches
     run_micro, run_epochs = _schedule(sc, splits.train, batch, world)
-    micro_per_epoch, epochs = (sc.batch_search.steps * gas, 1) if probe else (run_micro, run_epochs)
+    micro_per_epoch, epochs = ((1 if eval_probe else sc.batch_search.steps) * gas, 1) if probe else (run_micro, run_epochs)
     total_steps = epochs * micro_per_epoch // gas
     ds = ds_config.finalize(job["ds"], sc=sc, batch=batch, world_size=world, total_steps=total_steps, hidden=bundle.hidden)
     variant = build_variant(job["engine"], bundle, ds, device)
@@ -155,7 +158,8 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
         stream = itertools.repeat(widest_batch(splits.train, batch=batch, rank=rank, world=world, seed=sc.seed,
                                                micro_steps=run_micro * run_epochs))
     progress = ProgressWriter(job.get("progress") if rank == 0 else None)
-    eval_bs = sc.eval_batch_size or batch
+    live = LiveLog(None if probe else job.get("wandb"), rank, world, device)  # W&B per optimizer step, rank 0
+    eval_bs = job.get("eval_batch") or sc.eval_batch_size or batch
     n_eval = -(-next(iter(splits.eval.values())).shape[0] // (eval_bs * world))
     losses: list[torch.Tensor] = []  # kept on the device: reading each would stall it
     ckpt = Checkpointing(job.get("checkpoint_dir"), sc.checkpoint_every, gas, variant)
@@ -166,10 +170,12 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
     timer = getattr(getattr(variant, "engine_obj", None), "breakdown", None)  # zero_core's step-time breakdown
     breakdown: dict[str, float] = {}
     shape = trim_padding if sc.dynamic_padding else (lambda b: b)
+    wall_start = time.time()
     for epoch in range(epochs):
         variant.train()
         _sync(device)
         start = time.perf_counter()
+        live.start_timing()
         tokens = steady_tokens = rows = 0  # positions computed on this rank (padding included, as the GPU runs them)
         for i in range(micro_per_epoch):
             b = {k: v.to(device, non_blocking=True) for k, v in shape(next(stream)).items()}
@@ -183,6 +189,8 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
             variant.backward(out.loss)
             variant.step()
             losses.append(out.loss.detach().float())
+            if (i + 1) % gas == 0:
+                live.optimizer_step(losses[-gas:], variant.step_stats(), width * gas, epoch + (i + 1) / micro_per_epoch)
             if epoch == 0 and skip_micro and i + 1 == skip_micro:  # steady state starts here (one sync)
                 _sync(device)
                 steady_start = time.perf_counter()
@@ -199,7 +207,7 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
         steady = {} if epoch or steady_start is None else {"steady_s": end - steady_start,
                                                            "steady_steps": (micro_per_epoch - skip_micro) // gas,
                                                            "steady_tokens": steady_tokens}
-        if probe:
+        if probe and not eval_probe:
             epoch_rows.append({"train_s": train_s, "tokens": tokens, "rows": rows})
             break
         variant.eval()
@@ -207,6 +215,8 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
         start = time.perf_counter()
         with torch.no_grad():
             for j, (b, valid) in enumerate(eval_batches(splits.eval, batch=eval_bs, rank=rank, world=world)):
+                if eval_probe and j == sc.batch_search.steps:  # the first batches are full: enough to fit or not
+                    break
                 b = {k: v.to(device, non_blocking=True) for k, v in shape(b).items()}
                 out = variant.forward(b)
                 sums.add(out.logits, b["labels"], valid)
@@ -215,7 +225,10 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
                 progress.update(f"eval epoch {epoch + 1}/{epochs}", j + 1, n_eval)
         _sync(device)
         eval_s = time.perf_counter() - start
-        epoch_rows.append({"train_s": train_s, "eval_s": eval_s, "eval": sums.result(), "tokens": tokens, "rows": rows, **steady})
+        result = sums.result()
+        live.evaluated(result, eval_s)
+        epoch_rows.append({"train_s": train_s, "eval_s": eval_s, "eval": result, "tokens": tokens, "rows": rows, **steady})
+    wall_end = time.time()
     simulated = bool(job.get("simulate_world"))  # one process for all ranks: its own values stand for theirs
     curve = torch.stack(losses)
     if not simulated:
@@ -241,6 +254,10 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
     peak_gpu, peak_cpu = _peaks(device)
     if rank != 0:
         return {"rank": rank}
+    skipped = variant.step_stats().get("skipped_steps")
+    skipped = None if skipped is None else int(float(skipped))
+    live.finish({"train/train_runtime": sum(r["train_s"] for r in epoch_rows), "peak_gpu_gib": peak_gpu,
+                 "peak_cpu_gib": peak_cpu, "skipped_steps": skipped})
     tokens_per_row = sc.seq_len + ((sc.target_len or sc.seq_len) if sc.task == "seq2seq" else 0)
     if sc.dynamic_padding:  # the mean width the batches were cut to (what attention's FLOPs scale with);
         # rows trained, not rows per epoch: a resumed run skips the steps before its checkpoint
@@ -248,11 +265,12 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
     return {
         "rank": 0, "status": "ok", "world_size": world, "device": device.type,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "batch": batch, "grad_accum": gas, "micro_steps_per_epoch": micro_per_epoch, "epochs": epoch_rows,
+        "batch": batch, "eval_batch": eval_bs, "grad_accum": gas, "micro_steps_per_epoch": micro_per_epoch, "epochs": epoch_rows,
         "losses": curve.tolist(), "tokens_per_epoch": round(micro_per_epoch * batch * world * tokens_per_row),
         "tokens_per_row": tokens_per_row, "n_params": bundle.n_params, "largest_layer": bundle.largest_layer,
         "layers": bundle.layers, "hidden": bundle.hidden, "peak_gpu_gib": peak_gpu, "peak_cpu_gib": peak_cpu,
-        "skipped_steps": getattr(getattr(variant, "engine_obj", None), "skipped_steps", None),
+        "skipped_steps": skipped, "wandb_live": live.folder,
+        "train_wall": [wall_start, wall_end],
         "ds_config": ds, "data": splits.description, "data_real": splits.real, "torch": torch.__version__,
         "recompute": _recomputes(bundle.model), "breakdown": breakdown, "dynamic_padding": sc.dynamic_padding,
         "compiled": job.get("compile"), "compiled_graphs": graphs_compiled() if job.get("compile") else 0,

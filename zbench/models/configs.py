@@ -1,8 +1,9 @@
-"""Architecture configs (`scenarios/models/*.json`): read, check and summarise them.
+"""Architecture configs (the registry's `zbench/model_configs/*.json`, or a user's): read, check and summarise.
 
 A config file is {"family": "gpt" | "hf", "source": "...", "config": {...}}: `gpt` builds zbench's own
 GPT (`GPTConfig` fields), `hf` builds a transformers model from `AutoConfig.for_model(**config)`.
-The numbers come from the public model cards; `source` says which.
+The numbers come from the public model cards; `source` says which. A Hugging Face `config.json` (it has
+a "model_type" and no "family") is read as an `hf` config as it stands; names resolve in models/registry.py.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from zero_core.config import read_config_file
 
 from .arch_values import HF_SIZES, check_gpt, check_gpt_shape, check_hf
 from .gpt import GPT_RANGES, GPTConfig
+from .registry import names, resolve
 
-MODELS_DIR = "models"  # next to the scenario files: scenarios/models/
 MAX_FILE_BYTES = 1 << 20  # 1 MiB: a model config is a few hundred bytes
 
 
@@ -50,19 +51,9 @@ class ArchConfig:
         return self.config.get("vocab_size")
 
 
-def available(models_dir: str) -> list[str]:
-    """Names of the configs in `models_dir` (file stems)."""
-    try:
-        return sorted(f[:-5] for f in os.listdir(models_dir) if f.endswith(".json"))
-    except OSError:
-        return []
-
-
 def resolve_arch_path(arch: str, base_dir: str) -> str:
-    """`arch` is a config name (looked up in `<base_dir>/models/`) or a path to a .json file."""
-    if arch.endswith(".json") or os.sep in arch or "/" in arch:
-        return arch if os.path.isabs(arch) else os.path.normpath(os.path.join(base_dir, arch))
-    return os.path.join(base_dir, MODELS_DIR, f"{arch}.json")
+    """`arch` is a config name (the scenario's models/ folder, then the registry), a .json path or a model folder."""
+    return resolve(arch, base_dir)
 
 
 def _read_json(path: str) -> Any:
@@ -83,12 +74,14 @@ def load_arch(arch: str, base_dir: str, overrides: dict[str, Any] | None = None,
     its "config". Every value is checked here, before anything is built or launched."""
     path = resolve_arch_path(arch, base_dir)
     if not os.path.isfile(path):
-        models_dir = os.path.join(base_dir, MODELS_DIR)
-        names = ", ".join(available(models_dir)) or "none"
-        raise ConfigError(f"model.arch '{arch}': no model config file {path}; use one of {models_dir}/*.json ({names}) "
-                          "or a path to a .json file")
+        raise ConfigError(f"model.arch '{arch}': no model config file {path}; use a shipped name "
+                          f"({', '.join(names())}), a path to a .json file or a model folder with a config.json")
     raw = _read_json(path)
     name = os.path.basename(path)[:-5]
+    if name == "config":  # a model folder's config.json: the folder names the model
+        name = os.path.basename(os.path.dirname(path)) or name
+    if isinstance(raw, dict) and "family" not in raw and "model_type" in raw:  # a Hugging Face config.json
+        raw = {"family": "hf", "config": raw, "source": path}
     if not isinstance(raw, dict) or raw.get("family") not in ("gpt", "hf") or not isinstance(raw.get("config"), dict):
         raise ConfigError(f"model config {path} must be {{\"family\": \"gpt\"|\"hf\", \"config\": {{...}}}}; fix the file")
     unknown = sorted(set(raw) - {"family", "config", "source"})

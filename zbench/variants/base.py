@@ -46,6 +46,11 @@ class Variant(ABC):
     def step(self) -> None:
         """Called after every micro-batch; updates the weights at accumulation boundaries."""
 
+    def step_stats(self) -> dict[str, Any]:
+        """The last optimizer step's learning_rate, grad_norm, loss_scale and skipped_steps (numbers, or device
+        tensors read later in one batch, so that live logging does not stall the device every step)."""
+        return {}
+
     def train(self) -> None:
         self.bundle.model.train()
 
@@ -67,6 +72,15 @@ class EngineObjectVariant(Variant):
 
     def step(self) -> None:
         self.engine_obj.step()
+
+    def step_stats(self) -> dict[str, Any]:
+        """Through DeepSpeed's engine API (zero_core's engine offers the same calls)."""
+        e = self.engine_obj
+        scaler = getattr(e, "optimizer", None)
+        scale = getattr(scaler, "loss_scale", None) if e.__class__.__module__.startswith("deepspeed") else e.loss_scale
+        norm = e.get_global_grad_norm()
+        return {"learning_rate": e.get_lr()[0], "grad_norm": None if norm is None else float(norm),
+                "loss_scale": scale, "skipped_steps": getattr(e, "skipped_steps", None)}
 
     def train(self) -> None:
         self.engine_obj.train()

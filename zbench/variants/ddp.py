@@ -52,6 +52,9 @@ class DDPVariant(Variant):
     def step(self) -> None:
         self.optim.step()
 
+    def step_stats(self) -> dict[str, Any]:
+        return self.optim.stats()
+
 
 def _local_bucket(state, bucket):  # unannotated: DDP checks annotations as objects, these would be strings
     """Simulated ranks (`--simulate-ranks`): the bucket reduced over one rank, i.e. as it is."""

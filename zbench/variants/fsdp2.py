@@ -45,3 +45,6 @@ class FSDP2Variant(Variant):
 
     def step(self) -> None:
         self.optim.step()
+
+    def step_stats(self) -> dict[str, Any]:
+        return self.optim.stats()
