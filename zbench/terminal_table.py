@@ -72,6 +72,9 @@ def print_table(summary: dict[str, Any], stream: IO[str] | None = None, width: i
         m = header.index("Method")  # too narrow for it: the method of each variant goes under the table
         varying.remove(m)
         legend = "Methods: " + "; ".join(f"{r[0]}: {r[m]}" for r in rows)
+    # a narrow terminal or a pipe (80 columns by rich's rule) would fold every number into a column of digits:
+    # the table may run past it, up to MAX_WIDTH
+    console.width = min(MAX_WIDTH, max(console.width, _needed(header, rows, varying)))
     same = "; ".join(f"{name}: {value}" for name, value in constant)
     table = Table(box=box.SIMPLE_HEAD, caption=f"In every row: {same}" if same else None, caption_justify="left",
                   pad_edge=False, show_edge=False, collapse_padding=True)

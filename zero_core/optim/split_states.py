@@ -37,6 +37,18 @@ class SplitStates:
             return self.host_part.read(name, lo - s, hi - s)
         return torch.cat([self.device_part.read(name, lo, s).cpu(), self.host_part.read(name, 0, hi - s).cpu()])
 
+    def write_master(self, lo: int, hi: int, values: torch.Tensor) -> None:
+        """Start-up (sharded initialisation): master elements [lo, hi) of the partition, split at the boundary."""
+        s = self.split
+        if lo < s:
+            self.device_part.write_master(lo, min(hi, s), values[: min(hi, s) - lo])
+        if hi > s:
+            if hasattr(self.host_part, "chunk"):  # NVMe states take whole chunks of their own, offset by the split
+                raise ValueError("sharded initialisation with offload_optimizer.ratio < 1 and NVMe states is not "
+                                 "supported; use ratio 1, host memory (device 'cpu'), or build the model eagerly")
+            start = max(lo, s)
+            self.host_part.write_master(start - s, hi - s, values[start - lo:])
+
     def writer(self) -> SplitWriter:
         return SplitWriter(self.device_part.writer(), self.host_part.writer(), self.split)
 
