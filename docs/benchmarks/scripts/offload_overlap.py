@@ -12,6 +12,7 @@ First, `python -m zero_core.kernels.bench --numel 1e9`: the host AdamW against t
 
 Usage (repo root, one H100/H200; outputs under $OUT, default /tmp/out):
     python3 docs/benchmarks/scripts/offload_overlap.py [gpt2xl longformer gpt7b]
+(VARIANTS=a,b runs only those variants of each scenario.)
 """
 
 from __future__ import annotations
@@ -92,6 +93,8 @@ def main(which: list[str]) -> int:
             path.write_text(yaml.safe_dump(sc, sort_keys=False))
             cmd = [sys.executable, "-m", "zbench.cli", "run", str(path), "--out", str(out_dir / "runs"), "--no-progress",
                    "--wandb", "off"]
+            if os.environ.get("VARIANTS"):  # a subset, e.g. VARIANTS=zero-ratio0p5-overlap0
+                cmd += ["--variants", os.environ["VARIANTS"]]
             print("+", " ".join(cmd), flush=True)
             with open(out_dir / f"offload_overlap_{key}.txt", "w") as log:
                 failed += subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT) != 0
