@@ -3,7 +3,10 @@ without follow-up noise from a key that was itself bad."""
 
 from __future__ import annotations
 
+import pytest
 from config_helpers import MB, error
+
+from zero_core import ConfigError, load_config
 
 
 def test_three_kinds_of_problem_are_all_named():
@@ -52,3 +55,13 @@ def test_a_bad_key_brings_no_follow_up_problems():
     assert error({"train_micro_batch_size_per_gpu": "4", "fp16": {"enabled": 1}}) == (
         "config has 2 problems: train_micro_batch_size_per_gpu must be an integer >= 1 or null, got '4'; "
         "fp16.enabled must be true or false, got 1")
+
+
+def test_a_lacking_feature_alone_is_unsupported_not_a_mistake():
+    from zero_core import UnsupportedFeature
+
+    with pytest.raises(UnsupportedFeature, match="GPUDirect Storage"):
+        load_config({"train_micro_batch_size_per_gpu": 1, "aio": {"use_gds": True}}, 1)
+    with pytest.raises(ConfigError) as e:  # with a real mistake beside it, the config is simply wrong
+        load_config({"train_micro_batch_size_per_gpu": 1, "aio": {"use_gds": True, "block_size": 3}}, 1)
+    assert not isinstance(e.value, UnsupportedFeature) and "block_size" in str(e.value)

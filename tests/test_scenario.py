@@ -255,3 +255,17 @@ def test_cuda_alloc_conf_reaches_the_ranks_before_anything_allocates(monkeypatch
     with pytest.raises(RuntimeError, match="stop here"):  # absent: the environment is left as the user set it
         worker.run_job(json.dumps({"scenario": copy.deepcopy(BASE)}))
     assert seen["conf"] is None
+
+
+def test_a_feature_zero_core_lacks_is_a_row_a_mistake_is_refused(tmp_path):
+    """UnsupportedFeature (the config's only problem is a feature zero_core lacks) plans an "unsupported" row; the
+    same feature beside a real mistake refuses the scenario."""
+    lacking = {"zero_optimization": {"stage": 2}, "aio": {"use_gds": True}}
+    (tmp_path / "gds.json").write_text(json.dumps(lacking))
+    plan = build_plan(write_scenario(tmp_path, variant(name="zg", engine="zero", ds_config="gds.json")))
+    (row,) = [p for p in plan.variants if p.name == "zg"]
+    assert row.status == "unsupported" and "GPUDirect Storage" in row.reason
+    mixed = {"zero_optimization": {"stage": 2, "reduce_bucket_size": -1}, "aio": {"use_gds": True}}
+    (tmp_path / "mixed.json").write_text(json.dumps(mixed))
+    text = refused_run(tmp_path, write_scenario(tmp_path, variant(name="zm", engine="zero", ds_config="mixed.json")))
+    assert "variant 'zm'" in text and "reduce_bucket_size" in text

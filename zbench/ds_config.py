@@ -116,13 +116,6 @@ def has_offload(ds: dict[str, Any]) -> bool:
                for k in ("offload_optimizer", "offload_param"))
 
 
-def without_offload(ds: dict[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(ds)
-    for key in ("offload_optimizer", "offload_param"):
-        out.get("zero_optimization", {}).pop(key, None)
-    return out
-
-
 def fixed_batch(ds: dict[str, Any]) -> int | None:
     """A numeric train_micro_batch_size_per_gpu in the variant's own file, if any."""
     micro = ds.get("train_micro_batch_size_per_gpu")

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from zero_core import ConfigError, load_config
+from zero_core import ConfigError, UnsupportedFeature, load_config
 
 from . import ds_config
 from .models.configs import ArchConfig, load_arch, size_keys
@@ -241,17 +241,11 @@ def _plan_variant(sc: Scenario, v: VariantSpec, base_dir: str, world: int, arch:
         final = ds_config.finalize(ds, sc=sc, batch=batch or 1, world_size=world, total_steps=1000, hidden=hidden)
         try:
             load_config(final, world)
-        except ConfigError as e:
-            if not ds_config.has_offload(final):
-                raise ScenarioError(f"variant '{v.name}': {e}") from None
-            try:
-                load_config(ds_config.without_offload(final), world)
-            except ConfigError:
-                raise ScenarioError(f"variant '{v.name}': {e}") from None
-            if "not supported" not in str(e):  # a setting to fix, not a feature we lack: say so before launching
-                raise ScenarioError(f"variant '{v.name}': {e}" + ("; or give the variant nvme_path: DIR"
-                                                                  if "nvme_path" in str(e) else "")) from None
+        except UnsupportedFeature as e:  # a feature zero_core lacks: a row that says so, the other variants run
             plan.status, plan.reason = "unsupported", str(e)
+        except ConfigError as e:  # a setting to fix: say so before launching
+            raise ScenarioError(f"variant '{v.name}': {e}" + ("; or give the variant nvme_path: DIR"
+                                                              if "nvme_path" in str(e) else "")) from None
     return plan
 
 

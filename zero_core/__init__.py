@@ -9,13 +9,14 @@ import torch
 
 from .comm import CollectiveError, CollectiveTimeout
 from .config import ConfigError, ZeroConfig, load_config
+from .config_errors import UnsupportedFeature
 from .config_auto import AutoValues, fill_auto
 from .deferred import init_context
 from .engine import Engine
 from .overflow_log import NonFiniteError
 from .pretrained import load_pretrained
 
-__all__ = ["initialize", "init_context", "load_pretrained", "Engine", "ZeroConfig", "ConfigError", "load_config", "AutoValues", "fill_auto", "CollectiveError",
+__all__ = ["initialize", "init_context", "load_pretrained", "Engine", "ZeroConfig", "ConfigError", "UnsupportedFeature", "load_config", "AutoValues", "fill_auto", "CollectiveError",
            "CollectiveTimeout", "NonFiniteError"]
 
 

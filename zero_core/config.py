@@ -27,7 +27,7 @@ from pydantic import BaseModel, ValidationError
 
 from .config_auto import AutoValues, resolve_auto
 from .config_checks import contradictions
-from .config_errors import ConfigError, Problem, combined, every_error
+from .config_errors import ConfigError, Problem, UnsupportedFeature, combined, every_error
 from .config_keys import not_acted_on
 from .config_models import ZeroConfig
 
@@ -81,7 +81,10 @@ def resolve_config(config: dict | str | os.PathLike | ZeroConfig, world_size: in
             resolved = resolve_batch(*given, world_size=world_size)
         except ConfigError as e:
             checks.append(Problem(_BATCH, str(e)))
-        problems += [p.message for p in checks if not _touches(p.keys, left_out)]
+        kept = [p for p in checks if not _touches(p.keys, left_out)]
+        problems += [p.message for p in kept]
+        if kept and len(kept) == len(problems) and all(p.lacking for p in kept):
+            raise UnsupportedFeature(combined(problems))
     if problems or cfg is None or resolved is None:
         raise ConfigError(combined(problems))
     out = cfg.model_copy(update=dict(zip(_BATCH, resolved)))

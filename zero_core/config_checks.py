@@ -111,7 +111,8 @@ def _one_aio(where: str, aio: AioConfig) -> Iterator[Problem]:
                       "4 KiB-aligned); 1048576 is DeepSpeed's default")
     if aio.use_gds:
         yield Problem((f"{where}.use_gds",),
-                      f"{where}.use_gds=true (GPUDirect Storage) is not supported; remove it or set false")
+                      f"{where}.use_gds=true (GPUDirect Storage) is not supported; remove it or set false",
+                      lacking=True)
     for key, default in accepted_only_as("aio.").items():
         if key != "use_gds" and getattr(aio, key) != default:
             yield Problem((f"{where}.{key}",),

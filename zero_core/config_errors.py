@@ -32,9 +32,15 @@ class ConfigError(ValueError):
         super().__init__(" ".join(str(message).split()))  # never let a newline through
 
 
+class UnsupportedFeature(ConfigError):
+    """A valid setting of a feature zero_core does not have: not the user's mistake, so a runner may show it as a
+    row that could not run instead of refusing the whole scenario. Raised only when it is the config's sole problem."""
+
+
 class Problem(NamedTuple):
     keys: tuple[str, ...]  # the dotted keys it involves (a problem about a key that was itself bad is dropped)
     message: str
+    lacking: bool = False  # a feature zero_core lacks (UnsupportedFeature), not a setting to fix
 
 
 def combined(messages: list[str]) -> str:
