@@ -32,8 +32,18 @@ from .safetensors_stream import StreamingWriter
 from .source import CheckpointError, CheckpointSource, ParamInfo
 
 _CHUNK = 1 << 22  # elements cast and written at a time: bounds the extra memory beyond one tensor
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
 
 
 def parse_size(text: str | int) -> int:
@@ -93,9 +103,15 @@ def first_problem(problems: list[str]) -> str:
     return f"{problems[0]}{more}; restore the file(s) from where the checkpoint was saved"
 
 
-def write_consolidated(source: CheckpointSource, out_dir: str | Path, dtype: torch.dtype, max_shard_size: int,
-                       progress: bool = True, protect: Iterable[str | Path] = (),
-                       verify: Callable[[], list[str]] | None = None) -> list[Path]:
+def write_consolidated(
+    source: CheckpointSource,
+    out_dir: str | Path,
+    dtype: torch.dtype,
+    max_shard_size: int,
+    progress: bool = True,
+    protect: Iterable[str | Path] = (),
+    verify: Callable[[], list[str]] | None = None,
+) -> list[Path]:
     """Stream every parameter of `source` into safetensors under `out_dir`; returns the files written.
     `verify` (e.g. source.verify) runs beside the conversion; its first problem fails it, nothing written.
 
@@ -112,16 +128,27 @@ def write_consolidated(source: CheckpointSource, out_dir: str | Path, dtype: tor
     return files
 
 
-def _write(source: CheckpointSource, out_dir: str | Path, dtype: torch.dtype, max_shard_size: int, progress: bool,
-           protect: Iterable[str | Path], pool: ThreadPoolExecutor, check: Future | None) -> list[Path]:
+def _write(
+    source: CheckpointSource,
+    out_dir: str | Path,
+    dtype: torch.dtype,
+    max_shard_size: int,
+    progress: bool,
+    protect: Iterable[str | Path],
+    pool: ThreadPoolExecutor,
+    check: Future | None,
+) -> list[Path]:
     out_dir = Path(out_dir)
     protect = [*protect, *([source.folder] if hasattr(source, "folder") else [])]
     infos = source.params()
     stored = [i for i in infos if not i.tied_to]
     out_dtypes = {i.name: _out_dtype(i, dtype) for i in stored}
     shards = plan_shards([(i.name, _nbytes(i, out_dtypes[i.name])) for i in stored], max_shard_size)
-    names = (["model.safetensors"] if len(shards) == 1 else
-             [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))])
+    names = (
+        ["model.safetensors"]
+        if len(shards) == 1
+        else [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]
+    )
     shard_of = {n: names[k] for k, shard in enumerate(shards) for n in shard}
     by_name = {i.name: i for i in stored}
     aliases = {i.name: i.tied_to for i in infos if i.tied_to}
@@ -150,10 +177,12 @@ def _write(source: CheckpointSource, out_dir: str | Path, dtype: torch.dtype, ma
 
 def _write_one(w: StreamingWriter, t: torch.Tensor, info: ParamInfo, dtype: torch.dtype) -> None:
     if tuple(t.shape) != tuple(info.shape):
-        raise CheckpointError(f"{info.name}: the checkpoint gives shape {tuple(t.shape)} but lists {info.shape}; it is inconsistent")
+        raise CheckpointError(
+            f"{info.name}: the checkpoint gives shape {tuple(t.shape)} but lists {info.shape}; it is inconsistent"
+        )
     flat = t.reshape(-1)
     for lo in range(0, flat.numel(), _CHUNK):  # an empty tensor writes nothing: the writer skips it
-        w.write(flat[lo:lo + _CHUNK].to(dtype))
+        w.write(flat[lo : lo + _CHUNK].to(dtype))
 
 
 class _progress:
@@ -171,8 +200,14 @@ class _progress:
         if not self.enabled:
             return lambda name, n: None
 
-        self._p = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
-                           console=Console(stderr=True), transient=True)
+        self._p = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        )
         self._p.__enter__()
         task = self._p.add_task("writing", total=self.total)
         return lambda name, n: self._p.update(task, advance=n, description=name[-40:])

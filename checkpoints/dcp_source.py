@@ -9,8 +9,8 @@ default FileSystemWriter. Which entries are model parameters:
   - otherwise the top-level tensors (`dcp.save(model.state_dict())`); nested entries such as
     optimizer state are not parameters and are skipped.
 Names lose torch.compile's `_orig_mod.` and Lightning's `_forward_module.` segments, so they load
-strictly into the user's model. Tied parameters are stored once per name by DCP, so each name is read on its own. No process
-group is needed: each `load(name)` asks `dcp.load` for that one key, which reads only the byte
+strictly into the user's model. Tied parameters are stored once per name by DCP, so each name is read on its own.
+No process group is needed: each `load(name)` asks `dcp.load` for that one key, which reads only the byte
 ranges of its chunks. `.metadata` is a pickle: we unpickle it with an allowlist of DCP's own
 metadata classes, so a crafted file cannot run code, then check the types of the fields we use.
 It names the chunk files: each must lie inside the folder (checkpoints.paths), and DCP's reader is
@@ -36,14 +36,31 @@ from .source import CheckpointError, ParamInfo, SourceSummary
 
 # DCP's metadata classes (plain dataclasses and an enum): the modules also hold readers, writers and
 # thread pools, whose constructors a crafted pickle must not be able to call.
-_DCP_CLASSES = {"torch.distributed.checkpoint.metadata": {
-    "Metadata", "MetadataIndex", "StorageMeta", "TensorStorageMetadata", "BytesStorageMetadata",
-    "ChunkStorageMetadata", "TensorProperties", "_MEM_FORMAT_ENCODING"},
-    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"}}
-_SAFE = {("pathlib", n) for n in ("Path", "PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath")} | {
-    ("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
-    ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "slice")} | {
-    (module, name) for module, names in _DCP_CLASSES.items() for name in names}
+_DCP_CLASSES = {
+    "torch.distributed.checkpoint.metadata": {
+        "Metadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "ChunkStorageMetadata",
+        "TensorProperties",
+        "_MEM_FORMAT_ENCODING",
+    },
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+}
+_SAFE = (
+    {("pathlib", n) for n in ("Path", "PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath")}
+    | {
+        ("torch", "Size"),
+        ("torch.serialization", "_get_layout"),
+        ("collections", "OrderedDict"),
+        ("builtins", "set"),
+        ("builtins", "frozenset"),
+        ("builtins", "slice"),
+    }
+    | {(module, name) for module, names in _DCP_CLASSES.items() for name in names}
+)
 
 
 def is_dcp_folder(folder: Path) -> bool:
@@ -68,12 +85,16 @@ def read_metadata(folder: Path, follow_symlinks: bool = False) -> Any:
     except OSError as e:
         raise CheckpointError(f"cannot read {path}: {e.strerror}; check its permissions") from None
     except Exception as e:  # whatever the allowed constructors raise on crafted arguments
-        raise CheckpointError(f"{path} is truncated, corrupt or not DCP metadata ({str(e)[:120]}); "
-                              "copy the folder again from where it was saved") from None
+        raise CheckpointError(
+            f"{path} is truncated, corrupt or not DCP metadata ({str(e)[:120]}); "
+            "copy the folder again from where it was saved"
+        ) from None
     problem = _field_problem(md)
     if problem:
-        raise CheckpointError(f"{path} is not valid torch.distributed.checkpoint metadata ({problem}); "
-                              "the checkpoint is damaged or crafted: copy the folder again from where it was saved")
+        raise CheckpointError(
+            f"{path} is not valid torch.distributed.checkpoint metadata ({problem}); "
+            "the checkpoint is damaged or crafted: copy the folder again from where it was saved"
+        )
     return md
 
 
@@ -94,21 +115,28 @@ def _field_problem(md: Any) -> str | None:
         if not isinstance(key, str) or not isinstance(entry, (TensorStorageMetadata, BytesStorageMetadata)):
             return f"entry {str(key)[:60]!r} is not a tensor or bytes entry"
         if isinstance(entry, TensorStorageMetadata) and not (
-                isinstance(getattr(getattr(entry, "properties", None), "dtype", None), torch.dtype)
-                and isinstance(getattr(entry, "size", None), tuple) and all(_count(d) for d in entry.size)
-                and isinstance(getattr(entry, "chunks", None), list)):
+            isinstance(getattr(getattr(entry, "properties", None), "dtype", None), torch.dtype)
+            and isinstance(getattr(entry, "size", None), tuple)
+            and all(_count(d) for d in entry.size)
+            and isinstance(getattr(entry, "chunks", None), list)
+        ):
             return f"tensor {key[:60]!r} has no dtype, size or chunk list"
     for index, info in storage.items():
         where = getattr(index, "fqn", None)
         if not isinstance(index, MetadataIndex) or not isinstance(where, str) or not isinstance(info, _StorageInfo):
             return "a storage entry is not a (MetadataIndex, _StorageInfo) pair"
         descriptors = getattr(info, "transform_descriptors", None)
-        if not (isinstance(getattr(info, "relative_path", None), str) and _count(getattr(info, "offset", None))
-                and _count(getattr(info, "length", None))
-                and (descriptors is None or isinstance(descriptors, (list, tuple)))):
+        if not (
+            isinstance(getattr(info, "relative_path", None), str)
+            and _count(getattr(info, "offset", None))
+            and _count(getattr(info, "length", None))
+            and (descriptors is None or isinstance(descriptors, (list, tuple)))
+        ):
             return f"the storage of {where[:60]!r} has no file name, offset or length"
-    if planner is not None and not (isinstance(planner, dict) and all(
-            isinstance(p, (list, tuple)) and all(isinstance(x, (str, int)) for x in p) for p in planner.values())):
+    if planner is not None and not (
+        isinstance(planner, dict)
+        and all(isinstance(p, (list, tuple)) and all(isinstance(x, (str, int)) for x in p) for p in planner.values())
+    ):
         return "planner_data is not a mapping of key paths"
     return None
 
@@ -127,7 +155,8 @@ def user_name(name: str) -> str:
 def model_keys(tensors: dict[str, Any], paths: dict[str, Any], key: str | None) -> dict[str, str]:
     """parameter name -> DCP key. `key`: the entries under that dotted prefix. Otherwise those under
     "model" (`{"model": ..., "optim": ...}`), else under "<app>.model" (`{"app": AppState}`, as PyTorch's
-    DCP recipe saves), else under "state_dict" (Lightning), else the top-level tensors (a bare model state dict; optimizer entries skipped)."""
+    DCP recipe saves), else under "state_dict" (Lightning), else the top-level tensors (a bare model state dict;
+    optimizer entries skipped)."""
     path_of = {k: tuple(paths.get(k) or k.split(".")) for k in tensors}
     if key is None:
         if any(p[0] == "model" and len(p) > 1 for p in path_of.values()):
@@ -138,9 +167,12 @@ def model_keys(tensors: dict[str, Any], paths: dict[str, Any], key: str | None) 
             key = next((f"{p[0]}.model" for p in path_of.values() if len(p) > 2 and p[1] == "model"), None)
     if key is not None:
         prefix = key.rstrip(".") + "."
-        return {user_name(k[len(prefix):]): k for k in tensors if k.startswith(prefix) and len(k) > len(prefix)}
-    return {user_name(k): k for k, p in path_of.items() if (len(p) == 1 or k not in paths)
-            and not re.match(r"^(optim|optimizer)\.", k)}
+        return {user_name(k[len(prefix) :]): k for k in tensors if k.startswith(prefix) and len(k) > len(prefix)}
+    return {
+        user_name(k): k
+        for k, p in path_of.items()
+        if (len(p) == 1 or k not in paths) and not re.match(r"^(optim|optimizer)\.", k)
+    }
 
 
 class DcpSource:
@@ -158,8 +190,10 @@ class DcpSource:
         if not isinstance(getattr(md, "storage_meta", None), StorageMeta):
             md.storage_meta = StorageMeta()
         # every chunk file checked before anything is read; DCP's reader gets only these paths
-        self._paths = {rel: inside(self.folder, rel, what="chunk file", follow_symlinks=follow_symlinks)
-                       for rel in sorted({info.relative_path for info in md.storage_data.values()})}
+        self._paths = {
+            rel: inside(self.folder, rel, what="chunk file", follow_symlinks=follow_symlinks)
+            for rel in sorted({info.relative_path for info in md.storage_data.values()})
+        }
         self._files = list(self._paths)
         for path in self._paths.values():
             if not path.is_file():
@@ -184,13 +218,19 @@ class DcpSource:
         if not self._keys:
             where = f"under --key {key!r}" if key else "under 'model.', '<app>.model.' or at the top level"
             firsts = ", ".join(sorted({k.split(".")[0] for k in tensors})[:5])
-            raise CheckpointError(f"{self.folder} holds no model tensors {where} (its keys start with: {firsts}); "
-                                  "pass --key with the prefix of the model's entries")
+            raise CheckpointError(
+                f"{self.folder} holds no model tensors {where} (its keys start with: {firsts}); "
+                "pass --key with the prefix of the model's entries"
+            )
         self._tensors = tensors
-        self._infos = [ParamInfo(n, tuple(tensors[k].size), str(tensors[k].properties.dtype).removeprefix("torch."))
-                       for n, k in self._keys.items()]
+        self._infos = [
+            ParamInfo(n, tuple(tensors[k].size), str(tensors[k].properties.dtype).removeprefix("torch."))
+            for n, k in self._keys.items()
+        ]
         path_of = {k: tuple((getattr(md, "planner_data", None) or {}).get(k) or k.split(".")) for k in tensors}
-        self._step_key = next((k for k, p in path_of.items() if str(p[-1]) == "step" and math.prod(tensors[k].size) == 1), None)
+        self._step_key = next(
+            (k for k, p in path_of.items() if str(p[-1]) == "step" and math.prod(tensors[k].size) == 1), None
+        )
 
     def params(self) -> list[ParamInfo]:
         """The model's tensors in save order (DCP keeps no frozen/tied distinction: all are listed)."""
@@ -208,10 +248,14 @@ class DcpSource:
                 dcp.load({key: out}, storage_reader=self._reader)
         except (Exception, CheckpointException) as e:  # DCP wraps per-rank failures in CheckpointException
             items = [i for idx, i in self.metadata.storage_data.items() if idx.fqn == key]
-            problems = self._check(items) or [f"a file of {', '.join(sorted({i.relative_path for i in items}))} is unreadable"]
+            problems = self._check(items) or [
+                f"a file of {', '.join(sorted({i.relative_path for i in items}))} is unreadable"
+            ]
             lines = [line for line in str(e).splitlines() if line.strip()]
-            raise CheckpointError(f"cannot read {key}: {problems[0]} "
-                                  f"({(lines[-1] if lines else type(e).__name__)[:100]}); copy the folder again") from None
+            raise CheckpointError(
+                f"cannot read {key}: {problems[0]} "
+                f"({(lines[-1] if lines else type(e).__name__)[:100]}); copy the folder again"
+            ) from None
         return out
 
     def load(self, name: str) -> torch.Tensor:
@@ -227,9 +271,17 @@ class DcpSource:
         ranks = {m.group(1) for f in self._files if (m := re.match(r"__(\d+)_", pathlib.PurePath(f).name))}
         size = sum(p.stat().st_size for p in self.folder.iterdir() if p.is_file())
         step = int(self._read(self._step_key).item()) if self._step_key else None
-        return SourceSummary(kind=self.kind, path=str(self.folder), step=step, stage=None, world_size=len(ranks) or None,
-                             num_params=sum(dtypes.values()), dtypes=dtypes, bytes_on_disk=size,
-                             extra={"files": len(self._files)})
+        return SourceSummary(
+            kind=self.kind,
+            path=str(self.folder),
+            step=step,
+            stage=None,
+            world_size=len(ranks) or None,
+            num_params=sum(dtypes.values()),
+            dtypes=dtypes,
+            bytes_on_disk=size,
+            extra={"files": len(self._files)},
+        )
 
     def verify(self) -> list[str]:
         """Every chunk's bytes present and, for torch.save'd chunks, their zip CRCs intact; one line per bad file."""

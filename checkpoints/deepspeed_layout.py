@@ -45,8 +45,9 @@ def _bases(sizes: Sequence[int]) -> list[int]:
     return out
 
 
-def stage12_from_mappings(mappings: Sequence[Sequence[Mapping[str, Any]]],
-                          group_sizes: Sequence[Sequence[int]]) -> dict[str, list[Piece]]:
+def stage12_from_mappings(
+    mappings: Sequence[Sequence[Mapping[str, Any]]], group_sizes: Sequence[Sequence[int]]
+) -> dict[str, list[Piece]]:
     """Pieces from `param_slice_mappings` (`mappings[rank][group][name]` has `.numel` and `.start`)."""
     pieces: dict[str, list[Piece]] = {}
     for rank, groups in enumerate(mappings):
@@ -57,9 +58,11 @@ def stage12_from_mappings(mappings: Sequence[Sequence[Mapping[str, Any]]],
     return pieces
 
 
-def stage12_from_offsets(param_shapes: Sequence[Mapping[str, Sequence[int]]],
-                         alignment_paddings: Sequence[Sequence[int]] | None,
-                         group_sizes: Sequence[Sequence[int]]) -> dict[str, list[Piece]]:
+def stage12_from_offsets(
+    param_shapes: Sequence[Mapping[str, Sequence[int]]],
+    alignment_paddings: Sequence[Sequence[int]] | None,
+    group_sizes: Sequence[Sequence[int]],
+) -> dict[str, list[Piece]]:
     """Pieces computed from the shapes, the per-parameter paddings and the saved partition sizes."""
     world = len(group_sizes)
     pieces: dict[str, list[Piece]] = {}
@@ -93,15 +96,20 @@ def stage3_pieces(param_shapes: Sequence[Mapping[str, Sequence[int]]], world: in
     return pieces
 
 
-def check_pieces(pieces: Mapping[str, list[Piece]], shapes: Mapping[str, Sequence[int]],
-                 rank_sizes: Sequence[int], where: str) -> None:
+def check_pieces(
+    pieces: Mapping[str, list[Piece]], shapes: Mapping[str, Sequence[int]], rank_sizes: Sequence[int], where: str
+) -> None:
     """Every parameter fully covered and every piece inside its rank's saved partitions, else CheckpointError."""
     for name, shape in shapes.items():
         got = sum(p.numel for p in pieces.get(name, []))
         if got != _numel(shape):
-            raise CheckpointError(f"{where}: the optimizer files hold {got} elements of {name} (shape {tuple(shape)}); "
-                                  "the checkpoint is inconsistent: were its files copied from different saves?")
+            raise CheckpointError(
+                f"{where}: the optimizer files hold {got} elements of {name} (shape {tuple(shape)}); "
+                "the checkpoint is inconsistent: were its files copied from different saves?"
+            )
         for p in pieces[name]:
             if p.start < 0 or p.start + p.numel > rank_sizes[p.rank]:
-                raise CheckpointError(f"{where}: {name} reaches past the fp32 partition of rank {p.rank} "
-                                      f"({p.start + p.numel} > {rank_sizes[p.rank]}); the rank file is truncated or from another save")
+                raise CheckpointError(
+                    f"{where}: {name} reaches past the fp32 partition of rank {p.rank} "
+                    f"({p.start + p.numel} > {rank_sizes[p.rank]}); the rank file is truncated or from another save"
+                )

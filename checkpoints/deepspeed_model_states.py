@@ -28,31 +28,57 @@ def _dtype_name(t: torch.Tensor) -> str:
 class ModelStates:
     """Parsed model-states file(s) of one tag folder; tensors are read lazily through `files`."""
 
-    def __init__(self, folder: Path, files: MappedFiles, world_size: int | None = None, follow_symlinks: bool = False) -> None:
+    def __init__(
+        self, folder: Path, files: MappedFiles, world_size: int | None = None, follow_symlinks: bool = False
+    ) -> None:
         self.folder = Path(folder)
         self.files = files
         self.zero3 = any(self.folder.glob("zero_pp_rank_*_mp_rank_00_model_states.pt"))
-        first = inside(self.folder, "zero_pp_rank_0_mp_rank_00_model_states.pt" if self.zero3 else "mp_rank_00_model_states.pt",
-                       what="model-states file", follow_symlinks=follow_symlinks)
+        first = inside(
+            self.folder,
+            "zero_pp_rank_0_mp_rank_00_model_states.pt" if self.zero3 else "mp_rank_00_model_states.pt",
+            what="model-states file",
+            follow_symlinks=follow_symlinks,
+        )
         if not first.is_file():
             raise CheckpointError(f"missing rank file {first}; copy it from the run that saved this checkpoint")
         state = load_pickle(first)
         if not isinstance(state, dict) or "module" not in state:
             raise CheckpointError(f"{first} is not a DeepSpeed model-states file (no 'module' entry)")
         self.world_size = int(state.get("dp_world_size") or world_size or 1)
-        self.paths = ([inside(self.folder, f"zero_pp_rank_{r}_mp_rank_00_model_states.pt", what="model-states file",
-                              follow_symlinks=follow_symlinks) for r in range(self.world_size)] if self.zero3 else [first])
+        self.paths = (
+            [
+                inside(
+                    self.folder,
+                    f"zero_pp_rank_{r}_mp_rank_00_model_states.pt",
+                    what="model-states file",
+                    follow_symlinks=follow_symlinks,
+                )
+                for r in range(self.world_size)
+            ]
+            if self.zero3
+            else [first]
+        )
         for p in self.paths:
             if not p.is_file():
-                raise CheckpointError(f"missing rank file {p} (world size {self.world_size}); copy it from the run that saved this checkpoint")
+                raise CheckpointError(
+                    f"missing rank file {p} (world size {self.world_size}); "
+                    "copy it from the run that saved this checkpoint"
+                )
         self.step: int | None = state.get("global_steps")
         self.ds_version: str | None = state.get("ds_version")
         config = state.get("ds_config") if isinstance(state.get("ds_config"), dict) else {}
-        self.precision = ("bf16" if (config.get("bf16") or {}).get("enabled") else
-                          "fp16" if (config.get("fp16") or {}).get("enabled") else "fp32")
+        self.precision = (
+            "bf16"
+            if (config.get("bf16") or {}).get("enabled")
+            else "fp16"
+            if (config.get("fp16") or {}).get("enabled")
+            else "fp32"
+        )
         self.stage_hint = (config.get("zero_optimization") or {}).get("stage")
         self.param_shapes: list[dict[str, tuple[int, ...]]] = [
-            {n: tuple(int(d) for d in s) for n, s in g.items()} for g in (state.get("param_shapes") or [])]
+            {n: tuple(int(d) for d in s) for n, s in g.items()} for g in (state.get("param_shapes") or [])
+        ]
         self.trainable = {n: s for g in self.param_shapes for n, s in g.items()}
         self.shared: dict[str, str] = dict(state.get("shared_params") or {})
         self.buffers = set(state.get("buffer_names") or [])
@@ -73,12 +99,16 @@ class ModelStates:
             if name in self.trainable:
                 by_name[name] = ParamInfo(name, self.trainable[name], trainable_dtype, trainable=True)
             elif name in self.frozen_shapes:
-                by_name[name] = ParamInfo(name, self.frozen_shapes[name], self._stored.get(name, "float32"), trainable=False)
+                by_name[name] = ParamInfo(
+                    name, self.frozen_shapes[name], self._stored.get(name, "float32"), trainable=False
+                )
             elif name in self._module_full:
                 by_name[name] = ParamInfo(name, self._module_full[name], self._stored[name], trainable=False)
             else:
-                raise CheckpointError(f"{self.paths[0]}: {name} is in the module but its data is in no file "
-                                      "(saved with exclude_frozen_parameters?); it cannot be rebuilt")
+                raise CheckpointError(
+                    f"{self.paths[0]}: {name} is in the module but its data is in no file "
+                    "(saved with exclude_frozen_parameters?); it cannot be rebuilt"
+                )
         for alias, owner in self.shared.items():
             if owner in by_name:
                 o = by_name[owner]

@@ -76,7 +76,9 @@ def load_pickle(path: Path, mmap: bool = True) -> Any:
     """torch.load `path` on the CPU with DeepSpeed stand-ins; every failure is a one-line CheckpointError."""
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"missing file {path}; the checkpoint is incomplete: copy it again from where it was saved")
+        raise CheckpointError(
+            f"missing file {path}; the checkpoint is incomplete: copy it again from where it was saved"
+        )
     use_mmap = mmap and zipfile.is_zipfile(path)  # mmap needs the zip format (torch >= 1.6 default)
     try:
         with torch.serialization.safe_globals([(cls, name) for name, cls in STAND_INS.items()]):
@@ -89,9 +91,13 @@ def load_pickle(path: Path, mmap: bool = True) -> Any:
                 f"{path} references {name}, which zbench refuses to load (only tensors, plain containers and "
                 "DeepSpeed's checkpoint classes are accepted); is this really a checkpoint file?"
             ) from None
-        raise CheckpointError(f"{path} is truncated or corrupt ({_first_line(e)}); copy the file again from where it was saved") from None
+        raise CheckpointError(
+            f"{path} is truncated or corrupt ({_first_line(e)}); copy the file again from where it was saved"
+        ) from None
     except OSError as e:  # the file is there but cannot be opened or read (permissions, I/O error)
-        raise CheckpointError(f"cannot read {path}: {e.strerror or _first_line(e)}; check that the file is readable") from None
+        raise CheckpointError(
+            f"cannot read {path}: {e.strerror or _first_line(e)}; check that the file is readable"
+        ) from None
     except (RuntimeError, EOFError, ValueError, zipfile.BadZipFile, KeyError, IndexError, TypeError) as e:
         raise CheckpointError(
             f"{path} is truncated or corrupt ({_first_line(e)}); copy the file again from where it was saved"

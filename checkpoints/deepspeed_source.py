@@ -30,7 +30,8 @@ OPTIM_RE = re.compile(r"^(bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_st
 def is_deepspeed_folder(folder: Path) -> bool:
     """A DeepSpeed tag folder holds model-states or ZeRO optimizer files (and no universal `zero/` folder)."""
     return not (folder / "zero").is_dir() and (
-        any(folder.glob("*_model_states.pt")) or any(folder.glob("*zero_pp_rank_*_optim_states.pt")))
+        any(folder.glob("*_model_states.pt")) or any(folder.glob("*zero_pp_rank_*_optim_states.pt"))
+    )
 
 
 def summarize(kind: str, folder: Path, infos: list[ParamInfo], **fields) -> SourceSummary:
@@ -40,8 +41,9 @@ def summarize(kind: str, folder: Path, infos: list[ParamInfo], **fields) -> Sour
         if not i.tied_to:
             dtypes[i.dtype] = dtypes.get(i.dtype, 0) + math.prod(i.shape)
     size = sum(f.stat().st_size for f in Path(folder).rglob("*") if f.is_file())
-    return SourceSummary(kind=kind, path=str(folder), num_params=sum(dtypes.values()), dtypes=dtypes,
-                         bytes_on_disk=size, **fields)
+    return SourceSummary(
+        kind=kind, path=str(folder), num_params=sum(dtypes.values()), dtypes=dtypes, bytes_on_disk=size, **fields
+    )
 
 
 class DeepSpeedSource:
@@ -56,15 +58,27 @@ class DeepSpeedSource:
         self.model = ModelStates(self.folder, self._files, world_size=max(optim) + 1, follow_symlinks=follow_symlinks)
         self.world_size = self.model.world_size
         prefix = optim[min(optim)].name.split("zero_pp_rank_")[0]
-        self.optim_files = [inside(self.folder, f"{prefix}zero_pp_rank_{r}_mp_rank_00_optim_states.pt", what="rank file",
-                                   follow_symlinks=follow_symlinks) for r in range(self.world_size)]
+        self.optim_files = [
+            inside(
+                self.folder,
+                f"{prefix}zero_pp_rank_{r}_mp_rank_00_optim_states.pt",
+                what="rank file",
+                follow_symlinks=follow_symlinks,
+            )
+            for r in range(self.world_size)
+        ]
         for f in self.optim_files:
             if not f.is_file():
-                raise CheckpointError(f"missing rank file {f} (world size {self.world_size}); copy it from the run that saved this checkpoint")
+                raise CheckpointError(
+                    f"missing rank file {f} (world size {self.world_size}); "
+                    "copy it from the run that saved this checkpoint"
+                )
         metas = [load_pickle(f)["optimizer_state_dict"] for f in self.optim_files]
         self.stage = int(metas[0].get("zero_stage", 0))  # ZeroStageEnum loads as its plain int value
         if self.stage not in (1, 2, 3):
-            raise CheckpointError(f"{self.optim_files[0]}: ZeRO stage {self.stage} checkpoints are not supported (only 1, 2, 3)")
+            raise CheckpointError(
+                f"{self.optim_files[0]}: ZeRO stage {self.stage} checkpoints are not supported (only 1, 2, 3)"
+            )
         self._group_key = "fp32_flat_groups" if self.stage == 3 else "single_partition_of_fp32_groups"
         sizes = [[int(t.numel()) for t in m[self._group_key]] for m in metas]
         shapes = self.model.param_shapes
@@ -87,13 +101,19 @@ class DeepSpeedSource:
         for f in self.folder.glob("*_optim_states.pt"):
             m = OPTIM_RE.match(f.name)
             if not m:
-                raise CheckpointError(f"{f}: expert (MoE) optimizer files are not supported; only dense ZeRO checkpoints")
+                raise CheckpointError(
+                    f"{f}: expert (MoE) optimizer files are not supported; only dense ZeRO checkpoints"
+                )
             if m.group(3) != "00":
-                raise CheckpointError(f"{f}: tensor/pipeline-parallel DeepSpeed checkpoints are not supported (mp_rank {m.group(3)})")
+                raise CheckpointError(
+                    f"{f}: tensor/pipeline-parallel DeepSpeed checkpoints are not supported (mp_rank {m.group(3)})"
+                )
             found[int(m.group(2))] = f
         if not found:
-            raise CheckpointError(f"no *_optim_states.pt files in {self.folder}; they hold the fp32 weights: "
-                                  "copy them from the run that saved this checkpoint")
+            raise CheckpointError(
+                f"no *_optim_states.pt files in {self.folder}; they hold the fp32 weights: "
+                "copy them from the run that saved this checkpoint"
+            )
         return found
 
     # -- the CheckpointSource protocol ---------------------------------------------------------
@@ -113,7 +133,7 @@ class DeepSpeedSource:
         for p in self._pieces[name]:
             for lo in range(0, p.numel, _CHUNK):
                 n = min(_CHUNK, p.numel - lo)
-                self._copy(p.rank, p.start + lo, out[pos:pos + n])
+                self._copy(p.rank, p.start + lo, out[pos : pos + n])
                 self._files.touched(n * 4)  # may unmap: _copy holds no tensor of the file any more
                 pos += n
         return out.view(info.shape)
@@ -128,8 +148,8 @@ class DeepSpeedSource:
             n = t.numel()
             if start < n and pos < dst.numel():
                 take = min(dst.numel() - pos, n - start)
-                src = t.reshape(-1)[start:start + take]
-                dst[pos:pos + take].copy_(src)
+                src = t.reshape(-1)[start : start + take]
+                dst[pos : pos + take].copy_(src)
                 if mapped:
                     drop_file_pages(src)  # keep RSS at the output tensor, not the file
                 pos += take
@@ -137,10 +157,15 @@ class DeepSpeedSource:
 
     def summary(self) -> SourceSummary:
         """Kind, step, stage, world size, element counts per dtype (tied counted once), bytes on disk."""
-        return summarize(self.kind, self.folder, self._infos, step=self.model.step, stage=self.stage,
-                         world_size=self.world_size,
-                         extra={"tag": self.folder.name, "precision": self.precision,
-                                "deepspeed_version": self.model.ds_version})
+        return summarize(
+            self.kind,
+            self.folder,
+            self._infos,
+            step=self.model.step,
+            stage=self.stage,
+            world_size=self.world_size,
+            extra={"tag": self.folder.name, "precision": self.precision, "deepspeed_version": self.model.ds_version},
+        )
 
     def verify(self) -> list[str]:
         """CRC-check every rank file (DeepSpeed writes no checksums; torch.save's zip records have CRCs)."""

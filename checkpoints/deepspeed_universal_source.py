@@ -44,17 +44,22 @@ class UniversalSource:
         self._follow = follow_symlinks
         self._files = MappedFiles()
         has_states = (self.folder / "mp_rank_00_model_states.pt").is_file() or any(
-            self.folder.glob("zero_pp_rank_*_model_states.pt"))
+            self.folder.glob("zero_pp_rank_*_model_states.pt")
+        )
         self.model = ModelStates(self.folder, self._files, follow_symlinks=follow_symlinks) if has_states else None
         if self.model:
             self._infos = self.model.infos()
             for i in self._infos:
                 if i.name in self.model.trainable and not self._fp32_path(i.name).is_file():
-                    raise CheckpointError(f"missing file {self._fp32_path(i.name)}; the universal checkpoint is incomplete: "
-                                          "run ds_to_universal.py again")
+                    raise CheckpointError(
+                        f"missing file {self._fp32_path(i.name)}; the universal checkpoint is incomplete: "
+                        "run ds_to_universal.py again"
+                    )
         else:
-            self._infos = [ParamInfo(p.parent.name, tuple(_param_of(load_pickle(p), p).shape), "float32")
-                           for p in map(self._fp32_path, sorted(p.parent.name for p in self.zero.glob("*/fp32.pt")))]
+            self._infos = [
+                ParamInfo(p.parent.name, tuple(_param_of(load_pickle(p), p).shape), "float32")
+                for p in map(self._fp32_path, sorted(p.parent.name for p in self.zero.glob("*/fp32.pt")))
+            ]
         self._by_name = {i.name: i for i in self._infos}
         # verify reads every .pt file of the folder: each must lie inside it too, links refused
         self._pt_files = [self._inside(p.relative_to(self.folder), "file") for p in sorted(self.folder.rglob("*.pt"))]
@@ -79,8 +84,10 @@ class UniversalSource:
         path = self._fp32_path(name)
         t = _param_of(load_pickle(path), path)
         if t.numel() != math.prod(info.shape):  # ZeRO-3 conversions store the flattened tensor
-            raise CheckpointError(f"{path} holds shape {tuple(t.shape)} but the model states say {info.shape}; "
-                                  "the folder mixes files from different conversions")
+            raise CheckpointError(
+                f"{path} holds shape {tuple(t.shape)} but the model states say {info.shape}; "
+                "the folder mixes files from different conversions"
+            )
         return t.float().clone().reshape(info.shape)
 
     def summary(self) -> SourceSummary:
@@ -90,10 +97,19 @@ class UniversalSource:
         if step is None:
             first = next((self._inside(p.relative_to(self.folder), "file") for p in self.zero.glob("*/step.pt")), None)
             step = int(_param_of(load_pickle(first), first).item()) if first else None
-        return summarize(self.kind, self.folder, self._infos, step=step,
-                         stage=m.stage_hint if m else None, world_size=m.world_size if m else None,
-                         extra={"tag": self.folder.name, "precision": m.precision if m else None,
-                                "deepspeed_version": m.ds_version if m else None})
+        return summarize(
+            self.kind,
+            self.folder,
+            self._infos,
+            step=step,
+            stage=m.stage_hint if m else None,
+            world_size=m.world_size if m else None,
+            extra={
+                "tag": self.folder.name,
+                "precision": m.precision if m else None,
+                "deepspeed_version": m.ds_version if m else None,
+            },
+        )
 
     def verify(self) -> list[str]:
         """CRC-check every .pt file of the folder (torch.save's zip records carry CRCs)."""

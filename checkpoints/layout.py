@@ -90,7 +90,9 @@ class FlatLayout:
             for s in g.slots:
                 start, end = max(lo, s.offset), min(hi, s.offset + s.numel)
                 if start < end:
-                    out.append(Fragment(s.index, s.name, start - s.offset, g.partition_offset + start - lo, end - start))
+                    out.append(
+                        Fragment(s.index, s.name, start - s.offset, g.partition_offset + start - lo, end - start)
+                    )
         return out
 
 

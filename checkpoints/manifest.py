@@ -55,8 +55,14 @@ def param_entries(named: Iterable[tuple[str, Any]], slot_of: dict[int, int]) -> 
     first_name: dict[int, str] = {}
     entries = []
     for name, t in named:
-        entry: dict[str, Any] = {"name": name, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."),
-                                 "trainable": id(t) in slot_of, "tied_to": first_name.get(id(t)), "slot": None}
+        entry: dict[str, Any] = {
+            "name": name,
+            "shape": list(t.shape),
+            "dtype": str(t.dtype).removeprefix("torch."),
+            "trainable": id(t) in slot_of,
+            "tied_to": first_name.get(id(t)),
+            "slot": None,
+        }
         if entry["trainable"] and entry["tied_to"] is None:
             entry["slot"] = slot_of[id(t)]
         first_name.setdefault(id(t), name)
@@ -66,13 +72,19 @@ def param_entries(named: Iterable[tuple[str, Any]], slot_of: dict[int, int]) -> 
 
 def fragment_records(layout: Any) -> dict[str, list[list[int]]]:
     """The explicit fragment map of every rank file of `layout` (a checkpoints.layout.FlatLayout)."""
-    return {rank_file(r): [[f.param_index, f.param_start, f.partition_offset, f.numel] for f in layout.fragments(r)]
-            for r in range(layout.world_size)}
+    return {
+        rank_file(r): [[f.param_index, f.param_start, f.partition_offset, f.numel] for f in layout.fragments(r)]
+        for r in range(layout.world_size)
+    }
 
 
 def layout_record(layout: Any) -> dict[str, Any]:
-    return {"world_size": layout.world_size, "align": layout.align, "partition_numel": layout.partition_numel,
-            "groups": [[s.index for s in g.slots] for g in layout.groups]}
+    return {
+        "world_size": layout.world_size,
+        "align": layout.align,
+        "partition_numel": layout.partition_numel,
+        "groups": [[s.index for s in g.slots] for g in layout.groups],
+    }
 
 
 def file_record(path: Path) -> dict[str, Any]:
@@ -103,8 +115,10 @@ def _read_bounded(path: Path, limit: int) -> bytes:
     with open(path, "rb") as f:
         data = f.read(limit + 1)
     if len(data) > limit:
-        raise CheckpointError(f"{path} is larger than {limit} bytes, far more than any manifest; the checkpoint is "
-                              "damaged, use an earlier one")
+        raise CheckpointError(
+            f"{path} is larger than {limit} bytes, far more than any manifest; the checkpoint is "
+            "damaged, use an earlier one"
+        )
     return data
 
 
@@ -115,14 +129,17 @@ def read(folder: Path, follow_symlinks: bool = False) -> dict[str, Any]:
         raw = _read_bounded(path, MAX_MANIFEST_BYTES)
         manifest = json.loads(raw.decode("utf-8"))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise CheckpointError(f"{path} is unreadable ({e.__class__.__name__}); the checkpoint is damaged, "
-                              "use an earlier tag") from None
+        raise CheckpointError(
+            f"{path} is unreadable ({e.__class__.__name__}); the checkpoint is damaged, use an earlier tag"
+        ) from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a zbench manifest; pass a zbench checkpoint or use --from")
     version = manifest.get("version")
     if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= VERSION:
-        raise CheckpointError(f"{folder} uses checkpoint format {version!r}, not one this zbench (formats 1-{VERSION}) "
-                              "reads; upgrade zbench")
+        raise CheckpointError(
+            f"{folder} uses checkpoint format {version!r}, not one this zbench (formats 1-{VERSION}) "
+            "reads; upgrade zbench"
+        )
     if version >= 2:
         _check_checksum(folder, raw, follow_symlinks)
     problem = structure_problem(manifest)
@@ -136,18 +153,23 @@ def _check_checksum(folder: Path, raw: bytes, follow_symlinks: bool) -> None:
     try:
         text = _read_bounded(path, 4096).decode("ascii", "replace").split()
     except FileNotFoundError:
-        raise CheckpointError(f"{path} is missing, so edits to {folder / MANIFEST} cannot be detected; restore it "
-                              "from where the checkpoint was saved, or use an earlier checkpoint") from None
+        raise CheckpointError(
+            f"{path} is missing, so edits to {folder / MANIFEST} cannot be detected; restore it "
+            "from where the checkpoint was saved, or use an earlier checkpoint"
+        ) from None
     except OSError as e:
         raise CheckpointError(f"cannot read {path} ({e.strerror}); restore it or use an earlier checkpoint") from None
     if not text or text[0] != hashlib.sha256(raw).hexdigest():
-        raise CheckpointError(f"{folder / MANIFEST} does not match its checksum in {CHECKSUM}: it was edited or damaged "
-                              "after the save; restore it or use an earlier checkpoint")
+        raise CheckpointError(
+            f"{folder / MANIFEST} does not match its checksum in {CHECKSUM}: it was edited or damaged "
+            "after the save; restore it or use an earlier checkpoint"
+        )
 
 
 # -- checking the files it lists ---------------------------------------------------------------------
-def verify_files(folder: Path, manifest: dict[str, Any], names: list[str] | None = None,
-                 follow_symlinks: bool = False) -> list[str]:
+def verify_files(
+    folder: Path, manifest: dict[str, Any], names: list[str] | None = None, follow_symlinks: bool = False
+) -> list[str]:
     """Problems with the listed files (all by default): a link, missing, wrong size, checksum mismatch or a
     safetensors header that disagrees with the manifest."""
     from .manifest_checks import header_problem
@@ -171,15 +193,18 @@ def verify_files(folder: Path, manifest: dict[str, Any], names: list[str] | None
         except CheckpointError as e:
             problems.append(str(e).split("; ")[0])
         except FileNotFoundError:
-            problems.append(f"{folder / name} disappeared while it was read (another process removed this checkpoint, "
-                            "e.g. a save with keep_last)")
+            problems.append(
+                f"{folder / name} disappeared while it was read (another process removed this checkpoint, "
+                "e.g. a save with keep_last)"
+            )
         except OSError as e:
             problems.append(f"{folder / name} cannot be read ({e.strerror})")
     return problems
 
 
-def check_files(folder: Path, manifest: dict[str, Any], names: list[str] | None = None,
-                follow_symlinks: bool = False) -> None:
+def check_files(
+    folder: Path, manifest: dict[str, Any], names: list[str] | None = None, follow_symlinks: bool = False
+) -> None:
     """Raise a one-line CheckpointError naming the first damaged file."""
     problems = verify_files(folder, manifest, names, follow_symlinks)
     if problems:

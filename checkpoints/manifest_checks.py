@@ -18,15 +18,37 @@ from .checksums import entry_problem
 from .paths import NAME_MAX_BYTES
 from .source import CheckpointError
 
-DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8, "int64": 8, "int32": 4, "int16": 2, "int8": 1,
-          "uint8": 1, "bool": 1}
+DTYPES = {
+    "float32": 4,
+    "bfloat16": 2,
+    "float16": 2,
+    "float64": 8,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+}
 FLOATS = {"float32", "bfloat16", "float16", "float64"}
 MAX_NUMEL = 1 << 48  # elements in one tensor or one partition: far beyond any model, far below overflow
 MAX_DIMS = 32
 _STATE_KEY = re.compile(r"state\.[A-Za-z_][A-Za-z0-9_]{0,63}")
-_TOP = (("tag", str), ("step", int), ("micro_steps", int), ("world_size", int), ("stage", int), ("params", list),
-        ("fragments", dict), ("files", dict), ("optimizer", dict), ("loss_scaler", dict), ("rng", dict),
-        ("client_state", dict), ("layout", dict))
+_TOP = (
+    ("tag", str),
+    ("step", int),
+    ("micro_steps", int),
+    ("world_size", int),
+    ("stage", int),
+    ("params", list),
+    ("fragments", dict),
+    ("files", dict),
+    ("optimizer", dict),
+    ("loss_scaler", dict),
+    ("rng", dict),
+    ("client_state", dict),
+    ("layout", dict),
+)
 
 
 def _int(x: Any, lo: int = 0, hi: int = MAX_NUMEL) -> bool:
@@ -50,19 +72,33 @@ def structure_problem(m: dict[str, Any]) -> str | None:
         return f"tag {m['tag'][:40]!r} is not a folder name"
     if not _int(m["world_size"], 1, 1 << 20) or not _int(m["stage"], 0, 3):
         return "world_size or stage out of range"
-    return (_params_problem(m["params"]) or _layout_problem(m) or _fragments_problem(m) or _files_problem(m)
-            or _state_problem(m))
+    return (
+        _params_problem(m["params"])
+        or _layout_problem(m)
+        or _fragments_problem(m)
+        or _files_problem(m)
+        or _state_problem(m)
+    )
 
 
 def _params_problem(params: list[Any]) -> str | None:
     seen: dict[str, dict[str, Any]] = {}
     slots = []
     for p in params:
-        if not (isinstance(p, dict) and isinstance(p.get("name"), str) and 0 < len(p["name"]) <= 4096
-                and isinstance(p.get("shape"), list) and len(p["shape"]) <= MAX_DIMS
-                and all(_int(d) for d in p["shape"]) and numel(p["shape"]) <= MAX_NUMEL
-                and isinstance(p.get("dtype"), str) and p["dtype"] in DTYPES and isinstance(p.get("trainable"), bool)
-                and (p.get("slot") is None or _int(p["slot"])) and (p.get("tied_to") is None or isinstance(p["tied_to"], str))):
+        if not (
+            isinstance(p, dict)
+            and isinstance(p.get("name"), str)
+            and 0 < len(p["name"]) <= 4096
+            and isinstance(p.get("shape"), list)
+            and len(p["shape"]) <= MAX_DIMS
+            and all(_int(d) for d in p["shape"])
+            and numel(p["shape"]) <= MAX_NUMEL
+            and isinstance(p.get("dtype"), str)
+            and p["dtype"] in DTYPES
+            and isinstance(p.get("trainable"), bool)
+            and (p.get("slot") is None or _int(p["slot"]))
+            and (p.get("tied_to") is None or isinstance(p["tied_to"], str))
+        ):
             return f"bad params entry {str(p)[:60]}"
         name = p["name"]
         if name in seen:
@@ -94,13 +130,19 @@ def slot_shapes(m: dict[str, Any]) -> dict[int, list[int]]:
 
 def _layout_problem(m: dict[str, Any]) -> str | None:
     lay = m["layout"]
-    if not (_int(lay.get("world_size"), 1, 1 << 20) and _int(lay.get("align"), 1, 1 << 30)
-            and _int(lay.get("partition_numel")) and isinstance(lay.get("groups"), list)):
+    if not (
+        _int(lay.get("world_size"), 1, 1 << 20)
+        and _int(lay.get("align"), 1, 1 << 30)
+        and _int(lay.get("partition_numel"))
+        and isinstance(lay.get("groups"), list)
+    ):
         return "bad layout record"
     if lay["world_size"] not in (1, m["world_size"]) or (m["stage"] == 0 and lay["world_size"] != 1):
         return f"layout world size {lay['world_size']} does not fit world size {m['world_size']} at stage {m['stage']}"
     flat = [s for g in lay["groups"] if isinstance(g, list) for s in g]
-    if len(flat) != sum(len(g) if isinstance(g, list) else -1 for g in lay["groups"]) or flat != list(range(len(slot_shapes(m)))):
+    if len(flat) != sum(len(g) if isinstance(g, list) else -1 for g in lay["groups"]) or flat != list(
+        range(len(slot_shapes(m)))
+    ):
         return "layout groups do not list the slots 0..N-1 in order"
     return None
 
@@ -114,7 +156,9 @@ def _fragments_problem(m: dict[str, Any]) -> str | None:
         return f"fragment maps name {sorted(m['fragments'])[:3]} instead of the {lay['world_size']} rank file(s)"
     covered: dict[int, list[tuple[int, int]]] = {s: [] for s in shapes}
     for fname, frags in m["fragments"].items():
-        if not isinstance(frags, list) or not all(isinstance(f, list) and len(f) == 4 and all(_int(x) for x in f) for f in frags):
+        if not isinstance(frags, list) or not all(
+            isinstance(f, list) and len(f) == 4 and all(_int(x) for x in f) for f in frags
+        ):
             return f"bad fragment map for {fname}"
         used = []
         for slot, start, offset, count in frags:
@@ -160,8 +204,12 @@ def _files_problem(m: dict[str, Any]) -> str | None:
 def _state_problem(m: dict[str, Any]) -> str | None:
     opt = m["optimizer"]
     keys = opt.get("state_keys", ["exp_avg", "exp_avg_sq"])
-    if not (isinstance(keys, list) and len(keys) <= 32 and len(set(keys)) == len(keys)
-            and all(isinstance(k, str) and (k in ("exp_avg", "exp_avg_sq") or _STATE_KEY.fullmatch(k)) for k in keys)):
+    if not (
+        isinstance(keys, list)
+        and len(keys) <= 32
+        and len(set(keys)) == len(keys)
+        and all(isinstance(k, str) and (k in ("exp_avg", "exp_avg_sq") or _STATE_KEY.fullmatch(k)) for k in keys)
+    ):
         return "optimizer.state_keys is not a list of state names"
     scalars = opt.get("client_scalars", {})
     if not (isinstance(scalars, dict) and len(scalars) <= 32 and all(_number(v) for v in scalars.values())):
@@ -181,8 +229,18 @@ def _state_problem(m: dict[str, Any]) -> str | None:
 
 
 # -- headers against the manifest -------------------------------------------------------------------
-_CODES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64", "I64": "int64", "I32": "int32",
-          "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+_CODES = {
+    "F32": "float32",
+    "BF16": "bfloat16",
+    "F16": "float16",
+    "F64": "float64",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
+}
 
 
 def expected_tensors(fname: str, m: dict[str, Any]) -> dict[str, tuple[str, list[int]]]:

@@ -44,21 +44,27 @@ def staging_dir(out: str | os.PathLike) -> Path:
 
 
 def check_output(out: str | os.PathLike, protect: Iterable[str | os.PathLike] = ()) -> None:
-    """Refuse, before any work, an `out` inside a `protect` folder, holding files, or being written by another convert."""
+    """Refuse, before any work, an `out` inside a `protect` folder, holding files, or being written by another
+    convert."""
     out = Path(out)
     long = next((p for p in out.parts if len(os.fsencode(p)) > NAME_MAX_BYTES), None)
     if long is not None:
-        raise CheckpointError(f"--out has a folder name longer than {NAME_MAX_BYTES} bytes ({long[:40]}...); "
-                              "pass a shorter --out")
+        raise CheckpointError(
+            f"--out has a folder name longer than {NAME_MAX_BYTES} bytes ({long[:40]}...); pass a shorter --out"
+        )
     target = Path(os.path.realpath(out))
     for folder in protect:
         real = Path(os.path.realpath(folder))
         if target == real:
-            raise CheckpointError(f"--out {out} is the checkpoint {folder} itself: it already holds files, and writing "
-                                  "there would change the source; pass an --out outside it")
+            raise CheckpointError(
+                f"--out {out} is the checkpoint {folder} itself: it already holds files, and writing "
+                "there would change the source; pass an --out outside it"
+            )
         if real in target.parents:
-            raise CheckpointError(f"--out {out} is inside the checkpoint {folder}; writing there would change the "
-                                  "source; pass an --out outside it")
+            raise CheckpointError(
+                f"--out {out} is inside the checkpoint {folder}; writing there would change the "
+                "source; pass an --out outside it"
+            )
     if os.path.lexists(out) and (not out.is_dir() or any(out.iterdir())):
         raise CheckpointError(f"output folder {out} already holds files; pass an empty or new --out")
     staging = staging_dir(out)
@@ -106,8 +112,10 @@ def _commit(out: Path, staging: Path) -> None:
         os.rename(staging, out)  # atomic; refused by the kernel if `out` appeared and holds anything
     except OSError as e:
         if e.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
-            raise CheckpointError(f"output folder {out} already holds files (written while this convert ran; "
-                                  "left as it is); pass an empty or new --out") from None
+            raise CheckpointError(
+                f"output folder {out} already holds files (written while this convert ran; "
+                "left as it is); pass an empty or new --out"
+            ) from None
         raise
 
 
@@ -153,8 +161,12 @@ def _process_start(pid: int) -> str | None:
 
 def _write_owner(staging: Path) -> None:
     pid = os.getpid()
-    record = {"pid": pid, "host": socket.gethostname(), "process": _process_start(pid),
-              "started": datetime.now().astimezone().isoformat(timespec="seconds")}
+    record = {
+        "pid": pid,
+        "host": socket.gethostname(),
+        "process": _process_start(pid),
+        "started": datetime.now().astimezone().isoformat(timespec="seconds"),
+    }
     with open(staging / OWNER_FILE, "x", encoding="utf-8") as f:
         json.dump(record, f)
 
@@ -191,12 +203,16 @@ def _taken(out: Path, staging: Path) -> str | None:
     if owner is None:
         if not os.path.lexists(staging):
             return None
-        return (f"{staging} is in the way of --out {out} and names no zbench convert that owns it; "
-                "if no convert is writing there, delete it and run again")
+        return (
+            f"{staging} is in the way of --out {out} and names no zbench convert that owns it; "
+            "if no convert is writing there, delete it and run again"
+        )
     pid, host = owner["pid"], owner.get("host")
     if host != socket.gethostname():
-        return (f"another zbench convert (pid {pid} on {host}) is writing {out}; wait for it or pass another --out "
-                f"(if it no longer runs, delete {staging} and run again)")
+        return (
+            f"another zbench convert (pid {pid} on {host}) is writing {out}; wait for it or pass another --out "
+            f"(if it no longer runs, delete {staging} and run again)"
+        )
     if _runs(owner):
         return f"another zbench convert (pid {pid}) is writing {out}; wait for it or pass another --out"
     return f"{staging} is left by a zbench convert that was killed (pid {pid} no longer runs); delete it and run again"

@@ -39,7 +39,9 @@ def reshard_to_zbench(source: object, out: str | Path, world_size: int, protect:
     trainable = sorted((p for p in m["params"] if p.get("slot") is not None), key=lambda p: p["slot"])
     bounds = [group[0] for group in m["layout"]["groups"]]
     new_world = 1 if m["layout"]["world_size"] == 1 else world_size  # stage 0 keeps one replicated copy
-    layout = build_layout([(p["name"], p["shape"]) for p in trainable], new_world, group_bounds=bounds, align=m["layout"]["align"])
+    layout = build_layout(
+        [(p["name"], p["shape"]) for p in trainable], new_world, group_bounds=bounds, align=m["layout"]["align"]
+    )
     tag = m["tag"]
     with claimed_output(out, protect) as root:  # a full disk or a refused write leaves nothing behind
         staged = fmt.staging_dir(root, tag, fmt.new_token())
@@ -48,7 +50,9 @@ def reshard_to_zbench(source: object, out: str | Path, world_size: int, protect:
     return out / tag
 
 
-def _write(source: ZbenchSource, layout: Any, world_size: int, new_world: int, staged: Path, out: Path, tag: str) -> None:
+def _write(
+    source: ZbenchSource, layout: Any, world_size: int, new_world: int, staged: Path, out: Path, tag: str
+) -> None:
     """Stream every new rank file, the frozen tensors and the manifest into `staged`, then commit."""
     m = source.manifest
     reader = FragmentReader(source.folder, m, source.follow_symlinks)
@@ -76,7 +80,14 @@ def _write(source: ZbenchSource, layout: Any, world_size: int, new_world: int, s
     frozen = inside(source.folder, mf.FROZEN_FILE, what="frozen tensors file", follow_symlinks=source.follow_symlinks)
     shutil.copy2(frozen, staged / mf.FROZEN_FILE)
     files[mf.FROZEN_FILE] = m["files"][mf.FROZEN_FILE]
-    manifest = {**m, "version": mf.VERSION, "world_size": world_size, "rng": {}, "files": files,
-                "layout": mf.layout_record(layout), "fragments": mf.fragment_records(layout)}
+    manifest = {
+        **m,
+        "version": mf.VERSION,
+        "world_size": world_size,
+        "rng": {},
+        "files": files,
+        "layout": mf.layout_record(layout),
+        "fragments": mf.fragment_records(layout),
+    }
     mf.write(staged, manifest)
     fmt.commit(out, tag, staged)

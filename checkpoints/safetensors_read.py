@@ -17,8 +17,18 @@ import torch
 
 from .source import CheckpointError
 
-_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64,
-           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+_DTYPES = {
+    "F32": torch.float32,
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "F64": torch.float64,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
 
 
 MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit
@@ -38,10 +48,17 @@ def header_problem(header: object, data_bytes: int) -> str | None:
     for name, t in header.items():
         if name == "__metadata__":
             continue
-        if not (isinstance(t, dict) and isinstance(t.get("dtype"), str) and t["dtype"] in _ITEM and isinstance(t.get("shape"), list) and len(t["shape"]) <= 32
-                and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 48 for d in t["shape"])
-                and isinstance(t.get("data_offsets"), list) and len(t["data_offsets"]) == 2
-                and all(isinstance(o, int) and not isinstance(o, bool) for o in t["data_offsets"])):
+        if not (
+            isinstance(t, dict)
+            and isinstance(t.get("dtype"), str)
+            and t["dtype"] in _ITEM
+            and isinstance(t.get("shape"), list)
+            and len(t["shape"]) <= 32
+            and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 48 for d in t["shape"])
+            and isinstance(t.get("data_offsets"), list)
+            and len(t["data_offsets"]) == 2
+            and all(isinstance(o, int) and not isinstance(o, bool) for o in t["data_offsets"])
+        ):
             return f"tensor {str(name)[:60]!r} has a malformed header entry"
         a, b = t["data_offsets"]
         n = 1
@@ -66,7 +83,9 @@ class SafetensorsFile:
         try:
             self._f: BinaryIO = open(self.path, "rb")
         except OSError as e:
-            raise CheckpointError(f"{self.path} cannot be opened ({e.strerror}); restore it or use an earlier checkpoint") from None
+            raise CheckpointError(
+                f"{self.path} cannot be opened ({e.strerror}); restore it or use an earlier checkpoint"
+            ) from None
         try:
             size = os.fstat(self._f.fileno()).st_size
             (n,) = struct.unpack("<Q", self._f.read(8))
@@ -76,12 +95,15 @@ class SafetensorsFile:
             problem = header_problem(header, size - 8 - n)
         except (OSError, ValueError, struct.error, UnicodeDecodeError, RecursionError) as e:
             self._f.close()
-            raise CheckpointError(f"{self.path} is not a readable safetensors file ({e.__class__.__name__}: {str(e)[:80]}); "
-                                  "restore it or use an earlier checkpoint") from None
+            raise CheckpointError(
+                f"{self.path} is not a readable safetensors file ({e.__class__.__name__}: {str(e)[:80]}); "
+                "restore it or use an earlier checkpoint"
+            ) from None
         if problem:
             self._f.close()
-            raise CheckpointError(f"{self.path} is not a valid safetensors file ({problem}); restore it or use an "
-                                  "earlier checkpoint")
+            raise CheckpointError(
+                f"{self.path} is not a valid safetensors file ({problem}); restore it or use an earlier checkpoint"
+            )
         self.metadata = header.pop("__metadata__", {})
         self.tensors = header
         self._data_start = 8 + n
@@ -94,7 +116,11 @@ class SafetensorsFile:
 
     def byte_offset(self, name: str, start: int) -> int:
         """Where element `start` of tensor `name` lies in the file."""
-        return self._data_start + self.tensors[name]["data_offsets"][0] + start * torch.empty((), dtype=self.dtype(name)).element_size()
+        return (
+            self._data_start
+            + self.tensors[name]["data_offsets"][0]
+            + start * torch.empty((), dtype=self.dtype(name)).element_size()
+        )
 
     def read_into(self, name: str, start: int, out: torch.Tensor) -> None:
         """Fill flat, contiguous `out` with elements [start, start + out.numel()) of tensor `name`."""
@@ -104,7 +130,9 @@ class SafetensorsFile:
         if out.dtype != dtype or not out.is_contiguous():
             raise ValueError(f"read_into {name}: need a contiguous {dtype} buffer, got {out.dtype}")
         if start < 0 or start + out.numel() > self.numel(name):
-            raise ValueError(f"read_into {name}: range [{start}, {start + out.numel()}) outside {self.numel(name)} elements")
+            raise ValueError(
+                f"read_into {name}: range [{start}, {start + out.numel()}) outside {self.numel(name)} elements"
+            )
         item = out.element_size()
         self._f.seek(self._data_start + self.tensors[name]["data_offsets"][0] + start * item)
         view = memoryview(out.view(torch.uint8).numpy()) if out.numel() else memoryview(b"")

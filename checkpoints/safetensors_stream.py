@@ -21,14 +21,24 @@ import torch
 
 from . import checksums
 
-_CODES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
-          torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
+_CODES = {
+    torch.float32: "F32",
+    torch.bfloat16: "BF16",
+    torch.float16: "F16",
+    torch.float64: "F64",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
 WRITE_BYTES = 1 << 24
 
 
 def _write_all(fd: int, data: memoryview) -> None:
     while data:
-        data = data[os.write(fd, data):]
+        data = data[os.write(fd, data) :]
 
 
 def tensor_bytes(t: torch.Tensor) -> memoryview:
@@ -41,8 +51,14 @@ class StreamingWriter:
     """Declare every tensor up front, then `write` their elements in order, in as many pieces as you like.
     `close()` fsyncs and returns the file's manifest record (bytes and checksum)."""
 
-    def __init__(self, path: str | Path, tensors: Sequence[tuple[str, torch.dtype, Sequence[int]]],
-                 metadata: dict[str, str] | None = None, align: int = 8, algorithm: str | None = None) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        tensors: Sequence[tuple[str, torch.dtype, Sequence[int]]],
+        metadata: dict[str, str] | None = None,
+        align: int = 8,
+        algorithm: str | None = None,
+    ) -> None:
         header: dict[str, object] = {}
         offset = 0
         self._plan: list[tuple[str, torch.dtype, int]] = []
@@ -69,7 +85,7 @@ class StreamingWriter:
         """Write `data` in large pieces, hashing each while the previous one is written."""
         pending = None
         for lo in range(0, len(data), WRITE_BYTES):
-            piece = data[lo:lo + WRITE_BYTES]
+            piece = data[lo : lo + WRITE_BYTES]
             if pending is not None:
                 pending.result()
             pending = self._pool.submit(_write_all, self._fd, piece)

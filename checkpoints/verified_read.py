@@ -58,8 +58,10 @@ def read_verified(path: Path, entry: dict[str, Any], spans: list[Span]) -> None:
     try:
         size = os.fstat(fd).st_size
         if size != entry["bytes"]:
-            raise CheckpointError(f"{path} is truncated or padded ({size} bytes, manifest says {entry['bytes']}); "
-                                  "restore it or load an earlier checkpoint")
+            raise CheckpointError(
+                f"{path} is truncated or padded ({size} bytes, manifest says {entry['bytes']}); "
+                "restore it or load an earlier checkpoint"
+            )
         if hasattr(os, "posix_fadvise"):
             os.posix_fadvise(fd, 0, size, os.POSIX_FADV_SEQUENTIAL)
         bufs = _buffers(spans, size)
@@ -71,7 +73,9 @@ def read_verified(path: Path, entry: dict[str, Any], spans: list[Span]) -> None:
                 got = pending.result()
                 n = min(len(bufs[k]), size - pos)
                 if got != n:
-                    raise CheckpointError(f"{path} ended early while it was read; restore it or load an earlier checkpoint")
+                    raise CheckpointError(
+                        f"{path} ended early while it was read; restore it or load an earlier checkpoint"
+                    )
                 nxt = pos + n
                 if nxt < size:
                     j = 1 - k
@@ -86,7 +90,9 @@ def read_verified(path: Path, entry: dict[str, Any], spans: list[Span]) -> None:
     finally:
         os.close(fd)
     if hasher.hexdigest() != digest:
-        raise CheckpointError(f"{path} fails its {algorithm} checksum (corrupted); restore it or load an earlier checkpoint")
+        raise CheckpointError(
+            f"{path} fails its {algorithm} checksum (corrupted); restore it or load an earlier checkpoint"
+        )
 
 
 def _scatter(chunk: torch.Tensor, pos: int, spans: list[Span], first: int) -> tuple[int, Any]:
@@ -100,7 +106,7 @@ def _scatter(chunk: torch.Tensor, pos: int, spans: list[Span], first: int) -> tu
             break
         lo, hi = max(pos, s.offset), min(end, s.offset + s.dst.numel())
         if lo < hi:
-            s.dst[lo - s.offset:hi - s.offset].copy_(chunk[lo - pos:hi - pos], non_blocking=s.dst.is_cuda)
+            s.dst[lo - s.offset : hi - s.offset].copy_(chunk[lo - pos : hi - pos], non_blocking=s.dst.is_cuda)
             gpu |= s.dst.is_cuda
     if not gpu:
         return first, None

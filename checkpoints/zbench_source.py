@@ -57,7 +57,9 @@ class FragmentReader:
             if lo < hi:
                 out.append((fname, offset + lo - p_start, lo - start, hi - start))
         if sum(hi - lo for *_, lo, hi in out) != count:
-            raise CheckpointError(f"{self.folder}: the fragments of {name} do not cover its elements; the manifest is damaged")
+            raise CheckpointError(
+                f"{self.folder}: the fragments of {name} do not cover its elements; the manifest is damaged"
+            )
         return out
 
     def read_into(self, out: torch.Tensor, name: str, key: str, start: int) -> None:
@@ -66,13 +68,17 @@ class FragmentReader:
             try:
                 self._handle(fname).read_into(key, offset, out[lo:hi])
             except FileNotFoundError:
-                raise CheckpointError(f"{self.folder / fname} disappeared while it was read (another process removed this "
-                                      "checkpoint, e.g. a save with keep_last); read a newer one") from None
+                raise CheckpointError(
+                    f"{self.folder / fname} disappeared while it was read (another process removed this "
+                    "checkpoint, e.g. a save with keep_last); read a newer one"
+                ) from None
 
     def spans(self, out: torch.Tensor, name: str, key: str, start: int) -> list[tuple[str, Span]]:
         """Like read_into, but say which bytes of which file go where (for one verified pass per file)."""
-        return [(fname, Span(self._handle(fname).byte_offset(key, offset), out[lo:hi].view(torch.uint8)))
-                for fname, offset, lo, hi in self._pieces(name, start, out.numel())]
+        return [
+            (fname, Span(self._handle(fname).byte_offset(key, offset), out[lo:hi].view(torch.uint8)))
+            for fname, offset, lo, hi in self._pieces(name, start, out.numel())
+        ]
 
     def close(self) -> None:
         for h in self._handles.values():
@@ -90,7 +96,10 @@ class ZbenchSource:
         self.reader = FragmentReader(self.folder, self.manifest, follow_symlinks)
 
     def params(self) -> list[ParamInfo]:
-        return [ParamInfo(p["name"], tuple(p["shape"]), p["dtype"], p["trainable"], p.get("tied_to")) for p in self.manifest["params"]]
+        return [
+            ParamInfo(p["name"], tuple(p["shape"]), p["dtype"], p["trainable"], p.get("tied_to"))
+            for p in self.manifest["params"]
+        ]
 
     def load(self, name: str) -> torch.Tensor:
         entry = next((p for p in self.manifest["params"] if p["name"] == name), None)
@@ -112,15 +121,25 @@ class ZbenchSource:
             if not p.get("tied_to"):
                 dtypes[p["dtype"]] += int(torch.Size(p["shape"]).numel())
         size = sum(meta["bytes"] for meta in m["files"].values())
-        return SourceSummary("zbench", str(self.folder), m["step"], m["stage"], m["world_size"], sum(dtypes.values()),
-                             dict(dtypes), size, {"tag": m["tag"], "format_version": m["version"]})
+        return SourceSummary(
+            "zbench",
+            str(self.folder),
+            m["step"],
+            m["stage"],
+            m["world_size"],
+            sum(dtypes.values()),
+            dict(dtypes),
+            size,
+            {"tag": m["tag"], "format_version": m["version"]},
+        )
 
     def verify(self) -> list[str]:
         return mf.verify_files(self.folder, self.manifest, follow_symlinks=self.follow_symlinks)
 
 
-def read_frozen(folder: Path, manifest: dict[str, Any], names: list[str], follow_symlinks: bool = False,
-                verify: bool = False) -> dict[str, torch.Tensor]:
+def read_frozen(
+    folder: Path, manifest: dict[str, Any], names: list[str], follow_symlinks: bool = False, verify: bool = False
+) -> dict[str, torch.Tensor]:
     """The frozen tensors `names` from frozen.safetensors, its header checked against the manifest first;
     `verify`: the whole file read once and its checksum checked on the way."""
     path = inside(folder, mf.FROZEN_FILE, what="frozen tensors file", follow_symlinks=follow_symlinks)

@@ -28,12 +28,38 @@ def _lol(levels: int = 9) -> str:
 
 def summary(**changes) -> dict:
     """A minimal results.json of a finished run (one measured row), with `changes` on top."""
-    row = {"variant": "ddp", "method": "DDP", "engine": "ddp", "stage": None, "status": "ok", "note": "", "batch": 8,
-           "train_s_per_epoch": 1.0, "eval_s_per_epoch": 0.1, "eval": {"loss": 4.1, "perplexity": 60.0},
-           "tokens_per_s": 1000.0, "tflops_per_gpu": 0.01, "peak_gpu_gib": None, "peak_cpu_gib": 0.3,
-           "est_gpu_gib": 0.001, "losses": [4.2, 4.1], "parity": 0.0, "parity_note": "reference"}
-    data = {"scenario": "quickstart", "task": "lm", "data_kind": "synthetic", "init": "random-init", "model": "tiny-gpt",
-            "precision": "fp32", "world_size": 2, "device": "cpu", "parity_tol": 1e-3, "variants": [row]}
+    row = {
+        "variant": "ddp",
+        "method": "DDP",
+        "engine": "ddp",
+        "stage": None,
+        "status": "ok",
+        "note": "",
+        "batch": 8,
+        "train_s_per_epoch": 1.0,
+        "eval_s_per_epoch": 0.1,
+        "eval": {"loss": 4.1, "perplexity": 60.0},
+        "tokens_per_s": 1000.0,
+        "tflops_per_gpu": 0.01,
+        "peak_gpu_gib": None,
+        "peak_cpu_gib": 0.3,
+        "est_gpu_gib": 0.001,
+        "losses": [4.2, 4.1],
+        "parity": 0.0,
+        "parity_note": "reference",
+    }
+    data = {
+        "scenario": "quickstart",
+        "task": "lm",
+        "data_kind": "synthetic",
+        "init": "random-init",
+        "model": "tiny-gpt",
+        "precision": "fp32",
+        "world_size": 2,
+        "device": "cpu",
+        "parity_tol": 1e-3,
+        "variants": [row],
+    }
     for key, value in changes.items():
         (row if key.startswith("row_") else data)[key.removeprefix("row_")] = value
     return data
@@ -41,6 +67,7 @@ def summary(**changes) -> dict:
 
 def write_inputs(box: Path, scenario: Callable[..., str]) -> None:
     """The battery's inputs for the cases below, written into `box`."""
+
     def model_file(name: str, family: str, config: dict, text: str | None = None) -> None:
         (box / name).write_text(text or json.dumps({"family": family, "config": config}))
 
@@ -102,15 +129,20 @@ def write_inputs(box: Path, scenario: Callable[..., str]) -> None:
     (box / "python tag.yaml").write_text(base + "notes: !!python/object/apply:os.system ['true']\n")
     (box / "acc dup.yaml").write_text("distributed_type: DEEPSPEED\ndistributed_type: NO\n")
     (box / "acc lol.yaml").write_text("distributed_type: DEEPSPEED\n" + _lol())
-    (box / "accelerate dup.yaml").write_text(scenario(variants=[{"name": "z", "engine": "zero",
-                                                                 "accelerate_config": "acc dup.yaml"}]))
-    (box / "accelerate lol.yaml").write_text(scenario(variants=[{"name": "z", "engine": "zero",
-                                                                 "accelerate_config": "acc lol.yaml"}]))
+    (box / "accelerate dup.yaml").write_text(
+        scenario(variants=[{"name": "z", "engine": "zero", "accelerate_config": "acc dup.yaml"}])
+    )
+    (box / "accelerate lol.yaml").write_text(
+        scenario(variants=[{"name": "z", "engine": "zero", "accelerate_config": "acc lol.yaml"}])
+    )
     # folders that are not runs, for report, estimate --run and --resume
-    for name, content in {"run list": "[1, 2]", "run shape": json.dumps({"accuracy": 0.9}),
-                          "run row": json.dumps(summary(row_tokens_per_s="fast")),
-                          "run task": json.dumps(summary(task="vision")),
-                          "run name": json.dumps(summary(row_variant="../x"))}.items():
+    for name, content in {
+        "run list": "[1, 2]",
+        "run shape": json.dumps({"accuracy": 0.9}),
+        "run row": json.dumps(summary(row_tokens_per_s="fast")),
+        "run task": json.dumps(summary(task="vision")),
+        "run name": json.dumps(summary(row_variant="../x")),
+    }.items():
         (box / name).mkdir()
         (box / name / "results.json").write_text(content)
     (box / "run dir" / "results.json").mkdir(parents=True)
@@ -125,7 +157,10 @@ def write_inputs(box: Path, scenario: Callable[..., str]) -> None:
 R = ["--out", "{b}/runs"]
 CASES = [
     (["run", "{b}/heads zero.yaml", *R], "model.overrides.n_head must be a whole number from 1 to 65,536, got 0"),
-    (["run", "{b}/width string.yaml", *R], "model.overrides.n_embd must be a whole number from 1 to 1,048,576, got '64'"),
+    (
+        ["run", "{b}/width string.yaml", *R],
+        "model.overrides.n_embd must be a whole number from 1 to 1,048,576, got '64'",
+    ),
     (["run", "{b}/layers list.yaml", *R], "model.overrides.n_layer must be a whole number from 1 to 10,000, got [2]"),
     (["run", "{b}/layers absurd.yaml", *R], "model.overrides.n_layer must be a whole number from 1 to 10,000"),
     (["run", "{b}/dropout two.yaml", *R], "model.overrides.dropout must be a finite number (0 <= x < 1), got 2"),
@@ -134,16 +169,25 @@ CASES = [
     (["run", "{b}/search key.yaml", *R], "model_search.key 'n_layers' is not a size field of 'tiny-gpt'"),
     (["run", "{b}/search value.yaml", *R], "model_search.values.n_layer must be a whole number from 1 to 10,000"),
     (["run", "{b}/file heads.yaml", *R], "zero heads.json: config.n_head must be a whole number from 1 to 65,536"),
-    (["run", "{b}/file nan.yaml", *R], "nan dropout.json: config.dropout must be a finite number (0 <= x < 1), got nan"),
+    (
+        ["run", "{b}/file nan.yaml", *R],
+        "nan dropout.json: config.dropout must be a finite number (0 <= x < 1), got nan",
+    ),
     (["run", "{b}/file dup.yaml", *R], "has the key 'n_layer' twice"),
     (["run", "{b}/hf type.yaml", *R], "model.overrides.d_model must be a whole number from 1 to 1,048,576, got 32.5"),
-    (["run", "{b}/hf bool.yaml", *R], "model.overrides.scale_embedding must be true or false like the base config's True"),
+    (
+        ["run", "{b}/hf bool.yaml", *R],
+        "model.overrides.scale_embedding must be true or false like the base config's True",
+    ),
     (["estimate", "--model", "{b}/huge model.json"], "config.n_layer must be a whole number from 1 to 10,000"),
     (["run", "{b}/lr inf.yaml", *R], "lr must be a finite number (x > 0), got inf"),
     (["run", "{b}/lr nan.yaml", *R], "lr must be a finite number (x > 0), got nan"),
     (["run", "{b}/seed huge.yaml", *R], "seed must be a whole number from 0 to 4,294,967,295"),
     (["run", "{b}/batch exp.yaml", *R], "batch_size must be a whole number from 1 to 65,536, got 1e+30"),
-    (["run", "{b}/batch quoted.yaml", *R], "batch_size must be a whole number from 1 to 65,536 (without quotes), got '64'"),
+    (
+        ["run", "{b}/batch quoted.yaml", *R],
+        "batch_size must be a whole number from 1 to 65,536 (without quotes), got '64'",
+    ),
     (["run", "{b}/batch float.yaml", *R], "batch_size must be a whole number from 1 to 65,536, got 8.0"),
     (["run", "{b}/batch bool.yaml", *R], "batch_size must be a whole number from 1 to 65,536, got True"),
     (["run", "{b}/seq huge.yaml", *R], "seq_len must be a whole number from 1 to 1,048,576"),

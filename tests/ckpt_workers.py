@@ -21,7 +21,10 @@ def config(stage: int, world: int, offload: bool | str = False) -> dict:
         import tempfile
 
         os.environ.update(ZERO_CORE_HOST_CHUNK_NUMEL="1024", ZERO_CORE_NVME_CHUNK_NUMEL="2048")
-        cfg["zero_optimization"]["offload_optimizer"] = {"device": "nvme", "nvme_path": tempfile.mkdtemp(prefix="zb-nvme-")}
+        cfg["zero_optimization"]["offload_optimizer"] = {
+            "device": "nvme",
+            "nvme_path": tempfile.mkdtemp(prefix="zb-nvme-"),
+        }
     elif offload:
         cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     cfg["optimizer"]["params"]["lr"] = CKPT_LR

@@ -55,10 +55,18 @@ def _key_rows() -> list[str]:
 
 def block() -> str:
     counts = Counter(k.status for k in KEYS)
-    lines = [f"{START} (printed by `python tests/config_table.py` from zero_core's tables; a test keeps it current) -->",
-             "", '### How "auto" is filled', "", *_auto_rows(), "",
-             f"### Every key: {counts['supported']} supported, {counts['ignored']} ignored, {counts['refused']} refused",
-             "", *_key_rows(), END]
+    lines = [
+        f"{START} (printed by `python tests/config_table.py` from zero_core's tables; a test keeps it current) -->",
+        "",
+        '### How "auto" is filled',
+        "",
+        *_auto_rows(),
+        "",
+        f"### Every key: {counts['supported']} supported, {counts['ignored']} ignored, {counts['refused']} refused",
+        "",
+        *_key_rows(),
+        END,
+    ]
     return "\n".join(lines)
 
 

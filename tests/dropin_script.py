@@ -42,29 +42,50 @@ class TinyLM(torch.nn.Module):
 
 def batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(11)
-    return [(torch.randint(0, VOCAB, (GLOBAL_BATCH, 8), generator=g), torch.randint(0, VOCAB, (GLOBAL_BATCH, 8), generator=g))
-            for _ in range(steps)]
+    return [
+        (
+            torch.randint(0, VOCAB, (GLOBAL_BATCH, 8), generator=g),
+            torch.randint(0, VOCAB, (GLOBAL_BATCH, 8), generator=g),
+        )
+        for _ in range(steps)
+    ]
 
 
 def config(stage: int, world: int, sched: str) -> dict:
-    cfg = {"train_micro_batch_size_per_gpu": GLOBAL_BATCH // world, "gradient_accumulation_steps": 1,
-           "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "betas": [0.9, 0.999], "eps": 1e-8,
-                                                      "weight_decay": 0.1, "torch_adam": True}},
-           "zero_optimization": {"stage": stage}, "steps_per_print": 1000, "checkpoint": {"load_universal": world == 1}}
+    cfg = {
+        "train_micro_batch_size_per_gpu": GLOBAL_BATCH // world,
+        "gradient_accumulation_steps": 1,
+        "optimizer": {
+            "type": "AdamW",
+            "params": {"lr": 1e-2, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.1, "torch_adam": True},
+        },
+        "zero_optimization": {"stage": stage},
+        "steps_per_print": 1000,
+        "checkpoint": {"load_universal": world == 1},
+    }
     if sched == "decay":
-        cfg["scheduler"] = {"type": "WarmupDecayLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 1e-2,
-                                                                "warmup_num_steps": 3, "total_num_steps": STEPS_A + STEPS_B}}
+        cfg["scheduler"] = {
+            "type": "WarmupDecayLR",
+            "params": {
+                "warmup_min_lr": 0.0,
+                "warmup_max_lr": 1e-2,
+                "warmup_num_steps": 3,
+                "total_num_steps": STEPS_A + STEPS_B,
+            },
+        }
     return cfg
 
 
 def groups(model: torch.nn.Module) -> list[dict]:
     named = list(model.named_parameters())
-    return [{"params": [p for n, p in named if not any(k in n for k in NO_DECAY)], "weight_decay": 0.1},
-            {"params": [p for n, p in named if any(k in n for k in NO_DECAY)], "weight_decay": 0.0}]
+    return [
+        {"params": [p for n, p in named if not any(k in n for k in NO_DECAY)], "weight_decay": 0.1},
+        {"params": [p for n, p in named if any(k in n for k in NO_DECAY)], "weight_decay": 0.0},
+    ]
 
 
 def lambda_schedule(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 4) * 0.9 ** s)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 4) * 0.9**s)
 
 
 def _weights(ds, model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -91,9 +112,12 @@ def run(ds, rank: int, world: int, stage: int, sched: str, ckpt: str, phase: str
     without a break (what a correct resume continues)."""
     torch.manual_seed(1234)
     model = TinyLM()
-    engine, optimizer, _, scheduler = ds.initialize(model=model, model_parameters=groups(model),
-                                                    config=config(stage, world, sched),
-                                                    lr_scheduler=lambda_schedule if sched == "lambda" else None)
+    engine, optimizer, _, scheduler = ds.initialize(
+        model=model,
+        model_parameters=groups(model),
+        config=config(stage, world, sched),
+        lr_scheduler=lambda_schedule if sched == "lambda" else None,
+    )
     if phase == "full":
         losses = _train(engine, rank, world, range(STEPS_A + STEPS_B))
     elif phase == "a":

@@ -104,11 +104,17 @@ def zero_train(rank: int, world: int, cases: list[dict]) -> list[dict]:
             stacked = torch.stack(losses)
             dist.all_reduce(stacked)
             losses = [float(v) / world for v in stacked]
-        results.append({
-            "losses": losses, "master_sums": master_sums, "state": engine.full_state_dict(), "skipped": engine.skipped_steps,
-            "scale": engine.loss_scale, "global_step": engine.global_step,
-            "frozen_grad": engine.module.blocks[0].ln1.bias.requires_grad,
-        })
+        results.append(
+            {
+                "losses": losses,
+                "master_sums": master_sums,
+                "state": engine.full_state_dict(),
+                "skipped": engine.skipped_steps,
+                "scale": engine.loss_scale,
+                "global_step": engine.global_step,
+                "frozen_grad": engine.module.blocks[0].ln1.bias.requires_grad,
+            }
+        )
         engine.close()
         for k, v in saved_env.items():
             if v is None:

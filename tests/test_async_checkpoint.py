@@ -15,6 +15,8 @@ from ckpt_workers import _train, config
 from dist_harness import run_ranks
 from parity_workers import make_model
 
+pytestmark = pytest.mark.slow  # spawned ranks or whole runs: outside the fast tier (-m 'not slow')
+
 
 def _max_diff(a: dict, b: dict) -> float:
     assert a.keys() == b.keys()

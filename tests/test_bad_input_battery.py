@@ -21,7 +21,6 @@ from fault_workers import tiny_checkpoint, unwritable
 from helpers import FIXTURES, QUICKSTART, cli, one_line_error, quickstart, scenario_yaml, snapshot
 
 
-
 @pytest.fixture(scope="module")
 def good_checkpoint(tmp_path_factory) -> Path:
     return tiny_checkpoint(tmp_path_factory.mktemp("good") / "ckpt")
@@ -38,12 +37,20 @@ def box(tmp_path: Path, good_checkpoint: Path) -> Path:
     tmp_path.mkdir()
     (tmp_path / "empty.json").write_text("")
     (tmp_path / "list.json").write_text("[1, 2]")
-    (tmp_path / "typo.json").write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stgae": 2}}))
+    (tmp_path / "typo.json").write_text(
+        json.dumps({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stgae": 2}})
+    )
     (tmp_path / "bad type.json").write_text(json.dumps({"train_micro_batch_size_per_gpu": "two"}))
     (tmp_path / "truncated.json").write_text('{"train_micro_batch_size_per_gpu": 2, "zero_optimiz')
     (tmp_path / "dup.json").write_text('{"train_micro_batch_size_per_gpu": 2, "train_micro_batch_size_per_gpu": 4}')
-    (tmp_path / "nvme.json").write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {
-        "stage": 3, "offload_param": {"device": "nvme"}}}))  # no nvme_path
+    (tmp_path / "nvme.json").write_text(
+        json.dumps(
+            {
+                "train_micro_batch_size_per_gpu": 2,
+                "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}},
+            }
+        )
+    )  # no nvme_path
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "readme.txt").write_text("not a checkpoint")
     (tmp_path / "full").mkdir()
@@ -59,26 +66,31 @@ def box(tmp_path: Path, good_checkpoint: Path) -> Path:
     (tmp_path / "ds fake" / "latest").write_text("global_step1")
     (tmp_path / "ds fake" / "global_step1" / "mp_rank_00_model_states.pt").write_bytes(b"PK\x03\x04 truncated")
     # DeepSpeed JSON: typos, wrong types and contradictions in zero_core's own section and elsewhere
-    for name, cfg in {"zc typo.json": {"zero_core": {"comm_timeout": 5}}, "zc type.json": {"zero_core": {"comm_timeout_s": "5 s"}},
-                      "zc negative.json": {"zero_core": {"max_consecutive_nonfinite": -1}},
-                      "both precisions.json": {"fp16": {"enabled": True}, "bf16": {"enabled": True}},
-                      "batch mismatch.json": {"train_batch_size": 10, "gradient_accumulation_steps": 2},
-                      "offload stage0.json": {"zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}}}.items():
+    for name, cfg in {
+        "zc typo.json": {"zero_core": {"comm_timeout": 5}},
+        "zc type.json": {"zero_core": {"comm_timeout_s": "5 s"}},
+        "zc negative.json": {"zero_core": {"max_consecutive_nonfinite": -1}},
+        "both precisions.json": {"fp16": {"enabled": True}, "bf16": {"enabled": True}},
+        "batch mismatch.json": {"train_batch_size": 10, "gradient_accumulation_steps": 2},
+        "offload stage0.json": {"zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}},
+    }.items():
         (tmp_path / name).write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, **cfg}))
     (tmp_path / "folder.json").mkdir()
     # scenarios: typos, wrong types, contradictions, missing or broken files they point at
-    for name, text in {"variant typo.yaml": _scenario(variants=[{"name": "z", "engine": "zero", "stgae": 2}]),
-                       "wrong type.yaml": _scenario(seq_len="long"),
-                       "timeout zero.yaml": _scenario(comm_timeout_s=0),
-                       "both lengths.yaml": _scenario(steps=4),
-                       "no length.yaml": _scenario(epochs=None),
-                       "ddp stage.yaml": _scenario(variants=[{"name": "d", "engine": "ddp", "stage": 2}]),
-                       "twice.yaml": _scenario(variants=[{"name": "a", "engine": "ddp"}, {"name": "a", "engine": "ddp"}]),
-                       "missing arch.yaml": _scenario(model={"arch": "nowhere/modèle.json"}),
-                       "missing data.yaml": _scenario(data={"mrpc_tsv": "pas là"}),
-                       "missing ds.yaml": _scenario(variants=[{"name": "z", "engine": "zero", "ds_config": "absent.json"}]),
-                       "ds typo.yaml": _scenario(variants=[{"name": "z", "engine": "zero", "ds_config": "typo.json"}]),
-                       "truncated.yaml": _scenario()[:40]}.items():
+    for name, text in {
+        "variant typo.yaml": _scenario(variants=[{"name": "z", "engine": "zero", "stgae": 2}]),
+        "wrong type.yaml": _scenario(seq_len="long"),
+        "timeout zero.yaml": _scenario(comm_timeout_s=0),
+        "both lengths.yaml": _scenario(steps=4),
+        "no length.yaml": _scenario(epochs=None),
+        "ddp stage.yaml": _scenario(variants=[{"name": "d", "engine": "ddp", "stage": 2}]),
+        "twice.yaml": _scenario(variants=[{"name": "a", "engine": "ddp"}, {"name": "a", "engine": "ddp"}]),
+        "missing arch.yaml": _scenario(model={"arch": "nowhere/modèle.json"}),
+        "missing data.yaml": _scenario(data={"mrpc_tsv": "pas là"}),
+        "missing ds.yaml": _scenario(variants=[{"name": "z", "engine": "zero", "ds_config": "absent.json"}]),
+        "ds typo.yaml": _scenario(variants=[{"name": "z", "engine": "zero", "ds_config": "typo.json"}]),
+        "truncated.yaml": _scenario()[:40],
+    }.items():
         (tmp_path / name).write_text(text, encoding="utf-8")
     (tmp_path / "locked").mkdir()  # made unwritable while a case that writes there runs
     (tmp_path / "empty run").mkdir()
@@ -113,15 +125,30 @@ CASES = [
     (["bench", "kernels", "--numel", "lots"], "--numel"),
     (["bench", "kernels", "--numel", "-5"], "--numel"),
     # zbench convert / inspect
-    (["convert", "{b}/missing", "--to", "fp32", "--out", "{b}/out"], "missing does not exist; pass a checkpoint folder"),
+    (
+        ["convert", "{b}/missing", "--to", "fp32", "--out", "{b}/out"],
+        "missing does not exist; pass a checkpoint folder",
+    ),
     (["convert", "{b}/notes", "--to", "fp32", "--out", "{b}/out"], "not a checkpoint"),
     (["convert", DS, "--to", "fp32", "--out", "{b}/full"], "already holds files"),
     (["convert", DS, "--to", "fp32", "--out", "{b}/out", "--tag", "global_step99"], "global_step99"),
     (["convert", DS, "--to", "fp64", "--out", "{b}/out"], "'fp64' is not one of 'fp32', 'bf16', 'fp16', 'zbench'"),
-    (["convert", DS, "--to", "fp32", "--out", "{b}/out", "--max-shard-size", "huge"], "size 'huge' is not understood; write e.g. 5GB"),
-    (["convert", DS, "--to", "fp32", "--out", "{b}/out", "--from", "dcp"], "is a deepspeed checkpoint, not dcp; drop --from"),
-    (["convert", DS, "--to", "zbench", "--world-size", "2", "--out", "{b}/out"], "--to zbench reshards zbench checkpoints only"),
-    (["convert", "{b}/dcp fake", "--to", "fp32", "--out", "{b}/out"], ".metadata is truncated, corrupt or not DCP metadata"),
+    (
+        ["convert", DS, "--to", "fp32", "--out", "{b}/out", "--max-shard-size", "huge"],
+        "size 'huge' is not understood; write e.g. 5GB",
+    ),
+    (
+        ["convert", DS, "--to", "fp32", "--out", "{b}/out", "--from", "dcp"],
+        "is a deepspeed checkpoint, not dcp; drop --from",
+    ),
+    (
+        ["convert", DS, "--to", "zbench", "--world-size", "2", "--out", "{b}/out"],
+        "--to zbench reshards zbench checkpoints only",
+    ),
+    (
+        ["convert", "{b}/dcp fake", "--to", "fp32", "--out", "{b}/out"],
+        ".metadata is truncated, corrupt or not DCP metadata",
+    ),
     (["convert", "{b}/ds fake", "--to", "fp32", "--out", "{b}/out"], "no *_optim_states.pt files"),
     (["inspect", "{b}/missing"], "missing does not exist; pass a checkpoint folder"),
     (["inspect", "{b}/notes"], "not a checkpoint"),
@@ -134,8 +161,14 @@ CASES = [
     (["run", "{b}/not yaml.yaml", "--out", "{b}/runs"], "is not valid YAML at line 2"),
     (["run", str(QUICKSTART), "--variants", "nosuch", "--out", "{b}/runs"], "nosuch"),
     (["run", str(QUICKSTART), "--gpus", "4096", "--out", "{b}/runs"], "4096 is not in the range 1<=x<=1024"),
-    (["run", str(QUICKSTART), "--resume", "{b}/notes", "--out", "{b}/runs"], "has no scenario.yaml: it is not a zbench run folder"),
-    (["report", "{b}/notes"], "notes is not a zbench run folder (no results.json); pass a folder written by zbench run"),
+    (
+        ["run", str(QUICKSTART), "--resume", "{b}/notes", "--out", "{b}/runs"],
+        "has no scenario.yaml: it is not a zbench run folder",
+    ),
+    (
+        ["report", "{b}/notes"],
+        "notes is not a zbench run folder (no results.json); pass a folder written by zbench run",
+    ),
     (["estimate", "--model", "{b}/missing.json", "--gpus", "2"], "no model config file"),
     (["estimate", "--model", "{b}/model.json", "--gpus", "2"], 'must be {"family": "gpt"|"hf", "config": {...}}'),
     # typos and wrong types on the command line, in zero_core's section, in scenarios and their files

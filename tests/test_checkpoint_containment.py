@@ -33,6 +33,7 @@ def converts_to(folder: Path, out: Path, expected: Path, *extra) -> None:
 
 # -- DCP: chunk files named by a crafted .metadata ------------------------------------------------------
 
+
 def save_dcp(folder: Path, tensors: dict[str, torch.Tensor]) -> None:
     import torch.distributed.checkpoint as dcp
 
@@ -60,7 +61,9 @@ def test_a_chunk_path_outside_the_folder_is_refused_before_any_read(tmp_path, wh
     os.replace(folder / "__0_0.distcp", outside)  # the real chunk bytes, now outside the folder
     rel = str(outside) if where == "absolute" else "../outside.distcp"
     rewrite_storage(folder, relative_path=rel)
-    args = ["convert", folder, "--to", "fp32", "--out", tmp_path / "out"] if command == "convert" else ["inspect", folder]
+    args = (
+        ["convert", folder, "--to", "fp32", "--out", tmp_path / "out"] if command == "convert" else ["inspect", folder]
+    )
     line = refused(tmp_path, *args)
     assert rel in line and str(folder) in line and "chunk file" in line, line
     assert ("is an absolute path" if where == "absolute" else "points outside") in line, line
@@ -70,15 +73,28 @@ def test_a_chunk_path_outside_the_folder_is_refused_before_any_read(tmp_path, wh
     assert leaked == []
 
 
-@pytest.mark.parametrize("change,expected", [
-    (lambda md: setattr(md, "storage_data", list(md.storage_data.values())), "no state_dict_metadata and storage_data"),
-    (lambda md: [setattr(v, "relative_path", 7) for v in md.storage_data.values()], "has no file name, offset or length"),
-    (lambda md: [setattr(v, "offset", -8) for v in md.storage_data.values()], "has no file name, offset or length"),
-    (lambda md: setattr(md.state_dict_metadata["w"].properties, "dtype", "float32"), "'w' has no dtype, size or chunk"),
-    (lambda md: setattr(md.state_dict_metadata["w"], "size", ("4", 3)), "'w' has no dtype, size or chunk"),
-    (lambda md: setattr(md, "planner_data", {"w": 5}), "planner_data is not a mapping"),
-    (lambda md: md.state_dict_metadata.update({"x": 3}), "entry 'x' is not a tensor or bytes entry"),
-], ids=["storage list", "path int", "offset negative", "dtype str", "size str", "planner", "entry int"])
+@pytest.mark.parametrize(
+    "change,expected",
+    [
+        (
+            lambda md: setattr(md, "storage_data", list(md.storage_data.values())),
+            "no state_dict_metadata and storage_data",
+        ),
+        (
+            lambda md: [setattr(v, "relative_path", 7) for v in md.storage_data.values()],
+            "has no file name, offset or length",
+        ),
+        (lambda md: [setattr(v, "offset", -8) for v in md.storage_data.values()], "has no file name, offset or length"),
+        (
+            lambda md: setattr(md.state_dict_metadata["w"].properties, "dtype", "float32"),
+            "'w' has no dtype, size or chunk",
+        ),
+        (lambda md: setattr(md.state_dict_metadata["w"], "size", ("4", 3)), "'w' has no dtype, size or chunk"),
+        (lambda md: setattr(md, "planner_data", {"w": 5}), "planner_data is not a mapping"),
+        (lambda md: md.state_dict_metadata.update({"x": 3}), "entry 'x' is not a tensor or bytes entry"),
+    ],
+    ids=["storage list", "path int", "offset negative", "dtype str", "size str", "planner", "entry int"],
+)
 def test_metadata_of_allowed_classes_with_wrong_field_types(tmp_path, change, expected):
     folder = tmp_path / "ck"
     save_dcp(folder, {"w": MARKER.clone()})
@@ -96,7 +112,9 @@ def test_a_chunk_reaching_past_its_file(tmp_path, verify):
     folder = tmp_path / "ck"
     save_dcp(folder, {"w": MARKER.clone()})
     rewrite_storage(folder, offset=10**6)
-    line = refused(tmp_path, "convert", folder, "--to", "fp32", "--out", tmp_path / "out", *([] if verify else ["--no-verify"]))
+    line = refused(
+        tmp_path, "convert", folder, "--to", "fp32", "--out", tmp_path / "out", *([] if verify else ["--no-verify"])
+    )
     assert "__0_0.distcp is truncated" in line and "needs 10" in line, line
 
 
@@ -104,13 +122,15 @@ def test_metadata_naming_other_dcp_classes_is_refused(tmp_path):
     """The metadata modules also hold DCP's writers and loaders: only its metadata classes may be built."""
     folder = tmp_path / "ck"
     save_dcp(folder, {"w": MARKER.clone()})
-    (folder / ".metadata").write_bytes(b"ctorch.distributed.checkpoint.filesystem\nFileSystemWriter\n"
-                                       b"(X\x03\x00\x00\x00newtR.")
+    (folder / ".metadata").write_bytes(
+        b"ctorch.distributed.checkpoint.filesystem\nFileSystemWriter\n(X\x03\x00\x00\x00newtR."
+    )
     line = refused(tmp_path, "inspect", folder)
     assert "FileSystemWriter is not a DCP metadata class" in line, line
 
 
 # -- links inside SRC: refused unless --follow-symlinks, and then read like the file itself --------------
+
 
 def _link_away(path: Path, away: Path) -> None:
     """Move `path` to `away` and leave a relative symbolic link to it in its place."""
@@ -124,10 +144,18 @@ LINKS = [  # (fixture, path of the link inside the copy, what the error calls it
     (DS, "global_step2/mp_rank_00_model_states.pt", "model-states file", DS / "expected_fp32.safetensors"),
     (DS, "latest", "tag pointer", DS / "expected_fp32.safetensors"),
     (DS, "global_step2", "tag folder", DS / "expected_fp32.safetensors"),
-    (UNIVERSAL[0], "global_step2_universal/zero/emb.weight/fp32.pt", "parameter file",
-     DEEPSPEED[0].parent / UNIVERSAL[0].name / "expected_fp32.safetensors"),
-    (UNIVERSAL[0], "global_step2_universal/zero/lin2.bias", "parameter file",
-     DEEPSPEED[0].parent / UNIVERSAL[0].name / "expected_fp32.safetensors"),
+    (
+        UNIVERSAL[0],
+        "global_step2_universal/zero/emb.weight/fp32.pt",
+        "parameter file",
+        DEEPSPEED[0].parent / UNIVERSAL[0].name / "expected_fp32.safetensors",
+    ),
+    (
+        UNIVERSAL[0],
+        "global_step2_universal/zero/lin2.bias",
+        "parameter file",
+        DEEPSPEED[0].parent / UNIVERSAL[0].name / "expected_fp32.safetensors",
+    ),
     (DCP[0], ".metadata", "DCP metadata", DCP[0] / "expected_full.safetensors"),
     (DCP[0], "__1_0.distcp", "chunk file", DCP[0] / "expected_full.safetensors"),
 ]
@@ -176,13 +204,16 @@ POINTERS = [
 ]
 
 
-@pytest.mark.parametrize("content,expected", POINTERS, ids=["parent", "absolute", "5000", "300", "empty", "blank",
-                                                             "bytes", "huge"])
+@pytest.mark.parametrize(
+    "content,expected", POINTERS, ids=["parent", "absolute", "5000", "300", "empty", "blank", "bytes", "huge"]
+)
 def test_a_pointer_file_must_name_a_tag_folder_inside(tmp_path, content, expected):
     shutil.copytree(DS, tmp_path / "other")  # a real checkpoint the pointer may try to reach
     folder = tmp_path / "ck"
     folder.mkdir()
-    (folder / "latest").write_bytes(content if content is not None else str(tmp_path / "other" / "global_step2").encode())
+    (folder / "latest").write_bytes(
+        content if content is not None else str(tmp_path / "other" / "global_step2").encode()
+    )
     for args in (["convert", folder, "--to", "fp32", "--out", tmp_path / "out"], ["inspect", folder]):
         line = refused(tmp_path, *args)
         assert expected in line and f"{folder / 'latest'}" in line and "pass --tag" in line, line
@@ -198,15 +229,27 @@ def test_a_pointer_that_is_not_a_file(tmp_path, kind):
     assert ("is a folder" if kind == "folder" else "is not a regular file") in line and "pass --tag" in line, line
 
 
-@pytest.mark.parametrize("tag,expected", [("t" * 5000, "is longer than 255 bytes"), ("../ck2/global_step2", "not a plain name"),
-                                          ("t" * 10000, "is longer than 255 bytes")], ids=["5000", "parent", "10000"])
+@pytest.mark.parametrize(
+    "tag,expected",
+    [
+        ("t" * 5000, "is longer than 255 bytes"),
+        ("../ck2/global_step2", "not a plain name"),
+        ("t" * 10000, "is longer than 255 bytes"),
+    ],
+    ids=["5000", "parent", "10000"],
+)
 def test_a_tag_must_be_a_plain_name(tmp_path, tag, expected):
     folder = tmp_path / "ck"
     shutil.copytree(DS, folder)
     shutil.copytree(DS, tmp_path / "ck2")
-    for args in (["convert", folder, "--to", "fp32", "--out", tmp_path / "out", "--tag", tag], ["inspect", folder, "--tag", tag]):
+    for args in (
+        ["convert", folder, "--to", "fp32", "--out", tmp_path / "out", "--tag", tag],
+        ["inspect", folder, "--tag", tag],
+    ):
         line = refused(tmp_path, *args)
-        assert f"tag (--tag) '{tag[:20]}" in line and expected in line and "pass --tag" in line and len(line) < 400, line
+        assert f"tag (--tag) '{tag[:20]}" in line and expected in line and "pass --tag" in line and len(line) < 400, (
+            line
+        )
 
 
 def test_a_src_path_too_long_for_the_system(tmp_path):

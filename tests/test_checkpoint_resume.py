@@ -19,6 +19,8 @@ from ckpt_workers import STEPS, config, crash_during_second_save, resume, save_f
 from dist_harness import run_ranks
 from parity_workers import make_model
 
+pytestmark = pytest.mark.slow  # spawned ranks or whole runs: outside the fast tier (-m 'not slow')
+
 TOL = 1e-6
 
 
@@ -143,7 +145,9 @@ def test_bad_paths_and_other_model(saved, tmp_path):
         engine.load_checkpoint(tmp_path / "empty")
     from zbench.models.gpt import GPT, GPTConfig
 
-    other = zero_core.initialize(GPT(GPTConfig(vocab_size=37, block_size=16, n_layer=1, n_head=2, n_embd=20)), config(1, 1))
+    other = zero_core.initialize(
+        GPT(GPTConfig(vocab_size=37, block_size=16, n_layer=1, n_head=2, n_embd=20)), config(1, 1)
+    )
     with pytest.raises(CheckpointError, match="another model"):
         other.load_checkpoint(ckpt)
 
@@ -177,7 +181,10 @@ def test_offline_reshard_to_three_ranks(saved, tmp_path):
     a.load_checkpoint(tmp_path / "r3")
     b = zero_core.initialize(make_model(), config(2, 1))
     b.load_checkpoint(ckpt)
-    assert torch.equal(a.optimizer.states.exp_avg_sq, b.optimizer.states.exp_avg_sq) and float(a.optimizer.states.exp_avg_sq.abs().sum()) > 0
+    assert (
+        torch.equal(a.optimizer.states.exp_avg_sq, b.optimizer.states.exp_avg_sq)
+        and float(a.optimizer.states.exp_avg_sq.abs().sum()) > 0
+    )
     with pytest.raises(CheckpointError, match="already holds files"):
         reshard_to_zbench(ZbenchSource(ckpt), tmp_path / "r3", 2)
 
@@ -199,7 +206,9 @@ def test_cli_inspect_convert_and_reshard_a_zbench_checkpoint(saved, tmp_path):
     for name, t in base["saved_state"].items():
         if name != "head.weight":  # tied: stored once, under wte.weight
             assert torch.equal(tensors[name], t.float()), name
-    res = runner.invoke(main, ["convert", str(ckpt), "--to", "zbench", "--world-size", "3", "--out", str(tmp_path / "r3")])
+    res = runner.invoke(
+        main, ["convert", str(ckpt), "--to", "zbench", "--world-size", "3", "--out", str(tmp_path / "r3")]
+    )
     assert res.exit_code == 0, res.output
     assert mf.read(fmt.resolve(tmp_path / "r3"))["world_size"] == 3
 

@@ -52,7 +52,9 @@ def test_a_format_2_manifest_with_sha256_is_still_read_and_checked(tmp_path):
     engine, tag = _saved(tmp_path)
     m = json.loads((tag / mf.MANIFEST).read_text())
     m["version"] = 2
-    m["files"] = {n: {"sha256": checksums.file_digest(tag / n, "sha256"), "bytes": e["bytes"]} for n, e in m["files"].items()}
+    m["files"] = {
+        n: {"sha256": checksums.file_digest(tag / n, "sha256"), "bytes": e["bytes"]} for n, e in m["files"].items()
+    }
     data = json.dumps(m).encode()
     (tag / mf.MANIFEST).write_bytes(data)
     (tag / mf.CHECKSUM).write_text(f"{hashlib.sha256(data).hexdigest()}  {mf.MANIFEST}\n")

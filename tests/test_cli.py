@@ -18,7 +18,10 @@ from helpers import cli, one_line_error
         ({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stgae": 2}}, "did you mean 'stage'"),
         ({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": "two"}}, "zero_optimization.stage"),
         ({"train_batch_size": 5, "train_micro_batch_size_per_gpu": 2}, "not divisible"),
-        ({"train_micro_batch_size_per_gpu": 2, "fp16": {"enabled": True}, "bf16": {"enabled": True}}, "enable only one"),
+        (
+            {"train_micro_batch_size_per_gpu": 2, "fp16": {"enabled": True}, "bf16": {"enabled": True}},
+            "enable only one",
+        ),
     ],
 )
 def test_bad_config_file_is_one_line(tmp_path, config, expected):
@@ -58,7 +61,9 @@ def test_train_two_ranks_learns():
     """The README's main job, shortened: 2 gloo ranks through torch's launcher, loss goes down."""
     proc = subprocess.run(
         [sys.executable, "-m", "zbench.cli", "train", "--gpus", "2", "--stage", "3", "--steps", "12"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     done = [line for line in proc.stdout.splitlines() if line.startswith("done:")]

@@ -38,8 +38,11 @@ def test_convert_universal_and_dcp(folder, tmp_path):
     result = cli("convert", folder, "--to", "fp32", "--out", tmp_path / "out")
     assert result.exit_code == 0, result.output
     got = _read_output(tmp_path / "out")
-    ref = folder / "expected_full.safetensors" if folder.parent.name == "dcp" else (
-        folder.parents[1] / "deepspeed" / folder.name / "expected_fp32.safetensors")
+    ref = (
+        folder / "expected_full.safetensors"
+        if folder.parent.name == "dcp"
+        else (folder.parents[1] / "deepspeed" / folder.name / "expected_fp32.safetensors")
+    )
     expected = load_file(ref)
     assert set(got) == set(expected)
     for name, want in expected.items():
@@ -54,7 +57,9 @@ def test_convert_bf16_sharded(tmp_path):
     model = load_file(folder / "expected_model.safetensors")  # the run's own bf16 weights
     for name, shard in index["weight_map"].items():
         key = {"head.weight": "emb.weight"}.get(name, name)
-        assert torch.equal(load_file(tmp_path / "out" / shard)[key], model[name].to(torch.bfloat16)), name  # fp32 buffer cast too
+        assert torch.equal(load_file(tmp_path / "out" / shard)[key], model[name].to(torch.bfloat16)), (
+            name
+        )  # fp32 buffer cast too
 
 
 @pytest.mark.parametrize("folder", DEEPSPEED[::5] + UNIVERSAL[:1] + DCP[:1], ids=lambda p: p.name)
@@ -72,6 +77,7 @@ def test_inspect_reports_what_it_is(folder):
 
 
 # -- faults: each is one line naming the problem, non-zero exit, nothing on disk changed -----------------
+
 
 @pytest.fixture
 def ckpt(tmp_path):
@@ -125,9 +131,11 @@ def test_output_folder_that_holds_files(ckpt, tmp_path):
 
 
 def test_option_errors(ckpt, tmp_path):
-    assert "--max-shard-size" in refused(tmp_path, "convert", ckpt, "--to", "fp32", "--out", tmp_path / "o",
-                                                "--max-shard-size", "huge")
+    assert "--max-shard-size" in refused(
+        tmp_path, "convert", ckpt, "--to", "fp32", "--out", tmp_path / "o", "--max-shard-size", "huge"
+    )
     assert "--world-size" in refused(tmp_path, "convert", ckpt, "--to", "zbench", "--out", tmp_path / "o")
-    assert "zbench checkpoints only" in refused(tmp_path, "convert", ckpt, "--to", "zbench", "--out", tmp_path / "o",
-                                                       "--world-size", "2")
+    assert "zbench checkpoints only" in refused(
+        tmp_path, "convert", ckpt, "--to", "zbench", "--out", tmp_path / "o", "--world-size", "2"
+    )
     assert "not dcp" in refused(tmp_path, "inspect", ckpt, "--from", "dcp")

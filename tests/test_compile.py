@@ -16,6 +16,8 @@ from helpers import one_line_error, table, tiny_scenario, zbench
 from zbench.models.compiled import compile_blocks, graphs_compiled
 from zbench.models.factory import ModelBundle
 
+pytestmark = pytest.mark.slow  # spawned ranks or whole runs: outside the fast tier (-m 'not slow')
+
 
 def _bundle(model) -> ModelBundle:
     return ModelBundle(model, lambda m, b: m(*b), 0, 0, len(model.blocks), 0, None, list(model.blocks))
@@ -67,8 +69,16 @@ def test_a_model_without_blocks_is_a_clear_error():
 
 
 def _scenario(tmp_path: pathlib.Path, **extra) -> str:
-    return tiny_scenario(tmp_path, "compiled", [{"name": "ddp", "engine": "ddp"}, {"name": "zero2", "engine": "zero", "stage": 2},
-                                                {"name": "zero2-eager", "engine": "zero", "stage": 2, "compile": False}], **extra)
+    return tiny_scenario(
+        tmp_path,
+        "compiled",
+        [
+            {"name": "ddp", "engine": "ddp"},
+            {"name": "zero2", "engine": "zero", "stage": 2},
+            {"name": "zero2-eager", "engine": "zero", "stage": 2, "compile": False},
+        ],
+        **extra,
+    )
 
 
 def test_scenario_compiles_every_variant_unless_one_says_otherwise(tmp_path):
@@ -76,7 +86,11 @@ def test_scenario_compiles_every_variant_unless_one_says_otherwise(tmp_path):
     proc = zbench("run", _scenario(tmp_path, compile="aot_eager"), "--out", str(out), "--wandb", "off")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = table(proc.stdout)
-    assert {n: r["torch.compile"] for n, r in rows.items()} == {"ddp": "aot_eager", "zero2": "aot_eager", "zero2-eager": "no"}
+    assert {n: r["torch.compile"] for n, r in rows.items()} == {
+        "ddp": "aot_eager",
+        "zero2": "aot_eager",
+        "zero2-eager": "no",
+    }
     assert rows["zero2"]["Loss parity vs DDP"].endswith(" ok"), rows["zero2"]
     assert rows["zero2-eager"]["Loss parity vs DDP"].endswith(" ok"), rows["zero2-eager"]
     summary = json.loads(next(out.glob("*/results.json")).read_text())
@@ -113,11 +127,21 @@ def test_compiled_rows_with_dropout_are_not_compared_step_by_step_with_eager_one
     from zbench.parity import add_parity
 
     def row(name, engine, compiled, dropout, losses):
-        return {"variant": name, "engine": engine, "status": "ok", "batch": 4, "compiled": compiled,
-                "dropout": dropout, "losses": losses}
+        return {
+            "variant": name,
+            "engine": engine,
+            "status": "ok",
+            "batch": 4,
+            "compiled": compiled,
+            "dropout": dropout,
+            "losses": losses,
+        }
 
-    rows = [row("ddp", "ddp", None, True, [1.0, 0.9]), row("zero2", "zero", "inductor", True, [1.2, 0.5]),
-            row("zero2-eager", "zero", None, True, [1.0, 0.9])]
+    rows = [
+        row("ddp", "ddp", None, True, [1.0, 0.9]),
+        row("zero2", "zero", "inductor", True, [1.2, 0.5]),
+        row("zero2-eager", "zero", None, True, [1.0, 0.9]),
+    ]
     add_parity(rows, 1e-3)
     assert (rows[1]["parity"], rows[1]["parity_note"]) == (None, "dropout masks differ (compiled vs eager)")
     assert (rows[2]["parity"], rows[2]["parity_note"]) == (0.0, "ok")

@@ -25,7 +25,10 @@ def test_top_level_typo_suggests_the_key():
 
 
 def test_nested_typo_names_the_full_path():
-    assert error({**MB, "zero_optimization": {"stgae": 2}}) == "unknown key 'zero_optimization.stgae'; did you mean 'stage'?"
+    assert (
+        error({**MB, "zero_optimization": {"stgae": 2}})
+        == "unknown key 'zero_optimization.stgae'; did you mean 'stage'?"
+    )
 
 
 def test_deeply_nested_typo():
@@ -38,11 +41,14 @@ def test_unknown_key_without_close_match_lists_valid_keys():
     assert "unknown key 'fp16.zzz'" in msg and "hysteresis" in msg and "min_loss_scale" in msg
 
 
-@pytest.mark.parametrize("config, needle", [
-    ({**MB, "amp": {"enabled": True}}, "use 'fp16' or 'bf16'"),
-    ({**MB, "optimizer": {"type": "AdamW", "params": {"max_grad_norm": 1.0}}}, "'gradient_clipping'"),
-    ({**MB, "activation_checkpointing": {}}, "torch.utils.checkpoint"),
-])
+@pytest.mark.parametrize(
+    "config, needle",
+    [
+        ({**MB, "amp": {"enabled": True}}, "use 'fp16' or 'bf16'"),
+        ({**MB, "optimizer": {"type": "AdamW", "params": {"max_grad_norm": 1.0}}}, "'gradient_clipping'"),
+        ({**MB, "activation_checkpointing": {}}, "torch.utils.checkpoint"),
+    ],
+)
 def test_known_deepspeed_keys_we_lack_say_why(config, needle):
     msg = error(config)
     assert "not supported by zero_core" in msg and needle in msg
@@ -50,8 +56,9 @@ def test_known_deepspeed_keys_we_lack_say_why(config, needle):
 
 def test_key_in_the_wrong_section_says_where_it_belongs():
     msg = error({**MB, "round_robin_gradients": True})
-    assert msg == ("unknown key 'round_robin_gradients'; it belongs under "
-                   "'zero_optimization.round_robin_gradients', move it there")
+    assert msg == (
+        "unknown key 'round_robin_gradients'; it belongs under 'zero_optimization.round_robin_gradients', move it there"
+    )
 
 
 def test_non_string_key():
@@ -60,32 +67,44 @@ def test_non_string_key():
 
 # -- types and values -----------------------------------------------------------------------------
 def test_wrong_type_message():
-    assert error({**MB, "zero_optimization": {"stage": "two"}}) == "zero_optimization.stage must be an integer 0-3, got 'two'"
+    assert (
+        error({**MB, "zero_optimization": {"stage": "two"}})
+        == "zero_optimization.stage must be an integer 0-3, got 'two'"
+    )
 
 
-@pytest.mark.parametrize("config, path", [
-    ({**MB, "zero_optimization": {"stage": 2.0}}, "zero_optimization.stage"),
-    ({**MB, "zero_optimization": {"stage": True}}, "zero_optimization.stage"),
-    ({**MB, "zero_optimization": {"stage": 4}}, "zero_optimization.stage"),
-    ({**MB, "optimizer": {"type": "AdamW", "params": {"lr": "1e-4"}}}, "optimizer.params.lr"),
-    ({**MB, "optimizer": {"type": "AdamW", "params": {"lr": -1e-4}}}, "optimizer.params.lr"),
-    ({**MB, "optimizer": {"type": "AdamW", "params": {"betas": [0.9, 1.0]}}}, "optimizer.params.betas"),
-    ({**MB, "optimizer": {"type": "AdamW", "params": {"betas": [0.9]}}}, "optimizer.params.betas"),
-    ({**MB, "optimizer": {"type": "AdamW", "params": {"eps": 0}}}, "optimizer.params.eps"),
-    ({**MB, "optimizer": {"type": "AdamW", "params": {"weight_decay": float("nan")}}}, "optimizer.params.weight_decay"),
-    ({**MB, "gradient_accumulation_steps": 0}, "gradient_accumulation_steps"),
-    ({"train_micro_batch_size_per_gpu": "4"}, "train_micro_batch_size_per_gpu"),
-    ({**MB, "zero_optimization": {"reduce_bucket_size": 5.5}}, "zero_optimization.reduce_bucket_size"),
-    ({**MB, "zero_optimization": {"reduce_bucket_size": -1}}, "zero_optimization.reduce_bucket_size"),
-    ({**MB, "fp16": {"enabled": "yes"}}, "fp16.enabled"),
-    ({**MB, "fp16": {"hysteresis": 0}}, "fp16.hysteresis"),
-    ({**MB, "fp16": {"min_loss_scale": 0}}, "fp16.min_loss_scale"),
-    ({**MB, "gradient_clipping": -1.0}, "gradient_clipping"),
-    ({**MB, "communication_data_type": "int8"}, "communication_data_type"),
-    ({**MB, "scheduler": {"type": "WarmupLR", "params": {"warmup_type": "cosine"}}}, "scheduler.params.warmup_type"),
-    ({**MB, "zero_optimization": 2}, "zero_optimization must be an object"),
-    ({**MB, "optimizer": {"params": {}}}, "optimizer.type is required"),
-])
+@pytest.mark.parametrize(
+    "config, path",
+    [
+        ({**MB, "zero_optimization": {"stage": 2.0}}, "zero_optimization.stage"),
+        ({**MB, "zero_optimization": {"stage": True}}, "zero_optimization.stage"),
+        ({**MB, "zero_optimization": {"stage": 4}}, "zero_optimization.stage"),
+        ({**MB, "optimizer": {"type": "AdamW", "params": {"lr": "1e-4"}}}, "optimizer.params.lr"),
+        ({**MB, "optimizer": {"type": "AdamW", "params": {"lr": -1e-4}}}, "optimizer.params.lr"),
+        ({**MB, "optimizer": {"type": "AdamW", "params": {"betas": [0.9, 1.0]}}}, "optimizer.params.betas"),
+        ({**MB, "optimizer": {"type": "AdamW", "params": {"betas": [0.9]}}}, "optimizer.params.betas"),
+        ({**MB, "optimizer": {"type": "AdamW", "params": {"eps": 0}}}, "optimizer.params.eps"),
+        (
+            {**MB, "optimizer": {"type": "AdamW", "params": {"weight_decay": float("nan")}}},
+            "optimizer.params.weight_decay",
+        ),
+        ({**MB, "gradient_accumulation_steps": 0}, "gradient_accumulation_steps"),
+        ({"train_micro_batch_size_per_gpu": "4"}, "train_micro_batch_size_per_gpu"),
+        ({**MB, "zero_optimization": {"reduce_bucket_size": 5.5}}, "zero_optimization.reduce_bucket_size"),
+        ({**MB, "zero_optimization": {"reduce_bucket_size": -1}}, "zero_optimization.reduce_bucket_size"),
+        ({**MB, "fp16": {"enabled": "yes"}}, "fp16.enabled"),
+        ({**MB, "fp16": {"hysteresis": 0}}, "fp16.hysteresis"),
+        ({**MB, "fp16": {"min_loss_scale": 0}}, "fp16.min_loss_scale"),
+        ({**MB, "gradient_clipping": -1.0}, "gradient_clipping"),
+        ({**MB, "communication_data_type": "int8"}, "communication_data_type"),
+        (
+            {**MB, "scheduler": {"type": "WarmupLR", "params": {"warmup_type": "cosine"}}},
+            "scheduler.params.warmup_type",
+        ),
+        ({**MB, "zero_optimization": 2}, "zero_optimization must be an object"),
+        ({**MB, "optimizer": {"params": {}}}, "optimizer.type is required"),
+    ],
+)
 def test_bad_values_name_the_path(config, path):
     msg = error(config)
     assert msg.startswith(path), msg
@@ -98,12 +117,21 @@ def test_unknown_optimizer_lists_supported():
 
 def test_unknown_scheduler_lists_supported():
     msg = error({**MB, "scheduler": {"type": "LRRangeTest"}})
-    assert "scheduler.type" in msg and all(f"'{k}'" in msg for k in ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle"))
+    assert "scheduler.type" in msg and all(
+        f"'{k}'" in msg for k in ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle")
+    )
 
 
 def test_lenient_where_deepspeed_is():
-    cfg = load_config({**MB, "gradient_clipping": 1, "fp16": {"enabled": "true", "loss_scale": 128},
-                       "zero_optimization": {"reduce_bucket_size": 5e8, "allgather_bucket_size": 2e8}}, 1)
+    cfg = load_config(
+        {
+            **MB,
+            "gradient_clipping": 1,
+            "fp16": {"enabled": "true", "loss_scale": 128},
+            "zero_optimization": {"reduce_bucket_size": 5e8, "allgather_bucket_size": 2e8},
+        },
+        1,
+    )
     assert cfg.gradient_clipping == 1.0 and isinstance(cfg.gradient_clipping, float)
     assert cfg.fp16.enabled is True and cfg.fp16.loss_scale == 128.0
     assert cfg.zero_optimization.reduce_bucket_size == 500_000_000
@@ -118,7 +146,9 @@ def test_fp16_and_bf16_both_enabled():
 
 def test_nvme_offload_of_optimizer_states_and_parameters():
     for section in ("offload_optimizer", "offload_param"):
-        cfg = load_config({**MB, "zero_optimization": {"stage": 3, section: {"device": "nvme", "nvme_path": "/tmp"}}}, 2)
+        cfg = load_config(
+            {**MB, "zero_optimization": {"stage": 3, section: {"device": "nvme", "nvme_path": "/tmp"}}}, 2
+        )
         assert getattr(cfg.zero_optimization, section).nvme_path == "/tmp"
     msg = error({**MB, "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})
     assert msg.startswith("zero_optimization.offload_param.nvme_path is required with device 'nvme'")
@@ -159,8 +189,15 @@ def test_both_bf16_spellings():
 
 
 def test_both_gather_spellings_disagree():
-    msg = error({**MB, "zero_optimization": {"stage3_gather_fp16_weights_on_model_save": True,
-                                             "stage3_gather_16bit_weights_on_model_save": False}})
+    msg = error(
+        {
+            **MB,
+            "zero_optimization": {
+                "stage3_gather_fp16_weights_on_model_save": True,
+                "stage3_gather_16bit_weights_on_model_save": False,
+            },
+        }
+    )
     assert "stage3_gather_16bit_weights_on_model_save" in msg
 
 
@@ -194,8 +231,14 @@ def test_optimizer_modes():
 
 
 def test_legacy_aliases():
-    cfg = load_config({**MB, "bfloat16": {"enabled": True},
-                       "zero_optimization": {"stage": 3, "stage3_gather_fp16_weights_on_model_save": True}}, 1)
+    cfg = load_config(
+        {
+            **MB,
+            "bfloat16": {"enabled": True},
+            "zero_optimization": {"stage": 3, "stage3_gather_fp16_weights_on_model_save": True},
+        },
+        1,
+    )
     assert cfg.bf16.enabled and cfg.zero_optimization.stage3_gather_16bit_weights_on_model_save
 
 
@@ -229,8 +272,9 @@ def test_zero_config_is_revalidated_for_the_world_size():
     assert load_config(cfg, 4).train_batch_size == 32  # derived again from what the user gave
     direct = ZeroConfig(train_batch_size=12, train_micro_batch_size_per_gpu=3)
     assert load_config(direct, 2).gradient_accumulation_steps == 2
-    assert "4 * 1 * 2 = 8" in error(ZeroConfig(train_batch_size=12, train_micro_batch_size_per_gpu=4,
-                                               gradient_accumulation_steps=1), 2)
+    assert "4 * 1 * 2 = 8" in error(
+        ZeroConfig(train_batch_size=12, train_micro_batch_size_per_gpu=4, gradient_accumulation_steps=1), 2
+    )
 
 
 def test_world_size_is_checked():
@@ -261,11 +305,25 @@ def _model_keys(model: type[BaseModel]) -> set[str]:
 
 
 KEYS = sorted(_model_keys(ZeroConfig) | {"type", "params", "bfloat16", "stgae", "amp", "max_grad_norm", ""})
-leaves = (st.none() | st.booleans() | st.integers(-3, 2**40) | st.integers() | st.just(10**400) | st.floats(allow_nan=True, allow_infinity=True)
-          | st.text(max_size=6) | st.sampled_from(["auto", "true", "cpu", "none", "nvme", "AdamW", "Adam",
-                                                   "WarmupLR", "WarmupDecayLR", "linear", "fp32", "bf16"]))
-values = st.recursive(leaves, lambda kids: st.lists(kids, max_size=3)
-                      | st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=5), kids, max_size=4), max_leaves=12)
+leaves = (
+    st.none()
+    | st.booleans()
+    | st.integers(-3, 2**40)
+    | st.integers()
+    | st.just(10**400)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=6)
+    | st.sampled_from(
+        ["auto", "true", "cpu", "none", "nvme", "AdamW", "Adam", "WarmupLR", "WarmupDecayLR", "linear", "fp32", "bf16"]
+    )
+)
+values = st.recursive(
+    leaves,
+    lambda kids: (
+        st.lists(kids, max_size=3) | st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=5), kids, max_size=4)
+    ),
+    max_leaves=12,
+)
 
 
 @st.composite
@@ -296,8 +354,11 @@ def _check_outcome(config: Any, world_size: int, auto: dict | None) -> None:
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(config=st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=5), values, max_size=6) | values,
-       world_size=st.integers(1, 8), auto=st.sampled_from([None, TRAINER]))
+@given(
+    config=st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=5), values, max_size=6) | values,
+    world_size=st.integers(1, 8),
+    auto=st.sampled_from([None, TRAINER]),
+)
 def test_fuzz_random_configs_only_raise_config_error(config, world_size, auto):
     _check_outcome(config, world_size, auto)
 

@@ -1,4 +1,4 @@
-""""auto" in DeepSpeed configs: filled exactly as Hugging Face's Trainer fills them, every problem reported at once."""
+""" "auto" in DeepSpeed configs: filled exactly as Hugging Face's Trainer fills them, every problem reported at once."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ from zero_core.config_auto import resolve_auto
 
 HERE = Path(__file__).parent
 SEEDS = HERE / "data" / "seed_configs"
-HF = json.loads((HERE / "fixtures" / "hf_auto" / "filled.json").read_text())  # made by tests/fixtures/make_hf_auto_fixtures.py
+HF = json.loads(
+    (HERE / "fixtures" / "hf_auto" / "filled.json").read_text()
+)  # made by tests/fixtures/make_hf_auto_fixtures.py
 MB = {"train_micro_batch_size_per_gpu": 4}
 
 
@@ -54,8 +56,10 @@ def test_mismatches_are_reported_together_in_one_line():
     msg = str(info.value)
     assert "\n" not in msg and msg.startswith("config has 13 problems: ")
     assert "optimizer.params.lr is 1e-06 in the config but the caller's learning_rate gives 0.0002" in msg
-    assert "train_batch_size is 10 in the config but the caller's world_size * per_device_train_batch_size * " \
-           "gradient_accumulation_steps gives 12" in msg
+    assert (
+        "train_batch_size is 10 in the config but the caller's world_size * per_device_train_batch_size * "
+        "gradient_accumulation_steps gives 12" in msg
+    )
     assert "bf16.enabled is false in the config but the caller's fp16/bf16 gives true" in msg
 
 
@@ -65,28 +69,45 @@ def test_unfilled_autos_are_all_named():
         load_config(raw, 2)
     msg = str(info.value)
     assert msg.startswith("config has 5 problems: ")
-    for key, field in [("optimizer.params.lr", "learning_rate"), ("scheduler.params.warmup_max_lr", "learning_rate"),
-                       ("scheduler.params.total_num_steps", "max_steps"),
-                       ("scheduler.params.warmup_num_steps", "warmup_steps"),
-                       ("train_micro_batch_size_per_gpu", "per_device_train_batch_size")]:
+    for key, field in [
+        ("optimizer.params.lr", "learning_rate"),
+        ("scheduler.params.warmup_max_lr", "learning_rate"),
+        ("scheduler.params.total_num_steps", "max_steps"),
+        ("scheduler.params.warmup_num_steps", "warmup_steps"),
+        ("train_micro_batch_size_per_gpu", "per_device_train_batch_size"),
+    ]:
         assert f"{key} cannot be 'auto' without {field} (auto={{\"{field}\": ...}})" in msg
 
 
-@pytest.mark.parametrize("config, path", [
-    ({**MB, "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}}, "optimizer.params.lr"),
-    ({**MB, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": "auto"}}}, "scheduler.params.warmup_num_steps"),
-    ({**MB, "scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": "auto"}}}, "scheduler.params.total_num_steps"),
-    ({**MB, "fp16": {"enabled": "auto"}}, "fp16.enabled"),
-    ({**MB, "bf16": {"enabled": "auto"}}, "bf16.enabled"),
-])
+@pytest.mark.parametrize(
+    "config, path",
+    [
+        ({**MB, "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}}, "optimizer.params.lr"),
+        (
+            {**MB, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": "auto"}}},
+            "scheduler.params.warmup_num_steps",
+        ),
+        (
+            {**MB, "scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": "auto"}}},
+            "scheduler.params.total_num_steps",
+        ),
+        ({**MB, "fp16": {"enabled": "auto"}}, "fp16.enabled"),
+        ({**MB, "bf16": {"enabled": "auto"}}, "bf16.enabled"),
+    ],
+)
 def test_unresolvable_auto_asks_for_a_value(config, path):
     msg = error(config)
     assert msg.startswith(f"{path} cannot be 'auto' without ") and "set " in msg
 
 
 def test_unresolvable_lr_is_named_where_it_is_used_too():
-    msg = error({**MB, "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
-                 "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": "auto"}}})
+    msg = error(
+        {
+            **MB,
+            "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
+            "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": "auto"}},
+        }
+    )
     assert msg.startswith("config has 2 problems: optimizer.params.lr cannot be 'auto' without learning_rate")
     assert "; scheduler.params.warmup_max_lr cannot be 'auto' without learning_rate" in msg
 
@@ -100,27 +121,55 @@ def test_precision_auto_needs_a_precision():
 
 
 def test_defaults_without_values_are_hf_and_deepspeed_ones():
-    raw = {**MB, "gradient_clipping": "auto",
-           "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
-           "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto", "warmup_num_steps": 5}},
-           "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
-                                 "stage3_param_persistence_threshold": "auto", "allgather_bucket_size": "auto"}}
+    raw = {
+        **MB,
+        "gradient_clipping": "auto",
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+        "scheduler": {
+            "type": "WarmupLR",
+            "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto", "warmup_num_steps": 5},
+        },
+        "zero_optimization": {
+            "stage": 3,
+            "reduce_bucket_size": "auto",
+            "stage3_prefetch_bucket_size": "auto",
+            "stage3_param_persistence_threshold": "auto",
+            "allgather_bucket_size": "auto",
+        },
+    }
     out, filled = fill_auto(raw)
     assert out["gradient_clipping"] == 1.0 and out["optimizer"]["params"] == {
-        "lr": 1e-4, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0}
+        "lr": 1e-4,
+        "betas": [0.9, 0.999],
+        "eps": 1e-8,
+        "weight_decay": 0.0,
+    }
     assert out["scheduler"]["params"] == {"warmup_min_lr": 0.0, "warmup_max_lr": 1e-4, "warmup_num_steps": 5}
     zero = out["zero_optimization"]
-    assert (zero["reduce_bucket_size"], zero["stage3_prefetch_bucket_size"], zero["stage3_param_persistence_threshold"],
-            zero["allgather_bucket_size"]) == (500_000_000, 50_000_000, 100_000, 500_000_000)
+    assert (
+        zero["reduce_bucket_size"],
+        zero["stage3_prefetch_bucket_size"],
+        zero["stage3_param_persistence_threshold"],
+        zero["allgather_bucket_size"],
+    ) == (500_000_000, 50_000_000, 100_000, 500_000_000)
     assert ("gradient_clipping", 1.0) in filled and len(filled) == 10
 
 
 def test_hidden_size_keys_follow_hf():
-    raw = {"zero_optimization": {"stage": 2, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
-                                 "stage3_param_persistence_threshold": "auto"}}
+    raw = {
+        "zero_optimization": {
+            "stage": 2,
+            "reduce_bucket_size": "auto",
+            "stage3_prefetch_bucket_size": "auto",
+            "stage3_param_persistence_threshold": "auto",
+        }
+    }
     zero = fill_auto(raw, {"hidden_size": 100})[0]["zero_optimization"]
-    assert (zero["reduce_bucket_size"], zero["stage3_prefetch_bucket_size"], zero["stage3_param_persistence_threshold"]) \
-        == (10_000, 50_000_000, 100_000)  # HF fills the stage-3 keys at stage 3 only
+    assert (
+        zero["reduce_bucket_size"],
+        zero["stage3_prefetch_bucket_size"],
+        zero["stage3_param_persistence_threshold"],
+    ) == (10_000, 50_000_000, 100_000)  # HF fills the stage-3 keys at stage 3 only
     raw["zero_optimization"]["stage"] = 3
     zero = fill_auto(raw, {"hidden_size": 100})[0]["zero_optimization"]
     assert (zero["stage3_prefetch_bucket_size"], zero["stage3_param_persistence_threshold"]) == (9_000, 1_000)
@@ -146,30 +195,42 @@ def test_defaults_fill_only_and_values_match():
     assert out["optimizer"]["params"] == {"lr": 1e-6, "eps": 1e-5}  # an explicit value wins over a default
     res = resolve_auto(raw, {"learning_rate": 0.5}, labels={"learning_rate": "--lr"})
     assert [p.message for p in res.problems] == [
-        'optimizer.params.lr is 1e-06 in the config but --lr gives 0.5; make them agree or set optimizer.params.lr to "auto"']
+        "optimizer.params.lr is 1e-06 in the config but --lr gives 0.5; "
+        'make them agree or set optimizer.params.lr to "auto"'
+    ]
 
 
 def test_values_are_compared_as_zero_core_reads_them():
-    raw = {"fp16": {"enabled": "true"}, "zero_optimization": {"reduce_bucket_size": 2e8},
-           "optimizer": {"type": "AdamW", "params": {"betas": [0.9, 0.999], "lr": 1}}}
+    raw = {
+        "fp16": {"enabled": "true"},
+        "zero_optimization": {"reduce_bucket_size": 2e8},
+        "optimizer": {"type": "AdamW", "params": {"betas": [0.9, 0.999], "lr": 1}},
+    }
     fill_auto(raw, {"fp16": True, "adam_beta1": 0.9, "learning_rate": 1.0})  # no mismatch
 
 
 def test_auto_values_are_checked():
     with pytest.raises(ConfigError, match=r"^auto has no field 'learning_rat'; did you mean 'learning_rate'\?"):
         AutoValues.of({"learning_rat": 1e-3})
-    with pytest.raises(ConfigError, match=r"^auto values: learning_rate must be a number >= 0, got -1; "
-                                          r"warmup_steps must be an integer >= 0, got 1.5$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^auto values: learning_rate must be a number >= 0, got -1; "
+        r"warmup_steps must be an integer >= 0, got 1.5$",
+    ):
         AutoValues(learning_rate=-1, warmup_steps=1.5)
     with pytest.raises(ConfigError, match="auto world_size 4 differs from the world size 2"):
         load_config(MB, 2, auto={"world_size": 4})
 
 
 def test_initialize_passes_auto_to_the_config():
-    raw = {"train_micro_batch_size_per_gpu": "auto", "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
-           "bf16": {"enabled": "auto"}}
-    engine = zero_core.initialize(torch.nn.Linear(4, 2), raw,
-                                  auto=AutoValues(per_device_train_batch_size=3, learning_rate=0.25, bf16=True))
+    raw = {
+        "train_micro_batch_size_per_gpu": "auto",
+        "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
+        "bf16": {"enabled": "auto"},
+    }
+    engine = zero_core.initialize(
+        torch.nn.Linear(4, 2), raw, auto=AutoValues(per_device_train_batch_size=3, learning_rate=0.25, bf16=True)
+    )
     try:
         cfg = engine.config
         assert (cfg.train_micro_batch_size_per_gpu, cfg.optimizer.params.lr, cfg.bf16.enabled) == (3, 0.25, True)

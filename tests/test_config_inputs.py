@@ -12,15 +12,18 @@ from zero_core.config import load_config, resolve_batch
 
 
 # -- batch sizes ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("given, ws, want", [
-    ((32, 4, 2), 4, (32, 4, 2)),
-    ((32, 4, None), 4, (32, 4, 2)),
-    ((32, None, 2), 4, (32, 4, 2)),
-    ((None, 4, 2), 4, (32, 4, 2)),
-    ((32, None, None), 4, (32, 8, 1)),
-    ((None, 4, None), 4, (16, 4, 1)),
-    (("auto", 4, "auto"), 2, (8, 4, 1)),
-])
+@pytest.mark.parametrize(
+    "given, ws, want",
+    [
+        ((32, 4, 2), 4, (32, 4, 2)),
+        ((32, 4, None), 4, (32, 4, 2)),
+        ((32, None, 2), 4, (32, 4, 2)),
+        ((None, 4, 2), 4, (32, 4, 2)),
+        ((32, None, None), 4, (32, 8, 1)),
+        ((None, 4, None), 4, (16, 4, 1)),
+        (("auto", 4, "auto"), 2, (8, 4, 1)),
+    ],
+)
 def test_batch_resolution(given, ws, want):
     keys = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
     cfg = load_config({k: v for k, v in zip(keys, given) if v is not None}, ws)
@@ -33,11 +36,14 @@ def test_batch_mismatch_shows_the_arithmetic():
     assert "train_batch_size (12)" in msg and "4 * 2 * 2 = 16" in msg
 
 
-@pytest.mark.parametrize("config, needle", [
-    ({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 4}, "4 * 2 = 8"),
-    ({"train_batch_size": 10, "gradient_accumulation_steps": 3}, "3 * 2 = 6"),
-    ({"train_batch_size": 9}, "world_size = 1 * 2 = 2"),
-])
+@pytest.mark.parametrize(
+    "config, needle",
+    [
+        ({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 4}, "4 * 2 = 8"),
+        ({"train_batch_size": 10, "gradient_accumulation_steps": 3}, "3 * 2 = 6"),
+        ({"train_batch_size": 9}, "world_size = 1 * 2 = 2"),
+    ],
+)
 def test_batch_not_divisible(config, needle):
     msg = error(config, 2)
     assert needle in msg and "cannot be derived" in msg
@@ -46,7 +52,8 @@ def test_batch_not_divisible(config, needle):
 def test_missing_batch_size():
     assert "no batch size" in error({}) and "train_micro_batch_size_per_gpu" in error({})
     assert error({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto"}).startswith(
-        "train_micro_batch_size_per_gpu cannot be 'auto' without per_device_train_batch_size")
+        "train_micro_batch_size_per_gpu cannot be 'auto' without per_device_train_batch_size"
+    )
     assert "gradient_accumulation_steps alone" in error({"gradient_accumulation_steps": 4})
 
 
@@ -86,8 +93,12 @@ def test_non_mapping_configs():
 
 
 def test_user_dict_is_not_mutated():
-    raw = {**MB, "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": "auto"}},
-           "zero_optimization": {"stage": 3, "stage3_gather_fp16_weights_on_model_save": True}, "bfloat16": {"enabled": True}}
+    raw = {
+        **MB,
+        "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": "auto"}},
+        "zero_optimization": {"stage": 3, "stage3_gather_fp16_weights_on_model_save": True},
+        "bfloat16": {"enabled": True},
+    }
     before = copy.deepcopy(raw)
     load_config(raw, 2, auto={"learning_rate": 1.0})
     assert raw == before

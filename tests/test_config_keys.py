@@ -1,4 +1,5 @@
-"""Every DeepSpeed key zero_core knows is supported, ignored (and named once by rank 0) or refused; the docs say the same."""
+"""Every DeepSpeed key zero_core knows is supported, ignored (and named once by rank 0) or refused; the docs say the
+same."""
 
 from __future__ import annotations
 
@@ -64,8 +65,12 @@ def _valid_value(path: str) -> object:
     for part in parts[:-1]:
         model = _section_model(model.model_fields[part].annotation)
     default = model.model_fields[parts[-1]].default
-    return {} if default is None and path in ("tensorboard", "wandb", "csv_monitor", "comet", "flops_profiler",
-                                              "comms_logger") else default
+    return (
+        {}
+        if default is None
+        and path in ("tensorboard", "wandb", "csv_monitor", "comet", "flops_profiler", "comms_logger")
+        else default
+    )
 
 
 @pytest.fixture
@@ -97,8 +102,10 @@ def test_a_config_of_supported_keys_names_nothing_and_the_line_comes_once(named)
     config = {**MB, "steps_per_print": 10, "checkpoint": {"load_universal": True}}
     load_config(config, 1)
     load_config(config, 1)
-    assert named() == ["zero_core: accepted, not acted on: steps_per_print (the engine prints no periodic log), "
-                       "checkpoint.load_universal (zbench checkpoints always reshard on load)"]
+    assert named() == [
+        "zero_core: accepted, not acted on: steps_per_print (the engine prints no periodic log), "
+        "checkpoint.load_universal (zbench checkpoints always reshard on load)"
+    ]
 
 
 def test_only_rank_0_names_them(named, monkeypatch):

@@ -21,7 +21,9 @@ FIXTURE = next(p for p in DEEPSPEED if p.name == "3_3_bf16")
 class DictSource:
     """A CheckpointSource over a dict, optionally failing at one name."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor], tied: dict[str, str] | None = None, fail_at: str | None = None):
+    def __init__(
+        self, tensors: dict[str, torch.Tensor], tied: dict[str, str] | None = None, fail_at: str | None = None
+    ):
         self.tensors, self.tied, self.fail_at = tensors, tied or {}, fail_at
 
     def params(self) -> list[ParamInfo]:

@@ -17,6 +17,8 @@ import trainer_workers as tw  # noqa: E402
 from dist_harness import run_ranks  # noqa: E402
 from helpers import cli, one_line_error  # noqa: E402
 
+pytestmark = pytest.mark.slow  # spawned ranks or whole runs: outside the fast tier (-m 'not slow')
+
 
 def _save(rank: int, world: int, folder: str) -> dict:
     """A world-of-one engine on a tiny GPT-2 (tied lm_head), one step, a zbench checkpoint in folder/checkpoint-1."""

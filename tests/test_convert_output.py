@@ -28,6 +28,8 @@ from checkpoints.consolidate import write_consolidated
 from checkpoints.output_claim import OWNER_FILE, claimed_output, staging_dir
 from checkpoints.source import CheckpointError
 
+pytestmark = pytest.mark.slow  # spawned ranks or whole runs: outside the fast tier (-m 'not slow')
+
 DS = next(p for p in DEEPSPEED if p.name == "2_2_fp32")
 
 
@@ -46,8 +48,14 @@ def slow_src(tmp_path_factory) -> tuple[Path, dict[str, torch.Tensor]]:
 
 def start_convert(src: Path, out: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.Popen([sys.executable, "-m", "zbench.cli", "convert", str(src), "--to", "fp32", "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    return subprocess.Popen(
+        [sys.executable, "-m", "zbench.cli", "convert", str(src), "--to", "fp32", "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
 
 
 def assert_output(out: Path, tensors: dict[str, torch.Tensor]) -> None:
@@ -64,10 +72,11 @@ def test_two_converts_into_one_new_out_one_wins_and_its_output_survives(slow_src
     winners = [p for p, _, _ in results if p.returncode == 0]
     assert len(winners) == 1, [(p.returncode, err[-2000:]) for p, _, err in results]
     assert_output(out, tensors)
-    (loser, _, err), = [r for r in results if r[0] is not winners[0]]
+    ((loser, _, err),) = [r for r in results if r[0] is not winners[0]]
     line = one_line_error(subprocess.CompletedProcess(loser.args, loser.returncode, None, err))
-    assert line == (f"Error: another zbench convert (pid {winners[0].pid}) is writing {out}; "
-                    "wait for it or pass another --out"), line
+    assert line == (
+        f"Error: another zbench convert (pid {winners[0].pid}) is writing {out}; wait for it or pass another --out"
+    ), line
     assert sorted(p.name for p in out.parent.iterdir()) == ["out"]  # no staging folder left
 
 
@@ -83,8 +92,10 @@ def test_a_killed_convert_is_named_on_the_rerun_and_never_deleted_for_you(slow_s
     proc.communicate()
     assert staging.is_dir() and not out.exists()
     line = refused(tmp_path, "convert", src, "--to", "fp32", "--out", out)
-    assert line == (f"Error: {staging} is left by a zbench convert that was killed (pid {proc.pid} no longer runs); "
-                    "delete it and run again"), line
+    assert line == (
+        f"Error: {staging} is left by a zbench convert that was killed (pid {proc.pid} no longer runs); "
+        "delete it and run again"
+    ), line
     shutil.rmtree(staging)  # what the message asks the user to do
     result = cli("convert", src, "--to", "fp32", "--out", out)
     assert result.exit_code == 0, result.output
@@ -102,7 +113,10 @@ def test_a_second_claim_is_refused_and_deletes_nothing(tmp_path):
         before = snapshot(tmp_path)
         with pytest.raises(CheckpointError) as e:
             write_consolidated(open_source(small), out, torch.float32, 10**9, progress=False)
-        assert str(e.value) == f"another zbench convert (pid {os.getpid()}) is writing {out}; wait for it or pass another --out"
+        assert (
+            str(e.value)
+            == f"another zbench convert (pid {os.getpid()}) is writing {out}; wait for it or pass another --out"
+        )
         line = one_line_error(cli("convert", small, "--to", "fp32", "--out", out))
         assert "another zbench convert" in line and snapshot(tmp_path) == before
     assert (out / "model.safetensors").read_bytes() == b"the first convert's output"
@@ -137,7 +151,9 @@ def test_a_claim_from_another_host_or_with_no_owner_is_explained(tmp_path):
     assert f"{staging} is in the way of --out {out} and names no zbench convert" in line and "delete it" in line, line
 
 
-@pytest.mark.parametrize("where", ["src", "tag folder", "inside tag", "inside src", "through a link", "followed tag link"])
+@pytest.mark.parametrize(
+    "where", ["src", "tag folder", "inside tag", "inside src", "through a link", "followed tag link"]
+)
 def test_out_inside_the_source_is_refused(tmp_path, where):
     src = tmp_path / "ck"
     shutil.copytree(DS, src)
@@ -147,17 +163,26 @@ def test_out_inside_the_source_is_refused(tmp_path, where):
         shutil.move(src / "global_step2", tmp_path / "tags" / "global_step2")
         os.symlink(tmp_path / "tags" / "global_step2", src / "global_step2")
         extra = ["--follow-symlinks"]
-    out = {"src": src, "tag folder": src / "global_step2", "inside tag": src / "global_step2" / "out",
-           "inside src": src / "new" / "out", "through a link": tmp_path / "link" / "out",
-           "followed tag link": tmp_path / "tags" / "global_step2" / "out"}[where]
+    out = {
+        "src": src,
+        "tag folder": src / "global_step2",
+        "inside tag": src / "global_step2" / "out",
+        "inside src": src / "new" / "out",
+        "through a link": tmp_path / "link" / "out",
+        "followed tag link": tmp_path / "tags" / "global_step2" / "out",
+    }[where]
     line = refused(tmp_path, "convert", src, "--to", "fp32", "--out", out, *extra)
     if where == "src":
-        assert line == (f"Error: --out {out} is the checkpoint {src} itself: it already holds files, and writing there "
-                        "would change the source; pass an --out outside it"), line
+        assert line == (
+            f"Error: --out {out} is the checkpoint {src} itself: it already holds files, and writing there "
+            "would change the source; pass an --out outside it"
+        ), line
     else:
         checkpoint = src / "global_step2" if where == "followed tag link" else src
-        assert line == (f"Error: --out {out} is inside the checkpoint {checkpoint}; writing there would change the "
-                        "source; pass an --out outside it"), line
+        assert line == (
+            f"Error: --out {out} is inside the checkpoint {checkpoint}; writing there would change the "
+            "source; pass an --out outside it"
+        ), line
 
 
 def test_reshard_claims_its_output_too(tmp_path):
@@ -175,7 +200,9 @@ def test_reshard_claims_its_output_too(tmp_path):
         reshard_to_zbench(ZbenchSource(root), root / "r2", 2, protect=[root])
     out = tmp_path / "new" / "r2"
     with claimed_output(out):
-        with pytest.raises(CheckpointError, match=re.escape(f"another zbench convert (pid {os.getpid()}) is writing {out}")):
+        with pytest.raises(
+            CheckpointError, match=re.escape(f"another zbench convert (pid {os.getpid()}) is writing {out}")
+        ):
             reshard_to_zbench(ZbenchSource(root), out, 2)
     assert list(out.iterdir()) == [] and snapshot(root) == before_root(before)  # the holder's (empty) output only
     written = reshard_to_zbench(ZbenchSource(root), tmp_path / "r2", 2)

@@ -36,7 +36,9 @@ def test_key_picks_the_prefix_and_a_wrong_one_is_one_line(tmp_path):
     assert [i.name for i in auto.params()] == [i.name for i in explicit.params()]
     optim = open_source(DCP / "app_state", key="app.optim.state")  # any prefix: here the optimizer's moments
     assert any(i.name.endswith("exp_avg") for i in optim.params())
-    line = one_line_error(cli("convert", DCP / "app_state", "--to", "fp32", "--out", tmp_path / "o", "--key", "trainer"))
+    line = one_line_error(
+        cli("convert", DCP / "app_state", "--to", "fp32", "--out", tmp_path / "o", "--key", "trainer")
+    )
     assert "no model tensors under --key 'trainer'" in line and "app" in line and "pass --key" in line
     line = one_line_error(cli("inspect", DEEPSPEED[0], "--key", "model"))
     assert "--key applies to DCP checkpoints" in line

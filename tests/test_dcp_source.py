@@ -20,8 +20,17 @@ def test_matches_the_fsdp2_full_state_dict(folder):
     src = open_source(folder)
     assert isinstance(src, DcpSource)
     expected = load_file(folder / "expected_full.safetensors")
-    assert [i.name for i in src.params()] == ["mix", "emb.weight", "lin1.weight", "lin1.bias", "norm.weight",
-                                              "norm.bias", "lin2.weight", "lin2.bias", "head.weight"]
+    assert [i.name for i in src.params()] == [
+        "mix",
+        "emb.weight",
+        "lin1.weight",
+        "lin1.bias",
+        "norm.weight",
+        "norm.bias",
+        "lin2.weight",
+        "lin2.bias",
+        "head.weight",
+    ]
     for name, want in expected.items():
         assert torch.equal(src.load(name), want), name
     s = src.summary()
@@ -43,7 +52,10 @@ def test_truncated_and_flipped_chunk_files_are_named(tmp_path):
     folder = tmp_path / "ck"
     shutil.copytree(DCP[0], folder)
     victim = folder / "__1_0.distcp"
-    chunk = max((i for i in DcpSource(folder).metadata.storage_data.values() if i.relative_path == victim.name), key=lambda i: i.length)
+    chunk = max(
+        (i for i in DcpSource(folder).metadata.storage_data.values() if i.relative_path == victim.name),
+        key=lambda i: i.length,
+    )
     flip_tensor_byte(victim, base=chunk.offset, length=chunk.length)
     problems = DcpSource(folder).verify()
     assert len(problems) == 1 and "__1_0.distcp is corrupt" in problems[0]

@@ -17,6 +17,8 @@ from safetensors.torch import load_file
 import dropin_script
 from dist_harness import run_ranks
 
+pytestmark = pytest.mark.slow  # spawned ranks or whole runs: outside the fast tier (-m 'not slow')
+
 FIXTURES = Path(__file__).parent / "fixtures" / "deepspeed_dropin"
 REFERENCE = json.loads((FIXTURES / "reference.json").read_text())
 TOL = 1e-5

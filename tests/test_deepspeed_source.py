@@ -21,6 +21,8 @@ from checkpoints.deepspeed_universal_source import UniversalSource
 from checkpoints.detect import open_source
 from checkpoints.source import CheckpointError
 
+pytestmark = pytest.mark.slow  # spawned ranks or whole runs: outside the fast tier (-m 'not slow')
+
 
 def _expected(folder):
     with safe_open(str(folder / "expected_fp32.safetensors"), "pt") as f:
@@ -81,12 +83,16 @@ def test_universal_matches_deepspeed_consolidation(folder):
 
 def _gather(pieces, rank_groups, numel):
     flat = [torch.cat(g) if g else torch.empty(0) for g in rank_groups]
-    return torch.cat([flat[p.rank][p.start:p.start + p.numel] for p in pieces] or [torch.empty(0)])[:numel]
+    return torch.cat([flat[p.rank][p.start : p.start + p.numel] for p in pieces] or [torch.empty(0)])[:numel]
 
 
 @settings(max_examples=60, deadline=None)
-@given(world=st.integers(1, 4), groups=st.lists(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 3)),
-                                                        min_size=1, max_size=5), min_size=1, max_size=3))
+@given(
+    world=st.integers(1, 4),
+    groups=st.lists(
+        st.lists(st.tuples(st.integers(0, 40), st.integers(0, 3)), min_size=1, max_size=5), min_size=1, max_size=3
+    ),
+)
 def test_stage12_layout_against_a_simulated_deepspeed_flat_buffer(world, groups):
     """Flatten as ZeRO-1/2 does (per-param padding, tail aligned to 2*world, even split, saved tails trimmed)."""
     shapes, paddings, params, rank_groups, mappings = [], [], {}, [[] for _ in range(world)], [[] for _ in range(world)]
@@ -104,7 +110,7 @@ def test_stage12_layout_against_a_simulated_deepspeed_flat_buffer(world, groups)
         part = flat.numel() // world
         for r in range(world):
             kept = min(part, max(0, pos - r * part))  # DeepSpeed saves partitions without the group's tail padding
-            rank_groups[r].append(flat[r * part:r * part + kept])
+            rank_groups[r].append(flat[r * part : r * part + kept])
             frags = {}
             for name, shape in names.items():
                 lo, hi = max(offsets[name], r * part), min(offsets[name] + shape[0], (r + 1) * part)
@@ -115,7 +121,9 @@ def test_stage12_layout_against_a_simulated_deepspeed_flat_buffer(world, groups)
         paddings.append(pads)
     sizes = [[t.numel() for t in groups_r] for groups_r in rank_groups]
     by_offsets = layout.stage12_from_offsets(shapes, paddings, sizes)
-    assert {k: v for k, v in by_offsets.items() if v} == layout.stage12_from_mappings(mappings, sizes)  # no fragment for empty params
+    assert {k: v for k, v in by_offsets.items() if v} == layout.stage12_from_mappings(
+        mappings, sizes
+    )  # no fragment for empty params
     layout.check_pieces(by_offsets, {n: s for g in shapes for n, s in g.items()}, [sum(s) for s in sizes], "sim")
     for name, t in params.items():
         assert torch.equal(_gather(by_offsets[name], rank_groups, t.numel()), t)
@@ -130,7 +138,7 @@ def test_stage3_layout_against_simulated_partitions(world, numels, cut):
         part = math.ceil(t.numel() / world)
         padded = torch.cat([t, torch.zeros(part * world - t.numel())])
         for r in range(world):
-            rank_flat[r].append(padded[r * part:(r + 1) * part])
+            rank_flat[r].append(padded[r * part : (r + 1) * part])
     rank_groups = []
     for chunks in rank_flat:  # split each rank's partitions into two sub-groups at an arbitrary point
         flat = torch.cat(chunks) if chunks else torch.empty(0)

@@ -70,15 +70,28 @@ def test_checkpoint_of_a_delayed_run_holds_every_computed_update(tmp_path):
     other.close()
 
 
-@pytest.mark.parametrize("zero, core, expected", [
-    ({"stage": 2}, {"offload_delayed_update": True}, "offload_optimizer is off"),
-    ({"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}, {"offload_delayed_update": True},
-     "cannot be combined with partial offload"),
-    ({"stage": 2, "offload_optimizer": {"device": "cpu"}}, {"offload_delayed_update": True, "overlap_host_update": 0.5},
-     "both move the host update"),
-    ({"stage": 2, "offload_optimizer": {"device": "cpu"}}, {"offload_delayed_update": "maybe"}, "must be true or false"),
-    ({"stage": 2, "offload_optimizer": {"device": "cpu"}}, {"offload_delayed_update": True}, None),
-])
+@pytest.mark.parametrize(
+    "zero, core, expected",
+    [
+        ({"stage": 2}, {"offload_delayed_update": True}, "offload_optimizer is off"),
+        (
+            {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.5}},
+            {"offload_delayed_update": True},
+            "cannot be combined with partial offload",
+        ),
+        (
+            {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+            {"offload_delayed_update": True, "overlap_host_update": 0.5},
+            "both move the host update",
+        ),
+        (
+            {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+            {"offload_delayed_update": "maybe"},
+            "must be true or false",
+        ),
+        ({"stage": 2, "offload_optimizer": {"device": "cpu"}}, {"offload_delayed_update": True}, None),
+    ],
+)
 def test_delayed_update_is_strictly_validated(zero, core, expected):
     cfg = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": zero, "zero_core": core}
     if expected is None:

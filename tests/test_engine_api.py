@@ -14,6 +14,8 @@ import zero_core.deepspeed as deepspeed
 from dist_harness import run_ranks
 from parity_workers import ds_config, make_batches, make_model
 
+pytestmark = pytest.mark.slow  # spawned ranks or whole runs: outside the fast tier (-m 'not slow')
+
 
 def _trained(stage: int, world: int, rank: int = 0, steps: int = 3, dtype: str = "fp32"):
     engine = zero_core.initialize(make_model(), ds_config(stage, dtype, 2, stage3_param_persistence_threshold=0))
@@ -51,7 +53,9 @@ def test_stage_3_state_dict_refuses_on_several_ranks_and_is_current_when_gathere
 
 def _modify(rank: int, world: int, stage: int) -> dict:
     engine = _trained(stage, world, rank, steps=2)
-    name, weight = next((n, p) for n, p in engine.module.named_parameters() if n.startswith("blocks.0.") and p.dim() == 2)
+    name, weight = next(
+        (n, p) for n, p in engine.module.named_parameters() if n.startswith("blocks.0.") and p.dim() == 2
+    )
     with deepspeed.zero.GatheredParameters([weight], modifier_rank=0):
         if rank == 0:
             weight.data.fill_(0.25)
@@ -104,12 +108,15 @@ def test_save_16bit_model_of_a_transformers_model_opens_with_from_pretrained(tmp
     assert all(torch.equal(v, full[k]) for k, v in loaded.state_dict().items())
 
 
-@pytest.mark.parametrize("call,expected", [
-    (lambda e: e.load_checkpoint("x", load_module_strict=False), "load_module_strict=False"),
-    (lambda e: e.train_batch(), "pipeline parallelism"),
-    (lambda e: deepspeed.initialize(model=make_model(), config=ds_config(2, "fp32", 2), mpu=object()), "mpu="),
-    (lambda e: e.client_optimizer.step(), "engine.step()"),
-])
+@pytest.mark.parametrize(
+    "call,expected",
+    [
+        (lambda e: e.load_checkpoint("x", load_module_strict=False), "load_module_strict=False"),
+        (lambda e: e.train_batch(), "pipeline parallelism"),
+        (lambda e: deepspeed.initialize(model=make_model(), config=ds_config(2, "fp32", 2), mpu=object()), "mpu="),
+        (lambda e: e.client_optimizer.step(), "engine.step()"),
+    ],
+)
 def test_what_zero_core_does_not_do_is_refused_by_name(call, expected):
     engine = zero_core.initialize(make_model(), ds_config(2, "fp32", 2))
     with pytest.raises((NotImplementedError, RuntimeError)) as e:
@@ -120,10 +127,18 @@ def test_what_zero_core_does_not_do_is_refused_by_name(call, expected):
 def test_deepspeed_initialize_returns_what_deepspeed_returns():
     model = make_model()
     engine, optimizer, loader, scheduler = deepspeed.initialize(
-        model=model, model_parameters=model.parameters(), training_data=torch.utils.data.TensorDataset(torch.arange(8)),
-        config={**ds_config(2, "fp32", 2), "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 5}}})
+        model=model,
+        model_parameters=model.parameters(),
+        training_data=torch.utils.data.TensorDataset(torch.arange(8)),
+        config={**ds_config(2, "fp32", 2), "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 5}}},
+    )
     assert isinstance(engine, torch.nn.Module) and engine.module is model
     assert isinstance(optimizer, torch.optim.Optimizer) and optimizer.param_groups[0]["params"][0] is model.wte.weight
     assert len(next(iter(loader))[0]) == 2 and scheduler.get_last_lr() == engine.get_lr()
-    assert (engine.train_batch_size(), engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps(),
-            engine.zero_optimization_stage(), engine.global_steps) == (2, 2, 1, 2, 0)
+    assert (
+        engine.train_batch_size(),
+        engine.train_micro_batch_size_per_gpu(),
+        engine.gradient_accumulation_steps(),
+        engine.zero_optimization_stage(),
+        engine.global_steps,
+    ) == (2, 2, 1, 2, 0)

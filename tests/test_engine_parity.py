@@ -12,6 +12,8 @@ import torch
 from dist_harness import run_ranks
 from parity_workers import DEVICE, LR, reference_train, zero_train
 
+pytestmark = [pytest.mark.slow, pytest.mark.gpu]  # spawned ranks or whole runs: outside the fast tier (-m 'not slow')
+
 STEPS = 5
 FP32_TOL = 1e-5
 NVME_DIR = tempfile.mkdtemp(prefix="zb-nvme-")  # the state files are unlinked at creation: it stays empty
@@ -26,23 +28,43 @@ CASES_W2 = (
     + [{"stage": s, "dtype": "fp32", "micro": 2, "steps": STEPS, "clip": 0.05} for s in (0, 2, 3)]
     + [{"stage": 2, "dtype": "fp32", "micro": 1, "gas": 4, "steps": 3, "clip": 0.05}]
     + [{"stage": s, "dtype": "fp16", "micro": 2, "steps": 4, "inject_inf_at": 2} for s in (1, 3)]
-    + [{"stage": s, "dtype": "fp32", "micro": 2, "steps": STEPS, "zero": {"offload_optimizer": {"device": "cpu"}}} for s in (1, 2, 3)]
-    + [{"stage": 3, "dtype": "fp32", "micro": 2, "steps": STEPS,
-        "zero": {"offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}},
-       {"stage": 3, "dtype": "fp32", "micro": 2, "steps": STEPS, "zero": {"offload_param": {"device": "cpu"}}},
-       {"stage": 2, "dtype": "bf16", "micro": 2, "steps": STEPS, "zero": {"offload_optimizer": {"device": "cpu"}}},
-       {"stage": 2, "dtype": "fp32", "micro": 1, "gas": 4, "steps": 3, "clip": 0.05, "zero": {"offload_optimizer": {"device": "cpu"}}}]
+    + [
+        {"stage": s, "dtype": "fp32", "micro": 2, "steps": STEPS, "zero": {"offload_optimizer": {"device": "cpu"}}}
+        for s in (1, 2, 3)
+    ]
+    + [
+        {
+            "stage": 3,
+            "dtype": "fp32",
+            "micro": 2,
+            "steps": STEPS,
+            "zero": {"offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}},
+        },
+        {"stage": 3, "dtype": "fp32", "micro": 2, "steps": STEPS, "zero": {"offload_param": {"device": "cpu"}}},
+        {"stage": 2, "dtype": "bf16", "micro": 2, "steps": STEPS, "zero": {"offload_optimizer": {"device": "cpu"}}},
+        {
+            "stage": 2,
+            "dtype": "fp32",
+            "micro": 1,
+            "gas": 4,
+            "steps": 3,
+            "clip": 0.05,
+            "zero": {"offload_optimizer": {"device": "cpu"}},
+        },
+    ]
     # chunked host steps (SMALL) and NVMe-backed states, with accumulation, clipping and fp16 skipped steps
     + [{"stage": s, "dtype": "fp32", "micro": 2, "steps": STEPS, "zero": NVME, "env": SMALL} for s in (1, 2, 3)]
-    + [{"stage": 1, "dtype": "fp32", "micro": 1, "gas": 4, "steps": 3, "zero": CPU_OFF, "env": SMALL},
-       {"stage": 3, "dtype": "fp32", "micro": 1, "gas": 4, "steps": 3, "zero": NVME, "env": SMALL},
-       {"stage": 2, "dtype": "fp32", "micro": 1, "gas": 4, "steps": 3, "clip": 0.05, "zero": NVME, "env": SMALL},
-       {"stage": 2, "dtype": "fp32", "micro": 2, "steps": STEPS, "clip": 0.05, "zero": CPU_OFF, "env": SMALL},
-       {"stage": 1, "dtype": "fp16", "micro": 2, "steps": 4, "inject_inf_at": 2, "zero": CPU_OFF, "env": SMALL},
-       {"stage": 3, "dtype": "fp16", "micro": 2, "steps": 4, "inject_inf_at": 2, "zero": NVME, "env": SMALL},
-       # an overflow on the very first step (common with fp16's initial scale) must leave the weights alone
-       {"stage": 2, "dtype": "fp16", "micro": 2, "steps": 3, "inject_inf_at": 0},
-       {"stage": 2, "dtype": "fp16", "micro": 2, "steps": 3, "inject_inf_at": 0, "zero": CPU_OFF, "env": SMALL}]
+    + [
+        {"stage": 1, "dtype": "fp32", "micro": 1, "gas": 4, "steps": 3, "zero": CPU_OFF, "env": SMALL},
+        {"stage": 3, "dtype": "fp32", "micro": 1, "gas": 4, "steps": 3, "zero": NVME, "env": SMALL},
+        {"stage": 2, "dtype": "fp32", "micro": 1, "gas": 4, "steps": 3, "clip": 0.05, "zero": NVME, "env": SMALL},
+        {"stage": 2, "dtype": "fp32", "micro": 2, "steps": STEPS, "clip": 0.05, "zero": CPU_OFF, "env": SMALL},
+        {"stage": 1, "dtype": "fp16", "micro": 2, "steps": 4, "inject_inf_at": 2, "zero": CPU_OFF, "env": SMALL},
+        {"stage": 3, "dtype": "fp16", "micro": 2, "steps": 4, "inject_inf_at": 2, "zero": NVME, "env": SMALL},
+        # an overflow on the very first step (common with fp16's initial scale) must leave the weights alone
+        {"stage": 2, "dtype": "fp16", "micro": 2, "steps": 3, "inject_inf_at": 0},
+        {"stage": 2, "dtype": "fp16", "micro": 2, "steps": 3, "inject_inf_at": 0, "zero": CPU_OFF, "env": SMALL},
+    ]
 )
 CASES_W3 = [{"stage": s, "dtype": "fp32", "micro": 1, "steps": STEPS} for s in range(4)] + [
     {"stage": 3, "dtype": "bf16", "micro": 1, "steps": STEPS},
@@ -70,7 +92,9 @@ def _needs_ranks(request, results):
 
 def _case_id(c: dict) -> str:
     extra = "".join(f"-{k}{c[k]}" for k in ("gas", "clip", "inject_inf_at") if k in c)
-    extra += "".join(f"-{k.split('_')[1]}-{v['device']}" for k, v in c.get("zero", {}).items() if k.startswith("offload"))
+    extra += "".join(
+        f"-{k.split('_')[1]}-{v['device']}" for k, v in c.get("zero", {}).items() if k.startswith("offload")
+    )
     extra += "-chunked" if "env" in c else ""
     return f"stage{c['stage']}-{c['dtype']}{extra}"
 
@@ -133,7 +157,7 @@ FP16 = [a for a in ALL if a[2]["dtype"] == "fp16"]
 def test_fp16_overflow_skips_exactly_that_step(results, world, i, case):
     got = results[world][i]
     assert got["skipped"] == 1
-    assert got["scale"] == 2.0 ** 7  # initial 2**8, hysteresis 1: halved once
+    assert got["scale"] == 2.0**7  # initial 2**8, hysteresis 1: halved once
     # the skipped step left master weights and moments bit-identical; every other step changed them
     sums = got["master_sums"]  # [0] before training, [j + 1] after step j
     k = case["inject_inf_at"]
@@ -148,6 +172,7 @@ OFFLOAD = [(w, i, c) for w, i, c in ALL if any(k.startswith("offload") for k in 
 @pytest.mark.parametrize("world,i,case", OFFLOAD, ids=[f"w{w}-{_case_id(c)}" for w, _, c in OFFLOAD])
 def test_offload_equals_no_offload(results, world, i, case):
     """Moving optimizer state or stage-3 weights to the host changes where, not what, is computed."""
+
     def bare(c: dict) -> dict:
         return {k: v for k, v in c.items() if k not in ("zero", "env")}
 

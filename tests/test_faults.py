@@ -21,10 +21,18 @@ from checkpoints import zbench_format as fmt
 from checkpoints.source import CheckpointError
 from ckpt_workers import _train, config
 from dist_harness import run_ranks
-from fault_workers import (HANG_TIMEOUT_S, disk_full_on_rank_1, file_size_limit, hang_in_stage3_gather, tiny_checkpoint,
-                           unwritable)
+from fault_workers import (
+    HANG_TIMEOUT_S,
+    disk_full_on_rank_1,
+    file_size_limit,
+    hang_in_stage3_gather,
+    tiny_checkpoint,
+    unwritable,
+)
 from helpers import cli, one_line_error, snapshot, write_scenario, zbench
 from parity_workers import ds_config, make_batches, make_model
+
+pytestmark = pytest.mark.slow  # spawned ranks or whole runs: outside the fast tier (-m 'not slow')
 
 
 def _max_diff(a: dict, b: dict) -> float:
@@ -43,26 +51,50 @@ def test_hung_peer_is_a_timeout_naming_the_rank_and_the_collective(tmp_path):
 
 def test_zbench_run_reports_a_hung_rank_as_one_error(tmp_path):
     micro = tmp_path / "micro.json"
-    micro.write_text(json.dumps({"family": "gpt", "config": {"vocab_size": 64, "block_size": 16, "n_layer": 1,
-                                                              "n_head": 2, "n_embd": 16}}))
-    scenario = {"name": "hang", "model": {"arch": str(micro)}, "data": {"synthetic": {"train_samples": 32, "eval_samples": 8}},
-                "seq_len": 8, "steps": 4, "batch_size": 2, "gpus": 2, "comm_timeout_s": 2,
-                "variants": [{"name": "zero2", "engine": "zero", "stage": 2}]}
+    micro.write_text(
+        json.dumps(
+            {"family": "gpt", "config": {"vocab_size": 64, "block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 16}}
+        )
+    )
+    scenario = {
+        "name": "hang",
+        "model": {"arch": str(micro)},
+        "data": {"synthetic": {"train_samples": 32, "eval_samples": 8}},
+        "seq_len": 8,
+        "steps": 4,
+        "batch_size": 2,
+        "gpus": 2,
+        "comm_timeout_s": 2,
+        "variants": [{"name": "zero2", "engine": "zero", "stage": 2}],
+    }
     path = write_scenario(tmp_path, scenario, "hang")
-    proc = zbench("run", path, "--out", str(tmp_path / "runs"), "--wandb", "off", "--no-progress", faults="hang-at-step-3",
-                  timeout=120)
+    proc = zbench(
+        "run",
+        path,
+        "--out",
+        str(tmp_path / "runs"),
+        "--wandb",
+        "off",
+        "--no-progress",
+        faults="hang-at-step-3",
+        timeout=120,
+    )
     assert proc.returncode == 1
     errors = [line for line in proc.stderr.splitlines() if line.startswith("Error: ")]
     assert len(errors) == 1, proc.stderr
-    assert errors[0].startswith("Error: variant 'zero2' (train, batch 2) failed on rank 0 (exit code 1): CollectiveTimeout: "
-                                "rank 0: all-reduce of the gradient norm and overflow flag timed out after 2."), errors[0]
+    assert errors[0].startswith(
+        "Error: variant 'zero2' (train, batch 2) failed on rank 0 (exit code 1): CollectiveTimeout: "
+        "rank 0: all-reduce of the gradient norm and overflow flag timed out after 2."
+    ), errors[0]
     assert "Traceback" not in errors[0]
 
 
 # -- NaN / inf losses -----------------------------------------------------------------------------
 def _snapshot_state(engine) -> list[torch.Tensor]:
     opt = engine.optimizer
-    return [t.clone() for t in (opt.master, opt.states.exp_avg, opt.states.exp_avg_sq)] + [p.detach().clone() for p in engine.module.parameters()]
+    return [t.clone() for t in (opt.master, opt.states.exp_avg, opt.states.exp_avg_sq)] + [
+        p.detach().clone() for p in engine.module.parameters()
+    ]
 
 
 def _unchanged(before: list[torch.Tensor], after: list[torch.Tensor]) -> bool:
@@ -87,7 +119,7 @@ def test_nonfinite_losses_are_skipped_and_counted(dtype):
     unchanged = _train_poisoned(engine, 6, {1: float("nan"), 4: float("inf")})
     assert unchanged == [False, True, False, False, True, False]  # skipped steps change no weight, no moment
     assert engine.skipped_steps == 2 and engine.global_step == 6
-    assert engine.loss_scale == (2.0 ** 6 if dtype == "fp16" else 1.0)  # fp16: 2**8 halved once per overflow
+    assert engine.loss_scale == (2.0**6 if dtype == "fp16" else 1.0)  # fp16: 2**8 halved once per overflow
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
@@ -110,9 +142,12 @@ def test_disk_full_on_one_rank_keeps_the_previous_checkpoint(tmp_path):
     got = run_ranks(disk_full_on_rank_1, 2, str(tmp_path))
     msg = got["message"]
     assert msg is not None and "\n" not in msg
-    assert re.match(f"checkpoint global_step3 was not saved in {re.escape(str(tmp_path))}: rank 1 could not write "
-                    f"{re.escape(str(tmp_path))}/\\.global_step3\\.partial-\\d+-[0-9a-f]+/rank_00001\\.safetensors "
-                    "\\(no space left on the device\\)", msg), msg
+    assert re.match(
+        f"checkpoint global_step3 was not saved in {re.escape(str(tmp_path))}: rank 1 could not write "
+        f"{re.escape(str(tmp_path))}/\\.global_step3\\.partial-\\d+-[0-9a-f]+/rank_00001\\.safetensors "
+        "\\(no space left on the device\\)",
+        msg,
+    ), msg
     assert msg.endswith("the previous checkpoint (global_step2) and 'latest' are unchanged")
     assert got["listing"] == ["global_step2", "latest"]  # no staged debris, nothing half-committed
     assert fmt.read_latest(tmp_path) == "global_step3"  # the save after it worked

@@ -12,6 +12,8 @@ import torch
 from dist_harness import run_ranks
 from parity_workers import ds_config, make_model, train_local
 
+pytestmark = pytest.mark.slow  # spawned ranks or whole runs: outside the fast tier (-m 'not slow')
+
 
 def _train(rank: int, world: int, stage: int, poison: bool) -> dict:
     import zero_core

@@ -11,6 +11,8 @@ from dist_harness import run_ranks
 from helpers import table, tiny_scenario, zbench
 from parity_workers import ds_config, make_batches, make_model, train_local
 
+pytestmark = pytest.mark.slow  # spawned ranks or whole runs: outside the fast tier (-m 'not slow')
+
 
 def _loss_grads_saved(recompute: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
     model = make_model()
@@ -48,8 +50,11 @@ def _train(rank: int, world: int, stage: int, recompute: bool, zero: dict) -> tu
     return losses, state
 
 
-@pytest.mark.parametrize("zero", [{"stage3_param_persistence_threshold": 0}, {"offload_optimizer": {"device": "cpu"}}],
-                         ids=["units-released", "optimizer-offload"])
+@pytest.mark.parametrize(
+    "zero",
+    [{"stage3_param_persistence_threshold": 0}, {"offload_optimizer": {"device": "cpu"}}],
+    ids=["units-released", "optimizer-offload"],
+)
 def test_stage3_with_recomputation_trains_as_without(zero):
     plain = run_ranks(_train, 2, 3, False, zero)
     recomputed = run_ranks(_train, 2, 3, True, zero)
@@ -59,8 +64,12 @@ def test_stage3_with_recomputation_trains_as_without(zero):
 
 
 def test_scenario_key_turns_recomputation_on_and_says_so(tmp_path):
-    path = tiny_scenario(tmp_path, "recompute", [{"name": "ddp", "engine": "ddp"}, {"name": "zero3", "engine": "zero", "stage": 3}],
-                         gradient_checkpointing=True)
+    path = tiny_scenario(
+        tmp_path,
+        "recompute",
+        [{"name": "ddp", "engine": "ddp"}, {"name": "zero3", "engine": "zero", "stage": 3}],
+        gradient_checkpointing=True,
+    )
     proc = zbench("run", path, "--out", str(tmp_path / "runs"), "--wandb", "off")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = table(proc.stdout)

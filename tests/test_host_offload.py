@@ -14,8 +14,13 @@ from zero_core.optim import DeviceAdamW, HostAdamW, Hyper, affinity, nvme_states
 from zero_core.optim.nvme_states import NvmeStates
 from zero_core.optim.states import NAMES, TensorStates, state_sum
 
-HYPER = dict(groups=[Hyper(0.9, 0.95, 1e-8, 0.1)], decoupled=True, lr_at=lambda applied: torch.full((1,), 1e-2),
-             shard_stats=False, comm_device=torch.device("cpu"))
+HYPER = dict(
+    groups=[Hyper(0.9, 0.95, 1e-8, 0.1)],
+    decoupled=True,
+    lr_at=lambda applied: torch.full((1,), 1e-2),
+    shard_stats=False,
+    comm_device=torch.device("cpu"),
+)
 
 
 def _fill(states, numel: int) -> None:
@@ -51,28 +56,43 @@ def _states(opt) -> dict[str, torch.Tensor]:
     return {k: torch.cat([v[k].clone() for _, _, v in opt.states.stream((k,), write_back=False)]) for k in NAMES}
 
 
-@pytest.mark.parametrize("numel, groups", [(5 * 1024 + 333, [1000, 2048 + 7, 5 * 1024 + 333 - 3055]), (77, [77]),
-                                           (64 * 85, [960, 2112, 64 * 37])])
+@pytest.mark.parametrize(
+    "numel, groups",
+    [(5 * 1024 + 333, [1000, 2048 + 7, 5 * 1024 + 333 - 3055]), (77, [77]), (64 * 85, [960, 2112, 64 * 37])],
+)
 @pytest.mark.parametrize("gas", [1, 2])
 @pytest.mark.parametrize("comm_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("clip", [0.0, 0.05])
-def test_chunked_host_step_equals_unchunked_and_device_path_bitwise(monkeypatch, tmp_path, numel, groups, gas, comm_dtype, clip):
+def test_chunked_host_step_equals_unchunked_and_device_path_bitwise(
+    monkeypatch, tmp_path, numel, groups, gas, comm_dtype, clip
+):
     """Chunked == unchunked == NVMe-backed, bitwise. The device path's gradient norm is a dot product
     where lazy host passes (gas 1) take a vector norm: with clipping on, those agree to rounding only."""
     results = {}
-    for name, chunk, nvme in [("device-path", None, False), ("unchunked", None, False), ("chunked", 1024, False),
-                              ("chunked-3072", 3072, False), ("nvme", 1024, True)]:
+    for name, chunk, nvme in [
+        ("device-path", None, False),
+        ("unchunked", None, False),
+        ("chunked", 1024, False),
+        ("chunked-3072", 3072, False),
+        ("nvme", 1024, True),
+    ]:
         if chunk:
             monkeypatch.setenv("ZERO_CORE_HOST_CHUNK_NUMEL", str(chunk))
         else:
             monkeypatch.delenv("ZERO_CORE_HOST_CHUNK_NUMEL", raising=False)
-        states = (NvmeStates(numel, str(tmp_path), 0, chunk=2048, buffer_count=3, block_size=4096) if nvme
-                  else TensorStates(numel, torch.device("cpu")))
+        states = (
+            NvmeStates(numel, str(tmp_path), 0, chunk=2048, buffer_count=3, block_size=4096)
+            if nvme
+            else TensorStates(numel, torch.device("cpu"))
+        )
         _fill(states, numel)
         host = name != "device-path"
         segments = [(sum(groups[:i]), size) for i, size in enumerate(groups)]
-        opt = (HostAdamW(states, comm_dtype=comm_dtype, clip=clip, **HYPER) if host
-               else DeviceAdamW(states, clip=clip, runs=[[(lo, lo + n, 0)] for lo, n in segments], **HYPER))
+        opt = (
+            HostAdamW(states, comm_dtype=comm_dtype, clip=clip, **HYPER)
+            if host
+            else DeviceAdamW(states, clip=clip, runs=[[(lo, lo + n, 0)] for lo, n in segments], **HYPER)
+        )
         outs = _run(opt, groups, steps=3, gas=gas, comm_dtype=comm_dtype)
         results[name] = (outs, _states(opt))
         # no fp32 gradient partition without accumulation on the host; on the device none between steps
@@ -113,7 +133,9 @@ def test_skipped_step_writes_nothing_and_publishes_nothing():
 @pytest.mark.parametrize("buffers", [2, 3, 4])
 def test_nvme_stream_read_write_roundtrip_and_no_file_left(tmp_path, buffers):
     numel, chunk = 10 * 1024 + 5, 2048
-    store = NvmeStates(numel, str(tmp_path), 3, chunk=chunk, buffer_count=buffers, block_size=8192, queue_depth=2, thread_count=2)
+    store = NvmeStates(
+        numel, str(tmp_path), 3, chunk=chunk, buffer_count=buffers, block_size=8192, queue_depth=2, thread_count=2
+    )
     assert os.listdir(tmp_path) == []  # unlinked at creation: nothing can be left behind
     _fill(store, numel)
     master = torch.randn(numel, generator=torch.Generator().manual_seed(5))  # what _fill wrote
@@ -187,16 +209,38 @@ def test_failing_file_creation_is_one_clear_line(tmp_path, monkeypatch):
     assert msg.startswith(f"cannot create the NVMe optimizer-state file in '{tmp_path}' (Permission denied)")
 
 
-@pytest.mark.parametrize("zero, expected", [
-    ({"stage": 3, "offload_param": {"device": "nvme"}}, "offload_param.nvme_path is required with device 'nvme'"),
-    ({"stage": 2, "offload_optimizer": {"device": "nvme"}}, "offload_optimizer.nvme_path is required with device 'nvme'"),
-    ({"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp", "buffer_count": 1}}, "buffer_count=1 is too small"),
-    ({"stage": 0, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}}, "needs stage 1, 2 or 3"),
-    ({"stage": 2, "aio": {"use_gds": True}}, "zero_optimization.aio.use_gds=true (GPUDirect Storage) is not supported"),
-    ({"stage": 2, "aio": {"block_size": 1000}}, "block_size=1000 must be a positive multiple of 4096"),
-    ({"stage": 2, "aio": {"single_submit": True}}, "aio.single_submit=true is a libaio setting zero_core does not use"),
-    ({"stage": 2, "aio": {"queue_depth": 4}, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp", "buffer_count": 2}}, None),
-])
+@pytest.mark.parametrize(
+    "zero, expected",
+    [
+        ({"stage": 3, "offload_param": {"device": "nvme"}}, "offload_param.nvme_path is required with device 'nvme'"),
+        (
+            {"stage": 2, "offload_optimizer": {"device": "nvme"}},
+            "offload_optimizer.nvme_path is required with device 'nvme'",
+        ),
+        (
+            {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp", "buffer_count": 1}},
+            "buffer_count=1 is too small",
+        ),
+        ({"stage": 0, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}}, "needs stage 1, 2 or 3"),
+        (
+            {"stage": 2, "aio": {"use_gds": True}},
+            "zero_optimization.aio.use_gds=true (GPUDirect Storage) is not supported",
+        ),
+        ({"stage": 2, "aio": {"block_size": 1000}}, "block_size=1000 must be a positive multiple of 4096"),
+        (
+            {"stage": 2, "aio": {"single_submit": True}},
+            "aio.single_submit=true is a libaio setting zero_core does not use",
+        ),
+        (
+            {
+                "stage": 2,
+                "aio": {"queue_depth": 4},
+                "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp", "buffer_count": 2},
+            },
+            None,
+        ),
+    ],
+)
 def test_nvme_config_is_strict(zero, expected):
     from zero_core import ConfigError, load_config
 
@@ -271,7 +315,18 @@ def test_offload_engine_reports_a_breakdown(tmp_path):
         engine.backward(engine(x.to(engine.device), y.to(engine.device)).loss)
         engine.step()
     b = engine.breakdown.summary()
-    assert set(b) >= {"step", "gpu_fwd_bwd", "d2h", "host_fold", "fold_wait", "cpu_adam", "nvme_wait", "h2d", "h2d_tail", "exposed"}
+    assert set(b) >= {
+        "step",
+        "gpu_fwd_bwd",
+        "d2h",
+        "host_fold",
+        "fold_wait",
+        "cpu_adam",
+        "nvme_wait",
+        "h2d",
+        "h2d_tail",
+        "exposed",
+    }
     host_adam = b["cpu_adam"] + b["overlapped_cpu_adam"]  # stages 1-2: on its own thread, overlapping the next forward
     assert host_adam > 0 and b["host_fold"] > 0 and b["gpu_fwd_bwd"] > 0 and b["step"] >= b["cpu_adam"]
     from zero_core.step_timer import format_breakdown

@@ -34,25 +34,40 @@ def error(**changes) -> str:
     return str(e.value)
 
 
-@pytest.mark.parametrize("changes,expected", [
-    ({"steps": 10**8}, "steps must be a whole number from 1 to 10,000,000"),
-    ({"warmup_steps": -1}, "warmup_steps must be a whole number from 0 to 10,000,000"),
-    ({"checkpoint_every": 0}, "checkpoint_every must be a whole number from 1 to 10,000,000"),
-    ({"target_len": 2**21}, "target_len must be a whole number from 1 to 1,048,576"),
-    ({"seed": -1}, "seed must be a whole number from 0 to 4,294,967,295"),
-    ({"max_grad_norm": float("inf")}, "max_grad_norm must be a finite number (x >= 0), got inf"),
-    ({"gpu_memory_cap_gib": float("nan")}, "gpu_memory_cap_gib must be a finite number (x > 0), got nan"),
-    ({"parity_tol": "1e-3"}, "parity_tol must be a finite number (x > 0), got '1e-3'"),
-    ({"batch_search": {"max": 10**6}}, "batch_search.max must be a whole number from 1 to 65,536"),
-    ({"batch_search": {"start": 3, "max": 7, "multiple_of": 8}}, "no batch that is a multiple of 8 lies between start 3"),
-    ({"model_search": {"key": "n_layer", "values": [1.5]}}, "model_search.values[0] must be a whole number"),
-    ({"model": {"arch": TINY, "num_labels": 2.0}}, "model.num_labels must be a whole number from 1 to 1,000,000"),
-    ({"data": {"synthetic": {"vocab": 10**8}}}, "data.synthetic.vocab must be a whole number from 1 to 10,000,000"),
-    ({"data": {"synthetic": {"lengths": {"mean": float("inf"), "std": 1}}}}, "data.synthetic.lengths.mean must be a finite"),
-    ({"data": {"synthetic": {}, "eval_fraction": 1}}, "data.eval_fraction must be a finite number (0 < x < 1), got 1"),
-    ({"variants": [{"name": "z", "engine": "zero", "stage": 2.0}]}, "variants[0].stage must be a whole number from 0 to 3"),
-    ({"gradient_checkpointing": "yes"}, "gradient_checkpointing must be true or false, got 'yes'"),
-])
+@pytest.mark.parametrize(
+    "changes,expected",
+    [
+        ({"steps": 10**8}, "steps must be a whole number from 1 to 10,000,000"),
+        ({"warmup_steps": -1}, "warmup_steps must be a whole number from 0 to 10,000,000"),
+        ({"checkpoint_every": 0}, "checkpoint_every must be a whole number from 1 to 10,000,000"),
+        ({"target_len": 2**21}, "target_len must be a whole number from 1 to 1,048,576"),
+        ({"seed": -1}, "seed must be a whole number from 0 to 4,294,967,295"),
+        ({"max_grad_norm": float("inf")}, "max_grad_norm must be a finite number (x >= 0), got inf"),
+        ({"gpu_memory_cap_gib": float("nan")}, "gpu_memory_cap_gib must be a finite number (x > 0), got nan"),
+        ({"parity_tol": "1e-3"}, "parity_tol must be a finite number (x > 0), got '1e-3'"),
+        ({"batch_search": {"max": 10**6}}, "batch_search.max must be a whole number from 1 to 65,536"),
+        (
+            {"batch_search": {"start": 3, "max": 7, "multiple_of": 8}},
+            "no batch that is a multiple of 8 lies between start 3",
+        ),
+        ({"model_search": {"key": "n_layer", "values": [1.5]}}, "model_search.values[0] must be a whole number"),
+        ({"model": {"arch": TINY, "num_labels": 2.0}}, "model.num_labels must be a whole number from 1 to 1,000,000"),
+        ({"data": {"synthetic": {"vocab": 10**8}}}, "data.synthetic.vocab must be a whole number from 1 to 10,000,000"),
+        (
+            {"data": {"synthetic": {"lengths": {"mean": float("inf"), "std": 1}}}},
+            "data.synthetic.lengths.mean must be a finite",
+        ),
+        (
+            {"data": {"synthetic": {}, "eval_fraction": 1}},
+            "data.eval_fraction must be a finite number (0 < x < 1), got 1",
+        ),
+        (
+            {"variants": [{"name": "z", "engine": "zero", "stage": 2.0}]},
+            "variants[0].stage must be a whole number from 0 to 3",
+        ),
+        ({"gradient_checkpointing": "yes"}, "gradient_checkpointing must be true or false, got 'yes'"),
+    ],
+)
 def test_scenario_numbers_have_bounds_and_types(changes, expected):
     assert expected in error(**changes)
 
@@ -67,11 +82,20 @@ def test_names_zbench_uses(name):
     assert name_problem(name) is None
 
 
-@pytest.mark.parametrize("name,expected", [
-    ("a b", "is not a name zbench uses in paths"), ("a,b", "not a name zbench uses"), ("-x", "not a name zbench uses"),
-    ("x" * 101, "not a name zbench uses"), ("..", "is not a plain name"), ("a\\b", "is not a plain name"),
-    (" a", "is not a plain name"), ("", "is not a name;"), (7, "is not a name;"),
-])
+@pytest.mark.parametrize(
+    "name,expected",
+    [
+        ("a b", "is not a name zbench uses in paths"),
+        ("a,b", "not a name zbench uses"),
+        ("-x", "not a name zbench uses"),
+        ("x" * 101, "not a name zbench uses"),
+        ("..", "is not a plain name"),
+        ("a\\b", "is not a plain name"),
+        (" a", "is not a plain name"),
+        ("", "is not a name;"),
+        (7, "is not a name;"),
+    ],
+)
 def test_names_refused(name, expected):
     assert expected in name_problem(name)
 

@@ -16,6 +16,8 @@ pytest.importorskip("transformers")
 import trainer_workers as tw  # noqa: E402
 from dist_harness import run_ranks  # noqa: E402
 
+pytestmark = pytest.mark.slow  # spawned ranks or whole runs: outside the fast tier (-m 'not slow')
+
 CONFIG = tw.SEEDS / "000_zero3_offload_config_accelerate.json"
 
 
@@ -25,7 +27,7 @@ def _loop(rank: int, world: int, zero: bool, folder: str) -> dict:
     from zero_core.integrations.accelerate import Accelerator
 
     if zero:  # the seed config less fp16, optimizer, scheduler, accumulation: the loop's
-        config = {k: v for k, v in __import__("json").loads(CONFIG.read_text()).items() 
+        config = {k: v for k, v in __import__("json").loads(CONFIG.read_text()).items()
                   if k not in ("fp16", "optimizer", "scheduler", "gradient_accumulation_steps")}
         acc = Accelerator(zero_config=config, cpu=True, gradient_accumulation_steps=2)
     else:

@@ -15,6 +15,8 @@ import lightning_workers as lw  # noqa: E402
 from dist_harness import run_ranks  # noqa: E402
 from helpers import cli  # noqa: E402
 
+pytestmark = pytest.mark.slow  # spawned ranks or whole runs: outside the fast tier (-m 'not slow')
+
 TOL = 1e-5
 
 
@@ -26,7 +28,9 @@ def test_zero_strategy_equals_ddp_and_resumes(tmp_path, stage):
     assert len(ddp["losses"]) == 32 and first["step"] == 8 and resumed["step"] == 16
     assert first["losses"] == pytest.approx(ddp["losses"][:16], abs=TOL)
     assert resumed["losses"] == pytest.approx(ddp["losses"][16:], abs=TOL)  # epochs 3-4 after the reload
-    assert max(float((resumed["weights"][k] - ddp["weights"][k]).abs().max()) for k in ddp["weights"]) < 1e-3  # 16 Adam steps at lr 1e-2
+    assert (
+        max(float((resumed["weights"][k] - ddp["weights"][k]).abs().max()) for k in ddp["weights"]) < 1e-3
+    )  # 16 Adam steps at lr 1e-2
     out = tmp_path / "fp32"
     result = cli("convert", tmp_path / "zero.ckpt", "--to", "fp32", "--out", out)
     assert result.exit_code == 0, result.output
@@ -35,7 +39,9 @@ def test_zero_strategy_equals_ddp_and_resumes(tmp_path, stage):
     tensors = {}
     for f in sorted(out.glob("*.safetensors")):
         tensors.update(load_file(str(f)))
-    assert tensors and torch.equal(tensors["model.transformer.wpe.weight"], first["weights"]["model.transformer.wpe.weight"])
+    assert tensors and torch.equal(
+        tensors["model.transformer.wpe.weight"], first["weights"]["model.transformer.wpe.weight"]
+    )
 
 
 def test_registered_names_build_the_strategy():

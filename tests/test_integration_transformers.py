@@ -16,6 +16,8 @@ pytest.importorskip("accelerate")
 import trainer_workers as tw  # noqa: E402
 from dist_harness import run_ranks  # noqa: E402
 
+pytestmark = pytest.mark.slow  # spawned ranks or whole runs: outside the fast tier (-m 'not slow')
+
 TOL = 1e-5
 
 

@@ -21,6 +21,8 @@ import pytest
 
 from helpers import REPO, file_sha256, table
 
+pytestmark = pytest.mark.slow  # spawned ranks or whole runs: outside the fast tier (-m 'not slow')
+
 SCENARIO = "scenarios/quickstart.yaml"
 
 
@@ -43,7 +45,7 @@ def _group(pgid: int) -> list[int]:
                 stat = f.read()
         except OSError:
             continue  # exited while we looked
-        state, _, group = stat[stat.rindex(")") + 2:].split()[:3]
+        state, _, group = stat[stat.rindex(")") + 2 :].split()[:3]
         if int(group) == pgid and state != "Z":
             found.append(int(entry))
     return found
@@ -65,9 +67,21 @@ def _training(run_dir: Path) -> bool:
 @pytest.mark.parametrize("signum,to_group", [(signal.SIGINT, True), (signal.SIGTERM, False)], ids=["ctrl-c", "sigterm"])
 def test_interrupted_run_stops_its_ranks_and_resumes(tmp_path, signum, to_group):
     env = {**os.environ, "WANDB_SILENT": "true"}
-    cmd = [sys.executable, "-m", "zbench", "run", SCENARIO, "--out", str(tmp_path / "runs"), "--wandb", "off", "--no-progress"]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            process_group=0)  # its own process group: Ctrl-C's reach, and ours to inspect
+    cmd = [
+        sys.executable,
+        "-m",
+        "zbench",
+        "run",
+        SCENARIO,
+        "--out",
+        str(tmp_path / "runs"),
+        "--wandb",
+        "off",
+        "--no-progress",
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0
+    )  # its own process group: Ctrl-C's reach, and ours to inspect
     try:
         seen = []
         for line in proc.stderr:
@@ -99,8 +113,14 @@ def test_interrupted_run_stops_its_ranks_and_resumes(tmp_path, signum, to_group)
 
     printed = shlex.split(err.split("resume with: ", 1)[1])  # the command the user is told to run
     assert printed[:2] == ["zbench", "run"]
-    again = subprocess.run([sys.executable, "-m", *printed, "--wandb", "off", "--no-progress"], cwd=REPO, env=env,
-                           capture_output=True, text=True, timeout=300)
+    again = subprocess.run(
+        [sys.executable, "-m", *printed, "--wandb", "off", "--no-progress"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert "[ddp] kept from" in again.stderr and "[ddp] training" not in again.stderr
     rows = table(again.stdout)  # the run folder's table.md, every column
@@ -111,9 +131,11 @@ def test_interrupted_run_stops_its_ranks_and_resumes(tmp_path, signum, to_group)
 
 def _signal_self(signum):
     """Deliver `signum` to this process now; Python runs its handler before the next line."""
+
     def hook(*args, **kwargs):
         os.kill(os.getpid(), signum)
         signal.pause()  # not reached: the handler raises first
+
     return hook
 
 
@@ -145,8 +167,9 @@ def test_a_signal_before_the_run_folder_exists(tmp_path, monkeypatch):
     monkeypatch.setattr(zbench.plan, "build_plan", _signal_self(signal.SIGINT))
     result = CliRunner().invoke(main, ["run", SCENARIO, "--out", str(tmp_path / "runs")])
     assert result.exit_code == 130
-    assert result.output.splitlines() == [f"interrupted before the run started; nothing was written; start again with: "
-                                          f"zbench run {SCENARIO}"]
+    assert result.output.splitlines() == [
+        f"interrupted before the run started; nothing was written; start again with: zbench run {SCENARIO}"
+    ]
     assert not (tmp_path / "runs").exists()
 
 

@@ -11,6 +11,8 @@ import zero_core
 from dist_harness import run_ranks
 from init_workers import ds, pretrained_state, tiny_gpt2
 
+pytestmark = pytest.mark.slow  # spawned ranks or whole runs: outside the fast tier (-m 'not slow')
+
 transformers = pytest.importorskip("transformers")
 
 

@@ -13,6 +13,9 @@ import torch
 from safetensors.torch import load_file
 
 from helpers import run_dir, table, write_scenario, zbench
+import pytest
+
+pytestmark = pytest.mark.slow  # spawned ranks or whole runs: outside the fast tier (-m 'not slow')
 
 STEPS, EVERY, KILL_AT, NAN_AT = 240, 40, 130, 50
 QUIET = ("--wandb", "off", "--no-progress")
@@ -20,15 +23,36 @@ QUIET = ("--wandb", "off", "--no-progress")
 
 def test_long_run_killed_mid_step_resumes_bit_identical(tmp_path):
     micro = tmp_path / "micro.json"
-    micro.write_text(json.dumps({"family": "gpt", "config": {"vocab_size": 128, "block_size": 32, "n_layer": 2,
-                                                              "n_head": 2, "n_embd": 32}}))
-    scenario = {"name": "long", "model": {"arch": str(micro)}, "data": {"synthetic": {"train_samples": 64, "eval_samples": 8}},
-                "seq_len": 16, "steps": STEPS, "batch_size": 4, "lr": 1e-3, "gpus": 2, "checkpoint_every": EVERY,
-                "variants": [{"name": "straight", "engine": "zero", "stage": 3},
-                             {"name": "victim", "engine": "zero", "stage": 3}]}
+    micro.write_text(
+        json.dumps(
+            {"family": "gpt", "config": {"vocab_size": 128, "block_size": 32, "n_layer": 2, "n_head": 2, "n_embd": 32}}
+        )
+    )
+    scenario = {
+        "name": "long",
+        "model": {"arch": str(micro)},
+        "data": {"synthetic": {"train_samples": 64, "eval_samples": 8}},
+        "seq_len": 16,
+        "steps": STEPS,
+        "batch_size": 4,
+        "lr": 1e-3,
+        "gpus": 2,
+        "checkpoint_every": EVERY,
+        "variants": [
+            {"name": "straight", "engine": "zero", "stage": 3},
+            {"name": "victim", "engine": "zero", "stage": 3},
+        ],
+    }
     path = write_scenario(tmp_path, scenario, "long")
 
-    first = zbench("run", path, "--out", str(tmp_path / "runs"), *QUIET, faults=f"nan-at-step-{NAN_AT},kill-at-step-{KILL_AT}:victim")
+    first = zbench(
+        "run",
+        path,
+        "--out",
+        str(tmp_path / "runs"),
+        *QUIET,
+        faults=f"nan-at-step-{NAN_AT},kill-at-step-{KILL_AT}:victim",
+    )
     run = run_dir(first.stdout)
     ckpts = Path(run) / "checkpoints"
     victim_row = " | ".join(table(first.stdout)["victim"].values())

@@ -22,7 +22,13 @@ class DeepSpeedOracle:
     """DeepSpeed's update_scale rules (deepspeed/runtime/fp16/loss_scaler.py) in plain Python, factor 2."""
 
     def __init__(self, power, window, hysteresis, consecutive, min_scale):
-        self.scale, self.window, self.delayed, self.consecutive, self.min = 2.0**power, window, hysteresis, consecutive, min_scale
+        self.scale, self.window, self.delayed, self.consecutive, self.min = (
+            2.0**power,
+            window,
+            hysteresis,
+            consecutive,
+            min_scale,
+        )
         self.cur_iter, self.last_overflow, self.hyst = 0, -1, hysteresis
 
     def update(self, overflow: bool) -> None:
@@ -52,13 +58,21 @@ def run(s: LossScaler, overflows: list[bool]) -> list[float]:
 
 @settings(max_examples=200, deadline=None)
 @given(
-    power=st.integers(0, 24), window=st.integers(1, 6), hysteresis=st.integers(1, 4), consecutive=st.booleans(),
+    power=st.integers(0, 24),
+    window=st.integers(1, 6),
+    hysteresis=st.integers(1, 4),
+    consecutive=st.booleans(),
     min_scale=st.sampled_from([1.0, 0.25, 2.0**-10, 4.0]),
     overflows=st.lists(st.booleans(), max_size=60),
 )
 def test_matches_deepspeed_oracle(power, window, hysteresis, consecutive, min_scale, overflows):
-    s = scaler(initial_scale_power=power, loss_scale_window=window, hysteresis=hysteresis,
-               consecutive_hysteresis=consecutive, min_loss_scale=min_scale)
+    s = scaler(
+        initial_scale_power=power,
+        loss_scale_window=window,
+        hysteresis=hysteresis,
+        consecutive_hysteresis=consecutive,
+        min_loss_scale=min_scale,
+    )
     ref = DeepSpeedOracle(power, window, hysteresis, consecutive, min_scale)
     for o in overflows:
         s.update(torch.tensor([o]))

@@ -20,8 +20,14 @@ def schedule(kind: str, warmup_type: str, **params: object) -> LrSchedule:
     p = {"warmup_min_lr": MIN, "warmup_max_lr": MAX, "warmup_num_steps": W, "warmup_type": warmup_type, **params}
     if kind == "WarmupDecayLR":
         p.setdefault("total_num_steps", T)
-    cfg = load_config({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {"lr": 0.5}},
-                       "scheduler": {"type": kind, "params": p}}, 1)
+    cfg = load_config(
+        {
+            "train_micro_batch_size_per_gpu": 1,
+            "optimizer": {"type": "AdamW", "params": {"lr": 0.5}},
+            "scheduler": {"type": kind, "params": p},
+        },
+        1,
+    )
     return make_lr_schedule(cfg)
 
 
@@ -38,7 +44,14 @@ class DeepSpeedOracle:
     """
 
     def __init__(self, opt_lr, lo, hi, warmup, warmup_type, total=None, last=-1):
-        self.lo, self.hi, self.warmup, self.type, self.total, self.last = lo, hi, max(2, warmup), warmup_type, total, last
+        self.lo, self.hi, self.warmup, self.type, self.total, self.last = (
+            lo,
+            hi,
+            max(2, warmup),
+            warmup_type,
+            total,
+            last,
+        )
         self.lr = lo if last == -1 else opt_lr
 
     def _gamma(self) -> float:
@@ -58,12 +71,33 @@ class DeepSpeedOracle:
 LOG9 = math.log(9) / math.log(10)
 HAND = {
     ("WarmupLR", "log"): {0: MIN, 1: MIN, W - 1: MIN + (MAX - MIN) * LOG9, W: MAX, T: MAX, T + 5: MAX},
-    ("WarmupLR", "linear"): {0: MIN, 1: MIN, W - 1: MIN + (MAX - MIN) * 0.8, W: MIN + (MAX - MIN) * 0.9,
-                             W + 1: MAX, T: MAX, T + 5: MAX},
-    ("WarmupDecayLR", "log"): {0: MIN, 1: MIN, W - 1: MIN + (MAX - MIN) * LOG9, W: MAX, W + 1: MIN + (MAX - MIN) * 1.0,
-                               T: MIN + (MAX - MIN) * (1 / 20), T + 5: MIN},
-    ("WarmupDecayLR", "linear"): {0: MIN, 1: MIN, W - 1: MIN + (MAX - MIN) * 0.8, W: MIN + (MAX - MIN) * 0.9,
-                                  W + 2: MIN + (MAX - MIN) * (19 / 20), T: MIN + (MAX - MIN) * (1 / 20), T + 5: MIN},
+    ("WarmupLR", "linear"): {
+        0: MIN,
+        1: MIN,
+        W - 1: MIN + (MAX - MIN) * 0.8,
+        W: MIN + (MAX - MIN) * 0.9,
+        W + 1: MAX,
+        T: MAX,
+        T + 5: MAX,
+    },
+    ("WarmupDecayLR", "log"): {
+        0: MIN,
+        1: MIN,
+        W - 1: MIN + (MAX - MIN) * LOG9,
+        W: MAX,
+        W + 1: MIN + (MAX - MIN) * 1.0,
+        T: MIN + (MAX - MIN) * (1 / 20),
+        T + 5: MIN,
+    },
+    ("WarmupDecayLR", "linear"): {
+        0: MIN,
+        1: MIN,
+        W - 1: MIN + (MAX - MIN) * 0.8,
+        W: MIN + (MAX - MIN) * 0.9,
+        W + 2: MIN + (MAX - MIN) * (19 / 20),
+        T: MIN + (MAX - MIN) * (1 / 20),
+        T + 5: MIN,
+    },
 }
 
 
@@ -82,7 +116,9 @@ def test_literal_numbers():
 
 
 def test_no_scheduler_is_the_optimizer_lr():
-    fn = make_lr_schedule(load_config({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "Adam", "params": {"lr": 3e-4}}}, 1))
+    fn = make_lr_schedule(
+        load_config({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "Adam", "params": {"lr": 3e-4}}}, 1)
+    )
     for n in (0, 1, 1000):
         assert at(fn, n) == pytest.approx(3e-4, rel=1e-7)
     default = make_lr_schedule(load_config({"train_micro_batch_size_per_gpu": 1}, 1))
@@ -135,18 +171,33 @@ def test_overflow_steps_do_not_advance_the_schedule():
 
 @settings(max_examples=150, deadline=None)
 @given(
-    kind=st.sampled_from(["WarmupLR", "WarmupDecayLR"]), warmup_type=st.sampled_from(["log", "linear"]),
-    lo=st.floats(0, 1e-2), hi=st.floats(0, 1e-1), warmup=st.integers(0, 40), extra=st.integers(0, 60),
+    kind=st.sampled_from(["WarmupLR", "WarmupDecayLR"]),
+    warmup_type=st.sampled_from(["log", "linear"]),
+    lo=st.floats(0, 1e-2),
+    hi=st.floats(0, 1e-1),
+    warmup=st.integers(0, 40),
+    extra=st.integers(0, 60),
     last=st.sampled_from([-1, -1, 0, 7]),
 )
 def test_matches_deepspeed_oracle(kind, warmup_type, lo, hi, warmup, extra, last):
     total = warmup + extra + 1 if kind == "WarmupDecayLR" else None
-    params = {"warmup_min_lr": lo, "warmup_max_lr": hi, "warmup_num_steps": warmup, "warmup_type": warmup_type,
-              "last_batch_iteration": last}
+    params = {
+        "warmup_min_lr": lo,
+        "warmup_max_lr": hi,
+        "warmup_num_steps": warmup,
+        "warmup_type": warmup_type,
+        "last_batch_iteration": last,
+    }
     if total is not None:
         params["total_num_steps"] = total
-    cfg = load_config({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {"lr": 0.25}},
-                       "scheduler": {"type": kind, "params": params}}, 1)
+    cfg = load_config(
+        {
+            "train_micro_batch_size_per_gpu": 1,
+            "optimizer": {"type": "AdamW", "params": {"lr": 0.25}},
+            "scheduler": {"type": kind, "params": params},
+        },
+        1,
+    )
     fn = make_lr_schedule(cfg)
     oracle = DeepSpeedOracle(0.25, lo, hi, warmup, warmup_type, total=total, last=last)
     for n in range(warmup + extra + 10):
@@ -171,8 +222,14 @@ def test_every_schedule_matches_deepspeed_per_group_and_update(case):
     host schedules (OneCycle) exactly."""
     from zero_core.host_schedules import OneCycle
 
-    cfg = load_config({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
-                       "scheduler": {"type": case["type"], "params": case["params"]}}, 1)
+    cfg = load_config(
+        {
+            "train_micro_batch_size_per_gpu": 1,
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+            "scheduler": {"type": case["type"], "params": case["params"]},
+        },
+        1,
+    )
     lrs, betas = DS_DATA["group_lrs"], DS_DATA["betas"]
     if case["type"] == "OneCycle":
         host = OneCycle(cfg.scheduler.params, lrs, [betas[0]] * len(lrs))

@@ -28,15 +28,30 @@ HUGE = st.sampled_from([10**24, 2**63, -1, 1e300, float("inf"), "1", [1], {"a": 
 
 def _valid() -> dict:
     """A structurally sound manifest: one trainable [2, 3] parameter over 2 ranks, one frozen buffer."""
-    return {"format": mf.FORMAT, "version": mf.VERSION, "tag": "t", "step": 1, "micro_steps": 1, "world_size": 2,
-            "stage": 2, "dtype": "float32",
-            "layout": {"world_size": 2, "align": 4, "partition_numel": 4, "groups": [[0]]},
-            "params": [{"name": "w", "shape": [2, 3], "dtype": "float32", "trainable": True, "tied_to": None, "slot": 0},
-                       {"name": "b", "shape": [3], "dtype": "float32", "trainable": False, "tied_to": None, "slot": None}],
-            "fragments": {"rank_00000.safetensors": [[0, 0, 0, 4]], "rank_00001.safetensors": [[0, 4, 0, 2]]},
-            "files": {n: {"sha256": "0" * 64, "bytes": 100} for n in ("rank_00000.safetensors", "rank_00001.safetensors",
-                                                                      "frozen.safetensors")},
-            "optimizer": {"applied": 1.0, "skipped": 0.0}, "loss_scaler": {"cur_scale": [1.0]}, "rng": {}, "client_state": {}}
+    return {
+        "format": mf.FORMAT,
+        "version": mf.VERSION,
+        "tag": "t",
+        "step": 1,
+        "micro_steps": 1,
+        "world_size": 2,
+        "stage": 2,
+        "dtype": "float32",
+        "layout": {"world_size": 2, "align": 4, "partition_numel": 4, "groups": [[0]]},
+        "params": [
+            {"name": "w", "shape": [2, 3], "dtype": "float32", "trainable": True, "tied_to": None, "slot": 0},
+            {"name": "b", "shape": [3], "dtype": "float32", "trainable": False, "tied_to": None, "slot": None},
+        ],
+        "fragments": {"rank_00000.safetensors": [[0, 0, 0, 4]], "rank_00001.safetensors": [[0, 4, 0, 2]]},
+        "files": {
+            n: {"sha256": "0" * 64, "bytes": 100}
+            for n in ("rank_00000.safetensors", "rank_00001.safetensors", "frozen.safetensors")
+        },
+        "optimizer": {"applied": 1.0, "skipped": 0.0},
+        "loss_scaler": {"cur_scale": [1.0]},
+        "rng": {},
+        "client_state": {},
+    }
 
 
 def _write(folder, manifest) -> None:
@@ -85,18 +100,21 @@ def test_one_corrupted_value_anywhere(tmp_path, path, value):
     _open(tmp_path)
 
 
-@pytest.mark.parametrize("path,value,expected", [
-    (("fragments", "rank_00001.safetensors", 0, 1), 3, "exactly once"),  # overlapping fragments
-    (("fragments", "rank_00001.safetensors", 0, 3), 1, "cover 5 of 6"),
-    (("fragments", "rank_00000.safetensors", 0, 2), 2, "outside its parameter or partition"),
-    (("params", 1, "shape"), [10**24], "bad params entry"),
-    (("params", 0, "dtype"), "complex128", "bad params entry"),
-    (("layout", "world_size"), 3, "does not fit world size"),
-    (("files", "frozen.safetensors", "bytes"), -1, "bad file entry"),
-    (("files", "rank_00000.safetensors", "bytes"), 8, "too few for its partition"),
-    (("loss_scaler", "cur_scale"), [[1.0] * 1000], "not a number"),
-    (("tag",), "../x", "not a folder name"),
-])
+@pytest.mark.parametrize(
+    "path,value,expected",
+    [
+        (("fragments", "rank_00001.safetensors", 0, 1), 3, "exactly once"),  # overlapping fragments
+        (("fragments", "rank_00001.safetensors", 0, 3), 1, "cover 5 of 6"),
+        (("fragments", "rank_00000.safetensors", 0, 2), 2, "outside its parameter or partition"),
+        (("params", 1, "shape"), [10**24], "bad params entry"),
+        (("params", 0, "dtype"), "complex128", "bad params entry"),
+        (("layout", "world_size"), 3, "does not fit world size"),
+        (("files", "frozen.safetensors", "bytes"), -1, "bad file entry"),
+        (("files", "rank_00000.safetensors", "bytes"), 8, "too few for its partition"),
+        (("loss_scaler", "cur_scale"), [[1.0] * 1000], "not a number"),
+        (("tag",), "../x", "not a folder name"),
+    ],
+)
 def test_inconsistent_values_are_named(tmp_path, path, value, expected):
     m = _valid()
     node = m

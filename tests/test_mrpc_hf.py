@@ -13,13 +13,13 @@ import pytest
 import torch
 
 pa = pytest.importorskip("pyarrow", reason="MRPC from datasets files needs pyarrow (pip install -e '.[test]')")
-import pyarrow.parquet as pq
+import pyarrow.parquet as pq  # noqa: E402 (after the importorskip)
 
-from helpers import FIXTURES, TINY, refused_run, write_scenario
-from zbench.data import build_splits
-from zbench.data.mrpc import find_mrpc_files, load_mrpc, read_pairs
-from zbench.data.mrpc_hf import find_mrpc_hf, load_mrpc_hf
-from zbench.data.tokenize import ByteTokenizer
+from helpers import FIXTURES, TINY, refused_run, write_scenario  # noqa: E402 (after the importorskip)
+from zbench.data import build_splits  # noqa: E402 (after the importorskip)
+from zbench.data.mrpc import find_mrpc_files, load_mrpc, read_pairs  # noqa: E402 (after the importorskip)
+from zbench.data.mrpc_hf import find_mrpc_hf, load_mrpc_hf  # noqa: E402 (after the importorskip)
+from zbench.data.tokenize import ByteTokenizer  # noqa: E402 (after the importorskip)
 
 FIXTURE = str(FIXTURES / "mrpc_tiny")
 HASH = "dacbe3125aa31d7f70367a07a8a9e72a5a0bfeb5fc42e75c9db75b96da6053ad"
@@ -34,8 +34,14 @@ def glue_table(split: str) -> pa.Table:
     else:
         pairs = read_pairs(train if split == "train" else dev)
         labels = [p.label for p in pairs]
-    return pa.table({"sentence1": [p.a for p in pairs], "sentence2": [p.b for p in pairs],
-                     "label": pa.array(labels, pa.int64()), "idx": pa.array(range(len(pairs)), pa.int32())})
+    return pa.table(
+        {
+            "sentence1": [p.a for p in pairs],
+            "sentence2": [p.b for p in pairs],
+            "label": pa.array(labels, pa.int64()),
+            "idx": pa.array(range(len(pairs)), pa.int32()),
+        }
+    )
 
 
 def write_stream(path, table: pa.Table, chunk: int | None = None) -> None:
@@ -54,7 +60,9 @@ def builder_cache(folder, shards: int = 1) -> None:
             continue
         step = -(-table.num_rows // shards)
         for i in range(shards):
-            write_stream(os.path.join(folder, f"glue-{split}-{i:05d}-of-{shards:05d}.arrow"), table.slice(i * step, step))
+            write_stream(
+                os.path.join(folder, f"glue-{split}-{i:05d}-of-{shards:05d}.arrow"), table.slice(i * step, step)
+            )
     with open(os.path.join(folder, "dataset_info.json"), "w") as f:
         json.dump({"builder_name": "glue", "config_name": "mrpc"}, f)
     open(os.path.join(folder, "LICENSE"), "w").close()
@@ -73,9 +81,18 @@ def saved_dict(folder, with_dict_json: bool = True) -> None:
         sub = os.path.join(folder, split)
         write_stream(os.path.join(sub, "data-00000-of-00001.arrow"), glue_table(split), chunk=5)
         with open(os.path.join(sub, "state.json"), "w") as f:
-            json.dump({"_data_files": [{"filename": "data-00000-of-00001.arrow"}], "_fingerprint": "0" * 16,
-                       "_format_columns": None, "_format_kwargs": {}, "_format_type": None,
-                       "_output_all_columns": False, "_split": split}, f)
+            json.dump(
+                {
+                    "_data_files": [{"filename": "data-00000-of-00001.arrow"}],
+                    "_fingerprint": "0" * 16,
+                    "_format_columns": None,
+                    "_format_kwargs": {},
+                    "_format_type": None,
+                    "_output_all_columns": False,
+                    "_split": split,
+                },
+                f,
+            )
         with open(os.path.join(sub, "dataset_info.json"), "w") as f:
             json.dump({"builder_name": "glue", "config_name": "mrpc"}, f)
     if with_dict_json:
@@ -91,17 +108,20 @@ def assert_same_as_tsv(where: str) -> None:
         assert w.keys() == g.keys() and all(torch.equal(w[k], g[k]) for k in w)
 
 
-@pytest.mark.parametrize("layout,point_at", [
-    ("glue/mrpc/1.0.0/HASH", "glue/mrpc/1.0.0/HASH"),  # the hash folder itself
-    ("glue/mrpc/1.0.0/HASH", "glue/mrpc"),  # datasets < 2.14, a script build
-    ("glue/mrpc/1.0.0/HASH", "glue"),
-    ("glue/mrpc/1.0.0/HASH", ""),  # the datasets cache root
-    ("nyu-mll___glue/mrpc/0.0.0/HASH", ""),  # newer datasets: built from the Hub's Parquet
-    ("hub/datasets--nyu-mll--glue/snapshots/REV/mrpc", "hub"),  # the Hub cache's Parquet
-    ("hub/datasets--nyu-mll--glue/snapshots/REV/mrpc", "hub/datasets--nyu-mll--glue"),
-    ("hub/datasets--nyu-mll--glue/snapshots/REV/mrpc", ""),  # ~/.cache/huggingface
-    ("saved", "saved"),  # DatasetDict.save_to_disk
-])
+@pytest.mark.parametrize(
+    "layout,point_at",
+    [
+        ("glue/mrpc/1.0.0/HASH", "glue/mrpc/1.0.0/HASH"),  # the hash folder itself
+        ("glue/mrpc/1.0.0/HASH", "glue/mrpc"),  # datasets < 2.14, a script build
+        ("glue/mrpc/1.0.0/HASH", "glue"),
+        ("glue/mrpc/1.0.0/HASH", ""),  # the datasets cache root
+        ("nyu-mll___glue/mrpc/0.0.0/HASH", ""),  # newer datasets: built from the Hub's Parquet
+        ("hub/datasets--nyu-mll--glue/snapshots/REV/mrpc", "hub"),  # the Hub cache's Parquet
+        ("hub/datasets--nyu-mll--glue/snapshots/REV/mrpc", "hub/datasets--nyu-mll--glue"),
+        ("hub/datasets--nyu-mll--glue/snapshots/REV/mrpc", ""),  # ~/.cache/huggingface
+        ("saved", "saved"),  # DatasetDict.save_to_disk
+    ],
+)
 def test_every_layout_reads_the_tsv_pairs(tmp_path, layout, point_at):
     folder = os.path.join(tmp_path, layout.replace("HASH", HASH).replace("REV", "1b2c3d"))
     if layout.startswith("hub"):
@@ -159,7 +179,9 @@ def test_errors_are_one_line_and_say_where_they_looked(tmp_path, monkeypatch):
     qnli = tmp_path / "qnli"  # another GLUE task's columns
     for split in ("train", "validation"):
         write_stream(qnli / f"glue-{split}.arrow", pa.table({"question": ["q"], "sentence": ["s"], "label": [0]}))
-    with pytest.raises(ValueError, match="has columns question, sentence, label; MRPC needs sentence1, sentence2, label"):
+    with pytest.raises(
+        ValueError, match="has columns question, sentence, label; MRPC needs sentence1, sentence2, label"
+    ):
         find_mrpc_hf(str(qnli))
     unlabelled = tmp_path / "unlabelled"
     write_stream(unlabelled / "glue-train.arrow", glue_table("train"))
@@ -177,8 +199,16 @@ def test_scenarios_check_the_data_before_launching(tmp_path):
 
     saved_dict(tmp_path / "mrpc")
     (tmp_path / "a.jsonl").write_text('{"source": "s", "target": "t"}\n')
-    base = {"model": {"arch": TINY, "num_labels": 2}, "data": {"mrpc_hf": "mrpc"}, "task": "classification",
-            "seq_len": 64, "steps": 1, "batch_size": 2, "gpus": 2, "variants": [{"name": "ddp", "engine": "ddp"}]}
+    base = {
+        "model": {"arch": TINY, "num_labels": 2},
+        "data": {"mrpc_hf": "mrpc"},
+        "task": "classification",
+        "seq_len": 64,
+        "steps": 1,
+        "batch_size": 2,
+        "gpus": 2,
+        "variants": [{"name": "ddp", "engine": "ddp"}],
+    }
     path = write_scenario(tmp_path, base)
     assert build_plan(path).scenario.data.kind == "mrpc_hf"  # relative to the scenario file
     for data, task, expected in [

@@ -25,9 +25,11 @@ def _python(code: str, cwd) -> subprocess.CompletedProcess:
 
 
 def test_help_imports_no_heavy_module(tmp_path):
-    code = ("import sys, zbench.cli\n"
-            "try:\n    zbench.cli.main(['--help'])\nexcept SystemExit:\n    pass\n"
-            f"print('LOADED', sorted(m for m in {HEAVY!r} if m in sys.modules))")
+    code = (
+        "import sys, zbench.cli\n"
+        "try:\n    zbench.cli.main(['--help'])\nexcept SystemExit:\n    pass\n"
+        f"print('LOADED', sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    )
     proc = _python(code, tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "run " in proc.stdout and "estimate " in proc.stdout and "convert " in proc.stdout
@@ -46,9 +48,14 @@ def test_the_listed_help_is_each_commands_own():
 
 
 def test_estimate_resolves_a_name_from_another_folder(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "zbench", "estimate", "--model", "gpt2-xl", "--gpus", "2"],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = subprocess.run(
+        [sys.executable, "-m", "zbench", "estimate", "--model", "gpt2-xl", "--gpus", "2"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("model gpt2-xl") and "| 2 |" in proc.stdout or "stage" in proc.stdout.lower()
 
@@ -56,7 +63,9 @@ def test_estimate_resolves_a_name_from_another_folder(tmp_path):
 def test_a_scenario_elsewhere_names_a_shipped_model(tmp_path):
     from zbench.plan import build_plan
 
-    path = write_scenario(tmp_path, tiny_data([{"name": "ddp", "engine": "ddp"}], model={"arch": "tiny-gpt"}), "elsewhere")
+    path = write_scenario(
+        tmp_path, tiny_data([{"name": "ddp", "engine": "ddp"}], model={"arch": "tiny-gpt"}), "elsewhere"
+    )
     plan = build_plan(path)
     assert plan.arch.name == "tiny-gpt" and plan.arch.config == load_arch(TINY, str(tmp_path)).config
     own = tmp_path / "models"  # a scenario folder's own config of that name comes first
@@ -84,14 +93,28 @@ def test_one_registry_for_train_and_scenarios():
 def test_a_hugging_face_config_json_or_model_folder_is_an_arch(tmp_path, as_folder):
     folder = tmp_path / "my-gpt2"
     folder.mkdir()
-    hf = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 2, "n_head": 2, "n_embd": 32,
-          "n_positions": 64, "vocab_size": 300, "transformers_version": "4.40.0"}
+    hf = {
+        "model_type": "gpt2",
+        "architectures": ["GPT2LMHeadModel"],
+        "n_layer": 2,
+        "n_head": 2,
+        "n_embd": 32,
+        "n_positions": 64,
+        "vocab_size": 300,
+        "transformers_version": "4.40.0",
+    }
     (folder / "config.json").write_text(json.dumps(hf))
     arch = load_arch(str(folder) if as_folder else str(folder / "config.json"), str(tmp_path))
     assert (arch.name, arch.family, arch.config) == ("my-gpt2", "hf", hf)
     pytest.importorskip("transformers")
-    proc = subprocess.run([sys.executable, "-m", "zbench", "estimate", "--model", "my-gpt2"], capture_output=True,
-                          text=True, cwd=tmp_path, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = subprocess.run(
+        [sys.executable, "-m", "zbench", "estimate", "--model", "my-gpt2"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("model my-gpt2")
 

@@ -12,19 +12,26 @@ import zero_core
 from dist_harness import run_ranks
 from parity_workers import make_batches, make_model
 
+pytestmark = pytest.mark.slow  # spawned ranks or whole runs: outside the fast tier (-m 'not slow')
+
 GLOBAL, STEPS = 4, 5
 
 
 def _groups(model: torch.nn.Module) -> list[dict]:
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    return [{"params": [p for n, p in named if p.dim() >= 2], "lr": 2e-2, "weight_decay": 0.1, "betas": (0.8, 0.99)},
-            {"params": [p for n, p in named if p.dim() < 2], "lr": 5e-3, "weight_decay": 0.0, "eps": 1e-6}]
+    return [
+        {"params": [p for n, p in named if p.dim() >= 2], "lr": 2e-2, "weight_decay": 0.1, "betas": (0.8, 0.99)},
+        {"params": [p for n, p in named if p.dim() < 2], "lr": 5e-3, "weight_decay": 0.0, "eps": 1e-6},
+    ]
 
 
 def _config(stage: int, world: int, offload: bool = False) -> dict:
-    cfg = {"train_micro_batch_size_per_gpu": GLOBAL // world, "gradient_clipping": 0.0,
-           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0}},
-           "zero_optimization": {"stage": stage, "reduce_bucket_size": 400}}
+    cfg = {
+        "train_micro_batch_size_per_gpu": GLOBAL // world,
+        "gradient_clipping": 0.0,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0}},
+        "zero_optimization": {"stage": stage, "reduce_bucket_size": 400},
+    }
     if offload:
         cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
     return cfg
@@ -79,8 +86,9 @@ def test_groups_that_are_not_the_models_parameters_are_refused():
 def _sgd(rank: int, world: int, stage: int, ckpt: str, phase: str) -> dict:
     model = make_model()
     cfg = {k: v for k, v in _config(stage, world).items() if k != "optimizer"}  # the client optimizer instead
-    engine = zero_core.initialize(model, cfg,
-                                  optimizer=torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True))
+    engine = zero_core.initialize(
+        model, cfg, optimizer=torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True)
+    )
     if phase == "a":
         _train(engine, rank, world, range(3))
         engine.save_checkpoint(ckpt)
@@ -101,8 +109,11 @@ def test_a_torch_sgd_runs_on_the_shards_and_resumes_on_another_world_size(tmp_pa
 def test_a_client_optimizer_with_offload_is_refused_in_one_line():
     model = make_model()
     with pytest.raises(zero_core.ConfigError, match="optimizer offload updates on the host with AdamW/Adam only"):
-        zero_core.initialize(model, {k: v for k, v in _config(2, 1, offload=True).items() if k != "optimizer"},
-                             optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+        zero_core.initialize(
+            model,
+            {k: v for k, v in _config(2, 1, offload=True).items() if k != "optimizer"},
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        )
 
 
 def test_a_torch_scheduler_does_not_advance_on_skipped_fp16_steps():
@@ -133,6 +144,7 @@ def test_an_optimizer_not_known_to_be_element_wise_needs_the_untested_flag():
     with pytest.raises(zero_core.ConfigError, match="zero_allow_untested_optimizer"):
         zero_core.initialize(model, cfg, optimizer=TrustRatio(model.parameters(), lr=0.1))
     other = make_model()
-    engine = zero_core.initialize(other, {**cfg, "zero_allow_untested_optimizer": True},
-                                  optimizer=TrustRatio(other.parameters(), lr=0.1))
+    engine = zero_core.initialize(
+        other, {**cfg, "zero_allow_untested_optimizer": True}, optimizer=TrustRatio(other.parameters(), lr=0.1)
+    )
     assert type(engine.optimizer.client) is TrustRatio

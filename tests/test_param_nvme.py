@@ -9,6 +9,9 @@ import torch
 
 from dist_harness import run_ranks
 from init_workers import param_offload_losses
+import pytest
+
+pytestmark = pytest.mark.slow  # spawned ranks or whole runs: outside the fast tier (-m 'not slow')
 
 
 def test_nvme_parameters_train_as_host_parameters(tmp_path):

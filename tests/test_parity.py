@@ -12,27 +12,46 @@ from zbench.variants.torch_optim import TorchOptim
 from zero_core.loss_scaler import LossScaler
 from zero_core.config import load_config
 
+pytestmark = pytest.mark.slow  # spawned ranks or whole runs: outside the fast tier (-m 'not slow')
+
 ADAMW = {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0}}
 
 
 def ds(**extra) -> dict:
-    return {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
-            "optimizer": ADAMW, **extra}
+    return {
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": 1.0,
+        "optimizer": ADAMW,
+        **extra,
+    }
 
 
 def row(name: str, engine: str, config: dict, losses: list[float]) -> dict:
-    return {"variant": name, "engine": engine, "status": "ok", "batch": 4, "grad_accum": 1, "losses": losses,
-            "ds_config": config}
+    return {
+        "variant": name,
+        "engine": engine,
+        "status": "ok",
+        "batch": 4,
+        "grad_accum": 1,
+        "losses": losses,
+        "ds_config": config,
+    }
 
 
-DECAY = {"type": "WarmupDecayLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 1e-3, "warmup_num_steps": 1,
-                                              "total_num_steps": 4}}
+DECAY = {
+    "type": "WarmupDecayLR",
+    "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 1e-3, "warmup_num_steps": 1, "total_num_steps": 4},
+}
 
 
 def test_a_different_schedule_is_not_reported_ok_even_when_the_losses_agree():
     losses = [4.0, 3.9, 3.8, 3.7]
-    rows = [row("ddp", "ddp", ds(), losses), row("same", "zero", ds(), [x + 1e-5 for x in losses]),
-            row("decay", "deepspeed", ds(scheduler=DECAY), losses)]
+    rows = [
+        row("ddp", "ddp", ds(), losses),
+        row("same", "zero", ds(), [x + 1e-5 for x in losses]),
+        row("decay", "deepspeed", ds(scheduler=DECAY), losses),
+    ]
     add_parity(rows, 5e-2)
     assert rows[0]["parity_note"] == "reference"
     assert rows[1]["parity_note"] == "ok" and rows[1]["parity"] == pytest.approx(1e-5)
@@ -47,10 +66,13 @@ def test_the_same_schedule_written_otherwise_is_compared():
     assert rows[1]["parity_note"] == "ok"
 
 
-@pytest.mark.parametrize("change, note", [
-    ({"gradient_clipping": 0.5}, "different schedule: not compared"),
-    ({"fp16": {"enabled": True, "loss_scale_window": 100}}, "different loss scale: not compared"),
-])
+@pytest.mark.parametrize(
+    "change, note",
+    [
+        ({"gradient_clipping": 0.5}, "different schedule: not compared"),
+        ({"fp16": {"enabled": True, "loss_scale_window": 100}}, "different loss scale: not compared"),
+    ],
+)
 def test_other_recipes_are_named(change, note):
     ref = ds(fp16={"enabled": True})
     rows = [row("ddp", "ddp", ref, [4.0]), row("other", "zero", {**ref, **change}, [4.0])]
@@ -85,11 +107,22 @@ def test_fp16_run_compares_engines_with_the_ddp_reference(tmp_path):
     """Two CPU ranks in fp16: every engine's loss curve within the fp16 tolerance of ddp's (the reference scales
     as DeepSpeed does), and a row with another schedule says so instead of "ok"."""
     decay = tmp_path / "decay.json"
-    decay.write_text('{"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto", '
-                     '"warmup_max_lr": "auto", "warmup_num_steps": "auto", "total_num_steps": "auto"}}}')
-    path = tiny_scenario(tmp_path, "fp16", [{"name": "ddp", "engine": "ddp"}, {"name": "zero2", "engine": "zero", "stage": 2},
-                                            {"name": "zero2-decay", "engine": "zero", "stage": 2, "ds_config": str(decay)}],
-                         samples=64, steps=6, precision="fp16")
+    decay.write_text(
+        '{"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto", '
+        '"warmup_max_lr": "auto", "warmup_num_steps": "auto", "total_num_steps": "auto"}}}'
+    )
+    path = tiny_scenario(
+        tmp_path,
+        "fp16",
+        [
+            {"name": "ddp", "engine": "ddp"},
+            {"name": "zero2", "engine": "zero", "stage": 2},
+            {"name": "zero2-decay", "engine": "zero", "stage": 2, "ds_config": str(decay)},
+        ],
+        samples=64,
+        steps=6,
+        precision="fp16",
+    )
     proc = zbench("run", path, "--out", str(tmp_path / "runs"), "--wandb", "off", "--no-progress")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = table(proc.stdout)

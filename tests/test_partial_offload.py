@@ -14,6 +14,8 @@ import zero_core
 from zero_core import ConfigError, load_config
 from zero_core.optim import HostAdamW, SplitAdamW
 
+pytestmark = pytest.mark.slow  # spawned ranks or whole runs: outside the fast tier (-m 'not slow')
+
 SMALL = {"ZERO_CORE_HOST_CHUNK_NUMEL": "1024"}  # many host chunks per rank
 
 

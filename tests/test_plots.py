@@ -11,12 +11,28 @@ from zbench import plots  # noqa: E402
 
 def _summary(device: str, gpu: float | None) -> dict:
     def row(name, engine, offset):
-        return {"variant": name, "engine": engine, "status": "ok", "tokens_per_s": 1234.5 + offset,
-                "peak_gpu_gib": gpu, "peak_cpu_gib": 1.5, "losses": [4.0 + offset, 3.0 + offset, 2.0 + offset]}
+        return {
+            "variant": name,
+            "engine": engine,
+            "status": "ok",
+            "tokens_per_s": 1234.5 + offset,
+            "peak_gpu_gib": gpu,
+            "peak_cpu_gib": 1.5,
+            "losses": [4.0 + offset, 3.0 + offset, 2.0 + offset],
+        }
 
-    return {"scenario": "demo", "device": device, "precision": "bf16", "world_size": 2,
-            "variants": [row("ddp", "ddp", 0.0), row("zero2", "zero", 0.0), row("zero3", "zero", 0.01),
-                         {"variant": "oom", "engine": "zero", "status": "oom"}]}
+    return {
+        "scenario": "demo",
+        "device": device,
+        "precision": "bf16",
+        "world_size": 2,
+        "variants": [
+            row("ddp", "ddp", 0.0),
+            row("zero2", "zero", 0.0),
+            row("zero3", "zero", 0.01),
+            {"variant": "oom", "engine": "zero", "status": "oom"},
+        ],
+    }
 
 
 @pytest.fixture
@@ -52,7 +68,9 @@ def test_cpu_run_plots(tmp_path, figures):
     styles = [line.get_linestyle() for line in top.get_lines()]
     assert len(styles) == 3 and len(set(styles)) == 3  # ddp and zero2 coincide, yet both show
     assert diff.get_ylabel() == "loss − ddp"
-    curves = {line.get_label(): list(line.get_ydata()) for line in diff.get_lines() if not line.get_label().startswith("_")}
+    curves = {
+        line.get_label(): list(line.get_ydata()) for line in diff.get_lines() if not line.get_label().startswith("_")
+    }
     assert curves["zero2"] == [0.0, 0.0, 0.0] and curves["zero3"] == pytest.approx([0.01] * 3)
 
 

@@ -19,6 +19,8 @@ import pytest
 
 from helpers import REPO, printed, quickstart, run_dir, table, tiny_scenario, write_scenario, zbench
 
+pytestmark = pytest.mark.slow  # spawned ranks or whole runs: outside the fast tier (-m 'not slow')
+
 
 @pytest.fixture(scope="module")
 def quickstart_run(tmp_path_factory):
@@ -56,7 +58,9 @@ def test_quickstart_prints_the_table_last(quickstart_run):
         assert parity.endswith("reference" if name == "ddp" else " ok"), parity
         assert float(row["Eval loss"]) < 5.0  # learned something from ln(512) = 6.24
     body = proc.stdout.rstrip().splitlines()
-    caption = " ".join(" ".join(body[next(i for i, line in enumerate(body) if line.startswith("quickstart: ")):]).split())
+    caption = " ".join(
+        " ".join(body[next(i for i, line in enumerate(body) if line.startswith("quickstart: ")) :]).split()
+    )
     assert caption.startswith("quickstart: random-init tiny-gpt, synthetic data")  # the table's caption ends it
     summary = json.load(open(os.path.join(folder, "results.json")))
     for v in summary["variants"]:  # timing_skip_steps: 2 -> tokens/s over the 14 later steps of epoch 1
@@ -160,11 +164,29 @@ def test_two_nodes_simulated_on_one_machine_give_the_same_table(quickstart_run, 
     quickstart: node 0 prints the table of the single-node run. About 30 s on 2 cores."""
     _, folder = quickstart_run
     port = _free_port_run(5)
-    common = ["run", "scenarios/quickstart.yaml", "--gpus", "1", "--nnodes", "2", "--rdzv-endpoint",
-              f"127.0.0.1:{port}", "--out", str(tmp_path), "--wandb", "off"]
+    common = [
+        "run",
+        "scenarios/quickstart.yaml",
+        "--gpus",
+        "1",
+        "--nnodes",
+        "2",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--out",
+        str(tmp_path),
+        "--wandb",
+        "off",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true"}  # two "nodes" share two cores
-    node1 = subprocess.Popen([sys.executable, "-m", "zbench", *common, "--node-rank", "1"], cwd=REPO, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    node1 = subprocess.Popen(
+        [sys.executable, "-m", "zbench", *common, "--node-rank", "1"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     node0 = zbench(*common, "--node-rank", "0", env={"OMP_NUM_THREADS": "1"})
     out1, err1 = node1.communicate(timeout=300)
     assert node0.returncode == 0, node0.stderr[-3000:]
@@ -174,8 +196,12 @@ def test_two_nodes_simulated_on_one_machine_give_the_same_table(quickstart_run, 
     multi = json.load(open(os.path.join(run_dir(node0.stdout), "results.json")))
     assert multi["nodes"] == 2 and multi["world_size"] == single["world_size"] == 2
     for a, b in zip(single["variants"], multi["variants"]):
-        assert (a["variant"], a["status"], a["batch"], a["parity_note"]) == (b["variant"], b["status"], b["batch"],
-                                                                           b["parity_note"])
+        assert (a["variant"], a["status"], a["batch"], a["parity_note"]) == (
+            b["variant"],
+            b["status"],
+            b["batch"],
+            b["parity_note"],
+        )
         assert b["losses"] == pytest.approx(a["losses"], abs=1e-5)
         assert b["eval"]["loss"] == pytest.approx(a["eval"]["loss"], abs=1e-5)
     rows1, rows2 = table(node0.stdout), table(zbench("report", folder).stdout)
@@ -196,16 +222,18 @@ def test_mrpc_classification_reports_f1_on_real_data(tmp_path):
 
 
 def _fault_scenario(tmp_path) -> str:
-    variants = [{"name": "searched", "engine": "ddp"},
-                {"name": "too-big", "engine": "zero", "stage": 2, "batch_size": 8},
-                {"name": "nvme", "engine": "zero", "stage": 3, "offload_param": "nvme", "nvme_path": ".", "batch_size": 2}]
-    return tiny_scenario(tmp_path, "faults", variants, samples=64, steps=2, batch_size=None, lr=None,
-                         batch_search={"start": 4, "max": 8})
+    variants = [
+        {"name": "searched", "engine": "ddp"},
+        {"name": "too-big", "engine": "zero", "stage": 2, "batch_size": 8},
+        {"name": "nvme", "engine": "zero", "stage": 3, "offload_param": "nvme", "nvme_path": ".", "batch_size": 2},
+    ]
+    return tiny_scenario(
+        tmp_path, "faults", variants, samples=64, steps=2, batch_size=None, lr=None, batch_search={"start": 4, "max": 8}
+    )
 
 
 def test_oom_is_a_row_and_the_batch_search_is_oom_safe(tmp_path):
-    proc = zbench("run", _fault_scenario(tmp_path), "--out", str(tmp_path), "--wandb", "off",
-                  faults="oom")
+    proc = zbench("run", _fault_scenario(tmp_path), "--out", str(tmp_path), "--wandb", "off", faults="oom")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = table(proc.stdout)
     assert rows["searched"]["Batch size (max)"] == "4"  # 4 fits, 8/6/5 ran out of memory in fresh launches
@@ -216,16 +244,17 @@ def test_oom_is_a_row_and_the_batch_search_is_oom_safe(tmp_path):
 
 def test_rank_failure_is_one_error_with_the_ranks_last_lines(tmp_path):
     """A failed rank fails its variant, not the run: the table shows it, then one error ends the output."""
-    proc = zbench("run", _fault_scenario(tmp_path), "--out", str(tmp_path), "--wandb", "off",
-                  faults="crash")
+    proc = zbench("run", _fault_scenario(tmp_path), "--out", str(tmp_path), "--wandb", "off", faults="crash")
     assert proc.returncode == 1
     rows = table(proc.stdout)
     assert rows["searched"]["Notes"] == "failed: RuntimeError: injected failure on rank 1"
     assert rows["too-big"]["Notes"].startswith("failed: ") and rows["nvme"]["Notes"].endswith("use 'cpu' or 'none'")
     lines = proc.stderr.splitlines()
-    err = "\n".join(lines[next(i for i, line in enumerate(lines) if line.startswith("Error: ")):])
-    assert err.startswith("Error: variant 'searched' (probe, batch 4) failed on rank 1 (exit code 1): "
-                          "RuntimeError: injected failure on rank 1")
+    err = "\n".join(lines[next(i for i, line in enumerate(lines) if line.startswith("Error: ")) :])
+    assert err.startswith(
+        "Error: variant 'searched' (probe, batch 4) failed on rank 1 (exit code 1): "
+        "RuntimeError: injected failure on rank 1"
+    )
     assert "--- last log lines of rank 1" in err and 'raise RuntimeError("injected failure on rank 1")' in err
     assert "Traceback" in err and sum(line.startswith("Error: ") for line in err.splitlines()) == 1
     assert "1 more variant(s) failed too" in err
@@ -234,16 +263,25 @@ def test_rank_failure_is_one_error_with_the_ranks_last_lines(tmp_path):
 def test_killed_run_resumes_from_its_checkpoint_with_the_same_losses(tmp_path):
     """`checkpoint_every` + `--resume`: a variant whose rank died mid-training continues from the last
     zero_core checkpoint and ends with the loss curve of a run that never stopped."""
-    path = write_scenario(tmp_path, quickstart(name="ckpt", checkpoint_every=4, epochs=1,
-                                               variants=[{"name": "zero3", "engine": "zero", "stage": 3}]), "ckpt")
+    path = write_scenario(
+        tmp_path,
+        quickstart(
+            name="ckpt", checkpoint_every=4, epochs=1, variants=[{"name": "zero3", "engine": "zero", "stage": 3}]
+        ),
+        "ckpt",
+    )
     straight = zbench("run", path, "--out", str(tmp_path / "a"), "--wandb", "off", "--no-progress")
     assert straight.returncode == 0, straight.stderr[-3000:]
-    killed = zbench("run", path, "--out", str(tmp_path / "b"), "--wandb", "off", "--no-progress",
-                    faults="crash-at-step-10")
+    killed = zbench(
+        "run", path, "--out", str(tmp_path / "b"), "--wandb", "off", "--no-progress", faults="crash-at-step-10"
+    )
     assert killed.returncode == 1 and "variant 'zero3' (train, batch 8) failed" in killed.stderr
     folder = run_dir(killed.stdout)
-    logs = "".join(open(f).read() for f in glob.glob(os.path.join(folder, "logs", "zero3", "**", "*"), recursive=True)
-                   if os.path.isfile(f))
+    logs = "".join(
+        open(f).read()
+        for f in glob.glob(os.path.join(folder, "logs", "zero3", "**", "*"), recursive=True)
+        if os.path.isfile(f)
+    )
     assert "injected failure on rank 1 at step 10" in logs
     assert open(os.path.join(folder, "checkpoints", "zero3", "latest")).read().strip() == "global_step8"
     resumed = zbench("run", path, "--resume", folder, "--wandb", "off", "--no-progress")
@@ -257,9 +295,16 @@ def test_killed_run_resumes_from_its_checkpoint_with_the_same_losses(tmp_path):
 def test_nvme_offload_variant_runs_and_leaves_no_state_files(tmp_path):
     swap = tmp_path / "swap"
     swap.mkdir()
-    path = tiny_scenario(tmp_path, "nvme", [{"name": "ddp", "engine": "ddp"},
-                                            {"name": "zero2-nvme", "engine": "zero", "stage": 2, "offload_optimizer": "nvme",
-                                             "nvme_path": str(swap)}], samples=64, steps=4)
+    path = tiny_scenario(
+        tmp_path,
+        "nvme",
+        [
+            {"name": "ddp", "engine": "ddp"},
+            {"name": "zero2-nvme", "engine": "zero", "stage": 2, "offload_optimizer": "nvme", "nvme_path": str(swap)},
+        ],
+        samples=64,
+        steps=4,
+    )
     proc = zbench("run", path, "--out", str(tmp_path / "runs"), "--wandb", "off")
     assert proc.returncode == 0, proc.stderr[-3000:]
     row = table(proc.stdout)["zero2-nvme"]
@@ -271,8 +316,9 @@ def test_nvme_offload_variant_runs_and_leaves_no_state_files(tmp_path):
     rows = {r["variant"]: r for r in json.load(open(os.path.join(run_dir(proc.stdout), "results.json")))["variants"]}
     offloaded = rows["zero2-nvme"]
     # measured/estimated compares against the offload row of the estimate (states off the GPU), not the plain one
-    assert offloaded["est_gpu_gib"] == pytest.approx(estimate.model_states_gib(
-        2, offloaded["n_params"], 0, 2, 1, offload_optimizer=True))  # stage 2 needs no largest layer
+    assert offloaded["est_gpu_gib"] == pytest.approx(
+        estimate.model_states_gib(2, offloaded["n_params"], 0, 2, 1, offload_optimizer=True)
+    )  # stage 2 needs no largest layer
     assert offloaded["est_gpu_gib"] < estimate.model_states_gib(2, offloaded["n_params"], 0, 2, 1) / 2
     # offload rows carry the step-time breakdown, printed under the table; ddp has none
     split = offloaded["breakdown"]
@@ -287,8 +333,15 @@ def test_nvme_offload_variant_runs_and_leaves_no_state_files(tmp_path):
 def test_eval_batch_search_finds_the_largest_eval_batch(tmp_path):
     """search_eval_batch: after the training batch, the largest eval batch that fits after a training step (each
     try a fresh launch); the training launch evaluates with it and the table has the articles' Eval Size Max."""
-    path = tiny_scenario(tmp_path, "evals", [{"name": "ddp", "engine": "ddp"}, {"name": "zero2", "engine": "zero", "stage": 2}],
-                         samples=64, steps=2, search_eval_batch=True, batch_search={"start": 2, "max": 16})
+    path = tiny_scenario(
+        tmp_path,
+        "evals",
+        [{"name": "ddp", "engine": "ddp"}, {"name": "zero2", "engine": "zero", "stage": 2}],
+        samples=64,
+        steps=2,
+        search_eval_batch=True,
+        batch_search={"start": 2, "max": 16},
+    )
     proc = zbench("run", path, "--out", str(tmp_path), "--wandb", "off", "--no-progress", faults="eval-oom")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = table(proc.stdout)

@@ -13,8 +13,11 @@ def test_pieces_round_trip(tmp_path):
     a = torch.randn(7, 3)
     b = torch.randn(11).to(torch.bfloat16)
     empty = torch.empty(0, 4)
-    w = StreamingWriter(tmp_path / "x.safetensors", [("a", a.dtype, a.shape), ("e", empty.dtype, empty.shape), ("b", b.dtype, b.shape)],
-                        metadata={"alias.b": "b"})
+    w = StreamingWriter(
+        tmp_path / "x.safetensors",
+        [("a", a.dtype, a.shape), ("e", empty.dtype, empty.shape), ("b", b.dtype, b.shape)],
+        metadata={"alias.b": "b"},
+    )
     flat = a.reshape(-1)
     w.write(flat[:5])
     w.write(flat[5:])

@@ -16,8 +16,9 @@ from zbench.accelerate_config import load_accelerate_config
 from zbench.plan import build_plan
 from zbench.scenario import ScenarioError, parse_scenario
 
-BASE = tiny_data([{"name": "ddp", "engine": "ddp"}, {"name": "zero2", "engine": "zero", "stage": 2}], steps=2, batch_size=2,
-                 lr=None)
+BASE = tiny_data(
+    [{"name": "ddp", "engine": "ddp"}, {"name": "zero2", "engine": "zero", "stage": 2}], steps=2, batch_size=2, lr=None
+)
 
 
 def variant(**kw):
@@ -26,22 +27,28 @@ def variant(**kw):
     return d
 
 
-@pytest.mark.parametrize("mutate,expected", [
-    (lambda d: d["variants"][1].update(stgae=2), "unknown key 'variants[1].stgae'; did you mean 'stage'?"),
-    (lambda d: d.update(seq_lne=16), "unknown key 'seq_lne'; did you mean 'seq_len'?"),
-    (lambda d: d["data"]["synthetic"].update(vocb=9), "unknown key 'data.synthetic.vocb'; did you mean 'vocab'?"),
-    (lambda d: d["model"].update(arhc="x"), "unknown key 'model.arhc'; did you mean 'arch'?"),
-    (lambda d: d.pop("seq_len"), "seq_len is required"),
-    (lambda d: d.update(epochs=1), "exactly one of 'epochs' or 'steps'"),
-    (lambda d: d["variants"][0].update(stage=1), "'stage' applies to zero and deepspeed variants"),
-    (lambda d: d["variants"][1].update(engine="zer0"), "variants[1].engine"),
-    (lambda d: d["variants"].append({"name": "ddp", "engine": "ddp"}), "variant name 'ddp' is used twice"),
-    (lambda d: d.update(metric="f1"), "metric 'f1' does not apply to task 'lm'"),
-    (lambda d: d.update(timing_skip_steps=d["steps"]), "leaves none of the"),
-    (lambda d: d["variants"][1].update(nvme_path="/tmp"), "'nvme_path' goes with offload_optimizer or offload_param: nvme"),
-    (lambda d: d.update(batch_search={"multiple_of": 0}), "batch_search.multiple_of"),
-    (lambda d: d.update(cuda_alloc_conf="expandable segments"), "e.g. 'expandable_segments:True'"),
-])
+@pytest.mark.parametrize(
+    "mutate,expected",
+    [
+        (lambda d: d["variants"][1].update(stgae=2), "unknown key 'variants[1].stgae'; did you mean 'stage'?"),
+        (lambda d: d.update(seq_lne=16), "unknown key 'seq_lne'; did you mean 'seq_len'?"),
+        (lambda d: d["data"]["synthetic"].update(vocb=9), "unknown key 'data.synthetic.vocb'; did you mean 'vocab'?"),
+        (lambda d: d["model"].update(arhc="x"), "unknown key 'model.arhc'; did you mean 'arch'?"),
+        (lambda d: d.pop("seq_len"), "seq_len is required"),
+        (lambda d: d.update(epochs=1), "exactly one of 'epochs' or 'steps'"),
+        (lambda d: d["variants"][0].update(stage=1), "'stage' applies to zero and deepspeed variants"),
+        (lambda d: d["variants"][1].update(engine="zer0"), "variants[1].engine"),
+        (lambda d: d["variants"].append({"name": "ddp", "engine": "ddp"}), "variant name 'ddp' is used twice"),
+        (lambda d: d.update(metric="f1"), "metric 'f1' does not apply to task 'lm'"),
+        (lambda d: d.update(timing_skip_steps=d["steps"]), "leaves none of the"),
+        (
+            lambda d: d["variants"][1].update(nvme_path="/tmp"),
+            "'nvme_path' goes with offload_optimizer or offload_param: nvme",
+        ),
+        (lambda d: d.update(batch_search={"multiple_of": 0}), "batch_search.multiple_of"),
+        (lambda d: d.update(cuda_alloc_conf="expandable segments"), "e.g. 'expandable_segments:True'"),
+    ],
+)
 def test_schema_errors_are_one_line(mutate, expected):
     data = copy.deepcopy(BASE)
     mutate(data)
@@ -132,11 +139,15 @@ def test_variant_config_file_with_a_duplicate_key(tmp_path):
 
 
 def test_nvme_parameter_offload_variant_gets_its_folder(tmp_path):
-    plan = build_plan(write_scenario(tmp_path, variant(name="nvme", engine="zero", stage=3, offload_param="nvme",
-                                                       nvme_path="swap")))
+    plan = build_plan(
+        write_scenario(tmp_path, variant(name="nvme", engine="zero", stage=3, offload_param="nvme", nvme_path="swap"))
+    )
     nvme = [v for v in plan.variants if v.name == "nvme"][0]
     assert "NVMe offload (param)" in nvme.label
-    assert nvme.ds_template["zero_optimization"]["offload_param"] == {"device": "nvme", "nvme_path": str(tmp_path / "swap")}
+    assert nvme.ds_template["zero_optimization"]["offload_param"] == {
+        "device": "nvme",
+        "nvme_path": str(tmp_path / "swap"),
+    }
     assert all(v.status == "ready" for v in plan.variants)
 
 
@@ -148,8 +159,11 @@ def test_variants_filter(tmp_path):
 
 def test_accelerate_plugin_yaml_translates_like_accelerate():
     ds = load_accelerate_config(os.path.join(REPO, "scenarios", "configs", "accelerate_zero2.yaml"))
-    assert ds["zero_optimization"] == {"stage": 2, "offload_optimizer": {"device": "none"},
-                                       "offload_param": {"device": "none"}}
+    assert ds["zero_optimization"] == {
+        "stage": 2,
+        "offload_optimizer": {"device": "none"},
+        "offload_param": {"device": "none"},
+    }
     assert ds["gradient_accumulation_steps"] == 1 and ds["gradient_clipping"] == 1.0
     assert ds["fp16"] == {"enabled": True}
     assert ds["train_micro_batch_size_per_gpu"] == "auto"
@@ -157,8 +171,11 @@ def test_accelerate_plugin_yaml_translates_like_accelerate():
 
 def test_accelerate_config_file_and_errors(tmp_path):
     (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 3}}))
-    good = {"distributed_type": "DEEPSPEED", "mixed_precision": "bf16",
-            "deepspeed_config": {"deepspeed_config_file": "ds.json", "zero3_init_flag": True}}
+    good = {
+        "distributed_type": "DEEPSPEED",
+        "mixed_precision": "bf16",
+        "deepspeed_config": {"deepspeed_config_file": "ds.json", "zero3_init_flag": True},
+    }
     (tmp_path / "a.yaml").write_text(yaml.safe_dump(good))
     ds = load_accelerate_config(str(tmp_path / "a.yaml"))
     assert ds == {"zero_optimization": {"stage": 3}, "bf16": {"enabled": True}}
@@ -174,8 +191,9 @@ def test_accelerate_config_file_and_errors(tmp_path):
 
 
 def test_ds_config_autos_filled_like_hf_trainer(tmp_path):
-    sc = parse_scenario(variant(name="z", engine="zero", ds_config="x.json") | {"lr": 2e-5, "warmup_steps": 7,
-                                                                                  "precision": "fp16"})
+    sc = parse_scenario(
+        variant(name="z", engine="zero", ds_config="x.json") | {"lr": 2e-5, "warmup_steps": 7, "precision": "fp16"}
+    )
     raw = json.load(open(os.path.join(REPO, "scenarios", "configs", "zero2_config_accelerate.json")))
     (tmp_path / "x.json").write_text(json.dumps(raw))
     tmpl = ds_config.template(sc, sc.variants[-1], str(tmp_path))
@@ -210,12 +228,18 @@ def test_resume_needs_the_same_scenario(tmp_path):
     assert "another version of the scenario" in text
 
 
-@pytest.mark.parametrize("source,expected", [
-    ({"accelerate_config": "configs/accelerate_zero2.yaml"}, True),  # no optimizer section: the script's torch AdamW
-    ({"ds_config": "configs/zero2_config_accelerate.json"}, True),  # the file says torch_adam itself
-    ({"stage": 2}, True),
-    ({"stage": 2, "offload_optimizer": "cpu"}, None),  # offload needs DeepSpeedCPUAdam
-])
+@pytest.mark.parametrize(
+    "source,expected",
+    [
+        (
+            {"accelerate_config": "configs/accelerate_zero2.yaml"},
+            True,
+        ),  # no optimizer section: the script's torch AdamW
+        ({"ds_config": "configs/zero2_config_accelerate.json"}, True),  # the file says torch_adam itself
+        ({"stage": 2}, True),
+        ({"stage": 2, "offload_optimizer": "cpu"}, None),  # offload needs DeepSpeedCPUAdam
+    ],
+)
 def test_deepspeed_variants_get_torch_adamw_unless_told_otherwise(source, expected):
     sc = parse_scenario(variant(name="ds", engine="deepspeed", **source) | {"precision": "fp16"})
     ds = ds_config.template(sc, sc.variants[-1], os.path.join(REPO, "scenarios"))

@@ -18,6 +18,8 @@ import pytest
 
 from zero_core.config_keys import BY_PATH, SUPPORTED
 
+pytestmark = pytest.mark.slow  # spawned ranks or whole runs: outside the fast tier (-m 'not slow')
+
 REPO = Path(__file__).resolve().parent.parent
 SEEDS = REPO / "tests" / "data" / "seed_configs"
 COMMON = ["--gpus", "2", "--steps", "2", "--seq-len", "8"]
@@ -43,8 +45,10 @@ RUNS = {  # the flags that fill each config's "auto" values
     "003_stage3_gather_16bit_weights.json": MB,
     "003_fp16_auto_nan_section.json": [*MB, "--precision", "fp16"],
 }
-NVME = ("Error: zero_optimization.offload_optimizer.nvme_path '/local_nvme' does not exist; create it (a directory on "
-        "a fast local disk) or fix the path")  # the seed's NVMe folder is not on this machine
+NVME = (
+    "Error: zero_optimization.offload_optimizer.nvme_path '/local_nvme' does not exist; create it (a directory on "
+    "a fast local disk) or fix the path"
+)  # the seed's NVMe folder is not on this machine
 
 
 def _leaves(data: object, prefix: str = "") -> dict[str, object]:
@@ -52,8 +56,11 @@ def _leaves(data: object, prefix: str = "") -> dict[str, object]:
         return {prefix[:-1]: data}
     out: dict[str, object] = {}
     for key, value in data.items():
-        out |= _leaves(value, f"{prefix}{key}.") if isinstance(value, dict) and f"{prefix}{key}" not in BY_PATH \
+        out |= (
+            _leaves(value, f"{prefix}{key}.")
+            if isinstance(value, dict) and f"{prefix}{key}" not in BY_PATH
             else {prefix + key: value}
+        )
     return out
 
 
@@ -68,8 +75,14 @@ def test_the_18_configs_are_all_here_and_sourced():
 def test_zbench_train_runs_the_config_as_printed(name):
     raw = json.loads((SEEDS / name).read_text())
     env = {**os.environ, "PYTHONPATH": str(REPO), "ZBENCH_START_METHOD": "fork"}  # the CLI runs no torch op first
-    proc = subprocess.run([sys.executable, "-m", "zbench.cli", "train", "--config", str(SEEDS / name), *COMMON, *RUNS[name]],
-                          capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "zbench.cli", "train", "--config", str(SEEDS / name), *COMMON, *RUNS[name]],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env=env,
+    )
     out = proc.stdout + proc.stderr
     assert "Traceback" not in out, out[-3000:]
     if name == "003_zero3_infinity_nvme.json":
@@ -78,8 +91,13 @@ def test_zbench_train_runs_the_config_as_printed(name):
     assert proc.returncode == 0, out[-3000:]
     done = [line for line in proc.stdout.splitlines() if line.startswith("done:")]
     assert len(done) == 1 and " on 2 ranks, 2 timed steps" in done[0]
-    filled = {entry.split(" = ")[0] for line in proc.stdout.splitlines() if line.startswith("filled ")
-              for entry in line.split(": ", 1)[1].split(", ") if " = " in entry}
+    filled = {
+        entry.split(" = ")[0]
+        for line in proc.stdout.splitlines()
+        if line.startswith("filled ")
+        for entry in line.split(": ", 1)[1].split(", ")
+        if " = " in entry
+    }
     autos = {key for key, value in _leaves(raw).items() if value == "auto"}
     assert autos <= filled, f"not filled from flags: {autos - filled}"
     quiet = [key for key in _leaves(raw) if key in BY_PATH and BY_PATH[key].status != SUPPORTED]

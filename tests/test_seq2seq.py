@@ -22,10 +22,13 @@ from zbench.evaluation import EvalSums
 from zbench.generation import TextGeneration, greedy_generate
 from zbench.results import markdown
 
+pytestmark = pytest.mark.slow  # spawned ranks or whole runs: outside the fast tier (-m 'not slow')
+
 PAIRS = str(FIXTURES / "pairs_tiny")
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
-needs_transformers = pytest.mark.skipif(not HAS_TRANSFORMERS, reason="the toy BlenderBot needs transformers "
-                                        "(pip install -e '.[test]' installs it)")
+needs_transformers = pytest.mark.skipif(
+    not HAS_TRANSFORMERS, reason="the toy BlenderBot needs transformers (pip install -e '.[test]' installs it)"
+)
 
 
 def rows(path: str) -> list[dict]:
@@ -44,7 +47,10 @@ def test_pair_files_in_every_format_give_the_same_rows(tmp_path):
     paths = [os.path.join(PAIRS, "train.jsonl"), str(tmp_path / "p.csv"), str(tmp_path / "p.tsv")]
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
-    pq.write_table(pa.table({"context": [c for c, _ in want], "response": [r for _, r in want]}), tmp_path / "p.parquet")
+
+    pq.write_table(
+        pa.table({"context": [c for c, _ in want], "response": [r for _, r in want]}), tmp_path / "p.parquet"
+    )
     paths.append(str(tmp_path / "p.parquet"))
     for p in paths:
         assert pick_columns(p, None, None) == ("context", "response")  # MuDoConv's names are a default pair
@@ -84,21 +90,39 @@ def test_columns_holdout_and_errors(tmp_path):
 
 
 def test_build_splits_text_pairs_is_real_and_keeps_the_tokenizer():
-    s = build_splits({"text_pairs": {"train": "train.jsonl", "eval": "eval.jsonl"}}, task="seq2seq", seq_len=48,
-                     vocab=264, seed=0, base_dir=PAIRS, target_len=40)
+    s = build_splits(
+        {"text_pairs": {"train": "train.jsonl", "eval": "eval.jsonl"}},
+        task="seq2seq",
+        seq_len=48,
+        vocab=264,
+        seed=0,
+        base_dir=PAIRS,
+        target_len=40,
+    )
     assert s.real and isinstance(s.tokenizer, ByteTokenizer)
     assert s.train["labels"].shape == (40, 40) and s.eval["input_ids"].shape == (8, 48)
     assert "text pairs (bytes tokens), 40 train / 8 eval rows" in s.description
-    syn = build_splits({"synthetic": {"train_samples": 4, "eval_samples": 2}}, task="seq2seq", seq_len=8, vocab=64,
-                       seed=0, base_dir=".", target_len=4)
+    syn = build_splits(
+        {"synthetic": {"train_samples": 4, "eval_samples": 2}},
+        task="seq2seq",
+        seq_len=8,
+        vocab=64,
+        seed=0,
+        base_dir=".",
+        target_len=4,
+    )
     assert not syn.real and syn.tokenizer is None  # no text to read back: no BLEU
 
 
 def test_bleu_statistics_add_up_to_sacrebleus_corpus_bleu():
     hyps = ["the cat sat on the mat", "hello there", "a b c d e f", ""]
     refs = ["the cat sat on a mat", "hello there friend", "a b c x e f", "nothing"]
-    parts = [metrics.bleu_stats(hyps[:1], refs[:1]), metrics.bleu_stats(hyps[1:3], refs[1:3]),
-             metrics.bleu_stats(hyps[3:], refs[3:]), metrics.bleu_stats([], [])]
+    parts = [
+        metrics.bleu_stats(hyps[:1], refs[:1]),
+        metrics.bleu_stats(hyps[1:3], refs[1:3]),
+        metrics.bleu_stats(hyps[3:], refs[3:]),
+        metrics.bleu_stats([], []),
+    ]
     total = [sum(x) for x in zip(*parts)]
     assert metrics.bleu(total) == pytest.approx(corpus_bleu(hyps, [refs]).score, abs=1e-9)
     assert metrics.bleu(metrics.bleu_stats(refs[:3], refs[:3])) == pytest.approx(100.0)
@@ -121,8 +145,12 @@ def _scripted_forward(replies: list[str], vocab: int = 264):
 
 
 def test_bleu_of_known_generations_equals_sacrebleu():
-    pairs = [("How are you?", "I am fine, thanks."), ("Where is it?", "It is by the park."),
-             ("Lunch?", "A sandwich and an apple."), ("Padding row", "never counted")]
+    pairs = [
+        ("How are you?", "I am fine, thanks."),
+        ("Where is it?", "It is by the park."),
+        ("Lunch?", "A sandwich and an apple."),
+        ("Padding row", "never counted"),
+    ]
     replies = ["I am fine, thank you.", "It is near the park.", "A sandwich and an apple.", "xyz"]
     config = SimpleNamespace(pad_token_id=0, eos_token_id=2, bos_token_id=1, decoder_start_token_id=1)
     gen = TextGeneration(_scripted_forward(replies), ByteTokenizer(), config, max_len=40)
@@ -147,10 +175,18 @@ def test_greedy_generation_equals_transformers_generate_and_bleu_matches():
     from zbench.models.factory import build_model
 
     torch.manual_seed(0)
-    bundle = build_model(task="seq2seq", arch=load_arch("tiny-blenderbot", os.path.join(REPO, "scenarios"), {}),
-                         pretrained=None)
-    s = build_splits({"text_pairs": {"train": "train.jsonl", "eval": "eval.jsonl"}}, task="seq2seq", seq_len=48,
-                     vocab=bundle.vocab, seed=0, base_dir=PAIRS, target_len=24)
+    bundle = build_model(
+        task="seq2seq", arch=load_arch("tiny-blenderbot", os.path.join(REPO, "scenarios"), {}), pretrained=None
+    )
+    s = build_splits(
+        {"text_pairs": {"train": "train.jsonl", "eval": "eval.jsonl"}},
+        task="seq2seq",
+        seq_len=48,
+        vocab=bundle.vocab,
+        seed=0,
+        base_dir=PAIRS,
+        target_len=24,
+    )
     model = bundle.model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     for step in range(30):  # a little training, so the replies are not one repeated byte
@@ -161,9 +197,18 @@ def test_greedy_generation_equals_transformers_generate_and_bleu_matches():
     model.eval()
     ids, mask = s.eval["input_ids"], s.eval["attention_mask"]
     ours = greedy_generate(lambda b: bundle.call(model, b), ids, mask, max_len=24, start_id=1, eos_id=2, pad_id=0)
-    theirs = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=24, do_sample=False, num_beams=1,
-                            no_repeat_ngram_size=0, encoder_no_repeat_ngram_size=0, forced_eos_token_id=None,
-                            repetition_penalty=1.0, min_length=0)
+    theirs = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=24,
+        do_sample=False,
+        num_beams=1,
+        no_repeat_ngram_size=0,
+        encoder_no_repeat_ngram_size=0,
+        forced_eos_token_id=None,
+        repetition_penalty=1.0,
+        min_length=0,
+    )
     assert torch.equal(ours, theirs[:, 1:])  # the start token left out
     gen = TextGeneration(lambda b: bundle.call(model, b), s.tokenizer, model.config, max_len=24)
     hyps, refs = gen.texts(s.eval, torch.ones(8, dtype=torch.bool))
@@ -175,9 +220,19 @@ def test_greedy_generation_equals_transformers_generate_and_bleu_matches():
 
 
 def test_synthetic_seq2seq_table_has_no_bleu_column_and_says_why():
-    summary = {"task": "seq2seq", "data_kind": "synthetic", "scenario": "s", "init": "random-init", "model": "m",
-               "data_desc": "synthetic", "precision": "fp32", "world_size": 2, "device": "cpu", "parity_tol": 1e-3,
-               "variants": []}
+    summary = {
+        "task": "seq2seq",
+        "data_kind": "synthetic",
+        "scenario": "s",
+        "init": "random-init",
+        "model": "m",
+        "data_desc": "synthetic",
+        "precision": "fp32",
+        "world_size": 2,
+        "device": "cpu",
+        "parity_tol": 1e-3,
+        "variants": [],
+    }
     text = markdown(summary)
     assert "BLEU |" not in text.splitlines()[0] and "| Eval loss |" in text.splitlines()[0]
     assert "no BLEU: it needs real text pairs (data.text_pairs)" in text
@@ -196,9 +251,14 @@ def test_pair_file_problems_are_one_line_before_launch(tmp_path):
     for data, expected in [
         ({"text_pairs": {"train": "nope.jsonl"}}, "data.text_pairs: nope.jsonl does not exist"),
         ({"text_pairs": {"train": "qa.jsonl"}}, "qa.jsonl has columns question, answer; name the text columns"),
-        ({"text_pairs": {"train": "qa.jsonl", "source_column": "question", "target_column": "reply"}},
-         "column 'reply' is not in it"),
-        ({"synthetic": {}, "metric": "bleu"}, "metric 'bleu' needs real text pairs (data.text_pairs), not data.synthetic"),
+        (
+            {"text_pairs": {"train": "qa.jsonl", "source_column": "question", "target_column": "reply"}},
+            "column 'reply' is not in it",
+        ),
+        (
+            {"synthetic": {}, "metric": "bleu"},
+            "metric 'bleu' needs real text pairs (data.text_pairs), not data.synthetic",
+        ),
     ]:
         metric = data.pop("metric", None)
         path = write_scenario(tmp_path, {**base, "data": data, **({"metric": metric} if metric else {})})
@@ -207,8 +267,9 @@ def test_pair_file_problems_are_one_line_before_launch(tmp_path):
 
 @needs_transformers
 def test_seq2seq_run_reports_bleu_on_two_ranks(tmp_path):
-    proc = zbench("run", "scenarios/seq2seq_tiny.yaml", "--variants", "ddp,zero3", "--out", str(tmp_path),
-                  "--wandb", "off")
+    proc = zbench(
+        "run", "scenarios/seq2seq_tiny.yaml", "--variants", "ddp,zero3", "--out", str(tmp_path), "--wandb", "off"
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = table(proc.stdout)
     assert set(rows) == {"ddp", "zero3"}

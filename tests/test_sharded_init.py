@@ -11,6 +11,8 @@ from dist_harness import run_ranks
 from init_workers import LARGE, build, large_under_limit, sharded_state
 from zbench.models.gpt import GPT, GPTConfig
 
+pytestmark = pytest.mark.slow  # spawned ranks or whole runs: outside the fast tier (-m 'not slow')
+
 
 def _eager(kind: str) -> tuple[dict, torch.Tensor]:
     torch.manual_seed(100)  # rank 0's seed in sharded_state

@@ -12,6 +12,9 @@ from zbench import estimate as est
 from zbench.models.configs import load_arch
 from zbench.models.factory import build_model
 from zbench.worker import _sharded_init
+import pytest
+
+pytestmark = pytest.mark.slow  # spawned ranks or whole runs: outside the fast tier (-m 'not slow')
 
 
 def _rss() -> int:

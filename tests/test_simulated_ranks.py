@@ -17,6 +17,8 @@ from helpers import TINY, one_line_error, printed, table, tiny_scenario, zbench
 from parity_workers import ds_config, make_model, train_local
 from zero_core import comm
 
+pytestmark = pytest.mark.slow  # spawned ranks or whole runs: outside the fast tier (-m 'not slow')
+
 
 @contextlib.contextmanager
 def fake_world(rank: int = 0):
@@ -76,9 +78,18 @@ def test_the_engine_holds_one_quarter_of_the_states_and_trains(stage):
 
 
 def _scenario(tmp_path: pathlib.Path) -> str:
-    return tiny_scenario(tmp_path, "sim", [{"name": "ddp", "engine": "ddp"}, {"name": "zero2", "engine": "zero", "stage": 2},
-                                           {"name": "zero3", "engine": "zero", "stage": 3}, {"name": "fsdp2", "engine": "fsdp2"},
-                                           {"name": "ds-zero2", "engine": "deepspeed", "stage": 2}], samples=64)
+    return tiny_scenario(
+        tmp_path,
+        "sim",
+        [
+            {"name": "ddp", "engine": "ddp"},
+            {"name": "zero2", "engine": "zero", "stage": 2},
+            {"name": "zero3", "engine": "zero", "stage": 3},
+            {"name": "fsdp2", "engine": "fsdp2"},
+            {"name": "ds-zero2", "engine": "deepspeed", "stage": 2},
+        ],
+        samples=64,
+    )
 
 
 def test_run_simulates_every_variant_in_one_process(tmp_path):
@@ -104,10 +115,13 @@ def test_run_simulates_every_variant_in_one_process(tmp_path):
     assert ranks == ["0"], ranks  # one process stood for the 4 ranks
 
 
-@pytest.mark.parametrize("args, message", [
-    (("--simulate-ranks", "4", "--gpus", "2"), "drop --gpus and --nnodes"),
-    (("--simulate-ranks", "1"), "1 is not in the range"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--simulate-ranks", "4", "--gpus", "2"), "drop --gpus and --nnodes"),
+        (("--simulate-ranks", "1"), "1 is not in the range"),
+    ],
+)
 def test_simulation_flags_that_cannot_apply_are_one_line_errors(tmp_path, args, message):
     proc = zbench("run", _scenario(tmp_path), *args, "--out", str(tmp_path / "runs"), "--wandb", "off")
     line = one_line_error(proc)

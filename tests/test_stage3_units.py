@@ -17,7 +17,12 @@ def test_units_are_blocks_plus_one_root_unit():
     names = [tuple(s.name for s in g.slots) for g in engine.layout.groups]
     block0 = [n for n in names if n[0].startswith("blocks.0.")]
     assert len(block0) == 1 and len(block0[0]) == 11  # every trainable tensor of block 0 (ln1.bias is frozen)
-    assert names[0] == ("wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias")  # the root unit; the tied head has no copy
+    assert names[0] == (
+        "wte.weight",
+        "wpe.weight",
+        "ln_f.weight",
+        "ln_f.bias",
+    )  # the root unit; the tied head has no copy
     assert len(names) == 1 + len(engine.module.blocks)
 
 
@@ -40,8 +45,12 @@ def test_parameter_read_outside_its_module_forward():
     ref = Reader()
     model = Reader()
     model.load_state_dict(ref.state_dict())
-    cfg = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
-           "gradient_clipping": 0.0, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
+    cfg = {
+        "train_micro_batch_size_per_gpu": 2,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
+        "gradient_clipping": 0.0,
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+    }
     engine = zero_core.initialize(model, cfg)
     opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.01)
     x = torch.randn(2, 4)

@@ -11,6 +11,8 @@ import torch
 from dist_harness import run_ranks
 from parity_workers import ds_config, make_batches, make_model
 
+pytestmark = pytest.mark.slow  # spawned ranks or whole runs: outside the fast tier (-m 'not slow')
+
 
 STARTED: list[str] = []  # the order the gathers were started in (this process)
 
@@ -53,14 +55,25 @@ def _train(rank: int, world: int, stage: int, overlap: bool, sabotage: bool = Fa
         in_flight_after_step.append(engine.strategy.deferred.in_flight if engine.strategy.deferred is not None else 0)
     state_via_module = {k: v.float().clone() for k, v in engine.module.state_dict().items()}  # waits (state_dict hook)
     first_step = STARTED[: len(engine.layout.groups)]
-    root = sorted({engine.layout.slots[i].group for i, p in enumerate(engine.params)
-                   if any(p is q for q in engine.module._parameters.values())
-                   or any(p is q for m in (engine.module.wte, engine.module.wpe, engine.module.ln_f) for q in m.parameters())})
-    out = {"losses": losses, "in_flight": in_flight_after_step, "buckets": len(engine.layout.groups),
-           "first_step": [int(w.split("bucket ")[1].rstrip(")")) for w in first_step], "root_buckets": root,
-           "layout_names": [s.name for s in engine.layout.slots],
-           "model_names": [n for n, p in engine.module.named_parameters() if p.requires_grad],
-           "module_state": state_via_module, "state": engine.full_state_dict()}
+    root = sorted(
+        {
+            engine.layout.slots[i].group
+            for i, p in enumerate(engine.params)
+            if any(p is q for q in engine.module._parameters.values())
+            or any(p is q for m in (engine.module.wte, engine.module.wpe, engine.module.ln_f) for q in m.parameters())
+        }
+    )
+    out = {
+        "losses": losses,
+        "in_flight": in_flight_after_step,
+        "buckets": len(engine.layout.groups),
+        "first_step": [int(w.split("bucket ")[1].rstrip(")")) for w in first_step],
+        "root_buckets": root,
+        "layout_names": [s.name for s in engine.layout.slots],
+        "model_names": [n for n, p in engine.module.named_parameters() if p.requires_grad],
+        "module_state": state_via_module,
+        "state": engine.full_state_dict(),
+    }
     engine.close()
     return out
 
@@ -77,7 +90,9 @@ def test_deferred_weight_gather_matches_gathering_at_step_end(stage):
     root = deferred["root_buckets"]
     assert 0 < len(root) < deferred["buckets"] and root[-1] == deferred["buckets"] - 1  # ln_f sits in the last bucket
     assert deferred["first_step"] == root + [b for b in range(deferred["buckets"]) if b not in root]
-    assert deferred["layout_names"] == deferred["model_names"]  # buckets keep the model's order (backward frees them in turn)
+    assert (
+        deferred["layout_names"] == deferred["model_names"]
+    )  # buckets keep the model's order (backward frees them in turn)
     for k, v in eager["state"].items():
         assert torch.equal(deferred["state"][k], v), k
     for k, v in eager["module_state"].items():
@@ -99,10 +114,19 @@ def test_stage3_gathering_from_the_fp32_master_equals_keeping_a_16bit_copy(dtype
     skipped fp16 steps included."""
     from parity_workers import zero_train
 
-    base = {"stage": 3, "dtype": dtype, "micro": 2, "gas": 2, "steps": 4, "clip": 1.0, "inject_inf_at": 3,
-            "zero": {"stage3_param_persistence_threshold": 0}}
-    cast, copy = run_ranks(zero_train, 2, [{**base, "zero_core": {"stage3_gather_from_master": flag}}
-                                           for flag in (True, False)])
+    base = {
+        "stage": 3,
+        "dtype": dtype,
+        "micro": 2,
+        "gas": 2,
+        "steps": 4,
+        "clip": 1.0,
+        "inject_inf_at": 3,
+        "zero": {"stage3_param_persistence_threshold": 0},
+    }
+    cast, copy = run_ranks(
+        zero_train, 2, [{**base, "zero_core": {"stage3_gather_from_master": flag}} for flag in (True, False)]
+    )
     assert cast["skipped"] == copy["skipped"] >= 1
     assert cast["losses"] == copy["losses"]
     for k, v in copy["state"].items():
@@ -125,11 +149,15 @@ class _FakeSide:
                 yield
             finally:
                 self.active = False
+
         return ctx()
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="fakes CUDA streams on a CPU-only engine; a GPU machine would "
-                    "give the engine real CUDA tensors (the ZB_TEST_DEVICE=cuda tests cover the real streams)")
+@pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="fakes CUDA streams on a CPU-only engine; a GPU machine would "
+    "give the engine real CUDA tensors (the ZB_TEST_DEVICE=cuda tests cover the real streams)",
+)
 def test_stage3_prefetched_shards_are_made_on_the_stream_that_gathers_them(monkeypatch):
     """A shard cast from the master on the compute stream and read by the side stream's all-gather can
     have its memory reused mid-gather (what broke the first GPU run): prefetches must build it on the
@@ -180,8 +208,15 @@ def test_stage2_training_repeats_bitwise(overlap):
     gathers): the exact comparisons of this file rely on it, and a stale read would break it."""
     from parity_workers import zero_train
 
-    case = {"stage": 2, "dtype": "fp32", "micro": 2, "gas": 2, "steps": 4, "clip": 1.0,
-            "zero_core": {"overlap_weight_gather": overlap}}
+    case = {
+        "stage": 2,
+        "dtype": "fp32",
+        "micro": 2,
+        "gas": 2,
+        "steps": 4,
+        "clip": 1.0,
+        "zero_core": {"overlap_weight_gather": overlap},
+    }
     first, second = run_ranks(zero_train, 2, [case, case])
     assert first["losses"] == second["losses"]
     for k, v in first["state"].items():

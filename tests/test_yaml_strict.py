@@ -34,7 +34,9 @@ def test_plain_data_and_yaml_1_2_numbers(tmp_path):
 
 
 def test_duplicate_keys_are_named_with_both_lines(tmp_path):
-    assert "has the key 'seq_len' twice in one mapping (lines 1 and 3); keep one" in refused(tmp_path, "seq_len: 1\na: 2\nseq_len: 3\n")
+    assert "has the key 'seq_len' twice in one mapping (lines 1 and 3); keep one" in refused(
+        tmp_path, "seq_len: 1\na: 2\nseq_len: 3\n"
+    )
     assert "has the key 'x' twice" in refused(tmp_path, "m: {x: 1, y: 2, x: 3}\n")
 
 
@@ -50,8 +52,11 @@ def _bomb(levels: int) -> str:
 
 def test_alias_bomb_is_refused_before_anything_is_built(tmp_path, monkeypatch):
     built = []
-    monkeypatch.setattr(yaml_strict._StrictLoader, "construct_document",
-                        lambda self, node: built.append(node) or yaml.SafeLoader.construct_document(self, node))
+    monkeypatch.setattr(
+        yaml_strict._StrictLoader,
+        "construct_document",
+        lambda self, node: built.append(node) or yaml.SafeLoader.construct_document(self, node),
+    )
     assert f"expands to more than {MAX_NODES:,} values through its aliases" in refused(tmp_path, _bomb(12))  # 9**12
     assert built == []  # refused from the node graph: nothing constructed, let alone expanded
     assert len(load(tmp_path, _bomb(4))["l3"]) == 9  # 9**4 values: a legitimate use of aliases still loads

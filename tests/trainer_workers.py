@@ -25,12 +25,28 @@ def tiny_model(kind: str) -> torch.nn.Module:
 
     torch.manual_seed(0)
     if kind == "gpt2":
-        cfg = transformers.GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=32, n_layer=2, n_head=2,
-                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        cfg = transformers.GPT2Config(
+            vocab_size=VOCAB,
+            n_positions=SEQ,
+            n_embd=32,
+            n_layer=2,
+            n_head=2,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
         return transformers.GPT2LMHeadModel(cfg)
-    cfg = transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                  intermediate_size=64, max_position_embeddings=SEQ, num_labels=2,
-                                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    cfg = transformers.BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=SEQ,
+        num_labels=2,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     return transformers.BertForSequenceClassification(cfg)
 
 
@@ -78,25 +94,58 @@ def warmup_lr_factor(step: int) -> float:
     import zero_core
     from zero_core.lr_schedules import make_lr_schedule
 
-    cfg = zero_core.load_config({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {"lr": LR}},
-                                 "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": LR,
-                                                                              "warmup_num_steps": WARMUP}}}, 1)
+    cfg = zero_core.load_config(
+        {
+            "train_micro_batch_size_per_gpu": 1,
+            "optimizer": {"type": "AdamW", "params": {"lr": LR}},
+            "scheduler": {
+                "type": "WarmupLR",
+                "params": {"warmup_min_lr": 0, "warmup_max_lr": LR, "warmup_num_steps": WARMUP},
+            },
+        },
+        1,
+    )
     return float(make_lr_schedule(cfg)(torch.tensor(float(step)))[0]) / LR
 
 
 def arguments(cls: type, out: str, world: int, seed_config: str | None, **extra) -> object:
-    kwargs = dict(output_dir=out, per_device_train_batch_size=GLOBAL_MICRO // world, gradient_accumulation_steps=GAS,
-                  per_device_eval_batch_size=4, learning_rate=LR, weight_decay=0.1, warmup_steps=WARMUP,
-                  num_train_epochs=2, logging_steps=1, save_strategy="no", eval_strategy="steps", eval_steps=4,
-                  use_cpu=True, ddp_backend="gloo", report_to=[], seed=0, disable_tqdm=True, max_grad_norm=1.0)
+    kwargs = dict(
+        output_dir=out,
+        per_device_train_batch_size=GLOBAL_MICRO // world,
+        gradient_accumulation_steps=GAS,
+        per_device_eval_batch_size=4,
+        learning_rate=LR,
+        weight_decay=0.1,
+        warmup_steps=WARMUP,
+        num_train_epochs=2,
+        logging_steps=1,
+        save_strategy="no",
+        eval_strategy="steps",
+        eval_steps=4,
+        use_cpu=True,
+        ddp_backend="gloo",
+        report_to=[],
+        seed=0,
+        disable_tqdm=True,
+        max_grad_norm=1.0,
+    )
     kwargs.update(extra)
     if seed_config is not None:
         kwargs["deepspeed"] = str(SEEDS / seed_config)
     return cls(**kwargs)
 
 
-def run(rank: int, world: int, mode: str, kind: str, seed_config: str | None, out: str, extra: dict,
-        resume: str | None = None, save_to: str | None = None) -> dict:
+def run(
+    rank: int,
+    world: int,
+    mode: str,
+    kind: str,
+    seed_config: str | None,
+    out: str,
+    extra: dict,
+    resume: str | None = None,
+    save_to: str | None = None,
+) -> dict:
     """mode "ddp": transformers.Trainer; "zero": ZeroTrainer with the seed config. Returns the global losses,
     eval losses, final weights and (with save_to) what from_pretrained reads back from save_model()."""
     import transformers
@@ -110,13 +159,20 @@ def run(rank: int, world: int, mode: str, kind: str, seed_config: str | None, ou
     else:
         trainer_cls = recording(transformers.Trainer, config_schedule=uses_config_schedule)
         args = arguments(transformers.TrainingArguments, out, world, None, **extra)
-    trainer = trainer_cls(model=model, args=args, train_dataset=Samples(kind, SAMPLES, 1),
-                          eval_dataset=Samples(kind, 8, 2))
+    trainer = trainer_cls(
+        model=model, args=args, train_dataset=Samples(kind, SAMPLES, 1), eval_dataset=Samples(kind, 8, 2)
+    )
     trainer.train(resume_from_checkpoint=resume)
-    weights = trainer.engine.full_state_dict() if mode == "zero" else {
-        k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
-    result = {"losses": global_losses(trainer.losses, world), "weights": weights,
-              "eval": [h["eval_loss"] for h in trainer.state.log_history if "eval_loss" in h]}
+    weights = (
+        trainer.engine.full_state_dict()
+        if mode == "zero"
+        else {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+    )
+    result = {
+        "losses": global_losses(trainer.losses, world),
+        "weights": weights,
+        "eval": [h["eval_loss"] for h in trainer.state.log_history if "eval_loss" in h],
+    }
     if save_to is not None:
         trainer.save_model(save_to)
         if rank == 0:
@@ -128,8 +184,10 @@ def run(rank: int, world: int, mode: str, kind: str, seed_config: str | None, ou
 
 def parity(rank: int, world: int, kind: str, seed_config: str, out: str, extra: dict) -> dict:
     """The DDP reference and ZeroTrainer (which also saves its model) in the same ranks, one after the other."""
-    return {"ddp": run(rank, world, "ddp", kind, seed_config, f"{out}/ddp", extra),
-            "zero": run(rank, world, "zero", kind, seed_config, f"{out}/zero", extra, save_to=f"{out}/saved")}
+    return {
+        "ddp": run(rank, world, "ddp", kind, seed_config, f"{out}/ddp", extra),
+        "zero": run(rank, world, "zero", kind, seed_config, f"{out}/zero", extra, save_to=f"{out}/saved"),
+    }
 
 
 def global_losses(losses: list[float], world: int) -> list[float]:

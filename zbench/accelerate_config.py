@@ -82,8 +82,14 @@ class AccelerateConfig(_Strict):
     tpu_use_sudo: bool | None = None
 
 
-_PLUGIN_ONLY = ("zero_stage", "offload_optimizer_device", "offload_param_device", "gradient_accumulation_steps",
-                "gradient_clipping", "zero3_save_16bit_model")
+_PLUGIN_ONLY = (
+    "zero_stage",
+    "offload_optimizer_device",
+    "offload_param_device",
+    "gradient_accumulation_steps",
+    "gradient_clipping",
+    "zero3_save_16bit_model",
+)
 
 
 def load_accelerate_config(path: str) -> dict[str, Any]:
@@ -94,8 +100,10 @@ def load_accelerate_config(path: str) -> dict[str, Any]:
     except ValidationError as err:
         raise ConfigError(f"accelerate_config {path}: {from_validation_error(err, AccelerateConfig)}") from None
     if acc.distributed_type.upper() != "DEEPSPEED":
-        raise ConfigError(f"accelerate_config {path} has distributed_type {acc.distributed_type!r}; only DEEPSPEED "
-                          "configs translate to a ZeRO variant")
+        raise ConfigError(
+            f"accelerate_config {path} has distributed_type {acc.distributed_type!r}; only DEEPSPEED "
+            "configs translate to a ZeRO variant"
+        )
     return translate(acc, os.path.dirname(os.path.abspath(path)))
 
 
@@ -106,15 +114,19 @@ def translate(acc: AccelerateConfig, base_dir: str) -> dict[str, Any]:
     if ds.deepspeed_config_file:
         given = [k for k in _PLUGIN_ONLY if getattr(ds, k) is not None]
         if given:
-            raise ConfigError(f"accelerate_config: deepspeed_config.{given[0]} cannot be combined with deepspeed_config_file "
-                              "(Accelerate refuses it too); move it into the JSON file")
+            raise ConfigError(
+                f"accelerate_config: deepspeed_config.{given[0]} cannot be combined with deepspeed_config_file "
+                "(Accelerate refuses it too); move it into the JSON file"
+            )
         path = ds.deepspeed_config_file
         path = path if os.path.isabs(path) else os.path.join(base_dir, path)
         try:
             with open(path, encoding="utf-8") as f:
                 out = json.load(f)
         except (OSError, json.JSONDecodeError) as e:
-            raise ConfigError(f"accelerate_config: cannot read deepspeed_config_file {path}: {e}; fix the path") from None
+            raise ConfigError(
+                f"accelerate_config: cannot read deepspeed_config_file {path}: {e}; fix the path"
+            ) from None
     else:
         zero: dict[str, Any] = {"stage": 2 if ds.zero_stage is None else ds.zero_stage}
         for part in ("optimizer", "param"):

@@ -46,8 +46,14 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def _step(forward: Callable[[Any], Any], backward: Callable[[Any], None], step: Callable[[], None], d: int, dev: Any,
-          dtype: Any = None) -> None:
+def _step(
+    forward: Callable[[Any], Any],
+    backward: Callable[[Any], None],
+    step: Callable[[], None],
+    d: int,
+    dev: Any,
+    dtype: Any = None,
+) -> None:
     import torch
 
     if dtype is None:  # bf16 weights take bf16 inputs (nothing autocasts here)
@@ -63,22 +69,39 @@ def _zero_core(model: Any, root: Path, cuda: bool, rows: list) -> Path:
 
     import zero_core
 
-    cfg = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2}, "bf16": {"enabled": cuda},
-           "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}}
+    cfg = {
+        "train_micro_batch_size_per_gpu": 4,
+        "zero_optimization": {"stage": 2},
+        "bf16": {"enabled": cuda},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+    }
     engine = zero_core.initialize(copy.deepcopy(model), cfg)
-    _step(engine, engine.backward, engine.step, model[0].in_features, engine.device,
-          torch.bfloat16 if cuda else torch.float32)
+    _step(
+        engine,
+        engine.backward,
+        engine.step,
+        model[0].in_features,
+        engine.device,
+        torch.bfloat16 if cuda else torch.float32,
+    )
     secs, folder = _timed(lambda: engine.save_checkpoint(root / "zero_core", tag="sync"))
     size = _size(folder)
     rows.append(("zero_core", "save (sync, durable)", secs, size))
     blocked, _ = _timed(lambda: engine.save_checkpoint(root / "zero_core", tag="async", async_save=True))
-    rows.append(("zero_core", f"save (async): training blocked ({engine._async_saver.buffers.nbytes / 2**30:.2f} GiB buffers)", blocked, size))
+    rows.append(
+        (
+            "zero_core",
+            f"save (async): training blocked ({engine._async_saver.buffers.nbytes / 2**30:.2f} GiB buffers)",
+            blocked,
+            size,
+        )
+    )
     rest, _ = _timed(engine.wait_for_checkpoint)
     rows.append(("zero_core", "save (async): durable after", blocked + rest, size))
     drop_cached([folder])
     secs, _ = _timed(lambda: (engine.load_checkpoint(root / "zero_core", tag="sync"), _sync()))
     rows.append(("zero_core", "load (cold cache)", secs, size))
-    del engine
+    engine = None  # frees it (the timed lambdas above are done with it)
     torch.cuda.empty_cache() if cuda else None
     return folder
 
@@ -91,8 +114,11 @@ def _convert(folder: Path, root: Path, rows: list) -> None:
 
     drop_cached([folder])
     source = open_source(folder)
-    secs, files = _timed(lambda: write_consolidated(source, root / "converted", torch.float32, 5 * 10**9, progress=False,
-                                                    verify=source.verify))
+    secs, files = _timed(
+        lambda: write_consolidated(
+            source, root / "converted", torch.float32, 5 * 10**9, progress=False, verify=source.verify
+        )
+    )
     rows.append(("zbench convert", "to fp32 safetensors, verified (cold cache)", secs, _size(folder)))
 
 
@@ -123,12 +149,23 @@ def _deepspeed(model: Any, root: Path, cuda: bool, rows: list) -> None:
     except ImportError:
         return
     import torch
-    cfg = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2}, "bf16": {"enabled": cuda},
-           "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}}}  # FusedAdam needs a JIT build
+
+    cfg = {
+        "train_micro_batch_size_per_gpu": 4,
+        "zero_optimization": {"stage": 2},
+        "bf16": {"enabled": cuda},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
+    }  # FusedAdam needs a JIT build
     m = copy.deepcopy(model)
     engine, *_ = deepspeed.initialize(model=m, model_parameters=m.parameters(), config=cfg)
-    _step(engine, engine.backward, engine.step, model[0].in_features, engine.device,
-          torch.bfloat16 if cuda else torch.float32)
+    _step(
+        engine,
+        engine.backward,
+        engine.step,
+        model[0].in_features,
+        engine.device,
+        torch.bfloat16 if cuda else torch.float32,
+    )
     secs, _ = _timed(lambda: (engine.save_checkpoint(str(root / "deepspeed"), tag="sync"), _sync()))
     size = _size(root / "deepspeed")
     rows.append(("DeepSpeed", "save (sync; no fsync)", secs, size))
@@ -169,6 +206,11 @@ def run(params: int, folder: Path | None) -> tuple[list[tuple[str, str, float, i
         _deepspeed(model, root, cuda, rows)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    info = {"device": torch.cuda.get_device_name(0) if cuda else "cpu", "params": sum(p.numel() for p in model.parameters()),
-            "torch": torch.__version__, "folder": str(root.parent), **floor}
+    info = {
+        "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+        "params": sum(p.numel() for p in model.parameters()),
+        "torch": torch.__version__,
+        "folder": str(root.parent),
+        **floor,
+    }
     return rows, info

@@ -44,27 +44,43 @@ def _numel(text: str) -> int:
     except ValueError:
         number = math.nan
     if not (math.isfinite(number) and number.is_integer() and 1 <= number <= MAX_NUMEL):
-        raise _fail(f"--numel {text!r} is not a whole number of elements from 1 to {MAX_NUMEL:,} (1e10); write e.g. "
-                    "1e9 or 1000000")
+        raise _fail(
+            f"--numel {text!r} is not a whole number of elements from 1 to {MAX_NUMEL:,} (1e10); write e.g. "
+            "1e9 or 1000000"
+        )
     return int(number)
 
 
 # name: (module, command, the one-line help `zbench --help` lists without importing the module)
 LAZY = {
     "run": ("zbench.cli_run", "run", "Run every variant of SCENARIO (a YAML file) and print the comparison table."),
-    "report": ("zbench.cli_run", "report",
-               "Rewrite table.md, results.csv and the plots of RUN_DIR from its results.json; print the table."),
-    "estimate": ("zbench.cli_run", "estimate",
-                 "Memory per GPU and per CPU for each ZeRO stage and offload choice (DeepSpeed's estimator)."),
-    "convert": ("zbench.cli_checkpoints", "convert", "Convert checkpoint SRC into consolidated safetensors (fp32/bf16/fp16) "
-                "or a resharded zbench checkpoint."),
-    "inspect": ("zbench.cli_checkpoints", "inspect", "Say what checkpoint SRC is (kind, step, stage, world size, params, "
-                "dtypes, size) and check its files."),
+    "report": (
+        "zbench.cli_run",
+        "report",
+        "Rewrite table.md, results.csv and the plots of RUN_DIR from its results.json; print the table.",
+    ),
+    "estimate": (
+        "zbench.cli_run",
+        "estimate",
+        "Memory per GPU and per CPU for each ZeRO stage and offload choice (DeepSpeed's estimator).",
+    ),
+    "convert": (
+        "zbench.cli_checkpoints",
+        "convert",
+        "Convert checkpoint SRC into consolidated safetensors (fp32/bf16/fp16) or a resharded zbench checkpoint.",
+    ),
+    "inspect": (
+        "zbench.cli_checkpoints",
+        "inspect",
+        "Say what checkpoint SRC is (kind, step, stage, world size, params, dtypes, size) and check its files.",
+    ),
 }
 
 
-BENCH_CHECKPOINT_HELP = ("Save, async save, load and convert one rank's training state: zero_core, DCP and DeepSpeed "
-                         "(where installed), beside the disk's O_DIRECT write/read floor measured in the same run.")
+BENCH_CHECKPOINT_HELP = (
+    "Save, async save, load and convert one rank's training state: zero_core, DCP and DeepSpeed "
+    "(where installed), beside the disk's O_DIRECT write/read floor measured in the same run."
+)
 
 
 @click.group(cls=LazyGroup, lazy=LAZY)
@@ -74,22 +90,65 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--gpus", "nproc", default=2, show_default=True, type=click.IntRange(1, MAX_RANKS), help="Local ranks (GPUs, or CPU processes without GPUs).")
-@click.option("--stage", default=2, show_default=True, type=click.IntRange(0, 3), help="ZeRO stage (with --config: only if typed; the config's own stage must agree).")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="DeepSpeed-style JSON config; the flags you type fill its \"auto\" values.")
+@click.option(
+    "--gpus",
+    "nproc",
+    default=2,
+    show_default=True,
+    type=click.IntRange(1, MAX_RANKS),
+    help="Local ranks (GPUs, or CPU processes without GPUs).",
+)
+@click.option(
+    "--stage",
+    default=2,
+    show_default=True,
+    type=click.IntRange(0, 3),
+    help="ZeRO stage (with --config: only if typed; the config's own stage must agree).",
+)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    help='DeepSpeed-style JSON config; the flags you type fill its "auto" values.',
+)
 @click.option("--steps", default=30, show_default=True, type=click.IntRange(1, MAX_STEPS))
 @click.option("--micro-batch", default=4, show_default=True, type=click.IntRange(1, MAX_BATCH))
-@click.option("--grad-accum", default=1, show_default=True, type=click.IntRange(1, MAX_BATCH), help="Gradient accumulation steps.")
+@click.option(
+    "--grad-accum", default=1, show_default=True, type=click.IntRange(1, MAX_BATCH), help="Gradient accumulation steps."
+)
 @click.option("--seq-len", default=32, show_default=True, type=click.IntRange(1, MAX_SEQ))
 @click.option("--precision", default="fp32", show_default=True, type=click.Choice(["fp32", "bf16", "fp16"]))
-@click.option("--model", "preset", default="tiny", show_default=True, type=click.Choice(gpt_names()),
-              help="A shipped GPT shape (random init).")
+@click.option(
+    "--model",
+    "preset",
+    default="tiny",
+    show_default=True,
+    type=click.Choice(gpt_names()),
+    help="A shipped GPT shape (random init).",
+)
 @click.option("--lr", default=3e-3, show_default=True, type=_FiniteFloat(), help="AdamW learning rate.")
-@click.option("--warmup", default=0, show_default=True, type=click.IntRange(0, MAX_STEPS),
-              help="Untimed steps before the timed ones; with --config also the lr warm-up steps (warmup_num_steps).")
+@click.option(
+    "--warmup",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0, MAX_STEPS),
+    help="Untimed steps before the timed ones; with --config also the lr warm-up steps (warmup_num_steps).",
+)
 @click.pass_context
-def train(ctx: click.Context, nproc: int, stage: int, config_path: str | None, steps: int, micro_batch: int,
-          grad_accum: int, seq_len: int, precision: str, preset: str, lr: float, warmup: int) -> None:
+def train(
+    ctx: click.Context,
+    nproc: int,
+    stage: int,
+    config_path: str | None,
+    steps: int,
+    micro_batch: int,
+    grad_accum: int,
+    seq_len: int,
+    precision: str,
+    preset: str,
+    lr: float,
+    warmup: int,
+) -> None:
     """Train a tiny GPT on synthetic tokens with zero_core (CPU-friendly default).
 
     With --config, the flags you type fill the config's "auto" values as Hugging Face's Trainer does
@@ -107,10 +166,12 @@ def train(ctx: click.Context, nproc: int, stage: int, config_path: str | None, s
                 open(config_path, "rb").close()
             except OSError as e:
                 raise _fail(f"cannot read --config {config_path}: {e.strerror}; pass an existing DeepSpeed JSON file")
-            typed = frozenset(name for name in ctx.params
-                              if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE)
-            flags = TrainFlags(nproc, stage, steps, micro_batch, grad_accum, precision, lr, warmup, preset, arch.n_embd,
-                               typed)
+            typed = frozenset(
+                name for name in ctx.params if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+            )
+            flags = TrainFlags(
+                nproc, stage, steps, micro_batch, grad_accum, precision, lr, warmup, preset, arch.n_embd, typed
+            )
             ds_config, filled = config_from_flags(config_path, flags)
         else:
             ds_config, filled = default_ds_config(stage, micro_batch, precision, lr, grad_accum), []
@@ -148,8 +209,9 @@ def train(ctx: click.Context, nproc: int, stage: int, config_path: str | None, s
         click.echo(f"breakdown (rank 0, ms/step): {format_breakdown(summary['breakdown'])}")
 
 
-@main.group(cls=LazyGroup, lazy={"checkpoint": ("zbench.cli_bench_checkpoint", "bench_checkpoint_cmd",
-                                                 BENCH_CHECKPOINT_HELP)})
+@main.group(
+    cls=LazyGroup, lazy={"checkpoint": ("zbench.cli_bench_checkpoint", "bench_checkpoint_cmd", BENCH_CHECKPOINT_HELP)}
+)
 def bench() -> None:
     """Micro-benchmarks."""
 

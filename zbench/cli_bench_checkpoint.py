@@ -1,4 +1,5 @@
-"""`zbench bench checkpoint`: the command, its rich table and its markdown record (measurements: bench_checkpoint.py)."""
+"""`zbench bench checkpoint`: the command, its rich table and its markdown record
+(measurements: bench_checkpoint.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,16 @@ def _rows(rows: list, info: dict) -> list[list[str]]:
         rate = nbytes / secs / 1e9 if secs > 0 else float("inf")
         floor = info["read_gbs"] if "load" in what or "convert" in system else info["write_gbs"]
         blocked = "blocked" in what  # the time training waited, not an I/O rate
-        out.append([system, what, f"{nbytes / 1e9:.2f}", f"{secs:.2f}", "-" if blocked else f"{rate:.2f}",
-                    "-" if blocked else f"{100 * rate / floor:.0f}%"])
+        out.append(
+            [
+                system,
+                what,
+                f"{nbytes / 1e9:.2f}",
+                f"{secs:.2f}",
+                "-" if blocked else f"{rate:.2f}",
+                "-" if blocked else f"{100 * rate / floor:.0f}%",
+            ]
+        )
     return out
 
 
@@ -24,22 +33,40 @@ HEADER = ["system", "operation", "GB", "seconds", "GB/s", "of disk floor"]
 
 
 def markdown(rows: list, info: dict, command: str) -> str:
-    lines = [f"# Checkpoint I/O, one rank: zero_core beside DCP and DeepSpeed ({datetime.date.today()})", "",
-             f"- Command: `{command}`", f"- Device: {info['device']}; host {platform.node()}, {platform.processor() or platform.machine()}",
-             f"- torch {info['torch']}; model {info['params']:,} parameters (square Linear layers), one AdamW step",
-             f"- Disk floor in {info['folder']} ({'O_DIRECT' if info['o_direct'] else 'buffered + fsync, O_DIRECT refused'}): "
-             f"write {info['write_gbs']:.2f} GB/s, read {info['read_gbs']:.2f} GB/s", "",
-             "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines = [
+        f"# Checkpoint I/O, one rank: zero_core beside DCP and DeepSpeed ({datetime.date.today()})",
+        "",
+        f"- Command: `{command}`",
+        f"- Device: {info['device']}; host {platform.node()}, {platform.processor() or platform.machine()}",
+        f"- torch {info['torch']}; model {info['params']:,} parameters (square Linear layers), one AdamW step",
+        f"- Disk floor in {info['folder']} "
+        f"({'O_DIRECT' if info['o_direct'] else 'buffered + fsync, O_DIRECT refused'}): "
+        f"write {info['write_gbs']:.2f} GB/s, read {info['read_gbs']:.2f} GB/s",
+        "",
+        "| " + " | ".join(HEADER) + " |",
+        "|" + "---|" * len(HEADER),
+    ]
     lines += ["| " + " | ".join(r) + " |" for r in _rows(rows, info)]
     return "\n".join(lines) + "\n"
 
 
 @click.command("checkpoint")
-@click.option("--params", default=None, type=click.IntRange(1), help="Model parameters (default: 770M on a GPU, 20M on the CPU).")
-@click.option("--dir", "folder", default=None, type=click.Path(file_okay=False, path_type=Path),
-              help="Where to write the checkpoints (on the disk to measure; default: the temp folder).")
-@click.option("--record", default=None, type=click.Path(dir_okay=False, path_type=Path),
-              help="Markdown record to write (default: checkpoint_bench_<date>.md here).")
+@click.option(
+    "--params", default=None, type=click.IntRange(1), help="Model parameters (default: 770M on a GPU, 20M on the CPU)."
+)
+@click.option(
+    "--dir",
+    "folder",
+    default=None,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where to write the checkpoints (on the disk to measure; default: the temp folder).",
+)
+@click.option(
+    "--record",
+    default=None,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Markdown record to write (default: checkpoint_bench_<date>.md here).",
+)
 def bench_checkpoint_cmd(params: int | None, folder: Path | None, record: Path | None) -> None:
     """Save, async save, load and convert one rank's training state: zero_core, DCP and DeepSpeed (where
     installed), beside the disk's O_DIRECT write/read floor measured in the same run."""
@@ -61,8 +88,10 @@ def bench_checkpoint_cmd(params: int | None, folder: Path | None, record: Path |
     for r in _rows(rows, info):
         table.add_row(*r)
     Console().print(table)
-    click.echo(f"disk floor: write {info['write_gbs']:.2f} GB/s, read {info['read_gbs']:.2f} GB/s "
-               f"({'O_DIRECT' if info['o_direct'] else 'buffered'})")
+    click.echo(
+        f"disk floor: write {info['write_gbs']:.2f} GB/s, read {info['read_gbs']:.2f} GB/s "
+        f"({'O_DIRECT' if info['o_direct'] else 'buffered'})"
+    )
     record = record or Path(f"checkpoint_bench_{datetime.date.today()}.md")
     record.write_text(markdown(rows, info, "zbench " + " ".join(sys.argv[1:])), encoding="utf-8")
     click.echo(f"record written to {record}")

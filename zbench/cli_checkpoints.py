@@ -43,37 +43,73 @@ def _one_line() -> Iterator[None]:
     except CheckpointError as e:
         raise click.ClickException(str(e))
     except OSError as e:
-        raise click.ClickException(f"cannot read {e.filename or 'the checkpoint'}: {e.strerror or e}; "
-                                   "check the path and its permissions")
+        raise click.ClickException(
+            f"cannot read {e.filename or 'the checkpoint'}: {e.strerror or e}; check the path and its permissions"
+        )
 
 
-def _open(src: str, tag: str | None, kind: str | None, follow_symlinks: bool, key: str | None = None) -> CheckpointSource:
+def _open(
+    src: str, tag: str | None, kind: str | None, follow_symlinks: bool, key: str | None = None
+) -> CheckpointSource:
     with _one_line():
         return open_source(src, tag=tag, kind=kind, follow_symlinks=follow_symlinks, key=key)
 
 
-_KEY = click.option("--key", default=None, help="DCP: the dotted prefix of the model's entries (default: 'model', "
-                    "'<app>.model' or the top level).")
-_FOLLOW = click.option("--follow-symlinks", is_flag=True,
-                       help="Read through symbolic links inside SRC (refused by default: they may point anywhere).")
+_KEY = click.option(
+    "--key",
+    default=None,
+    help="DCP: the dotted prefix of the model's entries (default: 'model', '<app>.model' or the top level).",
+)
+_FOLLOW = click.option(
+    "--follow-symlinks",
+    is_flag=True,
+    help="Read through symbolic links inside SRC (refused by default: they may point anywhere).",
+)
 
 
 @click.command()
 @click.argument("src", type=click.Path())
-@click.option("--to", "to", required=True, type=click.Choice([*_DTYPES, "zbench"]), help="Output: consolidated safetensors in this dtype, or a zbench checkpoint.")
+@click.option(
+    "--to",
+    "to",
+    required=True,
+    type=click.Choice([*_DTYPES, "zbench"]),
+    help="Output: consolidated safetensors in this dtype, or a zbench checkpoint.",
+)
 @click.option("--out", required=True, type=click.Path(), help="Output folder (new or empty).")
-@click.option("--max-shard-size", default="5GB", show_default=True, help="Split the safetensors output into shards of at most this size.")
+@click.option(
+    "--max-shard-size",
+    default="5GB",
+    show_default=True,
+    help="Split the safetensors output into shards of at most this size.",
+)
 @click.option("--tag", default=None, help="Checkpoint tag folder inside SRC (default: the one named by SRC/latest).")
 @click.option("--from", "kind", default=None, type=click.Choice(kinds()), help="Source kind (default: detected).")
-@click.option("--world-size", default=None, type=click.IntRange(1), help="Ranks of the resharded checkpoint (--to zbench).")
+@click.option(
+    "--world-size", default=None, type=click.IntRange(1), help="Ranks of the resharded checkpoint (--to zbench)."
+)
 @click.option("--no-verify", is_flag=True, help="Skip the checksum/CRC check of the source files before converting.")
-@click.option("--hf-config", default=None, type=click.Path(),
-              help="A Hugging Face config.json for the output folder (default: the one beside SRC, if any).")
+@click.option(
+    "--hf-config",
+    default=None,
+    type=click.Path(),
+    help="A Hugging Face config.json for the output folder (default: the one beside SRC, if any).",
+)
 @_KEY
 @_FOLLOW
-def convert(src: str, to: str, out: str, max_shard_size: str, tag: str | None, kind: str | None,
-            world_size: int | None, no_verify: bool, hf_config: str | None, key: str | None,
-            follow_symlinks: bool) -> None:
+def convert(
+    src: str,
+    to: str,
+    out: str,
+    max_shard_size: str,
+    tag: str | None,
+    kind: str | None,
+    world_size: int | None,
+    no_verify: bool,
+    hf_config: str | None,
+    key: str | None,
+    follow_symlinks: bool,
+) -> None:
     """Convert checkpoint SRC into consolidated safetensors (fp32/bf16/fp16) or a resharded zbench checkpoint."""
     try:
         shard_bytes = parse_size(max_shard_size)
@@ -111,8 +147,15 @@ def convert(src: str, to: str, out: str, max_shard_size: str, tag: str | None, k
             written = reshard_to_zbench(source, out, world_size, protect=[src])
             click.echo(f"wrote a zbench checkpoint for {world_size} ranks to {written}")
             return
-        files = write_consolidated(source, out, _DTYPES[to], shard_bytes, progress=sys.stderr.isatty(), protect=[src],
-                                   verify=None if no_verify else source.verify)  # checked beside the conversion
+        files = write_consolidated(
+            source,
+            out,
+            _DTYPES[to],
+            shard_bytes,
+            progress=sys.stderr.isatty(),
+            protect=[src],
+            verify=None if no_verify else source.verify,
+        )  # checked beside the conversion
         tie_index(out)  # from_pretrained-loadable: tied names as save_pretrained writes them, and the HF files
         copied = copy_hf_files(src, out, hf_config)
     except CheckpointError as e:
@@ -122,13 +165,17 @@ def convert(src: str, to: str, out: str, max_shard_size: str, tag: str | None, k
     infos = source.params()
     tied = sum(1 for i in infos if i.tied_to)
     size = sum(f.stat().st_size for f in files)
-    click.echo(f"wrote {len(infos)} tensors ({tied} tied, stored once) as {to} in {len(files)} file(s), "
-               f"{_human(size)}, to {out}" + (f", with {', '.join(copied)}" if copied else ""))
+    click.echo(
+        f"wrote {len(infos)} tensors ({tied} tied, stored once) as {to} in {len(files)} file(s), "
+        f"{_human(size)}, to {out}" + (f", with {', '.join(copied)}" if copied else "")
+    )
 
 
 def _cannot_write(out: str, e: OSError) -> click.ClickException:
     what, kind = write_cause(e)
-    fix = {SPACE: "free space there or pass --out on another disk", ACCESS: "pass a writable --out"}.get(kind, "fix that")
+    fix = {SPACE: "free space there or pass --out on another disk", ACCESS: "pass a writable --out"}.get(
+        kind, "fix that"
+    )
     return click.ClickException(f"cannot write {out}: {what}; {fix}; nothing was written")
 
 
@@ -149,14 +196,23 @@ def inspect(src: str, tag: str | None, kind: str | None, as_json: bool, key: str
     if as_json:
         click.echo(json.dumps({**asdict(s), "tensors": len(infos), "problems": problems}, indent=2, default=str))
     else:
-        rows = [("kind", s.kind), ("path", s.path), ("step", s.step), ("stage", s.stage), ("world size", s.world_size),
-                ("tensors", f"{len(infos)} ({sum(1 for i in infos if i.tied_to)} tied, "
-                            f"{sum(1 for i in infos if not i.trainable and not i.tied_to)} frozen or buffers)"),
-                ("elements", f"{s.num_params:,} (tied counted once)"),
-                ("dtypes", ", ".join(f"{k} {v:,}" for k, v in s.dtypes.items())),
-                ("size on disk", _human(s.bytes_on_disk)),
-                *((k, v) for k, v in s.extra.items()),
-                ("integrity", "ok" if not problems else f"{len(problems)} problem(s)")]
+        rows = [
+            ("kind", s.kind),
+            ("path", s.path),
+            ("step", s.step),
+            ("stage", s.stage),
+            ("world size", s.world_size),
+            (
+                "tensors",
+                f"{len(infos)} ({sum(1 for i in infos if i.tied_to)} tied, "
+                f"{sum(1 for i in infos if not i.trainable and not i.tied_to)} frozen or buffers)",
+            ),
+            ("elements", f"{s.num_params:,} (tied counted once)"),
+            ("dtypes", ", ".join(f"{k} {v:,}" for k, v in s.dtypes.items())),
+            ("size on disk", _human(s.bytes_on_disk)),
+            *((k, v) for k, v in s.extra.items()),
+            ("integrity", "ok" if not problems else f"{len(problems)} problem(s)"),
+        ]
         width = max(len(k) for k, _ in rows) + 2
         for k, v in rows:
             click.echo(f"{k:<{width}}{'-' if v is None else v}")

@@ -23,23 +23,53 @@ MAX_PORT = 65_000  # leaves 535 ports above it for the launches of one run
 @click.argument("scenario", type=click.Path(dir_okay=False))
 @click.option("--variants", "only", help="Comma-separated variant names to run (default: all).")
 @click.option("--gpus", type=click.IntRange(1, MAX_RANKS), help="Ranks per node (default: the scenario's gpus).")
-@click.option("--out", default="runs", show_default=True, type=click.Path(file_okay=False), help="Parent of the run folder.")
-@click.option("--wandb", "wandb_mode", default="offline", show_default=True, type=click.Choice(["offline", "online", "off"]))
-@click.option("--resume", type=click.Path(file_okay=False, exists=True), help="Run folder to continue: finished variants are kept.")
+@click.option(
+    "--out", default="runs", show_default=True, type=click.Path(file_okay=False), help="Parent of the run folder."
+)
+@click.option(
+    "--wandb", "wandb_mode", default="offline", show_default=True, type=click.Choice(["offline", "online", "off"])
+)
+@click.option(
+    "--resume",
+    type=click.Path(file_okay=False, exists=True),
+    help="Run folder to continue: finished variants are kept.",
+)
 @click.option("--nnodes", default=1, show_default=True, type=click.IntRange(1, MAX_NODES), help="Nodes (as torchrun).")
-@click.option("--node-rank", default=0, show_default=True, type=click.IntRange(0, MAX_NODES - 1),
-              help="This node's rank (as torchrun).")
+@click.option(
+    "--node-rank",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0, MAX_NODES - 1),
+    help="This node's rank (as torchrun).",
+)
 @click.option("--rdzv-endpoint", help="HOST:PORT of node 0 for multi-node runs (each launch uses PORT + its index).")
 @click.option("--rdzv-backend", default="static", show_default=True, type=click.Choice(["static", "c10d"]))
 @click.option("--rdzv-id", default="zbench", show_default=True, help="Rendezvous id shared by the nodes (c10d).")
-@click.option("--simulate-ranks", "simulate", type=click.IntRange(2, MAX_RANKS),
-              help="Run each variant as rank 0 of N ranks in one process on one GPU (or the CPU): per-rank memory "
-                   "and max batch of an N-GPU run, without communication.")
+@click.option(
+    "--simulate-ranks",
+    "simulate",
+    type=click.IntRange(2, MAX_RANKS),
+    help="Run each variant as rank 0 of N ranks in one process on one GPU (or the CPU): per-rank memory "
+    "and max batch of an N-GPU run, without communication.",
+)
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 @click.pass_context
-def run(ctx: click.Context, scenario: str, only: str | None, gpus: int | None, out: str, wandb_mode: str,
-        resume: str | None, nnodes: int, node_rank: int, rdzv_endpoint: str | None, rdzv_backend: str, rdzv_id: str,
-        simulate: int | None, no_progress: bool) -> None:
+def run(
+    ctx: click.Context,
+    scenario: str,
+    only: str | None,
+    gpus: int | None,
+    out: str,
+    wandb_mode: str,
+    resume: str | None,
+    nnodes: int,
+    node_rank: int,
+    rdzv_endpoint: str | None,
+    rdzv_backend: str,
+    rdzv_id: str,
+    simulate: int | None,
+    no_progress: bool,
+) -> None:
     """Run every variant of SCENARIO (a YAML file) and print the comparison table."""
     from .launch import Nodes, RankFailure
     from .plan import build_plan
@@ -61,8 +91,12 @@ def run(ctx: click.Context, scenario: str, only: str | None, gpus: int | None, o
                     check_resume(resume, plan)
                 for note in plan.notes:
                     say(f"note: {note}")
-                runner = Runner(plan, RunOptions(out=out, wandb=wandb_mode, resume=resume, nodes=nodes,
-                                                 progress=not no_progress, fork_ok=True))  # this command ran no torch op
+                runner = Runner(
+                    plan,
+                    RunOptions(
+                        out=out, wandb=wandb_mode, resume=resume, nodes=nodes, progress=not no_progress, fork_ok=True
+                    ),
+                )  # this command ran no torch op
             except ValueError as e:  # zero_core's ConfigError and the scenario's errors: one line each
                 raise click.ClickException(str(e)) from None
             _check_writable(runner.run_dir, "--resume" if resume else "--out")
@@ -72,18 +106,29 @@ def run(ctx: click.Context, scenario: str, only: str | None, gpus: int | None, o
                 raise click.ClickException(str(e)) from None
         except Interrupted as e:
             started = runner is not None and os.path.isfile(os.path.join(runner.run_dir, "scenario.yaml"))
-            again = [f"--variants {shlex.quote(only)}" if only else "", f"--gpus {gpus}" if gpus else "",
-                     f"--simulate-ranks {simulate}" if simulate else ""]
+            again = [
+                f"--variants {shlex.quote(only)}" if only else "",
+                f"--gpus {gpus}" if gpus else "",
+                f"--simulate-ranks {simulate}" if simulate else "",
+            ]
             command = " ".join(["zbench run", shlex.quote(scenario), *filter(None, again)])
-            say(f"interrupted; resume with: {command} --resume {shlex.quote(runner.run_dir)}" if runner and started
-                else f"interrupted before the run started; nothing was written; start again with: {command}")
+            say(
+                f"interrupted; resume with: {command} --resume {shlex.quote(runner.run_dir)}"
+                if runner and started
+                else f"interrupted before the run started; nothing was written; start again with: {command}"
+            )
             ctx.exit(e.exit_code)
     if summary is None:
-        click.echo(f"node {node_rank}: all launches finished; the table is written by the node holding rank 0 "
-                   f"(logs: {runner.run_dir})")
+        click.echo(
+            f"node {node_rank}: all launches finished; the table is written by the node holding rank 0 "
+            f"(logs: {runner.run_dir})"
+        )
     else:
-        click.echo(f"results: {runner.run_dir}\nfiles: results.json, results.csv, table.md (every column), *.png"
-                   + (", wandb/" if wandb_mode != "off" else "") + "\n")
+        click.echo(
+            f"results: {runner.run_dir}\nfiles: results.json, results.csv, table.md (every column), *.png"
+            + (", wandb/" if wandb_mode != "off" else "")
+            + "\n"
+        )
         print_table(summary)
     if runner.failures:
         first: RankFailure = runner.failures[0]
@@ -96,8 +141,10 @@ def _check_rendezvous(endpoint: str | None, rdzv_id: str) -> None:
     if endpoint is not None:
         host, _, port = endpoint.rpartition(":")
         if not host or not re.fullmatch(r"[0-9]{1,5}", port) or not 1 <= int(port) <= MAX_PORT:
-            raise ValueError(f"--rdzv-endpoint {endpoint!r} must be HOST:PORT with PORT from 1 to {MAX_PORT:,} (each "
-                              "launch of the run uses PORT + its index), e.g. node0:29500")
+            raise ValueError(
+                f"--rdzv-endpoint {endpoint!r} must be HOST:PORT with PORT from 1 to {MAX_PORT:,} (each "
+                "launch of the run uses PORT + its index), e.g. node0:29500"
+            )
     from .run_folder import name_problem
 
     problem = name_problem(rdzv_id)
@@ -107,8 +154,14 @@ def _check_rendezvous(endpoint: str | None, rdzv_id: str) -> None:
 
 @click.command()
 @click.argument("run_dir", type=click.Path(file_okay=False, exists=True))
-@click.option("--wandb", "wandb_mode", default="off", show_default=True, type=click.Choice(["offline", "online", "off"]),
-              help="Also log the runs to W&B again.")
+@click.option(
+    "--wandb",
+    "wandb_mode",
+    default="off",
+    show_default=True,
+    type=click.Choice(["offline", "online", "off"]),
+    help="Also log the runs to W&B again.",
+)
 def report(run_dir: str, wandb_mode: str) -> None:
     """Rewrite table.md, results.csv and the plots of RUN_DIR from its results.json; print the table."""
     from .run_folder import RunFolderError
@@ -160,11 +213,17 @@ def _model_counts(model: str) -> tuple[str, int, int]:
 
 
 @click.command()
-@click.option("--model", "model", required=True,
-              help="A shipped model name (e.g. gpt2-xl), a config .json (zbench's or Hugging Face's) or a model folder.")
+@click.option(
+    "--model",
+    "model",
+    required=True,
+    help="A shipped model name (e.g. gpt2-xl), a config .json (zbench's or Hugging Face's) or a model folder.",
+)
 @click.option("--gpus", default=1, show_default=True, type=click.IntRange(1, MAX_RANKS), help="GPUs per node.")
 @click.option("--nodes", default=1, show_default=True, type=click.IntRange(1, MAX_NODES))
-@click.option("--run", "run_dir", type=click.Path(file_okay=False, exists=True), help="Also compare with a run's measured peaks.")
+@click.option(
+    "--run", "run_dir", type=click.Path(file_okay=False, exists=True), help="Also compare with a run's measured peaks."
+)
 def estimate(model: str, gpus: int, nodes: int, run_dir: str | None) -> None:
     """Memory per GPU and per CPU for each ZeRO stage and offload choice (DeepSpeed's estimator)."""
     from zero_core import ConfigError
@@ -188,5 +247,7 @@ def estimate(model: str, gpus: int, nodes: int, run_dir: str | None) -> None:
                 continue
             peak, est_gib = r.get("peak_gpu_gib"), r.get("est_gpu_gib")
             shown = "– (CPU run)" if peak is None or math.isnan(peak) else f"{peak:.2f}"
-            click.echo(f"| {r['variant']} | {r['stage'] if r['stage'] is not None else '–'} | "
-                       f"{'–' if est_gib is None else format(est_gib, '.3f')} | {shown} |")
+            click.echo(
+                f"| {r['variant']} | {r['stage'] if r['stage'] is not None else '–'} | "
+                f"{'–' if est_gib is None else format(est_gib, '.3f')} | {shown} |"
+            )

@@ -45,11 +45,20 @@ def template(sc: Scenario, v: VariantSpec, base_dir: str) -> dict[str, Any]:
     ds.setdefault("gradient_accumulation_steps", sc.grad_accum)
     ds.setdefault("gradient_clipping", sc.max_grad_norm)
     ours_optimizer = "optimizer" not in ds  # the scenario's AdamW, as a training script would pass it
-    ds.setdefault("optimizer", {"type": "AdamW", "params": {"lr": sc.lr, "betas": [0.9, 0.999], "eps": 1e-8,
-                                                            "weight_decay": sc.weight_decay}})
+    ds.setdefault(
+        "optimizer",
+        {"type": "AdamW", "params": {"lr": sc.lr, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": sc.weight_decay}},
+    )
     if sc.warmup_steps and "scheduler" not in ds:
-        ds["scheduler"] = {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": sc.lr,
-                                                          "warmup_num_steps": sc.warmup_steps, "warmup_type": "linear"}}
+        ds["scheduler"] = {
+            "type": "WarmupLR",
+            "params": {
+                "warmup_min_lr": 0.0,
+                "warmup_max_lr": sc.lr,
+                "warmup_num_steps": sc.warmup_steps,
+                "warmup_type": "linear",
+            },
+        }
     if sc.precision != "fp32":
         ds.setdefault(sc.precision, {"enabled": True})
     zero = ds.setdefault("zero_optimization", {})
@@ -58,8 +67,10 @@ def template(sc: Scenario, v: VariantSpec, base_dir: str) -> dict[str, Any]:
     if v.engine in ("zero", "deepspeed"):
         if v.stage is not None:
             if "stage" in zero and zero["stage"] != v.stage:
-                raise ConfigError(f"variant '{v.name}': stage {v.stage} but its config file says zero_optimization.stage "
-                                  f"{zero['stage']}; remove one of them")
+                raise ConfigError(
+                    f"variant '{v.name}': stage {v.stage} but its config file says zero_optimization.stage "
+                    f"{zero['stage']}; remove one of them"
+                )
             zero["stage"] = v.stage
         zero.setdefault("stage", 2)
         for part in ("optimizer", "param"):
@@ -88,12 +99,15 @@ def _check_precision(ds: dict[str, Any], sc: Scenario, v: VariantSpec) -> None:
         enabled = ds.get(key, {}).get("enabled") if isinstance(ds.get(key), dict) else None
         on = enabled is True or (isinstance(enabled, str) and enabled.strip().lower() == "true")
         if on and sc.precision != key:
-            raise ConfigError(f"variant '{v.name}': its config enables {key} but the scenario's precision is "
-                              f"{sc.precision}; set precision: {key} in the scenario or turn {key} off in the file")
+            raise ConfigError(
+                f"variant '{v.name}': its config enables {key} but the scenario's precision is "
+                f"{sc.precision}; set precision: {key} in the scenario or turn {key} off in the file"
+            )
 
 
-def finalize(ds: dict[str, Any], *, sc: Scenario, batch: int, world_size: int, total_steps: int,
-             hidden: int) -> dict[str, Any]:
+def finalize(
+    ds: dict[str, Any], *, sc: Scenario, batch: int, world_size: int, total_steps: int, hidden: int
+) -> dict[str, Any]:
     """`ds` with the batch size set and every "auto" filled (a copy), by zero_core's resolver."""
     out = copy.deepcopy(ds)
     out["train_micro_batch_size_per_gpu"] = batch
@@ -103,17 +117,29 @@ def finalize(ds: dict[str, Any], *, sc: Scenario, batch: int, world_size: int, t
     if "train_batch_size" in out:
         out["train_batch_size"] = batch * gas * world_size  # follows the batch the runner picked
     # the scenario's values fill "auto" only: an explicit value in the variant's file is its own choice
-    scenario = AutoValues(world_size=world_size, max_grad_norm=sc.max_grad_norm, learning_rate=sc.lr, adam_beta1=0.9,
-                          adam_beta2=0.999, adam_epsilon=1e-8, weight_decay=sc.weight_decay, fp16=sc.precision == "fp16",
-                          bf16=sc.precision == "bf16", hidden_size=hidden, max_steps=total_steps,
-                          warmup_steps=sc.warmup_steps)
+    scenario = AutoValues(
+        world_size=world_size,
+        max_grad_norm=sc.max_grad_norm,
+        learning_rate=sc.lr,
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        adam_epsilon=1e-8,
+        weight_decay=sc.weight_decay,
+        fp16=sc.precision == "fp16",
+        bf16=sc.precision == "bf16",
+        hidden_size=hidden,
+        max_steps=total_steps,
+        warmup_steps=sc.warmup_steps,
+    )
     return fill_auto(out, defaults=scenario)[0]
 
 
 def has_offload(ds: dict[str, Any]) -> bool:
     zero = ds.get("zero_optimization") or {}
-    return any(isinstance(zero.get(k), dict) and zero[k].get("device", "none") != "none"
-               for k in ("offload_optimizer", "offload_param"))
+    return any(
+        isinstance(zero.get(k), dict) and zero[k].get("device", "none") != "none"
+        for k in ("offload_optimizer", "offload_param")
+    )
 
 
 def fixed_batch(ds: dict[str, Any]) -> int | None:

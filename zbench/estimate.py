@@ -55,8 +55,15 @@ def nvme_bytes(total: int, gpus_per_node: int, nodes: int) -> tuple[int, int]:
     return gpus_per_node * (4 * part + NVME_IO_BUFFER_BYTES), 12 * part
 
 
-def zero3_bytes(total: int, largest: int, gpus_per_node: int, nodes: int, offload_optimizer: bool,
-                offload_param: bool, zero_init: bool) -> tuple[int, int]:
+def zero3_bytes(
+    total: int,
+    largest: int,
+    gpus_per_node: int,
+    nodes: int,
+    offload_optimizer: bool,
+    offload_param: bool,
+    zero_init: bool,
+) -> tuple[int, int]:
     """(cpu, gpu) bytes per process for stage 3."""
     total_gpus = gpus_per_node * nodes
     per_node = 1 / nodes
@@ -85,11 +92,15 @@ def estimate(total: int, largest: int, gpus_per_node: int = 1, nodes: int = 1) -
         for offload in (True, False):
             cpu, gpu = zero2_bytes(total, gpus_per_node, nodes, offload)
             rows.append(EstimateRow(stage, "none", "cpu" if offload else "none", None, cpu, gpu))
-        rows.append(EstimateRow(stage, "none", "nvme", None, host, zero2_bytes(total, gpus_per_node, nodes, True)[1], disk))
+        rows.append(
+            EstimateRow(stage, "none", "nvme", None, host, zero2_bytes(total, gpus_per_node, nodes, True)[1], disk)
+        )
     for off_param, off_opt in ((True, True), (False, True), (False, False)):
         for zero_init in (True, False):
             cpu, gpu = zero3_bytes(total, largest, gpus_per_node, nodes, off_opt, off_param, zero_init)
-            rows.append(EstimateRow(3, "cpu" if off_param else "none", "cpu" if off_opt else "none", zero_init, cpu, gpu))
+            rows.append(
+                EstimateRow(3, "cpu" if off_param else "none", "cpu" if off_opt else "none", zero_init, cpu, gpu)
+            )
     for off_param in (True, False):
         gpu = zero3_bytes(total, largest, gpus_per_node, nodes, True, off_param, True)[1]
         rows.append(EstimateRow(3, "cpu" if off_param else "none", "nvme", None, host, gpu, disk))
@@ -106,16 +117,20 @@ def init_bytes(total: int, largest: int, gpus_per_node: int) -> tuple[int, int]:
 
 def format_init(total: int, largest: int, gpus_per_node: int) -> str:
     eager, sharded = init_bytes(total, largest, gpus_per_node)
-    return ("Initialisation, host memory per node on top of the rows above (GiB):\n"
-            f"| eager construction (every rank builds the fp32 model) | {eager / 2**30:.2f} |\n"
-            f"| zero_core.init_context / zero.Init, stage 3 (one layer + 2 assembly chunks per rank) | {sharded / 2**30:.2f} |")
+    return (
+        "Initialisation, host memory per node on top of the rows above (GiB):\n"
+        f"| eager construction (every rank builds the fp32 model) | {eager / 2**30:.2f} |\n"
+        "| zero_core.init_context / zero.Init, stage 3 (one layer + 2 assembly chunks per rank) "
+        f"| {sharded / 2**30:.2f} |"
+    )
 
 
 def format_table(rows: list[EstimateRow], total: int, largest: int, gpus_per_node: int, nodes: int) -> str:
     """DeepSpeed's printout, extended with stages 0-2 and NVMe rows (GiB = 2**30 bytes; DeepSpeed writes "GB")."""
     lines = [
         "Estimated memory needed for params, optim states and gradients for a:",
-        f"HW: Setup with {nodes} node{'s' if nodes > 1 else ''}, {gpus_per_node} GPU{'s' if gpus_per_node > 1 else ''} per node.",
+        f"HW: Setup with {nodes} node{'s' if nodes > 1 else ''}, "
+        f"{gpus_per_node} GPU{'s' if gpus_per_node > 1 else ''} per node.",
         f"SW: Model with {total / 1e6:.0f}M total params, {largest / 1e6:.0f}M largest layer params.",
         "",
         "| stage | per CPU (GiB) | per GPU (GiB) | disk per GPU (GiB) | options |",
@@ -130,8 +145,15 @@ def format_table(rows: list[EstimateRow], total: int, largest: int, gpus_per_nod
     return "\n".join(lines)
 
 
-def model_states_gib(stage: int, total: int, largest: int, gpus_per_node: int, nodes: int,
-                     offload_optimizer: bool = False, offload_param: bool = False) -> float:
+def model_states_gib(
+    stage: int,
+    total: int,
+    largest: int,
+    gpus_per_node: int,
+    nodes: int,
+    offload_optimizer: bool = False,
+    offload_param: bool = False,
+) -> float:
     """The GPU estimate for one run's settings (for the measured-vs-estimated column)."""
     if stage == 0:
         gpu = zero2_bytes(total, 1, 1, False)[1]

@@ -31,8 +31,14 @@ def _timed(fn: Callable[[], None], device: torch.device, warmup: int, repeats: i
     return (time.perf_counter() - start) / repeats
 
 
-def forward_backward_seconds(model: torch.nn.Module, call: Callable[[Any, dict], Any], batch: dict[str, torch.Tensor],
-                             device: torch.device, warmup: int = 2, repeats: int = 5) -> float:
+def forward_backward_seconds(
+    model: torch.nn.Module,
+    call: Callable[[Any, dict], Any],
+    batch: dict[str, torch.Tensor],
+    device: torch.device,
+    warmup: int = 2,
+    repeats: int = 5,
+) -> float:
     """Seconds per forward+backward of `batch` (gradients dropped each time, as an engine's hooks do)."""
     params = [p for p in model.parameters() if p.requires_grad]
 
@@ -44,7 +50,9 @@ def forward_backward_seconds(model: torch.nn.Module, call: Callable[[Any, dict],
     return _timed(fwd_bwd, device, warmup, repeats)
 
 
-def optimizer_phase_seconds(numel: int, dtype: torch.dtype, device: torch.device, warmup: int = 2, repeats: int = 5) -> float:
+def optimizer_phase_seconds(
+    numel: int, dtype: torch.dtype, device: torch.device, warmup: int = 2, repeats: int = 5
+) -> float:
     """Seconds of the fused optimizer phase over a `numel`-element fp32 partition with a 16-bit copy."""
     f32 = dict(dtype=torch.float32, device=device)
     master, exp_avg, exp_avg_sq, grad = (torch.rand(numel, **f32) for _ in range(4))
@@ -56,14 +64,28 @@ def optimizer_phase_seconds(numel: int, dtype: torch.dtype, device: torch.device
 
     def phase() -> None:
         reduce_epilogue(reduced, grad, one, False, sumsq, nonfinite)
-        adamw_step(master, grad, exp_avg, exp_avg_sq, out, lr=lr, step=step, coef=one, skip=skip,
-                   beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0)
+        adamw_step(
+            master,
+            grad,
+            exp_avg,
+            exp_avg_sq,
+            out,
+            lr=lr,
+            step=step,
+            coef=one,
+            skip=skip,
+            beta1=0.9,
+            beta2=0.999,
+            eps=1e-8,
+            weight_decay=0.0,
+        )
 
     return _timed(phase, device, warmup, repeats)
 
 
-def measure(bundle: Any, batch: dict[str, torch.Tensor], precision: str, world_size: int,
-            device: torch.device) -> dict[str, float]:
+def measure(
+    bundle: Any, batch: dict[str, torch.Tensor], precision: str, world_size: int, device: torch.device
+) -> dict[str, float]:
     """The floor for one rank of a `world_size`-rank run: {fwd_bwd_ms, optimizer_ms, shard_numel}."""
     dtype = DTYPES[precision]
     model = bundle.model.to(device=device, dtype=dtype)

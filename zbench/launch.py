@@ -80,16 +80,29 @@ def _config(nodes: Nodes, run_id: str, index: int, log_dir: str | None, fork_ok:
 
     # no log_dir: the ranks write to this console (zbench train); else one file per rank and stream
     logs = DefaultLogsSpecs(log_dir=log_dir, redirects=Std.ALL, tee=Std.NONE) if log_dir else DefaultLogsSpecs()
-    common = dict(nproc_per_node=nodes.nproc_per_node, max_restarts=0, monitor_interval=0.1,
-                  start_method=start_method(fork_ok), logs_specs=logs)
+    common = dict(
+        nproc_per_node=nodes.nproc_per_node,
+        max_restarts=0,
+        monitor_interval=0.1,
+        start_method=start_method(fork_ok),
+        logs_specs=logs,
+    )
     if nodes.nnodes == 1:
-        return LaunchConfig(min_nodes=1, max_nodes=1, run_id=run_id, rdzv_backend="c10d",
-                            rdzv_endpoint="127.0.0.1:0", **common)
+        return LaunchConfig(
+            min_nodes=1, max_nodes=1, run_id=run_id, rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", **common
+        )
     host, _, port = str(nodes.rdzv_endpoint).rpartition(":")
     endpoint = f"{host}:{int(port) + index}"
     rdzv_configs = {"rank": nodes.node_rank} if nodes.rdzv_backend == "static" else {}
-    return LaunchConfig(min_nodes=nodes.nnodes, max_nodes=nodes.nnodes, run_id=f"{nodes.rdzv_id}-{index}",
-                        rdzv_backend=nodes.rdzv_backend, rdzv_endpoint=endpoint, rdzv_configs=rdzv_configs, **common)
+    return LaunchConfig(
+        min_nodes=nodes.nnodes,
+        max_nodes=nodes.nnodes,
+        run_id=f"{nodes.rdzv_id}-{index}",
+        rdzv_backend=nodes.rdzv_backend,
+        rdzv_endpoint=endpoint,
+        rdzv_configs=rdzv_configs,
+        **common,
+    )
 
 
 @contextmanager
@@ -118,12 +131,25 @@ def _tail(path: str | None, lines: int = 15) -> str:
 
 def _is_oom(text: str, exitcode: int) -> bool:
     lowered = text.lower()
-    return ("outofmemoryerror" in lowered or "out of memory" in lowered or "can't allocate memory" in lowered
-            or exitcode == -9)  # SIGKILL: most often the kernel's OOM killer
+    return (
+        "outofmemoryerror" in lowered
+        or "out of memory" in lowered
+        or "can't allocate memory" in lowered
+        or exitcode == -9
+    )  # SIGKILL: most often the kernel's OOM killer
 
 
-def launch(fn: Callable[[str], Any], arg: str, nodes: Nodes, *, run_id: str, log_dir: str | None, index: int = 0,
-           what: str = "job", fork_ok: bool = False) -> dict[int, Any]:
+def launch(
+    fn: Callable[[str], Any],
+    arg: str,
+    nodes: Nodes,
+    *,
+    run_id: str,
+    log_dir: str | None,
+    index: int = 0,
+    what: str = "job",
+    fork_ok: bool = False,
+) -> dict[int, Any]:
     """Run fn(arg) on this node's ranks; {global rank: return value} of the local ranks."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
@@ -136,7 +162,9 @@ def launch(fn: Callable[[str], Any], arg: str, nodes: Nodes, *, run_id: str, log
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
         killed = sorted((r, f) for r, f in e.failures.items() if f.exitcode < 0)
-        if killed and failure.exitcode >= 0:  # a rank killed by a signal is the cause; the others' errors follow from it
+        if (
+            killed and failure.exitcode >= 0
+        ):  # a rank killed by a signal is the cause; the others' errors follow from it
             rank, failure = killed[0]
         message = failure.message if isinstance(failure.message, str) else str(failure.message.get("message", ""))
         rank_dir = _rank_log_dir(log_dir, run_id, failure.local_rank)

@@ -30,15 +30,19 @@ def _number(x: Any) -> float | None:
 
 
 def _warn(what: str, err: Exception) -> None:
-    print(f"warning: W&B {what} failed ({type(err).__name__}: {err}); the results files are complete",
-          file=sys.stderr, flush=True)
+    print(
+        f"warning: W&B {what} failed ({type(err).__name__}: {err}); the results files are complete",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 class LiveLog:
     """`spec` (from the runner): mode, dir, project, group, name, config; None logs nothing."""
 
-    def __init__(self, spec: dict[str, Any] | None, rank: int, world: int, device: torch.device,
-                 every_s: float = 1.0) -> None:
+    def __init__(
+        self, spec: dict[str, Any] | None, rank: int, world: int, device: torch.device, every_s: float = 1.0
+    ) -> None:
         self.run: Any = None
         self.world, self.device, self.every_s = world, device, every_s
         self.pending: list[dict[str, Any]] = []
@@ -49,9 +53,17 @@ class LiveLog:
         try:
             import wandb
 
-            self.run = wandb.init(project=spec["project"], group=spec["group"], name=spec["name"], dir=spec["dir"],
-                                  mode=spec["mode"], job_type="variant", config=spec["config"], reinit="create_new",
-                                  settings=wandb.Settings(console="off", silent=True, x_disable_stats=True))
+            self.run = wandb.init(
+                project=spec["project"],
+                group=spec["group"],
+                name=spec["name"],
+                dir=spec["dir"],
+                mode=spec["mode"],
+                job_type="variant",
+                config=spec["config"],
+                reinit="create_new",
+                settings=wandb.Settings(console="off", silent=True, x_disable_stats=True),
+            )
         except Exception as e:  # noqa: BLE001 - no W&B problem may cost the benchmark
             _warn("start", e)
             self.run = None
@@ -63,14 +75,24 @@ class LiveLog:
     def start_timing(self) -> None:
         self.last_flush = time.perf_counter()
 
-    def optimizer_step(self, micro_losses: list[torch.Tensor], stats: dict[str, Any], tokens: int, epoch: float) -> None:
+    def optimizer_step(
+        self, micro_losses: list[torch.Tensor], stats: dict[str, Any], tokens: int, epoch: float
+    ) -> None:
         """After each optimizer step: keep its numbers (no host sync); flush when due."""
         if self.run is None:
             return
         self.step += 1
         loss = torch.stack([x.reshape(()) for x in micro_losses]).mean()
-        self.pending.append({"loss": loss, **stats, "tokens": tokens * self.world, "epoch": epoch, "step": self.step,
-                             "memory": self._memory()})
+        self.pending.append(
+            {
+                "loss": loss,
+                **stats,
+                "tokens": tokens * self.world,
+                "epoch": epoch,
+                "step": self.step,
+                "memory": self._memory(),
+            }
+        )
         if self.step == 1 or time.perf_counter() - self.last_flush >= self.every_s:
             self.flush()
 
@@ -89,8 +111,14 @@ class LiveLog:
         try:
             for r in rows:
                 key, memory = r["memory"]
-                point = {"train/global_step": r["step"], "train/loss": r["loss"], "train/epoch": r["epoch"],
-                         "train/step_time_s": per_step, "train/tokens_per_second": r["tokens"] / per_step, key: memory}
+                point = {
+                    "train/global_step": r["step"],
+                    "train/loss": r["loss"],
+                    "train/epoch": r["epoch"],
+                    "train/step_time_s": per_step,
+                    "train/tokens_per_second": r["tokens"] / per_step,
+                    key: memory,
+                }
                 for name in ("learning_rate", "grad_norm", "loss_scale", "skipped_steps"):
                     if r.get(name) is not None:
                         point[f"train/{name}"] = r[name]

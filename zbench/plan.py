@@ -82,7 +82,6 @@ class Plan:
         return "real" if self.scenario.data.real else "synthetic"
 
 
-
 def transformers_available() -> bool:
     return importlib.util.find_spec("transformers") is not None
 
@@ -93,8 +92,10 @@ def deepspeed_available() -> bool:
 
 def _need_transformers(what: str) -> None:
     if not transformers_available():
-        raise ScenarioError(f"{what} needs Hugging Face transformers, which is not installed here; "
-                            "pip install transformers (or use a gpt-family arch such as tiny-gpt)")
+        raise ScenarioError(
+            f"{what} needs Hugging Face transformers, which is not installed here; "
+            "pip install transformers (or use a gpt-family arch such as tiny-gpt)"
+        )
 
 
 def _check_model(sc: Scenario, base_dir: str) -> ArchConfig | None:
@@ -102,31 +103,40 @@ def _check_model(sc: Scenario, base_dir: str) -> ArchConfig | None:
     if m.pretrained:
         looks_local = m.pretrained.startswith((".", "/", "~")) or os.path.exists(os.path.join(base_dir, m.pretrained))
         if looks_local and not os.path.isdir(_abs(m.pretrained, base_dir)):
-            raise ScenarioError(f"model.pretrained '{m.pretrained}' is not a folder; pass a local model folder or a hub id")
+            raise ScenarioError(
+                f"model.pretrained '{m.pretrained}' is not a folder; pass a local model folder or a hub id"
+            )
         _need_transformers(f"model.pretrained '{m.pretrained}'")
         return None
     arch = load_arch(str(m.arch), base_dir, m.overrides)  # every value checked, the file's and the overrides'
     if arch.family == "hf":
         _need_transformers(f"model '{arch.name}' (a transformers architecture)")
     elif sc.task not in ("lm", "classification"):
-        raise ScenarioError(f"task '{sc.task}' needs a transformers model; zbench's GPT ('{arch.name}') does lm and "
-                            "classification")
+        raise ScenarioError(
+            f"task '{sc.task}' needs a transformers model; zbench's GPT ('{arch.name}') does lm and classification"
+        )
     if arch.max_positions and sc.seq_len > arch.max_positions:
-        raise ScenarioError(f"seq_len {sc.seq_len} exceeds the {arch.max_positions} positions of '{arch.name}'; "
-                            "lower seq_len")
+        raise ScenarioError(
+            f"seq_len {sc.seq_len} exceeds the {arch.max_positions} positions of '{arch.name}'; lower seq_len"
+        )
     if sc.task == "seq2seq" and arch.max_positions and (sc.target_len or 0) > arch.max_positions:
-        raise ScenarioError(f"target_len {sc.target_len} exceeds the {arch.max_positions} positions of '{arch.name}'; "
-                            "lower target_len")
+        raise ScenarioError(
+            f"target_len {sc.target_len} exceeds the {arch.max_positions} positions of '{arch.name}'; lower target_len"
+        )
     from .data.tokenize import ByteTokenizer
 
     byte_ids = ByteTokenizer.vocab_size  # real text without a tokenizer is read as bytes
     if sc.data.real and not (m.tokenizer or m.pretrained) and arch.vocab_size and arch.vocab_size < byte_ids:
-        raise ScenarioError(f"real text without model.tokenizer is read as bytes ({byte_ids} ids), but '{arch.name}' "
-                            f"has a vocabulary of {arch.vocab_size}; name a tokenizer or raise vocab_size")
+        raise ScenarioError(
+            f"real text without model.tokenizer is read as bytes ({byte_ids} ids), but '{arch.name}' "
+            f"has a vocabulary of {arch.vocab_size}; name a tokenizer or raise vocab_size"
+        )
     syn = sc.data.synthetic
     if syn and syn.vocab and arch.vocab_size and syn.vocab > arch.vocab_size:
-        raise ScenarioError(f"data.synthetic.vocab {syn.vocab} exceeds the {arch.vocab_size} tokens of '{arch.name}'; "
-                            "lower it or leave it out (default: the model's vocabulary)")
+        raise ScenarioError(
+            f"data.synthetic.vocab {syn.vocab} exceeds the {arch.vocab_size} tokens of '{arch.name}'; "
+            "lower it or leave it out (default: the model's vocabulary)"
+        )
     if sc.task == "token_classification" and not m.num_labels:
         raise ScenarioError("task token_classification needs model.num_labels (the number of tag classes)")
     return arch
@@ -172,8 +182,9 @@ def _check_data(sc: Scenario, base_dir: str) -> None:
         task, what = DATA_TASKS[d.kind]
         raise ScenarioError(f"data.{d.kind} {what}; set task: {task} (got {sc.task})")
     if sc.metric == "bleu" and d.text_pairs is None:
-        raise ScenarioError(f"metric 'bleu' needs real text pairs (data.text_pairs), not data.{d.kind}; "
-                            "use metric: loss")
+        raise ScenarioError(
+            f"metric 'bleu' needs real text pairs (data.text_pairs), not data.{d.kind}; use metric: loss"
+        )
 
 
 def _check_gpus(gpus: int, notes: list[str], cap: float | None) -> Literal["cuda", "cpu"]:
@@ -182,13 +193,17 @@ def _check_gpus(gpus: int, notes: list[str], cap: float | None) -> Literal["cuda
     present = torch.cuda.device_count()  # NVML-based: does not initialise CUDA in this process
     if present:
         if gpus > present:
-            raise ScenarioError(f"the scenario asks for {gpus} GPUs per node but this machine has {present}; "
-                                f"pass --gpus {present} (or fewer)")
+            raise ScenarioError(
+                f"the scenario asks for {gpus} GPUs per node but this machine has {present}; "
+                f"pass --gpus {present} (or fewer)"
+            )
         return "cuda"
     cores = os.cpu_count() or 1
     if gpus > cores * CPU_RANKS_PER_CORE:
-        raise ScenarioError(f"no GPU here, and {gpus} CPU ranks is more than {CPU_RANKS_PER_CORE} per core on "
-                            f"{cores} cores; pass --gpus {cores * CPU_RANKS_PER_CORE} or fewer")
+        raise ScenarioError(
+            f"no GPU here, and {gpus} CPU ranks is more than {CPU_RANKS_PER_CORE} per core on "
+            f"{cores} cores; pass --gpus {cores * CPU_RANKS_PER_CORE} or fewer"
+        )
     notes.append(f"no GPU: running {gpus} CPU rank(s) per node over gloo")
     if cap:
         notes.append("gpu_memory_cap_gib is ignored on the CPU")
@@ -214,15 +229,20 @@ def default_label(v: VariantSpec, stage: int | None, ds: dict[str, Any]) -> str:
     return f"{who} ZeRO Stage {stage}{suffix}"
 
 
-def _plan_variant(sc: Scenario, v: VariantSpec, base_dir: str, world: int, arch: ArchConfig | None,
-                  simulated: bool = False) -> VariantPlan:
+def _plan_variant(
+    sc: Scenario, v: VariantSpec, base_dir: str, world: int, arch: ArchConfig | None, simulated: bool = False
+) -> VariantPlan:
     try:
         ds = ds_config.template(sc, v, base_dir)
         if v.model_overrides:
             if arch is None:
                 raise ConfigError("model_overrides needs model.arch (a pretrained model has a fixed shape)")
-            arch = load_arch(str(sc.model.arch), base_dir, {**sc.model.overrides, **v.model_overrides},
-                             where=f"variants[{sc.variants.index(v)}].model_overrides")
+            arch = load_arch(
+                str(sc.model.arch),
+                base_dir,
+                {**sc.model.overrides, **v.model_overrides},
+                where=f"variants[{sc.variants.index(v)}].model_overrides",
+            )
     except ConfigError as e:
         raise ScenarioError(f"variant '{v.name}': {e}") from None
     hidden = arch.shape()[1] if arch else 1024
@@ -233,10 +253,15 @@ def _plan_variant(sc: Scenario, v: VariantSpec, base_dir: str, world: int, arch:
         plan.status, plan.reason = "unsupported", "simulated ranks: DeepSpeed's communication needs real peers"
         return plan
     if v.engine == "deepspeed" and not deepspeed_available():
-        raise ScenarioError(f"variant '{v.name}' needs DeepSpeed, which is not installed here; pip install deepspeed, "
-                            "or leave the variant out with --variants")
+        raise ScenarioError(
+            f"variant '{v.name}' needs DeepSpeed, which is not installed here; pip install deepspeed, "
+            "or leave the variant out with --variants"
+        )
     if v.engine == "fsdp2" and sc.precision == "fp16":
-        plan.status, plan.reason = "unsupported", "fsdp2 with fp16 needs a sharded grad scaler: not supported yet; use bf16"
+        plan.status, plan.reason = (
+            "unsupported",
+            "fsdp2 with fp16 needs a sharded grad scaler: not supported yet; use bf16",
+        )
     if v.engine == "zero":
         final = ds_config.finalize(ds, sc=sc, batch=batch or 1, world_size=world, total_steps=1000, hidden=hidden)
         try:
@@ -244,8 +269,9 @@ def _plan_variant(sc: Scenario, v: VariantSpec, base_dir: str, world: int, arch:
         except UnsupportedFeature as e:  # a feature zero_core lacks: a row that says so, the other variants run
             plan.status, plan.reason = "unsupported", str(e)
         except ConfigError as e:  # a setting to fix: say so before launching
-            raise ScenarioError(f"variant '{v.name}': {e}" + ("; or give the variant nvme_path: DIR"
-                                                              if "nvme_path" in str(e) else "")) from None
+            raise ScenarioError(
+                f"variant '{v.name}': {e}" + ("; or give the variant nvme_path: DIR" if "nvme_path" in str(e) else "")
+            ) from None
     return plan
 
 
@@ -257,17 +283,22 @@ def _check_model_search(sc: Scenario, base_dir: str, arch: ArchConfig | None) ->
         raise ScenarioError("model_search needs model.arch (a pretrained model has a fixed shape)")
     keys = size_keys(arch)
     if search.key not in keys:
-        raise ScenarioError(f"model_search.key '{search.key}' is not a size field of '{arch.name}'; use one of "
-                            f"{', '.join(keys) or '(none: the config names no sizes)'}")
+        raise ScenarioError(
+            f"model_search.key '{search.key}' is not a size field of '{arch.name}'; use one of "
+            f"{', '.join(keys) or '(none: the config names no sizes)'}"
+        )
     for value in search.values:
         try:
-            load_arch(str(sc.model.arch), base_dir, {**sc.model.overrides, search.key: value}, where="model_search.values")
+            load_arch(
+                str(sc.model.arch), base_dir, {**sc.model.overrides, search.key: value}, where="model_search.values"
+            )
         except ConfigError as e:
             raise ScenarioError(str(e)) from None
 
 
-def build_plan(path: str, *, only: list[str] | None = None, gpus: int | None = None, nnodes: int = 1,
-               simulate: int | None = None) -> Plan:
+def build_plan(
+    path: str, *, only: list[str] | None = None, gpus: int | None = None, nnodes: int = 1, simulate: int | None = None
+) -> Plan:
     """Load `path` and check it against this machine; raises ScenarioError (one line) on any problem.
     `simulate`: plan an N-rank world that one process runs as its rank 0 (one GPU, or the CPU)."""
     sc = load_scenario(path)
@@ -280,16 +311,20 @@ def build_plan(path: str, *, only: list[str] | None = None, gpus: int | None = N
     per_node = simulate or gpus or sc.gpus
     device = _check_gpus(1 if simulate else per_node, notes, sc.gpu_memory_cap_gib)
     if simulate:
-        notes.append(f"simulated: each variant runs as rank 0 of {simulate} in one process (torch's fake process group): "
-                     f"memory per rank and the batch that fits are a {simulate}-rank run's; nothing is communicated, so "
-                     "times are lower bounds, and metrics cover rank 0's share of the eval rows"
-                     + ("; no checkpoints are written (rank 0 alone cannot save an N-rank one)" if sc.checkpoint_every else ""))
+        notes.append(
+            f"simulated: each variant runs as rank 0 of {simulate} in one process (torch's fake process group): "
+            f"memory per rank and the batch that fits are a {simulate}-rank run's; nothing is communicated, so "
+            "times are lower bounds, and metrics cover rank 0's share of the eval rows"
+            + ("; no checkpoints are written (rank 0 alone cannot save an N-rank one)" if sc.checkpoint_every else "")
+        )
     chosen = list(sc.variants)
     if only:
         names = [v.name for v in sc.variants]
         missing = [n for n in only if n not in names]
         if missing:
-            raise ScenarioError(f"--variants: no variant named '{missing[0]}' in {path}; the variants are {', '.join(names)}")
+            raise ScenarioError(
+                f"--variants: no variant named '{missing[0]}' in {path}; the variants are {', '.join(names)}"
+            )
         chosen = [v for v in sc.variants if v.name in only]
     if sc.model_search:
         _check_model_search(sc, base_dir, arch)
@@ -299,6 +334,8 @@ def build_plan(path: str, *, only: list[str] | None = None, gpus: int | None = N
             raise ScenarioError("model_search runs on one node; remove it for a multi-node run")
         unsized = [p.name for p in plans if p.batch is None and p.status == "ready"]
         if unsized:
-            raise ScenarioError(f"variant '{unsized[0]}' has no batch_size and the batch search runs on one node; "
-                                "set batch_size for a multi-node run")
+            raise ScenarioError(
+                f"variant '{unsized[0]}' has no batch_size and the batch search runs on one node; "
+                "set batch_size for a multi-node run"
+            )
     return Plan(sc, path, base_dir, arch, per_node, nnodes, device, plans, notes, simulated=bool(simulate))

@@ -31,12 +31,17 @@ def _measured(v: Any) -> bool:
 
 
 def _subtitle(summary: dict[str, Any]) -> str:
-    ranks = f"rank 0 of {summary['world_size']} simulated" if summary.get("simulated") else f"{summary['world_size']} rank(s)"
+    ranks = (
+        f"rank 0 of {summary['world_size']} simulated"
+        if summary.get("simulated")
+        else f"{summary['world_size']} rank(s)"
+    )
     return f"{summary['scenario']} · {summary['device']} · {summary['precision']} · {ranks}"
 
 
-def _bar(plt: Any, names: list[str], series: dict[str, list[float]], ylabel: str, title: str, path: str,
-         fmt: str) -> None:
+def _bar(
+    plt: Any, names: list[str], series: dict[str, list[float]], ylabel: str, title: str, path: str, fmt: str
+) -> None:
     fig, ax = plt.subplots(figsize=(max(5.5, 1.3 * len(names) + 2), 4.0))
     width = 0.8 / max(1, len(series))
     for k, (label, values) in enumerate(series.items()):
@@ -58,13 +63,25 @@ def _bar(plt: Any, names: list[str], series: dict[str, list[float]], ylabel: str
 def _loss(plt: Any, ok: list[dict[str, Any]], title: str, path: str) -> None:
     ref = next((r for r in ok if r["engine"] == "ddp"), None)
     panels = 2 if ref is not None and len(ok) > 1 else 1
-    fig, axes = plt.subplots(panels, 1, figsize=(7.0, 3.2 + 2.0 * (panels - 1)), sharex=True, squeeze=False,
-                             gridspec_kw={"height_ratios": [3, 2][:panels]})
+    fig, axes = plt.subplots(
+        panels,
+        1,
+        figsize=(7.0, 3.2 + 2.0 * (panels - 1)),
+        sharex=True,
+        squeeze=False,
+        gridspec_kw={"height_ratios": [3, 2][:panels]},
+    )
     top = axes[0][0]
     for k, r in enumerate(ok):
         losses = r["losses"]
-        style = dict(linestyle=STYLES[k % len(STYLES)], marker=MARKERS[k % len(MARKERS)],
-                     markevery=max(1, len(losses) // 8), linewidth=1.3, markersize=4, color=f"C{k % 10}")
+        style = dict(
+            linestyle=STYLES[k % len(STYLES)],
+            marker=MARKERS[k % len(MARKERS)],
+            markevery=max(1, len(losses) // 8),
+            linewidth=1.3,
+            markersize=4,
+            color=f"C{k % 10}",
+        )
         top.plot(range(1, len(losses) + 1), losses, label=r["variant"], **style)
         if panels == 2 and r is not ref:
             n = min(len(losses), len(ref["losses"]))
@@ -93,8 +110,15 @@ def write_plots(run_dir: str, summary: dict[str, Any]) -> list[str]:
     names = [r["variant"] for r in ok]
     where = _subtitle(summary)
     paths = [run_path(run_dir, n) for n in ("throughput.png", "memory.png", "loss.png")]
-    _bar(plt, names, {"tokens/s": [r["tokens_per_s"] for r in ok]}, "tokens/s (all ranks)",
-         f"Throughput\n{where}", paths[0], ",.0f")
+    _bar(
+        plt,
+        names,
+        {"tokens/s": [r["tokens_per_s"] for r in ok]},
+        "tokens/s (all ranks)",
+        f"Throughput\n{where}",
+        paths[0],
+        ",.0f",
+    )
     memory = {"peak CPU RSS per rank process": [r["peak_cpu_gib"] for r in ok]}
     gpu = any(_measured(r["peak_gpu_gib"]) for r in ok)
     if gpu:

@@ -23,7 +23,7 @@ TASK_COLUMNS = {
 }
 SEQ2SEQ_NOTES = {
     "real": "BLEU: sacrebleu corpus BLEU of greedy outputs (up to target_len tokens) on the eval rows, "
-            "generation included in the eval time",
+    "generation included in the eval time",
     "synthetic": "no BLEU: it needs real text pairs (data.text_pairs), synthetic tokens report the eval loss only",
 }
 
@@ -38,36 +38,71 @@ def base_row(name: str, label: str, engine: str, stage: int | None, status: str,
     return {"variant": name, "method": label, "engine": engine, "stage": stage, "status": status, "note": note}
 
 
-def measured_row(row: dict[str, Any], res: dict[str, Any], *, seq_len: int, searched: bool,
-                 est_gpu_gib: float | None, search_step: int = 1) -> dict[str, Any]:
+def measured_row(
+    row: dict[str, Any],
+    res: dict[str, Any],
+    *,
+    seq_len: int,
+    searched: bool,
+    est_gpu_gib: float | None,
+    search_step: int = 1,
+) -> dict[str, Any]:
     """Fill a row from rank 0's summary of a finished training launch."""
     epochs = res["epochs"]
     train_s = mean(e["train_s"] for e in epochs)
     first = epochs[0]
     steady = "steady_s" in first  # the scenario left the first steps out of the timing
-    step_s = first["steady_s"] / first["steady_steps"] if steady else train_s * res["grad_accum"] / res["micro_steps_per_epoch"]
+    step_s = (
+        first["steady_s"] / first["steady_steps"]
+        if steady
+        else train_s * res["grad_accum"] / res["micro_steps_per_epoch"]
+    )
     if res.get("dynamic_padding"):  # tokens counted batch by batch (the width varies)
-        tps = (metrics.tokens_per_s(first["steady_tokens"], first["steady_s"]) if steady
-               else metrics.tokens_per_s(sum(e["tokens"] for e in epochs), sum(e["train_s"] for e in epochs)))
+        tps = (
+            metrics.tokens_per_s(first["steady_tokens"], first["steady_s"])
+            if steady
+            else metrics.tokens_per_s(sum(e["tokens"] for e in epochs), sum(e["train_s"] for e in epochs))
+        )
     elif steady:
         tps = metrics.tokens_per_s(res["tokens_per_epoch"] * res["grad_accum"] // res["micro_steps_per_epoch"], step_s)
     else:
         tps = metrics.tokens_per_s(res["tokens_per_epoch"], train_s)
     row.update(
-        batch=res["batch"], eval_batch=res.get("eval_batch"), batch_searched=searched, batch_search_step=search_step if searched else None,
-        world_size=res["world_size"], device=res["device_name"],
-        train_s_per_epoch=train_s, eval_s_per_epoch=mean(e["eval_s"] for e in epochs),
+        batch=res["batch"],
+        eval_batch=res.get("eval_batch"),
+        batch_searched=searched,
+        batch_search_step=search_step if searched else None,
+        world_size=res["world_size"],
+        device=res["device_name"],
+        train_s_per_epoch=train_s,
+        eval_s_per_epoch=mean(e["eval_s"] for e in epochs),
         eval={k: v for k, v in epochs[-1]["eval"].items()},
         eval_per_epoch=[e["eval"] for e in epochs],
-        tokens_per_s=tps, step_ms=step_s * 1e3, steady=("steady_s" in epochs[0]), grad_accum=res["grad_accum"],
-        tflops_per_gpu=metrics.tflops_per_gpu(tps, res["world_size"], res["n_params"], res["layers"], res["hidden"],
-                                              res["tokens_per_row"]),
-        peak_gpu_gib=res["peak_gpu_gib"], peak_cpu_gib=res["peak_cpu_gib"], est_gpu_gib=est_gpu_gib,
-        n_params=res["n_params"], losses=res["losses"], data=res["data"], data_real=res["data_real"],
-        ds_config=res["ds_config"], seq_len=seq_len, skipped_steps=res.get("skipped_steps"),
-        recompute=res.get("recompute", False), breakdown=res.get("breakdown") or {},
-        compiled=res.get("compiled"), compiled_graphs=res.get("compiled_graphs", 0), dropout=res.get("dropout", False),
-        simulated=res.get("simulated", False), wandb_live=res.get("wandb_live"), train_wall=res.get("train_wall"),
+        tokens_per_s=tps,
+        step_ms=step_s * 1e3,
+        steady=("steady_s" in epochs[0]),
+        grad_accum=res["grad_accum"],
+        tflops_per_gpu=metrics.tflops_per_gpu(
+            tps, res["world_size"], res["n_params"], res["layers"], res["hidden"], res["tokens_per_row"]
+        ),
+        peak_gpu_gib=res["peak_gpu_gib"],
+        peak_cpu_gib=res["peak_cpu_gib"],
+        est_gpu_gib=est_gpu_gib,
+        n_params=res["n_params"],
+        losses=res["losses"],
+        data=res["data"],
+        data_real=res["data_real"],
+        ds_config=res["ds_config"],
+        seq_len=seq_len,
+        skipped_steps=res.get("skipped_steps"),
+        recompute=res.get("recompute", False),
+        breakdown=res.get("breakdown") or {},
+        compiled=res.get("compiled"),
+        compiled_graphs=res.get("compiled_graphs", 0),
+        dropout=res.get("dropout", False),
+        simulated=res.get("simulated", False),
+        wandb_live=res.get("wandb_live"),
+        train_wall=res.get("train_wall"),
     )
     if row["recompute"]:
         row["method"] += " + activation checkpointing"  # TFLOP/s still counts model FLOPs (no recompute)
@@ -81,7 +116,13 @@ def add_floor_ratio(rows: list[dict[str, Any]], floor: dict[str, float] | None) 
     limit = floor["fwd_bwd_ms"] + floor["optimizer_ms"]
     for r in rows:
         same_model = r.get("compiled") == floor.get("compiled")  # compiled blocks run faster
-        if r["status"] == "ok" and r.get("step_ms") and r.get("grad_accum") == 1 and r["batch"] == floor["batch"] and same_model:
+        if (
+            r["status"] == "ok"
+            and r.get("step_ms")
+            and r.get("grad_accum") == 1
+            and r["batch"] == floor["batch"]
+            and same_model
+        ):
             r["vs_floor"] = r["step_ms"] / limit
 
 
@@ -98,61 +139,112 @@ def table_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     # a column of its own when any variant ran compiled, so eager and compiled rows are never mistaken
     compiled = any(r.get("compiled") for r in summary["variants"])
     evals = any(r.get("eval_batch_searched") for r in summary["variants"])  # the articles' "Eval Size Max"
-    header = ["Variant", "Method", *(["torch.compile"] if compiled else []), "Model", "Data", "Batch size (max)",
-              *(["Eval size (max)"] if evals else []), "Train time per epoch (s)",
-              "Eval time per epoch (s)", *(METRIC_NAMES[c] for c in cols), "Tokens/s", "Step (ms)",
-              *(["Step vs floor"] if floor else []), "TFLOP/s per GPU", "Peak GPU GiB", "Peak CPU GiB",
-              "Loss parity vs DDP", "Notes"]
+    header = [
+        "Variant",
+        "Method",
+        *(["torch.compile"] if compiled else []),
+        "Model",
+        "Data",
+        "Batch size (max)",
+        *(["Eval size (max)"] if evals else []),
+        "Train time per epoch (s)",
+        "Eval time per epoch (s)",
+        *(METRIC_NAMES[c] for c in cols),
+        "Tokens/s",
+        "Step (ms)",
+        *(["Step vs floor"] if floor else []),
+        "TFLOP/s per GPU",
+        "Peak GPU GiB",
+        "Peak CPU GiB",
+        "Loss parity vs DDP",
+        "Notes",
+    ]
     out = []
     for r in summary["variants"]:
         model = f"{summary['init']} {summary['model']}"
         data = summary["data_kind"]
         if r["status"] != "ok":
             note = r["note"] or ("OOM Error" if r["status"] == "oom" else r["status"])
-            out.append([r["variant"], r["method"], *(["–"] if compiled else []), model, data, "–", *(["–"] if evals else []),
-                        "–", "–", *("–" for _ in cols),
-                        *("–" for _ in range(6 + floor)), note])
+            out.append(
+                [
+                    r["variant"],
+                    r["method"],
+                    *(["–"] if compiled else []),
+                    model,
+                    data,
+                    "–",
+                    *(["–"] if evals else []),
+                    "–",
+                    "–",
+                    *("–" for _ in cols),
+                    *("–" for _ in range(6 + floor)),
+                    note,
+                ]
+            )
             continue
         step = r.get("batch_search_step") or 1
         batch = f"{r['batch']}" + ((f" (step {step})" if step > 1 else "") if r.get("batch_searched") else " (set)")
         parity = r.get("parity")
-        parity_cell = r.get("parity_note", "–") if parity is None or r.get("parity_note") == "reference" else f"{parity:.1e} {r['parity_note']}"
+        parity_cell = (
+            r.get("parity_note", "–")
+            if parity is None or r.get("parity_note") == "reference"
+            else f"{parity:.1e} {r['parity_note']}"
+        )
         notes = r.get("note", "")
         if r.get("skipped_steps"):  # engines that count them (zero_core, DeepSpeed): NaN/inf steps left out
             notes = "; ".join(filter(None, [notes, f"{r['skipped_steps']} step(s) skipped (non-finite gradients)"]))
-        out.append([
-            r["variant"], r["method"], *([r.get("compiled") or "no"] if compiled else []), model, data, batch,
-            *([f"{r.get('eval_batch')}" + ("" if r.get("eval_batch_searched") else " (set)")] if evals else []),
-            _num(r["train_s_per_epoch"], ".2f"),
-            _num(r["eval_s_per_epoch"], ".2f"), *(_num(r["eval"].get(c), ".2f" if c in ("perplexity", "bleu") else ".3f") for c in cols),
-            _num(r["tokens_per_s"], ",.0f"), _num(r.get("step_ms"), ".1f"),
-            *([_num(r.get("vs_floor"), ".3f") + ("x" if r.get("vs_floor") else "")] if floor else []),
-            _num(r["tflops_per_gpu"], ".3g"), _num(r["peak_gpu_gib"], ".2f"),
-            _num(r["peak_cpu_gib"], ".2f"), parity_cell, notes,
-        ])
+        out.append(
+            [
+                r["variant"],
+                r["method"],
+                *([r.get("compiled") or "no"] if compiled else []),
+                model,
+                data,
+                batch,
+                *([f"{r.get('eval_batch')}" + ("" if r.get("eval_batch_searched") else " (set)")] if evals else []),
+                _num(r["train_s_per_epoch"], ".2f"),
+                _num(r["eval_s_per_epoch"], ".2f"),
+                *(_num(r["eval"].get(c), ".2f" if c in ("perplexity", "bleu") else ".3f") for c in cols),
+                _num(r["tokens_per_s"], ",.0f"),
+                _num(r.get("step_ms"), ".1f"),
+                *([_num(r.get("vs_floor"), ".3f") + ("x" if r.get("vs_floor") else "")] if floor else []),
+                _num(r["tflops_per_gpu"], ".3g"),
+                _num(r["peak_gpu_gib"], ".2f"),
+                _num(r["peak_cpu_gib"], ".2f"),
+                parity_cell,
+                notes,
+            ]
+        )
     return header, out
 
 
 def _where(summary: dict[str, Any]) -> str:
     if summary.get("simulated"):
-        return (f"rank 0 of {summary['world_size']} simulated on one {summary['device']} (memory per rank as "
-                f"{summary['world_size']} ranks; nothing communicated: times are lower bounds)")
+        return (
+            f"rank 0 of {summary['world_size']} simulated on one {summary['device']} (memory per rank as "
+            f"{summary['world_size']} ranks; nothing communicated: times are lower bounds)"
+        )
     return f"{summary['world_size']} rank(s) on {summary['device']}"
 
 
 def caption(summary: dict[str, Any]) -> str:
     """The line under the table: model, data, precision, where it ran, tolerance and how it was timed."""
-    text = (f"{summary['scenario']}: {summary['init']} {summary['model']}, {summary['data_kind']} data "
-            f"({summary.get('data_desc') or 'n/a'}), {summary['precision']}, " + _where(summary)
-            + f"; loss parity tolerance {summary['parity_tol']:g}")
+    text = (
+        f"{summary['scenario']}: {summary['init']} {summary['model']}, {summary['data_kind']} data "
+        f"({summary.get('data_desc') or 'n/a'}), {summary['precision']}, "
+        + _where(summary)
+        + f"; loss parity tolerance {summary['parity_tol']:g}"
+    )
     if summary["task"] == "seq2seq":
         text += "; " + SEQ2SEQ_NOTES[summary["data_kind"]]
     fl = summary.get("floor")
     if fl:
         how = f" (blocks compiled, {fl['compiled']})" if fl.get("compiled") else ""
-        text += (f"; floor: forward+backward alone{how} {fl['fwd_bwd_ms']:.1f} ms on one device with "
-                 f"{summary['precision']} weights + optimizer phase {fl['optimizer_ms']:.1f} ms "
-                 f"for a {fl['shard_numel'] / 1e6:.1f} M-element shard")
+        text += (
+            f"; floor: forward+backward alone{how} {fl['fwd_bwd_ms']:.1f} ms on one device with "
+            f"{summary['precision']} weights + optimizer phase {fl['optimizer_ms']:.1f} ms "
+            f"for a {fl['shard_numel'] / 1e6:.1f} M-element shard"
+        )
     skip = (summary.get("scenario_config") or {}).get("timing_skip_steps")
     if skip:
         text += f"; tokens/s, step time and TFLOP/s leave out the first {skip} optimizer steps"
@@ -161,7 +253,9 @@ def caption(summary: dict[str, Any]) -> str:
 
 def footer(summary: dict[str, Any]) -> str:
     """The step-time breakdown of the offload rows ("" without any)."""
-    split = [(r["variant"], r["breakdown"]) for r in summary["variants"] if r.get("status") == "ok" and r.get("breakdown")]
+    split = [
+        (r["variant"], r["breakdown"]) for r in summary["variants"] if r.get("status") == "ok" and r.get("breakdown")
+    ]
     if not split:
         return ""
     from zero_core.step_timer import format_breakdown

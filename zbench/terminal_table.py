@@ -17,9 +17,17 @@ MAX_WIDTH = 120
 ALWAYS_SHOWN = ("Variant",)
 UNBROKEN = ("Variant", "Loss parity vs DDP")  # short labels that read wrong when broken
 # terminal headers (table.md keeps the articles' long ones)
-SHORT = {"Batch size (max)": "Batch", "Eval size (max)": "Eval batch", "Train time per epoch (s)": "Train s/epoch",
-         "Eval time per epoch (s)": "Eval s/epoch", "Step vs floor": "vs floor", "TFLOP/s per GPU": "TFLOP/s /GPU",
-         "Peak GPU GiB": "GPU GiB", "Peak CPU GiB": "CPU RSS GiB", "Loss parity vs DDP": "Parity vs DDP"}
+SHORT = {
+    "Batch size (max)": "Batch",
+    "Eval size (max)": "Eval batch",
+    "Train time per epoch (s)": "Train s/epoch",
+    "Eval time per epoch (s)": "Eval s/epoch",
+    "Step vs floor": "vs floor",
+    "TFLOP/s per GPU": "TFLOP/s /GPU",
+    "Peak GPU GiB": "GPU GiB",
+    "Peak CPU GiB": "CPU RSS GiB",
+    "Loss parity vs DDP": "Parity vs DDP",
+}
 
 
 def split_constant(header: list[str], rows: list[list[str]]) -> tuple[list[int], list[tuple[str, str]]]:
@@ -63,8 +71,9 @@ def print_table(summary: dict[str, Any], stream: IO[str] | None = None, width: i
     from rich.table import Table
 
     stream = stream or sys.stdout
-    console = Console(file=stream, width=width or width_for(stream), soft_wrap=False, highlight=False,
-                      emoji=False, markup=False)
+    console = Console(
+        file=stream, width=width or width_for(stream), soft_wrap=False, highlight=False, emoji=False, markup=False
+    )
     header, rows = table_rows(summary)
     varying, constant = split_constant(header, rows)
     legend = ""
@@ -76,15 +85,26 @@ def print_table(summary: dict[str, Any], stream: IO[str] | None = None, width: i
     # the table may run past it, up to MAX_WIDTH
     console.width = min(MAX_WIDTH, max(console.width, _needed(header, rows, varying)))
     same = "; ".join(f"{name}: {value}" for name, value in constant)
-    table = Table(box=box.SIMPLE_HEAD, caption=f"In every row: {same}" if same else None, caption_justify="left",
-                  pad_edge=False, show_edge=False, collapse_padding=True)
+    table = Table(
+        box=box.SIMPLE_HEAD,
+        caption=f"In every row: {same}" if same else None,
+        caption_justify="left",
+        pad_edge=False,
+        show_edge=False,
+        collapse_padding=True,
+    )
     for i in varying:
         cells = [r[i] for r in rows]
         name = SHORT.get(header[i], header[i])
         fixed = _fixed_width(header[i], cells)
         # numbers and names never break (headers wrap at words above them); method and notes wrap at words
-        table.add_column(name, justify="right" if fixed and header[i] not in UNBROKEN else "left", overflow="fold", width=fixed,
-                         min_width=None if fixed else min(max(len(c) for c in cells), 14))
+        table.add_column(
+            name,
+            justify="right" if fixed and header[i] not in UNBROKEN else "left",
+            overflow="fold",
+            width=fixed,
+            min_width=None if fixed else min(max(len(c) for c in cells), 14),
+        )
     for r in rows:
         table.add_row(*(r[i] for i in varying))
     console.print(table)
@@ -95,4 +115,3 @@ def print_table(summary: dict[str, Any], stream: IO[str] | None = None, width: i
     if rest:
         console.print(rest.rstrip("\n"))
     stream.flush()
-

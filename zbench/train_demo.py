@@ -18,7 +18,6 @@ from .models.gpt import GPT, GPTConfig
 from .models.registry import REGISTRY_DIR
 
 
-
 def preset_config(name: str) -> GPTConfig:
     """A shipped GPT shape by name (the model registry, zbench/model_configs/), e.g. tiny, gpt2, gpt2-xl."""
     from .models.configs import gpt_config, load_arch
@@ -72,7 +71,9 @@ def run_rank(job: TrainJob) -> dict:
                 torch.cuda.synchronize()
             start = time.perf_counter()
             engine.breakdown.reset()
-        data = synthetic_tokens(gen, engine.world_size * micro, job.seq_len + 1, vocab)[engine.rank * micro : (engine.rank + 1) * micro]
+        data = synthetic_tokens(gen, engine.world_size * micro, job.seq_len + 1, vocab)[
+            engine.rank * micro : (engine.rank + 1) * micro
+        ]
         x, y = data[:, :-1].to(engine.device), data[:, 1:].to(engine.device)
         loss = engine(x, y).loss
         engine.backward(loss)
@@ -80,7 +81,10 @@ def run_rank(job: TrainJob) -> dict:
         if engine.micro_steps % gas == 0:
             losses.append(loss.detach())
             if engine.rank == 0 and (engine.global_step % every == 0 or engine.global_step == 1):
-                print(f"step {engine.global_step:>5}  loss {float(loss.detach()):.4f}  lr {engine.get_lr()[0]:.2e}", flush=True)
+                print(
+                    f"step {engine.global_step:>5}  loss {float(loss.detach()):.4f}  lr {engine.get_lr()[0]:.2e}",
+                    flush=True,
+                )
     engine.wait_for_weights()  # the last update may still run on the host (offload, stages 1-2): it counts
     if engine.device.type == "cuda":
         torch.cuda.synchronize()
@@ -90,10 +94,17 @@ def run_rank(job: TrainJob) -> dict:
     breakdown = engine.breakdown.summary()  # ms per timed step (offload runs; {} otherwise)
     engine.close()
     return {
-        "peak_gib": peak, "step_ms": 1e3 * elapsed / job.steps,
-        "stage": engine.stage, "world_size": engine.world_size, "steps": job.steps, "warmup": job.warmup,
-        "first_loss": float(losses[0]), "final_loss": float(losses[-1]), "tokens_per_s": tokens / elapsed,
-        "trainable_params": engine.layout.numel, "breakdown": breakdown,
+        "peak_gib": peak,
+        "step_ms": 1e3 * elapsed / job.steps,
+        "stage": engine.stage,
+        "world_size": engine.world_size,
+        "steps": job.steps,
+        "warmup": job.warmup,
+        "first_loss": float(losses[0]),
+        "final_loss": float(losses[-1]),
+        "tokens_per_s": tokens / elapsed,
+        "trainable_params": engine.layout.numel,
+        "breakdown": breakdown,
     }
 
 
@@ -110,6 +121,13 @@ def launch(job: TrainJob, nproc: int, fork_ok: bool = False) -> dict:
     from .launch import Nodes
     from .launch import launch as launch_ranks
 
-    results = launch_ranks(_entry, json.dumps(asdict(job)), Nodes(nproc), run_id=f"zbench-train-{os.getpid()}",
-                           log_dir=None, what="zbench train", fork_ok=fork_ok)
+    results = launch_ranks(
+        _entry,
+        json.dumps(asdict(job)),
+        Nodes(nproc),
+        run_id=f"zbench-train-{os.getpid()}",
+        log_dir=None,
+        what="zbench train",
+        fork_ok=fork_ok,
+    )
     return results[0]

@@ -28,9 +28,20 @@ def wandb_spec(run_dir: str, plan: Any, variant: str, mode: str, ds: dict[str, A
     """What rank 0 of a training launch needs to open the variant's live run (plain data: it crosses processes)."""
     run_path(run_dir, "wandb")  # W&B writes below run_dir/wandb: never through a link planted there
     stamp = os.path.basename(os.path.normpath(run_dir))
-    config = {"scenario": plan.scenario.model_dump(mode="json"), "variant": variant, "ds_config": ds, "run_dir": run_dir}
-    return {"mode": mode, "dir": run_dir, "project": os.environ.get("WANDB_PROJECT", PROJECT),
-            "group": str(plan.scenario.name), "name": f"{variant}@{stamp}", "config": config}
+    config = {
+        "scenario": plan.scenario.model_dump(mode="json"),
+        "variant": variant,
+        "ds_config": ds,
+        "run_dir": run_dir,
+    }
+    return {
+        "mode": mode,
+        "dir": run_dir,
+        "project": os.environ.get("WANDB_PROJECT", PROJECT),
+        "group": str(plan.scenario.name),
+        "name": f"{variant}@{stamp}",
+        "config": config,
+    }
 
 
 def log_runs(run_dir: str, summary: dict[str, Any], mode: str, replay: bool = False) -> list[str]:
@@ -45,16 +56,29 @@ def log_runs(run_dir: str, summary: dict[str, Any], mode: str, replay: bool = Fa
         return []
     run_path(run_dir, "wandb")  # W&B writes below run_dir/wandb: never through a link planted there
     stamp = os.path.basename(os.path.normpath(run_dir))
-    common = dict(project=os.environ.get("WANDB_PROJECT", PROJECT), group=summary["scenario"], dir=run_dir,
-                  mode=mode, reinit="create_new", settings=_settings(wandb))
+    common = dict(
+        project=os.environ.get("WANDB_PROJECT", PROJECT),
+        group=summary["scenario"],
+        dir=run_dir,
+        mode=mode,
+        reinit="create_new",
+        settings=_settings(wandb),
+    )
     folders = []
     try:
         for row in summary["variants"]:
             if row.get("wandb_live") and not replay:
                 continue  # its rank 0 logged it while it trained
-            config = {"scenario": summary.get("scenario_config"), "variant": row["variant"], "engine": row["engine"],
-                      "stage": row["stage"], "status": row["status"], "batch": row.get("batch"),
-                      "ds_config": row.get("ds_config"), "run_dir": run_dir}
+            config = {
+                "scenario": summary.get("scenario_config"),
+                "variant": row["variant"],
+                "engine": row["engine"],
+                "stage": row["stage"],
+                "status": row["status"],
+                "batch": row.get("batch"),
+                "ds_config": row.get("ds_config"),
+                "run_dir": run_dir,
+            }
             run = wandb.init(name=f"{row['variant']}@{stamp}", job_type="variant", config=config, **common)
             losses, evals = row.get("losses") or [], row.get("eval_per_epoch") or []
             per_epoch = max(1, len(losses) // max(1, len(evals)))
@@ -64,14 +88,30 @@ def log_runs(run_dir: str, summary: dict[str, Any], mode: str, replay: bool = Fa
                 if last == 0 and 0 < e <= len(evals):
                     point.update({"epoch": e, **{f"eval/{k}": v for k, v in evals[e - 1].items()}})
                 run.log(point, step=step)
-            run.summary.update({k: row.get(k) for k in ("status", "note", "batch", "train_s_per_epoch",
-                                                         "eval_s_per_epoch", "tokens_per_s", "tflops_per_gpu",
-                                                         "peak_gpu_gib", "peak_cpu_gib", "parity", "parity_note")})
+            run.summary.update(
+                {
+                    k: row.get(k)
+                    for k in (
+                        "status",
+                        "note",
+                        "batch",
+                        "train_s_per_epoch",
+                        "eval_s_per_epoch",
+                        "tokens_per_s",
+                        "tflops_per_gpu",
+                        "peak_gpu_gib",
+                        "peak_cpu_gib",
+                        "parity",
+                        "parity_note",
+                    )
+                }
+            )
             folders.append(run.dir)
             run.finish()
         header, cells = table_rows(summary)
-        run = wandb.init(name=f"summary@{stamp}", job_type="summary", config={"scenario": summary.get("scenario_config")},
-                         **common)
+        run = wandb.init(
+            name=f"summary@{stamp}", job_type="summary", config={"scenario": summary.get("scenario_config")}, **common
+        )
         run.log({"results": wandb.Table(columns=header, data=cells)})
         folders.append(run.dir)
         run.finish()

@@ -125,7 +125,8 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
     arch = ArchConfig(**job["arch"]) if job["arch"] else None
     torch.manual_seed(sc.seed)  # the same initial weights in every variant
     with _sharded_init(job, sc.model.pretrained):
-        bundle = build_model(task=sc.task, arch=arch, pretrained=sc.model.pretrained, num_labels=sc.model.num_labels or 2)
+        bundle = build_model(task=sc.task, arch=arch, pretrained=sc.model.pretrained,
+                             num_labels=sc.model.num_labels or 2)
     if sc.gradient_checkpointing:
         bundle.model.gradient_checkpointing_enable()
     if job.get("compile"):
@@ -140,18 +141,23 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
         if device.type == "cpu":  # one rank's share of the cores, as each rank of the real run has
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // job["world_size"]))
 
-        first = {k: v.to(device) for k, v in next(train_stream(splits.train, batch=batch, rank=0, world=1, seed=sc.seed)).items()}
+        first = {k: v.to(device)
+                 for k, v in next(train_stream(splits.train, batch=batch, rank=0, world=1, seed=sc.seed)).items()}
         return {"rank": 0, **floor.measure(bundle, first, sc.precision, job["world_size"], device),
                 "compiled": job.get("compile")}
     gas = sc.grad_accum
     probe = job["mode"] in ("probe", "eval_probe")
-    eval_probe = job["mode"] == "eval_probe"  # the eval batch search: one optimizer step, then a few eval batches
+    # the eval batch search: one optimizer step, then a few eval batches
+    eval_probe = job["mode"] == "eval_probe"
     run_micro, run_epochs = _schedule(sc, splits.train, batch, world)
-    micro_per_epoch, epochs = ((1 if eval_probe else sc.batch_search.steps) * gas, 1) if probe else (run_micro, run_epochs)
+    micro_per_epoch, epochs = (((1 if eval_probe else sc.batch_search.steps) * gas, 1) if probe
+                               else (run_micro, run_epochs))
     total_steps = epochs * micro_per_epoch // gas
-    ds = ds_config.finalize(job["ds"], sc=sc, batch=batch, world_size=world, total_steps=total_steps, hidden=bundle.hidden)
+    ds = ds_config.finalize(job["ds"], sc=sc, batch=batch, world_size=world, total_steps=total_steps,
+                            hidden=bundle.hidden)
     variant = build_variant(job["engine"], bundle, ds, device)
-    texts = TextGeneration.for_run(sc.task, splits.tokenizer, bundle.model, variant.forward, sc.target_len or sc.seq_len)
+    texts = TextGeneration.for_run(sc.task, splits.tokenizer, bundle.model, variant.forward,
+                                   sc.target_len or sc.seq_len)
     torch.manual_seed(sc.seed + 1 + rank)  # dropout differs per rank, identically in every variant
     stream = train_stream(splits.train, batch=batch, rank=rank, world=world, seed=sc.seed)
     if probe and sc.dynamic_padding:  # OOM-safe search: every probe step runs the widest batch of the real run
@@ -165,7 +171,8 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
     ckpt = Checkpointing(job.get("checkpoint_dir"), sc.checkpoint_every, gas, variant)
     done = ckpt.resume(losses, device)
     epoch_rows = []
-    skip_micro = sc.timing_skip_steps * gas if not probe and done == 0 and sc.timing_skip_steps * gas < micro_per_epoch else 0
+    skip_micro = (sc.timing_skip_steps * gas
+                  if not probe and done == 0 and sc.timing_skip_steps * gas < micro_per_epoch else 0)
     steady_start = None
     timer = getattr(getattr(variant, "engine_obj", None), "breakdown", None)  # zero_core's step-time breakdown
     breakdown: dict[str, float] = {}
@@ -227,7 +234,8 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
         eval_s = time.perf_counter() - start
         result = sums.result()
         live.evaluated(result, eval_s)
-        epoch_rows.append({"train_s": train_s, "eval_s": eval_s, "eval": result, "tokens": tokens, "rows": rows, **steady})
+        epoch_rows.append({"train_s": train_s, "eval_s": eval_s, "eval": result, "tokens": tokens, "rows": rows,
+                           **steady})
     wall_end = time.time()
     simulated = bool(job.get("simulate_world"))  # one process for all ranks: its own values stand for theirs
     curve = torch.stack(losses)
@@ -241,8 +249,8 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
         r["train_s"], r["eval_s"] = t, e
         if "steady_s" in r:
             r["steady_s"] = st
-    counts = torch.tensor([[r["tokens"], r.get("steady_tokens", 0), r["rows"]] for r in epoch_rows], dtype=torch.float64,
-                          device=device)
+    counts = torch.tensor([[r["tokens"], r.get("steady_tokens", 0), r["rows"]] for r in epoch_rows],
+                          dtype=torch.float64, device=device)
     if simulated:
         counts *= world  # every rank as many as rank 0
     else:
@@ -265,12 +273,12 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
     return {
         "rank": 0, "status": "ok", "world_size": world, "device": device.type,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "batch": batch, "eval_batch": eval_bs, "grad_accum": gas, "micro_steps_per_epoch": micro_per_epoch, "epochs": epoch_rows,
-        "losses": curve.tolist(), "tokens_per_epoch": round(micro_per_epoch * batch * world * tokens_per_row),
+        "batch": batch, "eval_batch": eval_bs, "grad_accum": gas, "micro_steps_per_epoch": micro_per_epoch,
+        "epochs": epoch_rows, "losses": curve.tolist(),
+        "tokens_per_epoch": round(micro_per_epoch * batch * world * tokens_per_row),
         "tokens_per_row": tokens_per_row, "n_params": bundle.n_params, "largest_layer": bundle.largest_layer,
         "layers": bundle.layers, "hidden": bundle.hidden, "peak_gpu_gib": peak_gpu, "peak_cpu_gib": peak_cpu,
-        "skipped_steps": skipped, "wandb_live": live.folder,
-        "train_wall": [wall_start, wall_end],
+        "skipped_steps": skipped, "wandb_live": live.folder, "train_wall": [wall_start, wall_end],
         "ds_config": ds, "data": splits.description, "data_real": splits.real, "torch": torch.__version__,
         "recompute": _recomputes(bundle.model), "breakdown": breakdown, "dynamic_padding": sc.dynamic_padding,
         "compiled": job.get("compile"), "compiled_graphs": graphs_compiled() if job.get("compile") else 0,

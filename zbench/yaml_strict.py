@@ -45,14 +45,16 @@ class _StrictLoader(yaml.SafeLoader):
                 key = self.construct_object(key_node)
                 line = key_node.start_mark.line + 1
                 if key in seen:
-                    raise _Refused(f"has the key '{str(key)[:60]}' twice in one mapping (lines {seen[key]} and {line}); keep one")
+                    raise _Refused(
+                        f"has the key '{str(key)[:60]}' twice in one mapping (lines {seen[key]} and {line}); keep one"
+                    )
                 seen[key] = line
         return super().construct_mapping(node, deep=deep)
 
 
 _StrictLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"))
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789")
+)
 
 
 class _Refused(Exception):
@@ -71,12 +73,19 @@ def expanded_sizes(root: Node) -> dict[int, tuple[int, int]]:
         key = id(node)
         if key in size:
             continue
-        kids = ([n for pair in node.value for n in pair] if isinstance(node, MappingNode)
-                else list(node.value) if isinstance(node, SequenceNode) else [])
+        kids = (
+            [n for pair in node.value for n in pair]
+            if isinstance(node, MappingNode)
+            else list(node.value)
+            if isinstance(node, SequenceNode)
+            else []
+        )
         if children_done:
             active.discard(key)
-            size[key] = (min(MAX_NODES + 1, 1 + sum(size[id(k)][0] for k in kids)),
-                         min(MAX_DEPTH + 1, 1 + max((size[id(k)][1] for k in kids), default=0)))
+            size[key] = (
+                min(MAX_NODES + 1, 1 + sum(size[id(k)][0] for k in kids)),
+                min(MAX_DEPTH + 1, 1 + max((size[id(k)][1] for k in kids), default=0)),
+            )
             continue
         if key in active:
             raise _Refused("refers to itself through an alias (a recursive structure); remove the alias")
@@ -89,8 +98,10 @@ def expanded_sizes(root: Node) -> dict[int, tuple[int, int]]:
 def _check_expansion(root: Node) -> None:
     values, depth = expanded_sizes(root)[id(root)]
     if values > MAX_NODES:
-        raise _Refused(f"expands to more than {MAX_NODES:,} values through its aliases (*name); "
-                       "write the values out or remove the aliases")
+        raise _Refused(
+            f"expands to more than {MAX_NODES:,} values through its aliases (*name); "
+            "write the values out or remove the aliases"
+        )
     if depth > MAX_DEPTH:
         raise _Refused(f"nests deeper than {MAX_DEPTH} levels once its aliases (*name) are expanded; remove them")
 
@@ -121,8 +132,10 @@ def read_yaml(path: str, what: str, error: type[ValueError]) -> Any:
     except _Refused as e:
         raise error(f"{what} {path} {e}") from None
     except yaml.constructor.ConstructorError as e:  # a tag naming a Python object, or a non-scalar key
-        raise error(f"{what} {path} line {e.problem_mark.line + 1}: {e.problem}; zbench reads plain YAML data only "
-                    "(no tags): remove it") from None
+        raise error(
+            f"{what} {path} line {e.problem_mark.line + 1}: {e.problem}; zbench reads plain YAML data only "
+            "(no tags): remove it"
+        ) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""

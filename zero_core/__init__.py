@@ -16,13 +16,33 @@ from .engine import Engine
 from .overflow_log import NonFiniteError
 from .pretrained import load_pretrained
 
-__all__ = ["initialize", "init_context", "load_pretrained", "Engine", "ZeroConfig", "ConfigError", "UnsupportedFeature", "load_config", "AutoValues", "fill_auto", "CollectiveError",
-           "CollectiveTimeout", "NonFiniteError"]
+__all__ = [
+    "initialize",
+    "init_context",
+    "load_pretrained",
+    "Engine",
+    "ZeroConfig",
+    "ConfigError",
+    "UnsupportedFeature",
+    "load_config",
+    "AutoValues",
+    "fill_auto",
+    "CollectiveError",
+    "CollectiveTimeout",
+    "NonFiniteError",
+]
 
 
-def initialize(model: torch.nn.Module, config: dict | str | os.PathLike | ZeroConfig, model_parameters: Any = None,
-               optimizer: Any = None, lr_scheduler: Any = None, *, auto: AutoValues | dict | None = None,
-               pretrained: str | os.PathLike | None = None) -> Engine:
+def initialize(
+    model: torch.nn.Module,
+    config: dict | str | os.PathLike | ZeroConfig,
+    model_parameters: Any = None,
+    optimizer: Any = None,
+    lr_scheduler: Any = None,
+    *,
+    auto: AutoValues | dict | None = None,
+    pretrained: str | os.PathLike | None = None,
+) -> Engine:
     """Wrap `model` for ZeRO training.
 
     `config` is a DeepSpeed-style dict, a path to such a JSON file, or a `ZeroConfig`. `model_parameters`
@@ -36,8 +56,9 @@ def initialize(model: torch.nn.Module, config: dict | str | os.PathLike | ZeroCo
     safetensors folder whose weights replace the initial ones, each rank reading only its shards
     (`load_pretrained`). A model built inside `init_context` (or on the meta device) is never whole on a rank.
     """
-    engine = Engine(model, config, model_parameters=model_parameters, optimizer=optimizer, lr_scheduler=lr_scheduler,
-                    auto=auto)
+    engine = Engine(
+        model, config, model_parameters=model_parameters, optimizer=optimizer, lr_scheduler=lr_scheduler, auto=auto
+    )
     if pretrained is not None:
         load_pretrained(engine, pretrained)
     return engine

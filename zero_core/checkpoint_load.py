@@ -42,9 +42,11 @@ def _check_states(folder: Path, manifest: dict[str, Any], opt: Any) -> list[str]
     client = isinstance(opt, ClientOptimizer)
     if client != all(k.startswith("state.") for k in saved) or (not client and tuple(saved) != NAMES[1:]):
         kind = manifest["optimizer"].get("client") or "AdamW/Adam"
-        raise CheckpointError(f"{folder} holds the states of a {kind} optimizer, not of this "
-                              f"{type(opt.client).__name__ if client else 'AdamW/Adam'}; load the weights alone "
-                              "(load_optimizer_states=False) or use the optimizer the run used")
+        raise CheckpointError(
+            f"{folder} holds the states of a {kind} optimizer, not of this "
+            f"{type(opt.client).__name__ if client else 'AdamW/Adam'}; load the weights alone "
+            "(load_optimizer_states=False) or use the optimizer the run used"
+        )
     return saved
 
 
@@ -53,12 +55,16 @@ def _check_model(folder: Path, manifest: dict[str, Any], current: list[dict[str,
     missing = [e["name"] for e in current if e["name"] not in saved]
     unexpected = [n for n in saved if n not in {e["name"] for e in current}]
     if missing or unexpected:
-        raise CheckpointError(f"{folder} is from another model: missing {missing[:3]} unexpected {unexpected[:3]}; "
-                              "load a checkpoint of this model")
+        raise CheckpointError(
+            f"{folder} is from another model: missing {missing[:3]} unexpected {unexpected[:3]}; "
+            "load a checkpoint of this model"
+        )
     for e in current:
         if list(saved[e["name"]]["shape"]) != e["shape"] or saved[e["name"]]["trainable"] != e["trainable"]:
-            raise CheckpointError(f"{folder}: {e['name']} is {saved[e['name']]['shape']} in the checkpoint but {e['shape']} "
-                                  "in the model; load a checkpoint of this model")
+            raise CheckpointError(
+                f"{folder}: {e['name']} is {saved[e['name']]['shape']} in the checkpoint but {e['shape']} "
+                "in the model; load a checkpoint of this model"
+            )
 
 
 def _fragment_pieces(mine: list, names: list[str], lo: int, hi: int):
@@ -79,8 +85,9 @@ def _read_fragments(reader: Any, mine: list, names: list[str], lo: int, into: di
             dst[a - lo : b - lo].copy_(piece)
 
 
-def _read_in_one_pass(folder: Path, manifest: dict[str, Any], reader: Any, mine: list, names: list[str],
-                      into: dict[str, torch.Tensor]) -> None:
+def _read_in_one_pass(
+    folder: Path, manifest: dict[str, Any], reader: Any, mine: list, names: list[str], into: dict[str, torch.Tensor]
+) -> None:
     """Fill `into[key]` (the whole partition) reading each rank file once, its checksum checked on the way."""
     numel = next(iter(into.values())).numel()
     spans = defaultdict(list)
@@ -92,15 +99,24 @@ def _read_in_one_pass(folder: Path, manifest: dict[str, Any], reader: Any, mine:
         try:
             read_verified(folder / fname, manifest["files"][fname], spans[fname])
         except CheckpointError as e:
-            raise CheckpointError(f"{e}; this engine's states were partly overwritten by the load: load a sound "
-                                  "checkpoint before training on") from None
+            raise CheckpointError(
+                f"{e}; this engine's states were partly overwritten by the load: load a sound "
+                "checkpoint before training on"
+            ) from None
         except FileNotFoundError:
-            raise CheckpointError(f"{folder / fname} disappeared while it was read (another process removed this "
-                                  "checkpoint, e.g. a save with keep_last); load a newer one") from None
+            raise CheckpointError(
+                f"{folder / fname} disappeared while it was read (another process removed this "
+                "checkpoint, e.g. a save with keep_last); load a newer one"
+            ) from None
 
 
-def load(engine: "Engine", load_dir: str | os.PathLike, tag: str | None = None, weights_only: bool = False,
-         schedule: bool = True) -> tuple[Path, dict[str, Any]]:
+def load(
+    engine: "Engine",
+    load_dir: str | os.PathLike,
+    tag: str | None = None,
+    weights_only: bool = False,
+    schedule: bool = True,
+) -> tuple[Path, dict[str, Any]]:
     """Collective. Loads weights, optimizer state and counters into this engine (`weights_only`: the fp32
     weights alone, the optimizer untouched); returns (the checkpoint folder, client_state)."""
     folder = fmt.resolve(load_dir, tag)
@@ -128,8 +144,14 @@ def load(engine: "Engine", load_dir: str | os.PathLike, tag: str | None = None, 
             into_states = ("master",) if weights_only or client else NAMES
             arrays = {k: torch.zeros(opt.states.numel, dtype=torch.float32) for k in saved_states} if client else {}
             if one_pass:
-                _read_in_one_pass(folder, manifest, reader, mine, names,
-                                  {**{k: getattr(opt.states, k) for k in into_states}, **arrays})
+                _read_in_one_pass(
+                    folder,
+                    manifest,
+                    reader,
+                    mine,
+                    names,
+                    {**{k: getattr(opt.states, k) for k in into_states}, **arrays},
+                )
             else:
                 for lo, hi, views in opt.states.stream():  # NVMe chunk by chunk (written back)
                     _read_fragments(reader, mine, names, lo, {k: views[k] for k in into_states})
@@ -155,8 +177,10 @@ def load(engine: "Engine", load_dir: str | os.PathLike, tag: str | None = None, 
         try:
             engine.host_schedule.load_state_dict(manifest["scheduler"])
         except ValueError as e:
-            raise CheckpointError(f"{folder}: {e}; build the same scheduler as the run that saved it, or pass "
-                                  "load_lr_scheduler_states=False") from None
+            raise CheckpointError(
+                f"{folder}: {e}; build the same scheduler as the run that saved it, or pass "
+                "load_lr_scheduler_states=False"
+            ) from None
     if restore is not None:
         restore(engine.device)
     return folder, manifest["client_state"]

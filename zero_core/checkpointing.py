@@ -38,9 +38,11 @@ if TYPE_CHECKING:
     from .engine import Engine
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-_FIXES = {SPACE: "free space on that disk or pass another save_dir, then save again",
-          ACCESS: "make the folder writable or pass another save_dir, then save again",
-          None: "fix that and save again"}
+_FIXES = {
+    SPACE: "free space on that disk or pass another save_dir, then save again",
+    ACCESS: "make the folder writable or pass another save_dir, then save again",
+    None: "fix that and save again",
+}
 
 
 def _cause(e: BaseException) -> tuple[str, str]:
@@ -54,7 +56,11 @@ def save_failed(root: Path, tag: str, problem: tuple[str, str]) -> CheckpointErr
         latest = fmt.read_latest(root) if root.is_dir() else None
     except CheckpointError:
         latest = None
-    before = f"the previous checkpoint ({latest}) and 'latest' are unchanged" if latest else "no earlier checkpoint exists there"
+    before = (
+        f"the previous checkpoint ({latest}) and 'latest' are unchanged"
+        if latest
+        else "no earlier checkpoint exists there"
+    )
     return CheckpointError(f"checkpoint {tag} was not saved in {root}: {problem[0]}; {problem[1]}; {before}")
 
 
@@ -107,8 +113,12 @@ def _stage(engine: "Engine", root: Path, tag: str) -> Path:
         try:
             staged, stale = _prepare(root, tag)
             if stale:
-                print(f"zero_core: {len(stale)} folder(s) left in {root} by saves that died ({', '.join(d.name for d in stale[:3])}); "
-                      "they hold disk space: delete them once no save is running", flush=True)
+                print(
+                    f"zero_core: {len(stale)} folder(s) left in {root} by saves that died "
+                    f"({', '.join(d.name for d in stale[:3])}); "
+                    "they hold disk space: delete them once no save is running",
+                    flush=True,
+                )
         except OSError as e:
             what, fix = _cause(e)
             problem = (f"cannot create {e.filename or root} ({what})", fix)
@@ -118,8 +128,9 @@ def _stage(engine: "Engine", root: Path, tag: str) -> Path:
     return Path(staged)
 
 
-def publish(root: Path, tag: str, staged: Path, manifest: dict[str, Any], move_latest: bool,
-            keep_last: int | None) -> tuple[str, str] | None:
+def publish(
+    root: Path, tag: str, staged: Path, manifest: dict[str, Any], move_latest: bool, keep_last: int | None
+) -> tuple[str, str] | None:
     """Rank 0: write the manifest, commit, prune; the problem (staging folder removed) or None."""
     try:
         mf.write(staged, manifest)
@@ -133,9 +144,15 @@ def publish(root: Path, tag: str, staged: Path, manifest: dict[str, Any], move_l
     return None
 
 
-def save(engine: "Engine", save_dir: str | os.PathLike, tag: str | None = None,
-         client_state: dict[str, Any] | None = None, keep_last: int | None = None, move_latest: bool = True,
-         async_save: bool = False) -> Path:
+def save(
+    engine: "Engine",
+    save_dir: str | os.PathLike,
+    tag: str | None = None,
+    client_state: dict[str, Any] | None = None,
+    keep_last: int | None = None,
+    move_latest: bool = True,
+    async_save: bool = False,
+) -> Path:
     """Collective. Returns the checkpoint folder (committed, or being committed in the background)."""
     from .checkpoint_async import saver_of
 
@@ -148,18 +165,26 @@ def save(engine: "Engine", save_dir: str | os.PathLike, tag: str | None = None,
     try:
         client_state = json.loads(json.dumps(client_state or {}))  # a copy: the caller may change it while we write
     except (TypeError, ValueError) as e:
-        raise CheckpointError(f"client_state is not JSON-serialisable ({e}); pass plain data (numbers, text, lists, dicts)") from None
+        raise CheckpointError(
+            f"client_state is not JSON-serialisable ({e}); pass plain data (numbers, text, lists, dicts)"
+        ) from None
     staged = _stage(engine, root, tag)
     entries = param_entries(engine)
     on_gpu = engine.device.type == "cuda"  # pinned buffers: the device-to-host copies at full speed
     files = contents(engine, entries, saver.buffers if async_save or on_gpu else None)
     rng = comm.all_gather_object(capture_rng(engine.device), what="all-gather of the RNG states")
-    manifest = _manifest(engine, tag, entries, {}, {str(r): s for r, s in enumerate(rng)}, client_state) if engine.rank == 0 else None
+    manifest = (
+        _manifest(engine, tag, entries, {}, {str(r): s for r, s in enumerate(rng)}, client_state)
+        if engine.rank == 0
+        else None
+    )
     if async_save:
         saver.start(root, tag, staged, files, manifest, move_latest, keep_last)
         return root / tag
     records, problem = write_files(engine.rank, files, staged)
-    gathered = comm.all_gather_object({"files": records, "problem": problem}, what="all-gather of the checkpoint's file list")
+    gathered = comm.all_gather_object(
+        {"files": records, "problem": problem}, what="all-gather of the checkpoint's file list"
+    )
     problem = next((g["problem"] for g in gathered if g["problem"]), None)
     if engine.rank == 0:
         if problem is None:
@@ -174,20 +199,45 @@ def save(engine: "Engine", save_dir: str | os.PathLike, tag: str | None = None,
     return root / tag
 
 
-def _manifest(engine: "Engine", tag: str, entries: list[dict[str, Any]], files: dict[str, Any], rng: dict[str, Any],
-              client_state: dict[str, Any]) -> dict[str, Any]:
+def _manifest(
+    engine: "Engine",
+    tag: str,
+    entries: list[dict[str, Any]],
+    files: dict[str, Any],
+    rng: dict[str, Any],
+    client_state: dict[str, Any],
+) -> dict[str, Any]:
     c, opt = engine.config, engine.optimizer
     return {
-        "format": mf.FORMAT, "version": mf.VERSION, "tag": tag, "step": engine.global_step,
-        "micro_steps": engine.micro_steps, "world_size": engine.world_size, "stage": engine.stage,
-        "dtype": _DTYPE_NAMES[engine.dtype], "layout": mf.layout_record(engine.layout),
-        "params": entries, "fragments": mf.fragment_records(engine.layout), "files": files,
-        "optimizer": {"type": c.optimizer.type, "lr": c.optimizer.params.lr, "betas": list(c.optimizer.params.betas),
-                      "eps": c.optimizer.params.eps, "weight_decay": c.optimizer.params.weight_decay,
-                      "decoupled": c.optimizer.decoupled, "gradient_clipping": c.gradient_clipping,
-                      "applied": float(opt.applied), "skipped": float(opt.skipped), **_optimizer_states(opt)},
-        "loss_scaler": {k: (v.tolist() if isinstance(v, torch.Tensor) else v) for k, v in engine.scaler.state_dict().items()},
-        "rng": rng, "client_state": client_state,
+        "format": mf.FORMAT,
+        "version": mf.VERSION,
+        "tag": tag,
+        "step": engine.global_step,
+        "micro_steps": engine.micro_steps,
+        "world_size": engine.world_size,
+        "stage": engine.stage,
+        "dtype": _DTYPE_NAMES[engine.dtype],
+        "layout": mf.layout_record(engine.layout),
+        "params": entries,
+        "fragments": mf.fragment_records(engine.layout),
+        "files": files,
+        "optimizer": {
+            "type": c.optimizer.type,
+            "lr": c.optimizer.params.lr,
+            "betas": list(c.optimizer.params.betas),
+            "eps": c.optimizer.params.eps,
+            "weight_decay": c.optimizer.params.weight_decay,
+            "decoupled": c.optimizer.decoupled,
+            "gradient_clipping": c.gradient_clipping,
+            "applied": float(opt.applied),
+            "skipped": float(opt.skipped),
+            **_optimizer_states(opt),
+        },
+        "loss_scaler": {
+            k: (v.tolist() if isinstance(v, torch.Tensor) else v) for k, v in engine.scaler.state_dict().items()
+        },
+        "rng": rng,
+        "client_state": client_state,
         "scheduler": engine.host_schedule.state_dict() if engine.host_schedule is not None else {},
     }
 
@@ -198,5 +248,3 @@ def _optimizer_states(opt: Any) -> dict[str, Any]:
         return {"state_keys": list(NAMES[1:])}
     arrays, scalars = opt.state_arrays()
     return {"state_keys": sorted(arrays), "client": type(opt.client).__name__, "client_scalars": scalars}
-
-

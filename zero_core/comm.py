@@ -55,8 +55,10 @@ def set_timeout(seconds: float) -> None:
 
     setter = getattr(c10d, "_set_pg_timeout", None)
     if setter is None:  # torch < 2.3: the timeout is fixed when the group is created
-        raise ValueError("zero_core.comm_timeout_s needs torch >= 2.3 here (the process group already exists); "
-                         "pass timeout= to init_process_group instead, or upgrade torch")
+        raise ValueError(
+            "zero_core.comm_timeout_s needs torch >= 2.3 here (the process group already exists); "
+            "pass timeout= to init_process_group instead, or upgrade torch"
+        )
     setter(timedelta(seconds=seconds))
 
 
@@ -66,11 +68,15 @@ def _translate(e: RuntimeError, what: str, waited: float) -> RuntimeError:
     lowered = text.lower()
     who = f"rank {rank()}: {what}"
     if "timed out" in lowered or "timeout" in lowered:
-        return CollectiveTimeout(f"{who} timed out after {waited:.1f} s (a peer rank stopped or hung); check the other "
-                                 f"ranks' logs for the first error; {_TIMEOUT_HINT}")
+        return CollectiveTimeout(
+            f"{who} timed out after {waited:.1f} s (a peer rank stopped or hung); check the other "
+            f"ranks' logs for the first error; {_TIMEOUT_HINT}"
+        )
     if "closed by peer" in lowered or "reset by peer" in lowered or "broken pipe" in lowered:
-        return CollectiveError(f"{who} failed after {waited:.1f} s: a peer rank closed its connection (it crashed or was "
-                               "killed); its own log names the cause; resume from the last checkpoint once it is fixed")
+        return CollectiveError(
+            f"{who} failed after {waited:.1f} s: a peer rank closed its connection (it crashed or was "
+            "killed); its own log names the cause; resume from the last checkpoint once it is fixed"
+        )
     return e
 
 
@@ -205,8 +211,10 @@ def host_buffer(numel: int, dtype: torch.dtype, pin: bool) -> torch.Tensor:
         return torch.zeros(numel, dtype=dtype, pin_memory=pinned)
     except RuntimeError as e:
         gib = numel * torch.empty((), dtype=dtype).element_size() / 2**30
-        raise MemoryError(f"cannot allocate {gib:.2f} GiB of {'pinned ' if pinned else ''}host memory for offload "
-                          f"({str(e).splitlines()[0]}); free host memory, use more ranks, or turn offload off") from None
+        raise MemoryError(
+            f"cannot allocate {gib:.2f} GiB of {'pinned ' if pinned else ''}host memory for offload "
+            f"({str(e).splitlines()[0]}); free host memory, use more ranks, or turn offload off"
+        ) from None
 
 
 def all_reduce_sum_on(t: torch.Tensor, device: torch.device, what: str = "all-reduce") -> None:

@@ -43,8 +43,12 @@ class Resolved(NamedTuple):
     filled: list[tuple[str, Any, tuple[str, ...]]]  # (dotted key, value, the auto fields it came from; () = a default)
 
 
-def load_config(config: dict | str | os.PathLike | ZeroConfig, world_size: int, *,
-                auto: AutoValues | Mapping[str, Any] | None = None) -> ZeroConfig:
+def load_config(
+    config: dict | str | os.PathLike | ZeroConfig,
+    world_size: int,
+    *,
+    auto: AutoValues | Mapping[str, Any] | None = None,
+) -> ZeroConfig:
     """Validate `config`, fill its "auto" values from `auto` and resolve its batch sizes for `world_size` ranks.
 
     `auto`: what a trainer knows (an AutoValues or a dict of its fields, e.g. {"learning_rate": 3e-5});
@@ -55,9 +59,14 @@ def load_config(config: dict | str | os.PathLike | ZeroConfig, world_size: int, 
     return cfg
 
 
-def resolve_config(config: dict | str | os.PathLike | ZeroConfig, world_size: int, *,
-                   auto: AutoValues | Mapping[str, Any] | None = None, defaults: AutoValues | Mapping[str, Any] | None = None,
-                   labels: Mapping[str, str] | None = None) -> Resolved:
+def resolve_config(
+    config: dict | str | os.PathLike | ZeroConfig,
+    world_size: int,
+    *,
+    auto: AutoValues | Mapping[str, Any] | None = None,
+    defaults: AutoValues | Mapping[str, Any] | None = None,
+    labels: Mapping[str, str] | None = None,
+) -> Resolved:
     """load_config's work without the rank-0 line, also returning what was filled. `defaults` and `labels`
     are resolve_auto's: values that only fill "auto" (a command line's default flags), names for messages."""
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
@@ -177,10 +186,14 @@ def resolve_batch(train: int | None, micro: int | None, gas: int | None, *, worl
     ws = world_size
     if train is None and micro is None:
         if gas is not None:
-            raise ConfigError("gradient_accumulation_steps alone does not fix the batch size; "
-                              "also set train_micro_batch_size_per_gpu or train_batch_size")
-        raise ConfigError("no batch size: set train_micro_batch_size_per_gpu (per GPU) or train_batch_size (global) "
-                          "to a number ('auto' needs a trainer to fill it in)")
+            raise ConfigError(
+                "gradient_accumulation_steps alone does not fix the batch size; "
+                "also set train_micro_batch_size_per_gpu or train_batch_size"
+            )
+        raise ConfigError(
+            "no batch size: set train_micro_batch_size_per_gpu (per GPU) or train_batch_size (global) "
+            "to a number ('auto' needs a trainer to fill it in)"
+        )
     if train is None:
         gas = 1 if gas is None else gas
         return micro * gas * ws, micro, gas
@@ -189,12 +202,16 @@ def resolve_batch(train: int | None, micro: int | None, gas: int | None, *, worl
         _divisible(train, [("gradient_accumulation_steps", gas), ("world_size", ws)], "train_micro_batch_size_per_gpu")
         return train, train // (gas * ws), gas
     if gas is None:
-        _divisible(train, [("train_micro_batch_size_per_gpu", micro), ("world_size", ws)], "gradient_accumulation_steps")
+        _divisible(
+            train, [("train_micro_batch_size_per_gpu", micro), ("world_size", ws)], "gradient_accumulation_steps"
+        )
         return train, micro, train // (micro * ws)
     if train != micro * gas * ws:
-        raise ConfigError(f"train_batch_size ({train}) must equal train_micro_batch_size_per_gpu * "
-                          f"gradient_accumulation_steps * world_size = {micro} * {gas} * {ws} = {micro * gas * ws}; "
-                          "fix one of them, or leave one out (or 'auto') to derive it")
+        raise ConfigError(
+            f"train_batch_size ({train}) must equal train_micro_batch_size_per_gpu * "
+            f"gradient_accumulation_steps * world_size = {micro} * {gas} * {ws} = {micro * gas * ws}; "
+            "fix one of them, or leave one out (or 'auto') to derive it"
+        )
     return train, micro, gas
 
 
@@ -205,8 +222,10 @@ def _divisible(train: int, factors: list[tuple[str, int]], derived: str) -> None
     for _, v in factors:
         product *= v
     if train % product:
-        raise ConfigError(f"train_batch_size ({train}) is not divisible by {names} = {values} = {product}, "
-                          f"so {derived} cannot be derived; make train_batch_size a multiple of {product}")
+        raise ConfigError(
+            f"train_batch_size ({train}) is not divisible by {names} = {values} = {product}, "
+            f"so {derived} cannot be derived; make train_batch_size a multiple of {product}"
+        )
 
 
 def _raw(config: Any) -> tuple[Any, tuple[int | None, ...] | None]:
@@ -239,9 +258,13 @@ def read_config_file(path: str) -> Any:
         with open(path, encoding="utf-8") as f:
             return json.load(f, object_pairs_hook=no_duplicates)
     except FileNotFoundError:
-        raise ConfigError(f"config file '{path}' does not exist; pass the path of a DeepSpeed-style JSON file") from None
+        raise ConfigError(
+            f"config file '{path}' does not exist; pass the path of a DeepSpeed-style JSON file"
+        ) from None
     except json.JSONDecodeError as e:
-        raise ConfigError(f"config file '{path}' is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}; "
-                          "fix the syntax (double quotes, no trailing commas, no comments)") from None
+        raise ConfigError(
+            f"config file '{path}' is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}; "
+            "fix the syntax (double quotes, no trailing commas, no comments)"
+        ) from None
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"cannot read config file '{path}': {e}; pass a readable UTF-8 JSON file") from None

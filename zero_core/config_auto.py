@@ -133,12 +133,15 @@ def _rules() -> list[AutoRule]:
                  _HIDDEN.format(d=default(ZeroOptimizationConfig, "reduce_bucket_size"))),
         AutoRule(zero + "stage3_prefetch_bucket_size", ("hidden_size",), False,
                  lambda v, raw: v.hidden_size and _stage3(raw) and int(0.9 * v.hidden_size * v.hidden_size) or None,
-                 default(ZeroOptimizationConfig, "stage3_prefetch_bucket_size"), f"{_ONLY} at stage 3 (int(0.9 * h * h))",
-                 _HIDDEN.format(d=default(ZeroOptimizationConfig, "stage3_prefetch_bucket_size")) + ", also below stage 3"),
+                 default(ZeroOptimizationConfig, "stage3_prefetch_bucket_size"),
+                 f"{_ONLY} at stage 3 (int(0.9 * h * h))",
+                 _HIDDEN.format(d=default(ZeroOptimizationConfig, "stage3_prefetch_bucket_size"))
+                 + ", also below stage 3"),
         AutoRule(zero + "stage3_param_persistence_threshold", ("hidden_size",), False,
                  lambda v, raw: v.hidden_size and _stage3(raw) and 10 * v.hidden_size or None,
                  default(ZeroOptimizationConfig, "stage3_param_persistence_threshold"), f"{_ONLY} at stage 3 (10 * h)",
-                 _HIDDEN.format(d=default(ZeroOptimizationConfig, "stage3_param_persistence_threshold")) + ", also below stage 3"),
+                 _HIDDEN.format(d=default(ZeroOptimizationConfig, "stage3_param_persistence_threshold"))
+                 + ", also below stage 3"),
     ]
     # element counts HF never fills: "auto" is DeepSpeed's default, as before
     counts = [(zero, ZeroOptimizationConfig, n) for n in ("allgather_bucket_size", "stage3_max_live_parameters",
@@ -147,7 +150,8 @@ def _rules() -> list[AutoRule]:
     counts += [(prefix, AioConfig, "block_size") for prefix in ("aio.", zero + "aio.")]
     for prefix, model, name in counts:
         d = default(model, name)
-        rules.append(AutoRule(prefix + name, (), False, lambda v, raw: None, d, "not filled by HF", _HIDDEN.format(d=d)))
+        rules.append(AutoRule(prefix + name, (), False, lambda v, raw: None, d, "not filled by HF",
+                              _HIDDEN.format(d=d)))
     return rules
 
 
@@ -198,7 +202,8 @@ def resolve_auto(raw: Any, values: AutoValues | Mapping[str, Any] | None = None,
             section[name] = value
             filled.append((rule.key, value, source))
     if derived and "train_batch_size" not in out and "train_micro_batch_size_per_gpu" not in out:
-        problems.append(Problem((derived[0].key,), _needs(derived[0], "set a number", labels)))  # nothing to derive from
+        # nothing to derive from
+        problems.append(Problem((derived[0].key,), _needs(derived[0], "set a number", labels)))
     return Resolution(out, filled, problems)
 
 

@@ -32,8 +32,11 @@ class AutoValues:
     warmup_steps: int | None = None
 
     def __post_init__(self) -> None:
-        bad = [f"{name} must be {what}, got {show(getattr(self, name))}" for name, (ok, what) in _CHECKS.items()
-               if getattr(self, name) is not None and not ok(getattr(self, name))]
+        bad = [
+            f"{name} must be {what}, got {show(getattr(self, name))}"
+            for name, (ok, what) in _CHECKS.items()
+            if getattr(self, name) is not None and not ok(getattr(self, name))
+        ]
         if bad:
             raise ConfigError("auto values: " + "; ".join(bad))
 
@@ -67,10 +70,18 @@ def _real(ok: Callable[[float], bool], what: str) -> tuple[Callable[[Any], bool]
 
 
 _CHECKS = {
-    "world_size": _int(1), "per_device_train_batch_size": _int(1), "gradient_accumulation_steps": _int(1),
-    "max_grad_norm": _real(lambda v: v >= 0, "a number >= 0"), "learning_rate": _real(lambda v: v >= 0, "a number >= 0"),
-    "adam_beta1": _real(lambda v: 0 <= v < 1, "a number in [0, 1)"), "adam_beta2": _real(lambda v: 0 <= v < 1, "a number in [0, 1)"),
-    "adam_epsilon": _real(lambda v: v > 0, "a number > 0"), "weight_decay": _real(lambda v: v >= 0, "a number >= 0"),
-    "fp16": (lambda v: isinstance(v, bool), "true or false"), "bf16": (lambda v: isinstance(v, bool), "true or false"),
-    "hidden_size": _int(1), "max_steps": _int(1), "warmup_steps": _int(0),
+    "world_size": _int(1),
+    "per_device_train_batch_size": _int(1),
+    "gradient_accumulation_steps": _int(1),
+    "max_grad_norm": _real(lambda v: v >= 0, "a number >= 0"),
+    "learning_rate": _real(lambda v: v >= 0, "a number >= 0"),
+    "adam_beta1": _real(lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    "adam_beta2": _real(lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    "adam_epsilon": _real(lambda v: v > 0, "a number > 0"),
+    "weight_decay": _real(lambda v: v >= 0, "a number >= 0"),
+    "fp16": (lambda v: isinstance(v, bool), "true or false"),
+    "bf16": (lambda v: isinstance(v, bool), "true or false"),
+    "hidden_size": _int(1),
+    "max_steps": _int(1),
+    "warmup_steps": _int(0),
 }

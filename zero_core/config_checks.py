@@ -1,4 +1,5 @@
-"""Contradictions between fields of a validated config: every one found, each a `Problem` naming its keys and the fix."""
+"""Contradictions between fields of a validated config: every one found, each a `Problem` naming its keys and the
+fix."""
 
 from __future__ import annotations
 
@@ -18,12 +19,16 @@ def contradictions(cfg: ZeroConfig) -> list[Problem]:
 
 def _precision_and_optimizer(cfg: ZeroConfig) -> Iterator[Problem]:
     if cfg.fp16.enabled and cfg.bf16.enabled:
-        yield Problem(("fp16.enabled", "bf16.enabled"), "fp16.enabled and bf16.enabled are both true; enable only one of them")
+        yield Problem(
+            ("fp16.enabled", "bf16.enabled"), "fp16.enabled and bf16.enabled are both true; enable only one of them"
+        )
     opt = cfg.optimizer
     if opt.type == "AdamW" and "adam_w_mode" in opt.params.model_fields_set and not opt.params.adam_w_mode:
-        yield Problem(("optimizer.type", "optimizer.params.adam_w_mode"),
-                      "optimizer.params.adam_w_mode=false has no effect with optimizer.type 'AdamW' (DeepSpeed ignores "
-                      "it too); use type 'Adam' for L2-style weight decay or remove it")
+        yield Problem(
+            ("optimizer.type", "optimizer.params.adam_w_mode"),
+            "optimizer.params.adam_w_mode=false has no effect with optimizer.type 'AdamW' (DeepSpeed ignores "
+            "it too); use type 'Adam' for L2-style weight decay or remove it",
+        )
 
 
 def _scheduler(cfg: ZeroConfig) -> Iterator[Problem]:
@@ -32,47 +37,65 @@ def _scheduler(cfg: ZeroConfig) -> Iterator[Problem]:
     kind, p = cfg.scheduler.type, cfg.scheduler.params
     for stray in sorted(p.model_fields_set - SCHEDULER_KEYS[kind]):
         users = [k for k, keys in SCHEDULER_KEYS.items() if stray in keys]
-        yield Problem(("scheduler.type", f"scheduler.params.{stray}"),
-                      f"scheduler.params.{stray} does not apply to {kind} (it is a parameter of {' and '.join(users)}); "
-                      "remove it or change scheduler.type")
+        yield Problem(
+            ("scheduler.type", f"scheduler.params.{stray}"),
+            f"scheduler.params.{stray} does not apply to {kind} (it is a parameter of {' and '.join(users)}); "
+            "remove it or change scheduler.type",
+        )
     if kind in ("WarmupDecayLR", "WarmupCosineLR") and p.total_num_steps is None:
-        yield Problem(("scheduler.type", "scheduler.params.total_num_steps"),
-                      f"scheduler.params.total_num_steps is required for {kind}; set it to the number of optimizer steps "
-                      "of the run")
+        yield Problem(
+            ("scheduler.type", "scheduler.params.total_num_steps"),
+            f"scheduler.params.total_num_steps is required for {kind}; set it to the number of optimizer steps "
+            "of the run",
+        )
     if kind == "OneCycle" and (p.cycle_min_lr is None or p.cycle_max_lr is None):
-        yield Problem(("scheduler.type", "scheduler.params.cycle_min_lr", "scheduler.params.cycle_max_lr"),
-                      "scheduler.params.cycle_min_lr and cycle_max_lr are required for OneCycle; set both")
+        yield Problem(
+            ("scheduler.type", "scheduler.params.cycle_min_lr", "scheduler.params.cycle_max_lr"),
+            "scheduler.params.cycle_min_lr and cycle_max_lr are required for OneCycle; set both",
+        )
 
 
 def _offload(cfg: ZeroConfig) -> Iterator[Problem]:
     zero = cfg.zero_optimization
     param, off = zero.offload_param, zero.offload_optimizer
     if param is not None and param.device != "none" and zero.stage < 3:
-        yield Problem((_Z + "stage", _Z + "offload_param.device"),
-                      f"zero_optimization.offload_param needs stage 3 but zero_optimization.stage is {zero.stage}; "
-                      "remove offload_param or set the stage to 3")
+        yield Problem(
+            (_Z + "stage", _Z + "offload_param.device"),
+            f"zero_optimization.offload_param needs stage 3 but zero_optimization.stage is {zero.stage}; "
+            "remove offload_param or set the stage to 3",
+        )
     if param is not None and param.device == "nvme" and not param.nvme_path:
-        yield Problem((_Z + "offload_param.nvme_path",),
-                      "zero_optimization.offload_param.nvme_path is required with device 'nvme'; set it to a "
-                      "directory on a fast local disk")
+        yield Problem(
+            (_Z + "offload_param.nvme_path",),
+            "zero_optimization.offload_param.nvme_path is required with device 'nvme'; set it to a "
+            "directory on a fast local disk",
+        )
     if off is None or off.device == "none":
         return
     if zero.stage == 0:
-        yield Problem((_Z + "stage", _Z + "offload_optimizer.device"),
-                      "zero_optimization.offload_optimizer needs stage 1, 2 or 3 but zero_optimization.stage is 0; "
-                      "set the stage to 1-3 or the offload device to 'none'")
+        yield Problem(
+            (_Z + "stage", _Z + "offload_optimizer.device"),
+            "zero_optimization.offload_optimizer needs stage 1, 2 or 3 but zero_optimization.stage is 0; "
+            "set the stage to 1-3 or the offload device to 'none'",
+        )
     if off.ratio == "auto" and off.device == "nvme":
-        yield Problem((_Z + "offload_optimizer.ratio", _Z + "offload_optimizer.device"),
-                      "zero_optimization.offload_optimizer.ratio='auto' moves states from host memory to the GPU after "
-                      "the first step, which NVMe offload does not support; set a number (0 < ratio <= 1) or device 'cpu'")
+        yield Problem(
+            (_Z + "offload_optimizer.ratio", _Z + "offload_optimizer.device"),
+            "zero_optimization.offload_optimizer.ratio='auto' moves states from host memory to the GPU after "
+            "the first step, which NVMe offload does not support; set a number (0 < ratio <= 1) or device 'cpu'",
+        )
     if off.device == "nvme" and not off.nvme_path:
-        yield Problem((_Z + "offload_optimizer.nvme_path",),
-                      "zero_optimization.offload_optimizer.nvme_path is required with device 'nvme'; set it to a "
-                      "directory on a fast local disk")
+        yield Problem(
+            (_Z + "offload_optimizer.nvme_path",),
+            "zero_optimization.offload_optimizer.nvme_path is required with device 'nvme'; set it to a "
+            "directory on a fast local disk",
+        )
     if off.device == "nvme" and off.buffer_count < 2:
-        yield Problem((_Z + "offload_optimizer.buffer_count",),
-                      f"zero_optimization.offload_optimizer.buffer_count={off.buffer_count} is too small for NVMe "
-                      "offload: one chunk is updated while the next is read; set 2 or more (4 is the default)")
+        yield Problem(
+            (_Z + "offload_optimizer.buffer_count",),
+            f"zero_optimization.offload_optimizer.buffer_count={off.buffer_count} is too small for NVMe "
+            "offload: one chunk is updated while the next is read; set 2 or more (4 is the default)",
+        )
 
 
 def _delayed_update(cfg: ZeroConfig) -> Iterator[Problem]:
@@ -81,24 +104,33 @@ def _delayed_update(cfg: ZeroConfig) -> Iterator[Problem]:
         return
     key = "zero_core.offload_delayed_update"
     if off is None or off.device == "none":
-        yield Problem((key,), f"{key}=true delays the host update of optimizer offload, but offload_optimizer is off; "
-                              "set zero_optimization.offload_optimizer.device to 'cpu' or drop the key")
+        yield Problem(
+            (key,),
+            f"{key}=true delays the host update of optimizer offload, but offload_optimizer is off; "
+            "set zero_optimization.offload_optimizer.device to 'cpu' or drop the key",
+        )
     elif off.ratio != 1.0:
-        yield Problem((key, _Z + "offload_optimizer.ratio"),
-                      f"{key}=true delays the whole host update and cannot be combined with partial offload "
-                      f"(offload_optimizer.ratio={off.ratio}); drop one of them")
+        yield Problem(
+            (key, _Z + "offload_optimizer.ratio"),
+            f"{key}=true delays the whole host update and cannot be combined with partial offload "
+            f"(offload_optimizer.ratio={off.ratio}); drop one of them",
+        )
     if core.overlap_host_update > 0:
-        yield Problem((key, "zero_core.overlap_host_update"),
-                      f"{key}=true and zero_core.overlap_host_update={core.overlap_host_update:g} both move the host "
-                      "update; keep one (the delayed update changes numerics, the overlap does not)")
+        yield Problem(
+            (key, "zero_core.overlap_host_update"),
+            f"{key}=true and zero_core.overlap_host_update={core.overlap_host_update:g} both move the host "
+            "update; keep one (the delayed update changes numerics, the overlap does not)",
+        )
 
 
 def _aio(cfg: ZeroConfig) -> Iterator[Problem]:
     """The aio section (top level, as DeepSpeed reads it, or inside zero_optimization, as HF's docs put it)."""
     top, nested = cfg.aio, cfg.zero_optimization.aio
     if top is not None and nested is not None and top != nested:
-        yield Problem(("aio", _Z + "aio"),
-                      "aio and zero_optimization.aio are both set and differ; keep one (DeepSpeed reads the top-level one)")
+        yield Problem(
+            ("aio", _Z + "aio"),
+            "aio and zero_optimization.aio are both set and differ; keep one (DeepSpeed reads the top-level one)",
+        )
     for where, aio in (("aio", top), ("zero_optimization.aio", nested)):
         if aio is not None:
             yield from _one_aio(where, aio)
@@ -106,15 +138,21 @@ def _aio(cfg: ZeroConfig) -> Iterator[Problem]:
 
 def _one_aio(where: str, aio: AioConfig) -> Iterator[Problem]:
     if aio.block_size % 4096 or aio.block_size == 0:
-        yield Problem((f"{where}.block_size",),
-                      f"{where}.block_size={aio.block_size} must be a positive multiple of 4096 (NVMe requests are "
-                      "4 KiB-aligned); 1048576 is DeepSpeed's default")
+        yield Problem(
+            (f"{where}.block_size",),
+            f"{where}.block_size={aio.block_size} must be a positive multiple of 4096 (NVMe requests are "
+            "4 KiB-aligned); 1048576 is DeepSpeed's default",
+        )
     if aio.use_gds:
-        yield Problem((f"{where}.use_gds",),
-                      f"{where}.use_gds=true (GPUDirect Storage) is not supported; remove it or set false",
-                      lacking=True)
+        yield Problem(
+            (f"{where}.use_gds",),
+            f"{where}.use_gds=true (GPUDirect Storage) is not supported; remove it or set false",
+            lacking=True,
+        )
     for key, default in accepted_only_as("aio.").items():
         if key != "use_gds" and getattr(aio, key) != default:
-            yield Problem((f"{where}.{key}",),
-                          f"{where}.{key}={json.dumps(getattr(aio, key))} is a libaio setting zero_core does not use "
-                          f"(its NVMe I/O runs on a thread pool); remove it or set {json.dumps(default)}")
+            yield Problem(
+                (f"{where}.{key}",),
+                f"{where}.{key}={json.dumps(getattr(aio, key))} is a libaio setting zero_core does not use "
+                f"(its NVMe I/O runs on a thread pool); remove it or set {json.dumps(default)}",
+            )

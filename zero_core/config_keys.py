@@ -27,10 +27,28 @@ def _supported(*paths: str) -> list[Key]:
 
 
 _Z = "zero_optimization."
-_SCHEDULER = ("warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "total_num_steps", "last_batch_iteration",
-              "warmup_min_ratio", "cos_min_ratio", "cycle_min_lr", "cycle_max_lr", "decay_lr_rate", "cycle_first_step_size",
-              "cycle_second_step_size", "cycle_first_stair_count", "cycle_second_stair_count", "decay_step_size",
-              "cycle_momentum", "cycle_min_mom", "cycle_max_mom", "decay_mom_rate")
+_SCHEDULER = (
+    "warmup_min_lr",
+    "warmup_max_lr",
+    "warmup_num_steps",
+    "warmup_type",
+    "total_num_steps",
+    "last_batch_iteration",
+    "warmup_min_ratio",
+    "cos_min_ratio",
+    "cycle_min_lr",
+    "cycle_max_lr",
+    "decay_lr_rate",
+    "cycle_first_step_size",
+    "cycle_second_step_size",
+    "cycle_first_stair_count",
+    "cycle_second_stair_count",
+    "decay_step_size",
+    "cycle_momentum",
+    "cycle_min_mom",
+    "cycle_max_mom",
+    "decay_mom_rate",
+)
 _LOGGING = "the engine logs nothing of its own"
 _NVME_PARAM = "NVMe parameter offload maps the whole partition file; the kernel pages it in and out"
 _LIBAIO = "a libaio setting; zero_core's NVMe I/O runs on a thread pool"
@@ -46,34 +64,70 @@ def _aio(prefix: str) -> list[Key]:
 
 
 KEYS: list[Key] = [
-    *_supported("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
-                "communication_data_type"),
+    *_supported(
+        "train_batch_size",
+        "train_micro_batch_size_per_gpu",
+        "gradient_accumulation_steps",
+        "gradient_clipping",
+        "communication_data_type",
+    ),
     Key("steps_per_print", IGNORED, "the engine prints no periodic log"),
     Key("wall_clock_breakdown", IGNORED, "no timers are printed"),
     Key("prescale_gradients", IGNORED, "gradient sums are divided by the world size once, in fp32"),
     Key("gradient_predivide_factor", IGNORED, "gradient sums are divided by the world size once, in fp32"),
     Key("zero_allow_untested_optimizer", IGNORED, "any torch optimizer given to initialize runs without it"),
-    Key("zero_force_ds_cpu_optimizer", IGNORED, "with optimizer offload the update always runs on zero_core's CPU AdamW"),
+    Key(
+        "zero_force_ds_cpu_optimizer", IGNORED, "with optimizer offload the update always runs on zero_core's CPU AdamW"
+    ),
     Key("dump_state", IGNORED, "rank 0 always prints the resolved config"),
     Key("memory_breakdown", IGNORED, "no memory report is printed"),
-    *_supported("optimizer.type", "optimizer.params.lr", "optimizer.params.betas", "optimizer.params.eps",
-                "optimizer.params.weight_decay", "optimizer.params.adam_w_mode", "optimizer.params.torch_adam"),
+    *_supported(
+        "optimizer.type",
+        "optimizer.params.lr",
+        "optimizer.params.betas",
+        "optimizer.params.eps",
+        "optimizer.params.weight_decay",
+        "optimizer.params.adam_w_mode",
+        "optimizer.params.torch_adam",
+    ),
     *_supported("scheduler.type", *("scheduler.params." + k for k in _SCHEDULER)),
-    *_supported("fp16.enabled", "fp16.loss_scale", "fp16.initial_scale_power", "fp16.loss_scale_window", "fp16.hysteresis",
-                "fp16.consecutive_hysteresis", "fp16.min_loss_scale", "bf16.enabled"),
+    *_supported(
+        "fp16.enabled",
+        "fp16.loss_scale",
+        "fp16.initial_scale_power",
+        "fp16.loss_scale_window",
+        "fp16.hysteresis",
+        "fp16.consecutive_hysteresis",
+        "fp16.min_loss_scale",
+        "bf16.enabled",
+    ),
     Key("fp16.auto_cast", IGNORED, "inputs are not cast; pass them in the dtype the model needs"),
-    *_supported(_Z + "stage", _Z + "overlap_comm", _Z + "reduce_bucket_size", _Z + "stage3_prefetch_bucket_size",
-                _Z + "stage3_param_persistence_threshold", _Z + "stage3_max_live_parameters"),
+    *_supported(
+        _Z + "stage",
+        _Z + "overlap_comm",
+        _Z + "reduce_bucket_size",
+        _Z + "stage3_prefetch_bucket_size",
+        _Z + "stage3_param_persistence_threshold",
+        _Z + "stage3_max_live_parameters",
+    ),
     Key(_Z + "contiguous_gradients", IGNORED, "gradients always land in contiguous buckets"),
     Key(_Z + "reduce_scatter", IGNORED, "stages 1-3 always reduce-scatter the gradient buckets"),
     Key(_Z + "allgather_partitions", IGNORED, "updated weights are always all-gathered from the partitions"),
     Key(_Z + "allgather_bucket_size", IGNORED, "all-gathers use the reduce buckets"),
-    Key(_Z + "stage3_max_reuse_distance", IGNORED, "a unit is released after its forward and gathered again for backward"),
+    Key(
+        _Z + "stage3_max_reuse_distance",
+        IGNORED,
+        "a unit is released after its forward and gathered again for backward",
+    ),
     Key(_Z + "stage3_gather_16bit_weights_on_model_save", IGNORED, "save_16bit_model always gathers the full weights"),
     Key(_Z + "sub_group_size", IGNORED, "the optimizer steps the whole partition, in chunks of its own with offload"),
     Key(_Z + "round_robin_gradients", IGNORED, "gradient partitions are copied in bucket order"),
-    *_supported(_Z + "offload_optimizer.device", _Z + "offload_optimizer.nvme_path", _Z + "offload_optimizer.buffer_count",
-                _Z + "offload_optimizer.ratio"),
+    *_supported(
+        _Z + "offload_optimizer.device",
+        _Z + "offload_optimizer.nvme_path",
+        _Z + "offload_optimizer.buffer_count",
+        _Z + "offload_optimizer.ratio",
+    ),
     Key(_Z + "offload_optimizer.pin_memory", IGNORED, "transfer buffers are always pinned on CUDA, the states never"),
     Key(_Z + "offload_optimizer.fast_init", IGNORED, "the NVMe state file is written once at initialize"),
     *_supported(_Z + "offload_param.device"),
@@ -87,11 +141,19 @@ KEYS: list[Key] = [
     Key("checkpoint.tag_validation", IGNORED, "rank 0 names the checkpoint folder for every rank"),
     Key("checkpoint.load_universal", IGNORED, "zbench checkpoints always reshard on load"),
     Key("checkpoint.use_node_local_storage", IGNORED, "checkpoints go to one folder that every rank can see"),
-    *_supported("zero_core.comm_timeout_s", "zero_core.max_consecutive_nonfinite", "zero_core.overlap_weight_gather",
-                "zero_core.stage3_gather_from_master", "zero_core.async_checkpoint", "zero_core.overlap_host_update",
-                "zero_core.offload_delayed_update"),
-    *(Key(section, IGNORED, _LOGGING) for section in ("tensorboard", "wandb", "csv_monitor", "comet", "flops_profiler",
-                                                      "comms_logger")),
+    *_supported(
+        "zero_core.comm_timeout_s",
+        "zero_core.max_consecutive_nonfinite",
+        "zero_core.overlap_weight_gather",
+        "zero_core.stage3_gather_from_master",
+        "zero_core.async_checkpoint",
+        "zero_core.overlap_host_update",
+        "zero_core.offload_delayed_update",
+    ),
+    *(
+        Key(section, IGNORED, _LOGGING)
+        for section in ("tensorboard", "wandb", "csv_monitor", "comet", "flops_profiler", "comms_logger")
+    ),
     # DeepSpeed keys that the models lack on purpose: refused whenever present, with the fix
     Key("amp", REFUSED, "use 'fp16' or 'bf16' instead"),
     Key("activation_checkpointing", REFUSED, "use torch.utils.checkpoint inside the model instead"),
@@ -108,11 +170,18 @@ KEYS: list[Key] = [
     Key("data_types", REFUSED, "gradients always accumulate in fp32 partitions; remove it"),
     Key(_Z + "cpu_offload", REFUSED, "it is deprecated in DeepSpeed too; use zero_optimization.offload_optimizer"),
     Key(_Z + "cpu_offload_param", REFUSED, "it is deprecated in DeepSpeed too; use zero_optimization.offload_param"),
-    Key("optimizer.params.max_grad_norm", REFUSED, "use the top-level 'gradient_clipping' key instead (DeepSpeed rejects it too)"),
+    Key(
+        "optimizer.params.max_grad_norm",
+        REFUSED,
+        "use the top-level 'gradient_clipping' key instead (DeepSpeed rejects it too)",
+    ),
 ]
 
 # legacy spellings DeepSpeed still reads: the config models rename them to the key in the second column
-ALIASES = {"bfloat16": "bf16", _Z + "stage3_gather_fp16_weights_on_model_save": _Z + "stage3_gather_16bit_weights_on_model_save"}
+ALIASES = {
+    "bfloat16": "bf16",
+    _Z + "stage3_gather_fp16_weights_on_model_save": _Z + "stage3_gather_16bit_weights_on_model_save",
+}
 
 BY_PATH = {k.path: k for k in KEYS}
 assert len(BY_PATH) == len(KEYS), "a key is listed twice"
@@ -125,8 +194,11 @@ def refused_outright() -> dict[str, str]:
 
 def accepted_only_as(prefix: str) -> dict[str, Any]:
     """Refused keys directly under `prefix` that are accepted at one value: name -> that value."""
-    return {k.path[len(prefix):]: k.accepts[0] for k in KEYS
-            if k.status == REFUSED and k.accepts and k.path.startswith(prefix) and "." not in k.path[len(prefix):]}
+    return {
+        k.path[len(prefix) :]: k.accepts[0]
+        for k in KEYS
+        if k.status == REFUSED and k.accepts and k.path.startswith(prefix) and "." not in k.path[len(prefix) :]
+    }
 
 
 def not_acted_on(set_paths: list[str]) -> list[Key]:

@@ -32,7 +32,9 @@ def boolean() -> PlainValidator:
     return PlainValidator(check)
 
 
-def integer(lo: int | None = None, hi: int | None = None, *, counts: bool = False, optional: bool = False) -> PlainValidator:
+def integer(
+    lo: int | None = None, hi: int | None = None, *, counts: bool = False, optional: bool = False
+) -> PlainValidator:
     """An int in [lo, hi]; `counts` also takes whole floats (element counts written as 5e8)."""
     if lo is not None and hi is not None:
         what = f"an integer {lo}-{hi}"
@@ -57,8 +59,14 @@ def integer(lo: int | None = None, hi: int | None = None, *, counts: bool = Fals
     return PlainValidator(check)
 
 
-def number(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False, hi_open: bool = False,
-           optional: bool = False) -> PlainValidator:
+def number(
+    lo: float | None = None,
+    hi: float | None = None,
+    *,
+    lo_open: bool = False,
+    hi_open: bool = False,
+    optional: bool = False,
+) -> PlainValidator:
     """A finite float in the given (closed or open) interval; ints are accepted; None too if `optional`."""
     parts = []
     if lo is not None:
@@ -140,4 +148,3 @@ def optional_text(v: Any) -> str | None:
 Bool = Annotated[bool, boolean()]
 Text = Annotated[str | None, PlainValidator(optional_text)]
 Count = Annotated[int, integer(0, counts=True)]  # an element count (bucket sizes, thresholds)
-

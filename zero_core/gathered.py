@@ -23,7 +23,9 @@ def register(engine: Any) -> None:
 
 
 class GatheredParameters:
-    def __init__(self, params: Any, modifier_rank: int | None = None, fwd_module: Any = None, enabled: bool = True) -> None:
+    def __init__(
+        self, params: Any, modifier_rank: int | None = None, fwd_module: Any = None, enabled: bool = True
+    ) -> None:
         if isinstance(params, torch.Tensor):
             params = [params]
         self.params = list(params) if enabled and params is not None else []

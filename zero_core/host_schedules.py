@@ -43,7 +43,9 @@ class OneCycle(HostSchedule):
         second = float(p.cycle_second_step_size) if p.cycle_second_step_size is not None else first
         self.first, self.second, self.total = first, second, first + second
         self.ratio = first / self.total
-        self.second_stairs = p.cycle_first_stair_count if p.cycle_second_stair_count is None else p.cycle_second_stair_count
+        self.second_stairs = (
+            p.cycle_first_stair_count if p.cycle_second_stair_count is None else p.cycle_second_stair_count
+        )
         self.skip_decay = math.isclose(p.decay_step_size, 0)
 
     def _scale(self, it: int) -> float:
@@ -73,10 +75,16 @@ class OneCycle(HostSchedule):
             mom = p.cycle_max_mom - (p.cycle_max_mom - p.cycle_min_mom) * s
         else:
             interval = (it - self.total + 1) / p.decay_step_size if not self.skip_decay else 0.0
-            lr = p.cycle_min_lr if self.skip_decay or math.isclose(p.decay_lr_rate, 0) else (
-                p.cycle_min_lr / (1 + p.decay_lr_rate * interval))
-            mom = p.cycle_max_mom if self.skip_decay or math.isclose(p.decay_mom_rate, 0) else (
-                p.cycle_max_mom * (1 + p.decay_mom_rate * interval))
+            lr = (
+                p.cycle_min_lr
+                if self.skip_decay or math.isclose(p.decay_lr_rate, 0)
+                else (p.cycle_min_lr / (1 + p.decay_lr_rate * interval))
+            )
+            mom = (
+                p.cycle_max_mom
+                if self.skip_decay or math.isclose(p.decay_mom_rate, 0)
+                else (p.cycle_max_mom * (1 + p.decay_mom_rate * interval))
+            )
         return [lr] * self.groups, ([mom] * self.groups if p.cycle_momentum else None)
 
 
@@ -104,16 +112,25 @@ class TorchScheduler(HostSchedule):
         own = self.scheduler.state_dict()
         saved = state.get("scheduler") if isinstance(state, dict) else None
         stepped = state.get("stepped") if isinstance(state, dict) else None
-        if (not isinstance(saved, dict) or set(saved) - set(own) or not _plain(saved)
-                or isinstance(stepped, bool) or not isinstance(stepped, int) or stepped < 0):
+        if (
+            not isinstance(saved, dict)
+            or set(saved) - set(own)
+            or not _plain(saved)
+            or isinstance(stepped, bool)
+            or not isinstance(stepped, int)
+            or stepped < 0
+        ):
             raise ValueError(f"the saved lr scheduler state does not fit this {type(self.scheduler).__name__}")
         self.scheduler.load_state_dict(saved)
         self.stepped = stepped
         # a torch scheduler's state holds the lrs it last set, but loading it leaves its optimizer's groups alone
         last = saved.get("_last_lr")
         groups = self.scheduler.optimizer.param_groups
-        if (isinstance(last, list) and len(last) == len(groups)
-                and all(isinstance(lr, (int, float)) and not isinstance(lr, bool) and math.isfinite(lr) for lr in last)):
+        if (
+            isinstance(last, list)
+            and len(last) == len(groups)
+            and all(isinstance(lr, (int, float)) and not isinstance(lr, bool) and math.isfinite(lr) for lr in last)
+        ):
             for group, lr in zip(groups, last):
                 group["lr"] = lr
 
@@ -146,21 +163,24 @@ class StepFunction(HostSchedule):
         return [float(lr)] * self.groups, None
 
 
-def make_schedules(cfg: Any, plan: Any, lr_scheduler: Any, optimizer: torch.optim.Optimizer,
-                   engine: Any) -> tuple[HostSchedule | None, Any]:
+def make_schedules(
+    cfg: Any, plan: Any, lr_scheduler: Any, optimizer: torch.optim.Optimizer, engine: Any
+) -> tuple[HostSchedule | None, Any]:
     """(the host schedule the engine evaluates, if any; the scheduler object handed back to the caller)."""
     from .config_errors import ConfigError
     from .optim.facade import EngineScheduler
 
     if lr_scheduler is not None and cfg.scheduler is not None:
-        raise ConfigError("an lr_scheduler was passed to initialize and the config has a 'scheduler' section too; "
-                          "remove one of them")
+        raise ConfigError(
+            "an lr_scheduler was passed to initialize and the config has a 'scheduler' section too; remove one of them"
+        )
     if lr_scheduler is None:
         if cfg.scheduler is None:
             return None, None
         if cfg.scheduler.type == "OneCycle":
-            return OneCycle(cfg.scheduler.params, [g.lr for g in plan.groups], [g.betas[0] for g in plan.groups]), \
-                EngineScheduler(engine)
+            return OneCycle(
+                cfg.scheduler.params, [g.lr for g in plan.groups], [g.betas[0] for g in plan.groups]
+            ), EngineScheduler(engine)
         return None, EngineScheduler(engine)
     made = lr_scheduler
     if not isinstance(made, torch.optim.lr_scheduler.LRScheduler) and callable(made):
@@ -171,9 +191,13 @@ def make_schedules(cfg: Any, plan: Any, lr_scheduler: Any, optimizer: torch.opti
         if not isinstance(made, torch.optim.lr_scheduler.LRScheduler):
             return StepFunction(lr_scheduler, len(plan.groups)), None
     if not isinstance(made, torch.optim.lr_scheduler.LRScheduler):
-        raise ConfigError(f"lr_scheduler must be a torch LRScheduler, a callable building one from the optimizer, or "
-                          f"`lambda step: lr`; got {type(lr_scheduler).__name__}")
+        raise ConfigError(
+            f"lr_scheduler must be a torch LRScheduler, a callable building one from the optimizer, or "
+            f"`lambda step: lr`; got {type(lr_scheduler).__name__}"
+        )
     if made.optimizer is not optimizer:
-        raise ConfigError("lr_scheduler is bound to another optimizer than the one passed to initialize; build it on "
-                          "that optimizer (or pass `lambda opt: Scheduler(opt, ...)`)")
+        raise ConfigError(
+            "lr_scheduler is bound to another optimizer than the one passed to initialize; build it on "
+            "that optimizer (or pass `lambda opt: Scheduler(opt, ...)`)"
+        )
     return TorchScheduler(made), made

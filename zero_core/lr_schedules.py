@@ -55,7 +55,9 @@ def make_lr_schedule(cfg: ZeroConfig, group_lrs: list[float] | None = None) -> L
         def factor(it: torch.Tensor, lr0: torch.Tensor) -> torch.Tensor:
             ramp = p.warmup_min_ratio + gamma_ramp(it) * (1.0 - p.warmup_min_ratio)
             progress = ((it - warmup + 1.0) / decay_len).clamp(max=1.0)
-            cosine = (p.cos_min_ratio + (1.0 - p.cos_min_ratio) * (1.0 + torch.cos(math.pi * progress)) / 2).clamp(min=0.0)
+            cosine = (p.cos_min_ratio + (1.0 - p.cos_min_ratio) * (1.0 + torch.cos(math.pi * progress)) / 2).clamp(
+                min=0.0
+            )
             return lr0 * torch.where(it < warmup, ramp, cosine)
 
         first = torch.zeros_like(lrs)  # "not started": DeepSpeed writes 0 into every group

@@ -35,14 +35,17 @@ class OverflowLog:
     def _report(self, step: int, values: torch.Tensor) -> None:
         skipped, scale, run = int(values[0]), float(values[1]), int(values[2])
         if skipped > self.seen:
-            log.warning("step %d: non-finite gradients, update skipped (%d so far); loss scale now %g", step, skipped, scale)
+            log.warning(
+                "step %d: non-finite gradients, update skipped (%d so far); loss scale now %g", step, skipped, scale
+            )
             self.seen = skipped
         if self.max_consecutive and run >= self.max_consecutive:
             raise NonFiniteError(
                 f"step {step}: gradients were NaN/inf for {run} consecutive steps, so training stopped "
                 f"(zero_core.max_consecutive_nonfinite = {self.max_consecutive}; {skipped} of {step} steps skipped, "
                 f"no weight changed by them; loss scale {scale:g}); lower the learning rate, check the data for bad "
-                "values or use bf16 instead of fp16, then resume from the last checkpoint")
+                "values or use bf16 instead of fp16, then resume from the last checkpoint"
+            )
 
     def poll(self, step: int) -> None:
         """Called once per optimizer step; raises NonFiniteError when the run of skipped steps reaches the limit."""

@@ -32,8 +32,10 @@ def _b64(t: torch.Tensor) -> str:
 
 def capture_rng(device: torch.device) -> dict[str, Any]:
     version, internal, gauss_next = random.getstate()
-    state: dict[str, Any] = {"torch": _b64(torch.get_rng_state()),
-                             "python": {"version": version, "internal": list(internal), "gauss_next": gauss_next}}
+    state: dict[str, Any] = {
+        "torch": _b64(torch.get_rng_state()),
+        "python": {"version": version, "internal": list(internal), "gauss_next": gauss_next},
+    }
     if device.type == "cuda":
         state["cuda"] = _b64(torch.cuda.get_rng_state(device))
     return state
@@ -50,9 +52,12 @@ def _python_state(value: Any, version: int) -> tuple[int, tuple[int, ...], float
     if not isinstance(value, dict) or value.get("version") != 3:
         return None
     internal, gauss = value.get("internal"), value.get("gauss_next")
-    if not (isinstance(internal, list) and len(internal) == _MT_WORDS + 1
-            and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**32 for x in internal)
-            and internal[-1] <= _MT_WORDS):
+    if not (
+        isinstance(internal, list)
+        and len(internal) == _MT_WORDS + 1
+        and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**32 for x in internal)
+        and internal[-1] <= _MT_WORDS
+    ):
         return None
     if gauss is not None and not (isinstance(gauss, float) and math.isfinite(gauss)):
         return None
@@ -76,7 +81,9 @@ def restore_rng(state: dict[str, Any], version: int, folder: Path) -> Callable[[
     cpu = _bytes(state.get("torch"), torch.get_rng_state().numel())
     py = _python_state(state.get("python"), version)
     if cpu is None or py is None:
-        raise CheckpointError(f"{folder}: a saved RNG state is malformed; the manifest is damaged, use an earlier checkpoint")
+        raise CheckpointError(
+            f"{folder}: a saved RNG state is malformed; the manifest is damaged, use an earlier checkpoint"
+        )
     cuda_text = state.get("cuda")
 
     def apply(device: torch.device) -> None:

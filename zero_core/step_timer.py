@@ -36,8 +36,20 @@ from contextlib import contextmanager
 
 import torch
 
-KEYS = ("step", "gpu_fwd_bwd", "d2h", "host_fold", "fold_wait", "cpu_adam", "gpu_adam", "overlapped_cpu_adam", "nvme_wait",
-        "h2d", "h2d_tail", "exposed")
+KEYS = (
+    "step",
+    "gpu_fwd_bwd",
+    "d2h",
+    "host_fold",
+    "fold_wait",
+    "cpu_adam",
+    "gpu_adam",
+    "overlapped_cpu_adam",
+    "nvme_wait",
+    "h2d",
+    "h2d_tail",
+    "exposed",
+)
 _Span = tuple[str, "torch.cuda.Event", "torch.cuda.Event"]
 
 
@@ -168,13 +180,19 @@ class StepBreakdown:
 
 
 def format_breakdown(b: dict[str, float]) -> str:
-    """One line for a log: 'step 634.1 ms = fwd+bwd 175.1 + cpu adam 452.2 + exposed 6.8 (h2d tail 0.0) | overlapped: ...'."""
+    """One line for a log:
+    'step 634.1 ms = fwd+bwd 175.1 + cpu adam 452.2 + exposed 6.8 (h2d tail 0.0) | overlapped: ...'."""
     if not b:
         return ""
-    head = (f"step {b['step']:.1f} ms = fwd+bwd {b['gpu_fwd_bwd']:.1f} + cpu adam {b['cpu_adam']:.1f}"
-            f" + exposed {b['exposed']:.1f} (h2d tail {b['h2d_tail']:.1f})")
-    tail = (f" | overlapped: gpu adam {b.get('gpu_adam', 0.0):.1f}, overlapped cpu adam {b.get('overlapped_cpu_adam', 0.0):.1f},"
-            f" d2h {b['d2h']:.1f}, host fold {b['host_fold']:.1f}, fold wait {b['fold_wait']:.1f}, h2d {b['h2d']:.1f}")
+    head = (
+        f"step {b['step']:.1f} ms = fwd+bwd {b['gpu_fwd_bwd']:.1f} + cpu adam {b['cpu_adam']:.1f}"
+        f" + exposed {b['exposed']:.1f} (h2d tail {b['h2d_tail']:.1f})"
+    )
+    tail = (
+        f" | overlapped: gpu adam {b.get('gpu_adam', 0.0):.1f},"
+        f" overlapped cpu adam {b.get('overlapped_cpu_adam', 0.0):.1f},"
+        f" d2h {b['d2h']:.1f}, host fold {b['host_fold']:.1f}, fold wait {b['fold_wait']:.1f}, h2d {b['h2d']:.1f}"
+    )
     if b.get("nvme_wait"):
         tail += f" | nvme wait {b['nvme_wait']:.1f} (inside cpu adam)"
     return head + tail

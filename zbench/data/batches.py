@@ -74,5 +74,6 @@ def widest_batch(split: Batch, *, batch: int, rank: int, world: int, seed: int, 
     """The widest (longest-row) micro-batch this rank meets in the first `micro_steps` of its stream: with
     dynamic padding the batch search tries this one, so a batch that fits it fits the whole run."""
     stream = train_stream(split, batch=batch, rank=rank, world=world, seed=seed)
-    return max((next(stream) for _ in range(max(1, micro_steps))), key=lambda b: int(b["attention_mask"].sum(dim=1).max()))
-
+    return max(
+        (next(stream) for _ in range(max(1, micro_steps))), key=lambda b: int(b["attention_mask"].sum(dim=1).max())
+    )

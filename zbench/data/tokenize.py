@@ -34,7 +34,9 @@ class ByteTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         # a cut at target_len can split a character: replace the broken bytes rather than fail
-        return bytes(i - self.offset for i in ids if self.offset <= i < self.vocab_size).decode("utf-8", errors="replace")
+        return bytes(i - self.offset for i in ids if self.offset <= i < self.vocab_size).decode(
+            "utf-8", errors="replace"
+        )
 
 
 class HFTokenizer:
@@ -47,8 +49,12 @@ class HFTokenizer:
         self.name = name_or_path
         self.vocab_size = len(self.tok)
         self.pad_id = self.tok.pad_token_id if self.tok.pad_token_id is not None else (self.tok.eos_token_id or 0)
-        self.cls_id = self.tok.cls_token_id if self.tok.cls_token_id is not None else (self.tok.bos_token_id or self.pad_id)
-        self.sep_id = self.tok.sep_token_id if self.tok.sep_token_id is not None else (self.tok.eos_token_id or self.pad_id)
+        self.cls_id = (
+            self.tok.cls_token_id if self.tok.cls_token_id is not None else (self.tok.bos_token_id or self.pad_id)
+        )
+        self.sep_id = (
+            self.tok.sep_token_id if self.tok.sep_token_id is not None else (self.tok.eos_token_id or self.pad_id)
+        )
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False)

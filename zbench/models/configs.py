@@ -34,11 +34,15 @@ class ArchConfig:
     def shape(self) -> tuple[int, int]:
         """(layers, hidden size) for the FLOP count; an encoder-decoder counts both stacks."""
         c = self.config
-        layers = c.get("n_layer") or c.get("num_hidden_layers") or (c.get("encoder_layers", 0) + c.get("decoder_layers", 0))
+        layers = (
+            c.get("n_layer") or c.get("num_hidden_layers") or (c.get("encoder_layers", 0) + c.get("decoder_layers", 0))
+        )
         hidden = c.get("n_embd") or c.get("hidden_size") or c.get("d_model")
         if not layers or not hidden:
-            raise ConfigError(f"model config '{self.name}' names no layer count or hidden size "
-                              "(n_layer/num_hidden_layers and n_embd/hidden_size/d_model); add them")
+            raise ConfigError(
+                f"model config '{self.name}' names no layer count or hidden size "
+                "(n_layer/num_hidden_layers and n_embd/hidden_size/d_model); add them"
+            )
         return int(layers), int(hidden)
 
     @property
@@ -60,22 +64,27 @@ def _read_json(path: str) -> Any:
     """The config file's JSON through zero_core's reader (duplicate keys refused), bounded in size and depth;
     NaN/Infinity, which json reads, are refused by the value checks."""
     if os.path.getsize(path) > MAX_FILE_BYTES:
-        raise ConfigError(f"model config {path} is larger than {MAX_FILE_BYTES >> 20} MiB; a model config is a short "
-                          "JSON file: pass one")
+        raise ConfigError(
+            f"model config {path} is larger than {MAX_FILE_BYTES >> 20} MiB; a model config is a short "
+            "JSON file: pass one"
+        )
     try:
         return read_config_file(path)
     except RecursionError:
         raise ConfigError(f"model config {path} nests too deeply to be a model config; fix the file") from None
 
 
-def load_arch(arch: str, base_dir: str, overrides: dict[str, Any] | None = None,
-              where: str = "model.overrides") -> ArchConfig:
+def load_arch(
+    arch: str, base_dir: str, overrides: dict[str, Any] | None = None, where: str = "model.overrides"
+) -> ArchConfig:
     """Read and check one architecture config; `overrides` (named `where` in messages) replace fields of
     its "config". Every value is checked here, before anything is built or launched."""
     path = resolve_arch_path(arch, base_dir)
     if not os.path.isfile(path):
-        raise ConfigError(f"model.arch '{arch}': no model config file {path}; use a shipped name "
-                          f"({', '.join(names())}), a path to a .json file or a model folder with a config.json")
+        raise ConfigError(
+            f"model.arch '{arch}': no model config file {path}; use a shipped name "
+            f"({', '.join(names())}), a path to a .json file or a model folder with a config.json"
+        )
     raw = _read_json(path)
     name = os.path.basename(path)[:-5]
     if name == "config":  # a model folder's config.json: the folder names the model
@@ -83,7 +92,7 @@ def load_arch(arch: str, base_dir: str, overrides: dict[str, Any] | None = None,
     if isinstance(raw, dict) and "family" not in raw and "model_type" in raw:  # a Hugging Face config.json
         raw = {"family": "hf", "config": raw, "source": path}
     if not isinstance(raw, dict) or raw.get("family") not in ("gpt", "hf") or not isinstance(raw.get("config"), dict):
-        raise ConfigError(f"model config {path} must be {{\"family\": \"gpt\"|\"hf\", \"config\": {{...}}}}; fix the file")
+        raise ConfigError(f'model config {path} must be {{"family": "gpt"|"hf", "config": {{...}}}}; fix the file')
     unknown = sorted(set(raw) - {"family", "config", "source"})
     if unknown:
         raise ConfigError(f"model config {path} has unknown key '{unknown[0]}'; the keys are family, config, source")

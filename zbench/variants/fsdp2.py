@@ -27,7 +27,11 @@ class FSDP2Variant(Variant):
         model = bundle.model.to(device)
         mesh = init_device_mesh(device.type, (dist.get_world_size(),))
         bf16 = bool(ds.get("bf16", {}).get("enabled"))
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+        policy = (
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            if bf16
+            else MixedPrecisionPolicy()
+        )
         for block in bundle.blocks:
             fully_shard(block, mesh=mesh, mp_policy=policy)
         fully_shard(model, mesh=mesh, mp_policy=policy)

@@ -15,14 +15,23 @@ def checkpoint(function: Callable[..., Any], *args: Any) -> Any:
     return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False)
 
 
-def configure(mpu_: Any = None, deepspeed_config: Any = None, partition_activations: bool | None = None,
-              contiguous_checkpointing: bool | None = None, num_checkpoints: int | None = None,
-              checkpoint_in_cpu: bool | None = None, synchronize: bool | None = None, profile: bool | None = None) -> None:
+def configure(
+    mpu_: Any = None,
+    deepspeed_config: Any = None,
+    partition_activations: bool | None = None,
+    contiguous_checkpointing: bool | None = None,
+    num_checkpoints: int | None = None,
+    checkpoint_in_cpu: bool | None = None,
+    synchronize: bool | None = None,
+    profile: bool | None = None,
+) -> None:
     """Accepts DeepSpeed's options; partitioning and CPU checkpointing of activations are refused by name."""
     global _configured
     if partition_activations or checkpoint_in_cpu:
-        raise NotImplementedError("deepspeed.checkpointing.configure(partition_activations/checkpoint_in_cpu) is not "
-                                  "supported by zero_core; activations are recomputed, not partitioned or offloaded")
+        raise NotImplementedError(
+            "deepspeed.checkpointing.configure(partition_activations/checkpoint_in_cpu) is not "
+            "supported by zero_core; activations are recomputed, not partitioned or offloaded"
+        )
     _configured = True
 
 

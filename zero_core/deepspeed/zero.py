@@ -18,13 +18,28 @@ class Init:
     config at all only when `enabled=False`. `remote_device`, `pin_memory`, `dtype` and the process-group
     arguments are accepted: where shards live and in which precision follow the config given to `initialize`."""
 
-    def __init__(self, module: Any = None, data_parallel_group: Any = None, mem_efficient_linear: bool = True,
-                 remote_device: Any = None, pin_memory: bool = False, config_dict_or_path: Any = None,
-                 config: Any = None, enabled: bool = True, dtype: Any = None, mpu: Any = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        module: Any = None,
+        data_parallel_group: Any = None,
+        mem_efficient_linear: bool = True,
+        remote_device: Any = None,
+        pin_memory: bool = False,
+        config_dict_or_path: Any = None,
+        config: Any = None,
+        enabled: bool = True,
+        dtype: Any = None,
+        mpu: Any = None,
+        **kwargs: Any,
+    ) -> None:
         if module is not None:
-            raise NotImplementedError("zero.Init(module=...) (partitioning an already-built model) is not supported by "
-                                      "zero_core; build the model inside `with zero.Init():` or pass it to initialize")
-        self._context = init_context(config_dict_or_path if config_dict_or_path is not None else config, enabled=enabled)
+            raise NotImplementedError(
+                "zero.Init(module=...) (partitioning an already-built model) is not supported by "
+                "zero_core; build the model inside `with zero.Init():` or pass it to initialize"
+            )
+        self._context = init_context(
+            config_dict_or_path if config_dict_or_path is not None else config, enabled=enabled
+        )
 
     def __enter__(self) -> "Init":
         self._context.__enter__()

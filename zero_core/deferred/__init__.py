@@ -1,8 +1,8 @@
 """Sharded initialisation: build a model without holding it, then give each rank only its shard.
 
-    record.py       `init_context`'s recorder: the model on the meta device, its construction logged
-    replay.py       the log computed again on the CPU, one tensor version alive at a time
-    materialise.py  each parameter's value handed to the engine (which keeps this rank's shard), buffers placed
+record.py       `init_context`'s recorder: the model on the meta device, its construction logged
+replay.py       the log computed again on the CPU, one tensor version alive at a time
+materialise.py  each parameter's value handed to the engine (which keeps this rank's shard), buffers placed
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ def _stage_of(config: Any) -> int:
         with open(config) as f:
             config = json.load(f)
     if not isinstance(config, dict):
-        raise ValueError(f"init_context takes a DeepSpeed config (dict, JSON path or ZeroConfig), not {type(config).__name__}")
+        raise ValueError(
+            f"init_context takes a DeepSpeed config (dict, JSON path or ZeroConfig), not {type(config).__name__}"
+        )
     zero = config.get("zero_optimization") or {}
     stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
     if stage not in (0, 1, 2, 3):

@@ -42,7 +42,9 @@ def _places(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.Te
     out = []
     for module in model.modules():
         for store, is_param in ((module._parameters, True), (module._buffers, False)):
-            out += [(module, name, t, is_param) for name, t in store.items() if t is not None and t.device.type == "meta"]
+            out += [
+                (module, name, t, is_param) for name, t in store.items() if t is not None and t.device.type == "meta"
+            ]
     return out
 
 
@@ -90,8 +92,10 @@ class RecordedInit(_Materialiser):
         replay.run(deliver)
         if by_key:
             names = sorted(name for places in by_key.values() for _, name, _, _ in places)
-            raise RuntimeError(f"tensors {names[:5]} of the model were not created inside zero_core.init_context; "
-                               "build the whole model inside the context")
+            raise RuntimeError(
+                f"tensors {names[:5]} of the model were not created inside zero_core.init_context; "
+                "build the whole model inside the context"
+            )
         if torch.equal(untouched, rec.rng_end):  # nothing drawn since construction: go on as eager would
             torch.set_rng_state(replay.rng_after)
         _PENDING[:] = [r for r in _PENDING if r is not rec]

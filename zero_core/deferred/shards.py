@@ -22,7 +22,9 @@ ASSEMBLY_CHUNK_NUMEL = 4 << 20  # elements per assembly chunk where the store ha
 class ChunkAssembler:
     """Collects partition elements in any order; `on_chunk(lo, hi, values)` once [lo, hi) is complete."""
 
-    def __init__(self, layout: FlatLayout, rank: int, chunk: int, on_chunk: Callable[[int, int, torch.Tensor], None]) -> None:
+    def __init__(
+        self, layout: FlatLayout, rank: int, chunk: int, on_chunk: Callable[[int, int, torch.Tensor], None]
+    ) -> None:
         self.numel, self.chunk, self.on_chunk = layout.partition_numel, chunk, on_chunk
         self.missing: dict[int, int] = {}  # chunk -> parameter elements still to come (padding never comes)
         self.pieces: dict[int, list[tuple[int, int]]] = {}  # parameter index -> (partition offset, param start, numel)
@@ -66,8 +68,15 @@ def assembler_for(layout: FlatLayout, rank: int, states: Any) -> ChunkAssembler:
     return ChunkAssembler(layout, rank, getattr(states, "chunk", ASSEMBLY_CHUNK_NUMEL), states.write_master)
 
 
-def shard_into(model: torch.nn.Module, layout: FlatLayout, params: list[torch.nn.Parameter], rank: int,
-               device: torch.device, dtype: torch.dtype, states: Any) -> None:
+def shard_into(
+    model: torch.nn.Module,
+    layout: FlatLayout,
+    params: list[torch.nn.Parameter],
+    rank: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    states: Any,
+) -> None:
     """Materialise `model` and write this rank's fp32 shards straight into the optimizer's masters
     (`states`: optim/states.py, moments already zero). Trainable parameters become empty placeholders (the
     stage makes them views of its gathered buffers); frozen ones are kept whole on `device`."""

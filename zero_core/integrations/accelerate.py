@@ -46,23 +46,39 @@ def _plugin_config(plugin: DeepSpeedPlugin) -> dict[str, Any]:
 class Accelerator(accelerate.Accelerator):
     """accelerate.Accelerator whose prepared model is zero_core's engine, from a DeepSpeed config."""
 
-    def __init__(self, *args: Any, zero_config: str | os.PathLike | dict | None = None,
-                 deepspeed_plugin: DeepSpeedPlugin | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        zero_config: str | os.PathLike | dict | None = None,
+        deepspeed_plugin: DeepSpeedPlugin | None = None,
+        **kwargs: Any,
+    ) -> None:
         if deepspeed_plugin is None and zero_config is None and os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true":
             deepspeed_plugin = DeepSpeedPlugin()  # what `accelerate launch` exported for a DEEPSPEED config
         if isinstance(deepspeed_plugin, dict):
             raise ValueError("zero_core's Accelerator trains one model; pass one DeepSpeedPlugin or zero_config=")
         if zero_config is None and deepspeed_plugin is None:
-            raise ValueError("zero_core's Accelerator needs a DeepSpeed config: zero_config='ds_config.json', "
-                             "deepspeed_plugin=DeepSpeedPlugin(...), or `accelerate launch` with a DEEPSPEED config")
+            raise ValueError(
+                "zero_core's Accelerator needs a DeepSpeed config: zero_config='ds_config.json', "
+                "deepspeed_plugin=DeepSpeedPlugin(...), or `accelerate launch` with a DEEPSPEED config"
+            )
         if zero_config is not None:
-            self.zero_config = read_config_file(os.fspath(zero_config)) if isinstance(zero_config, (str, os.PathLike)) \
+            self.zero_config = (
+                read_config_file(os.fspath(zero_config))
+                if isinstance(zero_config, (str, os.PathLike))
                 else dict(zero_config)
+            )
         else:
             self.zero_config = _plugin_config(deepspeed_plugin)
         gas = self.zero_config.get("gradient_accumulation_steps")
-        if isinstance(gas, int) and "gradient_accumulation_steps" not in kwargs and "gradient_accumulation_plugin" not in kwargs:
-            kwargs["gradient_accumulation_steps"] = gas  # Accelerate's sync_gradients follows the config, as with DeepSpeed
+        if (
+            isinstance(gas, int)
+            and "gradient_accumulation_steps" not in kwargs
+            and "gradient_accumulation_plugin" not in kwargs
+        ):
+            kwargs["gradient_accumulation_steps"] = (
+                gas  # Accelerate's sync_gradients follows the config, as with DeepSpeed
+            )
         use_deepspeed = os.environ.pop("ACCELERATE_USE_DEEPSPEED", None)  # Accelerate must not start DeepSpeed
         try:
             super().__init__(*args, **kwargs)
@@ -82,8 +98,12 @@ class Accelerator(accelerate.Accelerator):
         if len(optimizers) > 1 or len(schedulers) > 1:
             raise ValueError("zero_core's Accelerator takes one optimizer and at most one scheduler")
         loaders = [o for o in objects if isinstance(o, torch.utils.data.DataLoader)]
-        handle = self._build(models[0], optimizers[0] if optimizers else None, schedulers[0] if schedulers else None,
-                             loaders[0].batch_size if loaders else None)
+        handle = self._build(
+            models[0],
+            optimizers[0] if optimizers else None,
+            schedulers[0] if schedulers else None,
+            loaders[0].batch_size if loaders else None,
+        )
         out = []
         for o in objects:
             if o is models[0]:
@@ -104,13 +124,20 @@ class Accelerator(accelerate.Accelerator):
         if isinstance(scheduler, DummyScheduler):
             scheduler = scheduler.lr_scheduler_callable  # None: the config's scheduler
         lr = optimizer.param_groups[0]["lr"] if isinstance(optimizer, torch.optim.Optimizer) else None
-        auto = AutoValues(world_size=self.num_processes, per_device_train_batch_size=micro,
-                          gradient_accumulation_steps=self.gradient_accumulation_steps, learning_rate=lr,
-                          fp16=self.mixed_precision == "fp16", bf16=self.mixed_precision == "bf16",
-                          hidden_size=hidden_size(model))
+        auto = AutoValues(
+            world_size=self.num_processes,
+            per_device_train_batch_size=micro,
+            gradient_accumulation_steps=self.gradient_accumulation_steps,
+            learning_rate=lr,
+            fp16=self.mixed_precision == "fp16",
+            bf16=self.mixed_precision == "bf16",
+            hidden_size=hidden_size(model),
+        )
         for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
             raw.setdefault(key, "auto")
-        self.engine = Engine(model, raw, model_parameters=groups, optimizer=optimizer, lr_scheduler=scheduler, auto=auto)
+        self.engine = Engine(
+            model, raw, model_parameters=groups, optimizer=optimizer, lr_scheduler=scheduler, auto=auto
+        )
         self._zero_optimizer = EngineOptimizer(self.engine)
         return self._zero_optimizer
 

@@ -32,8 +32,14 @@ from ..config_auto import AutoValues
 from ..engine import Engine
 from .handles import EngineOptimizer, EngineSchedule, hidden_size, step
 
-_PRECISIONS = {"32-true": (False, False), "32": (False, False), "16-mixed": (True, False), "16-true": (True, False),
-               "bf16-mixed": (False, True), "bf16-true": (False, True)}
+_PRECISIONS = {
+    "32-true": (False, False),
+    "32": (False, False),
+    "16-mixed": (True, False),
+    "16-true": (True, False),
+    "bf16-mixed": (False, True),
+    "bf16-true": (False, True),
+}
 
 
 class ZeroPrecision(Precision):
@@ -48,8 +54,10 @@ class ZeroPrecision(Precision):
 
     def optimizer_step(self, optimizer: Any, model: Any, closure: Callable[[], Any], **kwargs: Any) -> Any:
         if closure() is None and model.automatic_optimization:
-            raise ValueError("training_step returned None (a skipped backward), which ZeroStrategy cannot skip in "
-                             "step with the other ranks; return the loss")
+            raise ValueError(
+                "training_step returned None (a skipped backward), which ZeroStrategy cannot skip in "
+                "step with the other ranks; return the loss"
+            )
         step(self.strategy.engine, self.strategy.optimizers[0])
 
     def clip_gradients(self, *args: Any, **kwargs: Any) -> None:
@@ -59,11 +67,21 @@ class ZeroPrecision(Precision):
 class ZeroStrategy(DDPStrategy):
     strategy_name = "zero_core"
 
-    def __init__(self, stage: int | None = None, offload_optimizer: bool = False, offload_parameters: bool = False,
-                 config: str | os.PathLike | Mapping[str, Any] | None = None, offload_device: str = "cpu",
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        stage: int | None = None,
+        offload_optimizer: bool = False,
+        offload_parameters: bool = False,
+        config: str | os.PathLike | Mapping[str, Any] | None = None,
+        offload_device: str = "cpu",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
-        raw = read_config_file(os.fspath(config)) if isinstance(config, (str, os.PathLike)) else copy.deepcopy(dict(config or {}))
+        raw = (
+            read_config_file(os.fspath(config))
+            if isinstance(config, (str, os.PathLike))
+            else copy.deepcopy(dict(config or {}))
+        )
         zero = raw.setdefault("zero_optimization", {})
         zero.setdefault("stage", 2 if stage is None else stage)
         if offload_optimizer:
@@ -74,10 +92,15 @@ class ZeroStrategy(DDPStrategy):
 
     @classmethod
     def register_strategies(cls, strategy_registry: Any) -> None:
-        named = {"zero_core": {}, "zero_stage_1": {"stage": 1}, "zero_stage_2": {"stage": 2},
-                 "zero_stage_2_offload": {"stage": 2, "offload_optimizer": True}, "zero_stage_3": {"stage": 3},
-                 "zero_stage_3_offload": {"stage": 3, "offload_optimizer": True, "offload_parameters": True},
-                 "zero_stage_3_offload_nvme": {"stage": 3, "offload_optimizer": True, "offload_device": "nvme"}}
+        named = {
+            "zero_core": {},
+            "zero_stage_1": {"stage": 1},
+            "zero_stage_2": {"stage": 2},
+            "zero_stage_2_offload": {"stage": 2, "offload_optimizer": True},
+            "zero_stage_3": {"stage": 3},
+            "zero_stage_3_offload": {"stage": 3, "offload_optimizer": True, "offload_parameters": True},
+            "zero_stage_3_offload_nvme": {"stage": 3, "offload_optimizer": True, "offload_device": "nvme"},
+        }
         for name, kwargs in named.items():
             strategy_registry.register(name, cls, description=f"zero_core ZeRO {kwargs or 'from the config'}", **kwargs)
 
@@ -86,37 +109,61 @@ class ZeroStrategy(DDPStrategy):
         trainer = self.lightning_module.trainer
         flag = str(self.precision_plugin.precision)
         if flag not in _PRECISIONS:
-            raise ValueError(f"ZeroStrategy trains in 32, 16-mixed or bf16-mixed precision, not {flag}; change "
-                             "Trainer(precision=...)")
+            raise ValueError(
+                f"ZeroStrategy trains in 32, 16-mixed or bf16-mixed precision, not {flag}; change "
+                "Trainer(precision=...)"
+            )
         self.precision_plugin = ZeroPrecision(flag, self)
         if trainer.gradient_clip_algorithm not in (None, "norm"):
             raise ValueError("ZeroStrategy clips gradients by norm only; use Trainer(gradient_clip_algorithm='norm')")
         optimizers, schedulers = _init_optimizers_and_lr_schedulers(self.lightning_module)
         if len(optimizers) > 1 or len(schedulers) > 1:
-            raise ValueError("ZeroStrategy trains with one optimizer and at most one scheduler; return one pair from "
-                             "configure_optimizers")
+            raise ValueError(
+                "ZeroStrategy trains with one optimizer and at most one scheduler; return one pair from "
+                "configure_optimizers"
+            )
         optimizer = optimizers[0] if optimizers else None
         schedule = schedulers[0] if schedulers else None
-        if schedule is not None and (schedule.interval != "step" or schedule.frequency != 1 or schedule.reduce_on_plateau):
-            raise ValueError("ZeroStrategy steps the scheduler after every update; return it with "
-                             "{'interval': 'step', 'frequency': 1} and no monitor")
+        if schedule is not None and (
+            schedule.interval != "step" or schedule.frequency != 1 or schedule.reduce_on_plateau
+        ):
+            raise ValueError(
+                "ZeroStrategy steps the scheduler after every update; return it with "
+                "{'interval': 'step', 'frequency': 1} and no monitor"
+            )
         raw = copy.deepcopy(self.zero_config)
         if "optimizer" in raw:
             optimizer = None  # the config's optimizer, as Lightning's DeepSpeed strategy does
         raw.setdefault("train_micro_batch_size_per_gpu", 1)  # only logged: the batches are the dataloader's
         if trainer.gradient_clip_val is not None:
             raw.setdefault("gradient_clipping", trainer.gradient_clip_val)
-        if raw.setdefault("gradient_accumulation_steps", trainer.accumulate_grad_batches) != trainer.accumulate_grad_batches:
-            raise ValueError("the config's gradient_accumulation_steps differs from Trainer(accumulate_grad_batches); "
-                             "set one of them")
+        if (
+            raw.setdefault("gradient_accumulation_steps", trainer.accumulate_grad_batches)
+            != trainer.accumulate_grad_batches
+        ):
+            raise ValueError(
+                "the config's gradient_accumulation_steps differs from Trainer(accumulate_grad_batches); "
+                "set one of them"
+            )
         fp16, bf16 = _PRECISIONS[flag]
         lr = optimizer.param_groups[0]["lr"] if optimizer is not None else None
         steps = trainer.estimated_stepping_batches
-        auto = AutoValues(world_size=self.world_size, gradient_accumulation_steps=trainer.accumulate_grad_batches,
-                          fp16=fp16, bf16=bf16, learning_rate=lr, hidden_size=hidden_size(self.lightning_module),
-                          max_steps=int(steps) if math.isfinite(steps) and steps >= 1 else None)
-        self.engine = Engine(self.lightning_module, raw, optimizer=optimizer,
-                             lr_scheduler=schedule.scheduler if schedule is not None else None, auto=auto)
+        auto = AutoValues(
+            world_size=self.world_size,
+            gradient_accumulation_steps=trainer.accumulate_grad_batches,
+            fp16=fp16,
+            bf16=bf16,
+            learning_rate=lr,
+            hidden_size=hidden_size(self.lightning_module),
+            max_steps=int(steps) if math.isfinite(steps) and steps >= 1 else None,
+        )
+        self.engine = Engine(
+            self.lightning_module,
+            raw,
+            optimizer=optimizer,
+            lr_scheduler=schedule.scheduler if schedule is not None else None,
+            auto=auto,
+        )
         handle = EngineOptimizer(self.engine)
         self.optimizers = [handle]
         if schedule is not None or self.engine.lr_scheduler is not None:
@@ -165,8 +212,10 @@ class ZeroStrategy(DDPStrategy):
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         if not Path(checkpoint_path).is_dir():
-            raise ValueError(f"{checkpoint_path} is not a checkpoint folder ZeroStrategy wrote; pass the folder "
-                             "trainer.save_checkpoint made")
+            raise ValueError(
+                f"{checkpoint_path} is not a checkpoint folder ZeroStrategy wrote; pass the folder "
+                "trainer.save_checkpoint made"
+            )
         fitting = self.lightning_module.trainer.state.fn == TrainerFn.FITTING
         _, client_state = self.engine.load_checkpoint(checkpoint_path, load_optimizer_states=fitting)
         return client_state

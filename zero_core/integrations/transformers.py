@@ -44,12 +44,16 @@ class TrainingArguments(transformers.TrainingArguments):
 
 def _config_source(args: Any) -> Any:
     if getattr(args, "deepspeed", None):
-        raise ValueError("ZeroTrainer got transformers.TrainingArguments(deepspeed=...), which starts DeepSpeed; "
-                         "build them with zero_core.integrations.transformers.TrainingArguments")
+        raise ValueError(
+            "ZeroTrainer got transformers.TrainingArguments(deepspeed=...), which starts DeepSpeed; "
+            "build them with zero_core.integrations.transformers.TrainingArguments"
+        )
     source = getattr(args, "zero_config", None)
     if not source:
-        raise ValueError("ZeroTrainer needs a DeepSpeed config: pass TrainingArguments(deepspeed='ds_config.json') "
-                         "from zero_core.integrations.transformers")
+        raise ValueError(
+            "ZeroTrainer needs a DeepSpeed config: pass TrainingArguments(deepspeed='ds_config.json') "
+            "from zero_core.integrations.transformers"
+        )
     return source
 
 
@@ -66,20 +70,30 @@ class ZeroTrainer(transformers.Trainer):
     # -- building the engine where Trainer builds DeepSpeed's -------------------------------------
     def _prepare_for_training(self, max_steps: int, train_dataloader: Any, resume_from_checkpoint: Any) -> Any:
         if self.engine is not None:
-            raise ValueError("ZeroTrainer.train() runs once per trainer; build a new ZeroTrainer to train again "
-                             "(resume_from_checkpoint= continues a run)")
+            raise ValueError(
+                "ZeroTrainer.train() runs once per trainer; build a new ZeroTrainer to train again "
+                "(resume_from_checkpoint= continues a run)"
+            )
         gas = self.args.gradient_accumulation_steps
         if gas > 1 and has_length(train_dataloader) and len(train_dataloader) % gas:
-            raise ValueError(f"an epoch of {len(train_dataloader)} batches per rank does not split into windows of "
-                             f"gradient_accumulation_steps={gas}; use a dataset (or dataloader_drop_last) whose "
-                             "batches per rank are a multiple of it")
+            raise ValueError(
+                f"an epoch of {len(train_dataloader)} batches per rank does not split into windows of "
+                f"gradient_accumulation_steps={gas}; use a dataset (or dataloader_drop_last) whose "
+                "batches per rank are a multiple of it"
+            )
         raw = self.zero_config_source
         raw = dict(read_config_file(os.fspath(raw)) if isinstance(raw, (str, os.PathLike)) else raw)
         for key in _BATCH_KEYS:  # a config without batch sizes takes Trainer's, as Accelerate fills them
             raw.setdefault(key, "auto")
         optimizer, groups, scheduler = self._optimizer_plan(raw, max_steps)
-        self.engine = Engine(self.model, raw, model_parameters=groups, optimizer=optimizer, lr_scheduler=scheduler,
-                             auto=self._auto_values(max_steps))
+        self.engine = Engine(
+            self.model,
+            raw,
+            model_parameters=groups,
+            optimizer=optimizer,
+            lr_scheduler=scheduler,
+            auto=self._auto_values(max_steps),
+        )
         handle = EngineOptimizer(self.engine)
         self.optimizer, self.lr_scheduler = handle, EngineSchedule(self.engine, handle)
         self.model_wrapped = self.engine
@@ -97,13 +111,22 @@ class ZeroTrainer(transformers.Trainer):
 
     def _auto_values(self, max_steps: int) -> AutoValues:
         a = self.args
-        return AutoValues(world_size=a.world_size, per_device_train_batch_size=a.per_device_train_batch_size,
-                          gradient_accumulation_steps=a.gradient_accumulation_steps, max_grad_norm=a.max_grad_norm,
-                          learning_rate=a.learning_rate, adam_beta1=a.adam_beta1, adam_beta2=a.adam_beta2,
-                          adam_epsilon=a.adam_epsilon, weight_decay=a.weight_decay,
-                          fp16=bool(a.fp16 or a.fp16_full_eval), bf16=bool(a.bf16 or a.bf16_full_eval),
-                          hidden_size=hidden_size(self.model), max_steps=max_steps,
-                          warmup_steps=a.get_warmup_steps(max_steps))
+        return AutoValues(
+            world_size=a.world_size,
+            per_device_train_batch_size=a.per_device_train_batch_size,
+            gradient_accumulation_steps=a.gradient_accumulation_steps,
+            max_grad_norm=a.max_grad_norm,
+            learning_rate=a.learning_rate,
+            adam_beta1=a.adam_beta1,
+            adam_beta2=a.adam_beta2,
+            adam_epsilon=a.adam_epsilon,
+            weight_decay=a.weight_decay,
+            fp16=bool(a.fp16 or a.fp16_full_eval),
+            bf16=bool(a.bf16 or a.bf16_full_eval),
+            hidden_size=hidden_size(self.model),
+            max_steps=max_steps,
+            warmup_steps=a.get_warmup_steps(max_steps),
+        )
 
     def _optimizer_plan(self, raw: dict, max_steps: int) -> tuple[Any, Any, Any]:
         """(optimizer, parameter groups, scheduler) for the engine: the optimizer passed to Trainer, else the
@@ -113,19 +136,28 @@ class ZeroTrainer(transformers.Trainer):
         if optimizer is None and "optimizer" in raw:
             decay = set(self.get_decay_parameter_names(self.model))
             named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
-            groups = [g for g in ({"params": [p for n, p in named if n in decay]},
-                                  {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}) if g["params"]]
+            groups = [
+                g
+                for g in (
+                    {"params": [p for n, p in named if n in decay]},
+                    {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0},
+                )
+                if g["params"]
+            ]
         elif optimizer is None:
             optimizer = self.create_optimizer()
         scheduler = self.lr_scheduler
         if scheduler is None and "scheduler" not in raw:
+
             def scheduler(opt: torch.optim.Optimizer) -> Any:  # DeepSpeed's form: built on the engine's optimizer
                 return self.create_scheduler(num_training_steps=max_steps, optimizer=opt)
+
         return optimizer, groups, scheduler
 
     # -- the step: the engine's backward, clipping and update ---------------------------------------
-    def training_step(self, model: torch.nn.Module, inputs: dict[str, Any],
-                      num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
+    def training_step(
+        self, model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: torch.Tensor | int | None = None
+    ) -> torch.Tensor:
         if self.engine is None:
             return super().training_step(model, inputs, num_items_in_batch)
         self.engine.train()
@@ -134,8 +166,9 @@ class ZeroTrainer(transformers.Trainer):
             loss = self.compute_loss(self.model, inputs, num_items_in_batch=num_items_in_batch)
         scaled_for_ga = getattr(self, "loss_is_scaled_for_ga", None)  # a class attribute from transformers 5.2x
         if scaled_for_ga is None:  # Trainer's rule: normalised by num_items_in_batch or by compute_loss_func
-            scaled_for_ga = (self.model_accepts_loss_kwargs and num_items_in_batch is not None) or \
-                getattr(self, "compute_loss_func", None) is not None
+            scaled_for_ga = (self.model_accepts_loss_kwargs and num_items_in_batch is not None) or getattr(
+                self, "compute_loss_func", None
+            ) is not None
         if not scaled_for_ga:
             loss = loss / self.current_gradient_accumulation_steps
         backward_and_step(self.engine, self.optimizer, loss, scale_wrt_gas=False)

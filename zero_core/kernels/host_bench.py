@@ -36,8 +36,16 @@ def _host_adamw_ms(numel: int, dtype16: torch.dtype) -> float:
 
     states = TensorStates(numel, torch.device("cpu"))
     states.master.normal_()
-    opt = HostAdamW(states, comm_dtype=dtype16, groups=[Hyper(0.9, 0.999, 1e-8, 0.01)], decoupled=True, clip=0.0,
-                    lr_at=lambda applied: torch.full((1,), 1e-4), shard_stats=False, comm_device=torch.device("cpu"))
+    opt = HostAdamW(
+        states,
+        comm_dtype=dtype16,
+        groups=[Hyper(0.9, 0.999, 1e-8, 0.01)],
+        decoupled=True,
+        clip=0.0,
+        lr_at=lambda applied: torch.full((1,), 1e-4),
+        shard_stats=False,
+        comm_device=torch.device("cpu"),
+    )
     grad, out = torch.randn(numel).to(dtype16), torch.empty(numel, dtype=dtype16)
     opt.begin_pass(torch.ones(1), accumulate=False, final=True)
     opt.receive(grad, 0)  # lands in staging; the statistics are taken once, outside the timing
@@ -54,9 +62,19 @@ def host_rows(numel: int, dtype16: torch.dtype = torch.bfloat16) -> list[dict]:
     e16 = torch.empty(0, dtype=dtype16).element_size()
     threads = torch.get_num_threads()
     rows = []
-    for name, per_elem, ms in (("copy fp32 (host)", 8, _copy_ms(n)), ("host adamw (offload)", 24 + 2 * e16, _host_adamw_ms(n, dtype16))):
-        rows.append({"name": name, "backend": f"cpu x{threads}", "ms": ms, "bytes": per_elem * n,
-                     "GB/s": per_elem * n / ms / 1e6})
+    for name, per_elem, ms in (
+        ("copy fp32 (host)", 8, _copy_ms(n)),
+        ("host adamw (offload)", 24 + 2 * e16, _host_adamw_ms(n, dtype16)),
+    ):
+        rows.append(
+            {
+                "name": name,
+                "backend": f"cpu x{threads}",
+                "ms": ms,
+                "bytes": per_elem * n,
+                "GB/s": per_elem * n / ms / 1e6,
+            }
+        )
     for r in rows:
         r["pct_of_copy"] = 100.0 * r["GB/s"] / rows[0]["GB/s"]
     return rows

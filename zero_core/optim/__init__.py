@@ -15,7 +15,6 @@ import torch
 from ..config_models import AioConfig, ZeroConfig
 from ..lr_schedules import make_lr_schedule
 from ..step_timer import StepBreakdown
-from . import affinity, nvme_states
 from ..config_errors import ConfigError
 from .base import Hyper, PartitionOptimizer
 from .client_optimizer import ClientOptimizer
@@ -28,7 +27,15 @@ from .split_adam import SplitAdamW, device_segment_count
 from .split_states import SplitStates
 from .states import NAMES, TensorStates, make_states
 
-__all__ = ["PartitionOptimizer", "DeviceAdamW", "HostAdamW", "SplitAdamW", "Hyper", "make_optimizer", "offloads_optimizer"]
+__all__ = [
+    "PartitionOptimizer",
+    "DeviceAdamW",
+    "HostAdamW",
+    "SplitAdamW",
+    "Hyper",
+    "make_optimizer",
+    "offloads_optimizer",
+]
 
 
 def offloads_optimizer(cfg: ZeroConfig) -> bool:
@@ -36,32 +43,53 @@ def offloads_optimizer(cfg: ZeroConfig) -> bool:
     return off is not None and off.device in ("cpu", "nvme")
 
 
-def make_optimizer(cfg: ZeroConfig, layout, device: torch.device, rank: int, breakdown: StepBreakdown,
-                   plan: OptimizerPlan, slot_groups: list[int]) -> PartitionOptimizer:
+def make_optimizer(
+    cfg: ZeroConfig,
+    layout,
+    device: torch.device,
+    rank: int,
+    breakdown: StepBreakdown,
+    plan: OptimizerPlan,
+    slot_groups: list[int],
+) -> PartitionOptimizer:
     """The optimizer for this rank's partition of `layout`, its states placed as the config says, with the
     hyper-parameters of each group of `plan` (`slot_groups[i]`: the group of layout slot i)."""
     zero = cfg.zero_optimization
     client = plan.kind == "client"
     if client and offloads_optimizer(cfg):
-        raise ConfigError(f"a {type(plan.client).__name__} optimizer runs on the device shards; optimizer offload "
-                          "updates on the host with AdamW/Adam only: pass torch.optim.AdamW/Adam or drop offload_optimizer")
+        raise ConfigError(
+            f"a {type(plan.client).__name__} optimizer runs on the device shards; optimizer offload "
+            "updates on the host with AdamW/Adam only: pass torch.optim.AdamW/Adam or drop offload_optimizer"
+        )
     groups = [Hyper(g.betas[0], g.betas[1], g.eps, g.weight_decay) for g in plan.groups]
     runs = segment_runs(layout, rank, slot_groups)
-    kw = dict(groups=groups, runs=runs, decoupled=plan.decoupled,
-              clip=float(cfg.gradient_clipping or 0.0), lr_at=make_lr_schedule(cfg, [g.lr for g in plan.groups]),
-              shard_stats=cfg.stage > 0, comm_device=device)
+    kw = dict(
+        groups=groups,
+        runs=runs,
+        decoupled=plan.decoupled,
+        clip=float(cfg.gradient_clipping or 0.0),
+        lr_at=make_lr_schedule(cfg, [g.lr for g in plan.groups]),
+        shard_stats=cfg.stage > 0,
+        comm_device=device,
+    )
     aio = cfg.aio or zero.aio or AioConfig()
     on_device = device_segment_count(runs, offload_ratio(cfg)) if offloads_optimizer(cfg) else 0
     if on_device or (offloads_optimizer(cfg) and zero.offload_optimizer.ratio == "auto"):
         return _split(layout.partition_numel, runs, on_device, cfg, device, rank, aio, breakdown, kw)
-    states = make_states(layout.partition_numel, device, zero.offload_optimizer, aio, rank,
-                         names=("master",) if client else NAMES)
+    states = make_states(
+        layout.partition_numel, device, zero.offload_optimizer, aio, rank, names=("master",) if client else NAMES
+    )
     if client:
         return ClientOptimizer(states, plan.client, **kw)
     if offloads_optimizer(cfg):
         host = DelayedHostAdamW if cfg.zero_core.offload_delayed_update else HostAdamW
-        return host(states, comm_dtype=cfg.comm_dtype, breakdown=breakdown,
-                         overlap_fraction=cfg.zero_core.overlap_host_update, **kw)
+        return host(
+            states,
+            comm_dtype=cfg.comm_dtype,
+            breakdown=breakdown,
+            overlap_fraction=cfg.zero_core.overlap_host_update,
+            **kw,
+        )
     return DeviceAdamW(states, **kw)
 
 
@@ -71,25 +99,43 @@ def offload_ratio(cfg: ZeroConfig) -> float:
     return 1.0 if off is None or off.ratio == "auto" else float(off.ratio)
 
 
-def _split(numel: int, runs, on_device: int, cfg: ZeroConfig, device: torch.device, rank: int, aio,
-           breakdown: StepBreakdown, kw: dict) -> SplitAdamW:
+def _split(
+    numel: int,
+    runs,
+    on_device: int,
+    cfg: ZeroConfig,
+    device: torch.device,
+    rank: int,
+    aio,
+    breakdown: StepBreakdown,
+    kw: dict,
+) -> SplitAdamW:
     """Partial offload: the first `on_device` segments' states on the device, the rest where the config says;
     with ratio "auto" none at first, and after the first step as many as fit (auto_ratio.py)."""
     split = runs[on_device][0][0] if on_device else 0
-    states = SplitStates(TensorStates(split, device),
-                         make_states(numel - split, device, cfg.zero_optimization.offload_optimizer, aio, rank))
+    states = SplitStates(
+        TensorStates(split, device),
+        make_states(numel - split, device, cfg.zero_optimization.offload_optimizer, aio, rank),
+    )
     opt = _assemble(states, runs, on_device, cfg, breakdown, kw)
     if cfg.zero_optimization.offload_optimizer.ratio == "auto":
         opt.auto = AutoOffload(runs, probe_for(device), lambda count: _moved(opt, count, runs, cfg, breakdown, kw))
     return opt
 
 
-def _assemble(states: SplitStates, runs, on_device: int, cfg: ZeroConfig, breakdown: StepBreakdown, kw: dict) -> SplitAdamW:
+def _assemble(
+    states: SplitStates, runs, on_device: int, cfg: ZeroConfig, breakdown: StepBreakdown, kw: dict
+) -> SplitAdamW:
     split = states.split
     host_runs = [[(lo - split, hi - split, g) for lo, hi, g in seg] for seg in runs[on_device:]]
     device_opt = DeviceAdamW(states.device_part, **{**kw, "runs": runs[:on_device]})
-    host_opt = HostAdamW(states.host_part, comm_dtype=cfg.comm_dtype, breakdown=breakdown,
-                         overlap_fraction=cfg.zero_core.overlap_host_update, **{**kw, "runs": host_runs})
+    host_opt = HostAdamW(
+        states.host_part,
+        comm_dtype=cfg.comm_dtype,
+        breakdown=breakdown,
+        overlap_fraction=cfg.zero_core.overlap_host_update,
+        **{**kw, "runs": host_runs},
+    )
     return SplitAdamW(states, device_opt, host_opt, **kw)
 
 

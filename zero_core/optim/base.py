@@ -46,9 +46,18 @@ class PartitionOptimizer(ABC):
 
     on_host: bool = False  # states and update on the host (the engine then uploads the 16-bit output)
 
-    def __init__(self, states, *, groups: list[Hyper], decoupled: bool, clip: float,
-                 lr_at: Callable[[torch.Tensor], torch.Tensor], shard_stats: bool, comm_device: torch.device,
-                 runs: list[list[Run]] | None = None) -> None:
+    def __init__(
+        self,
+        states,
+        *,
+        groups: list[Hyper],
+        decoupled: bool,
+        clip: float,
+        lr_at: Callable[[torch.Tensor], torch.Tensor],
+        shard_stats: bool,
+        comm_device: torch.device,
+        runs: list[list[Run]] | None = None,
+    ) -> None:
         self.states = states
         self.comm_device = comm_device
         self.groups = groups
@@ -87,7 +96,9 @@ class PartitionOptimizer(ABC):
         """This rank's [sum of squares, non-finite flag] of the pass that ends at this step."""
         return torch.cat([self.sumsq, self.nonfinite.float()])
 
-    def step(self, out: Output, publish: Publish | None = None, after_segment: Callable[[int], None] | None = None) -> None:
+    def step(
+        self, out: Output, publish: Publish | None = None, after_segment: Callable[[int], None] | None = None
+    ) -> None:
         """Clip, update and write the working-precision copy into `out` (the partition, or one tensor per
         segment); skipped on a non-finite gradient. `publish(lo, hi)` (host updates) is called once
         out[lo:hi] holds its final values; `after_segment(i)` once segment i's update is queued."""
@@ -109,8 +120,9 @@ class PartitionOptimizer(ABC):
         self._update(coef, out, publish, after_segment)
 
     @abstractmethod
-    def _update(self, coef: torch.Tensor, out: Output, publish: Publish | None,
-                after_segment: Callable[[int], None] | None) -> None: ...
+    def _update(
+        self, coef: torch.Tensor, out: Output, publish: Publish | None, after_segment: Callable[[int], None] | None
+    ) -> None: ...
 
     def bind_device_output(self, out: torch.Tensor | list[torch.Tensor]) -> None:
         """Host updates: where on the device a share updated there writes its 16-bit weights (partial offload)."""

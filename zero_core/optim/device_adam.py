@@ -36,7 +36,9 @@ class DeviceAdamW(PartitionOptimizer):
         """Fold a reduced gradient shard into partition elements [offset, offset + numel)."""
         assert self.scale is not None, "receive() outside a reduction pass"
         if self._segment_numel.get(offset) != reduced.numel():
-            raise ValueError(f"gradient shard [{offset}, {offset + reduced.numel()}) is not one of the optimizer's segments")
+            raise ValueError(
+                f"gradient shard [{offset}, {offset + reduced.numel()}) is not one of the optimizer's segments"
+            )
         acc = self._parts.get(offset)
         accumulate = self.accumulate
         if acc is None:  # the bucket's first reduction since the last step: nothing to accumulate into
@@ -49,8 +51,9 @@ class DeviceAdamW(PartitionOptimizer):
         part = self._parts.get(start)
         return part if part is not None else torch.zeros(numel, dtype=torch.float32, device=self.sumsq.device)
 
-    def _update(self, coef: torch.Tensor, out: Output, publish: Publish | None,
-                after_segment: Callable[[int], None] | None) -> None:
+    def _update(
+        self, coef: torch.Tensor, out: Output, publish: Publish | None, after_segment: Callable[[int], None] | None
+    ) -> None:
         current = torch.cuda.current_stream(self.sumsq.device) if self.sumsq.is_cuda else None
         for i in self.segment_order or range(len(self.segments)):
             start, n = self.segments[i]
@@ -61,10 +64,20 @@ class DeviceAdamW(PartitionOptimizer):
             for lo, hi, g in self.runs[i]:  # one run per optimizer group in this segment
                 h = self.groups[g]
                 adamw_step(
-                    self.master[lo:hi], grad[lo - start : hi - start], self.states.exp_avg[lo:hi], self.states.exp_avg_sq[lo:hi],
+                    self.master[lo:hi],
+                    grad[lo - start : hi - start],
+                    self.states.exp_avg[lo:hi],
+                    self.states.exp_avg_sq[lo:hi],
                     None if seg_out is None else seg_out[lo - start : hi - start],
-                    lr=self.lr[g : g + 1], step=self.applied, coef=coef, skip=self.overflow,
-                    beta1=h.beta1, beta2=h.beta2, eps=h.eps, weight_decay=h.weight_decay, decoupled=self.decoupled,
+                    lr=self.lr[g : g + 1],
+                    step=self.applied,
+                    coef=coef,
+                    skip=self.overflow,
+                    beta1=h.beta1,
+                    beta2=h.beta2,
+                    eps=h.eps,
+                    weight_decay=h.weight_decay,
+                    decoupled=self.decoupled,
                 )
             if after_segment is not None:
                 after_segment(i)

@@ -51,11 +51,20 @@ class HostAdamW(PartitionOptimizer):
     on_host = True
     adam_key = "cpu_adam"  # the breakdown's name for the update's time (a delayed update overlaps: another one)
 
-    def __init__(self, states, *, comm_dtype: torch.dtype, breakdown: StepBreakdown | None = None,
-                 overlap_fraction: float = 0.0, **kw) -> None:
+    def __init__(
+        self,
+        states,
+        *,
+        comm_dtype: torch.dtype,
+        breakdown: StepBreakdown | None = None,
+        overlap_fraction: float = 0.0,
+        **kw,
+    ) -> None:
         super().__init__(states, **kw)
         if not host_kernels.available():
-            raise ValueError("optimizer offload needs torch's fused CPU Adam (torch._fused_adamw_, torch >= 2.4); upgrade torch")
+            raise ValueError(
+                "optimizer offload needs torch's fused CPU Adam (torch._fused_adamw_, torch >= 2.4); upgrade torch"
+            )
         self.chunk = chunk_numel_from_env(HOST_CHUNK_NUMEL, "ZERO_CORE_HOST_CHUNK_NUMEL")
         assert self.chunk % ALIGN == 0
         n = states.numel
@@ -148,7 +157,9 @@ class HostAdamW(PartitionOptimizer):
         src = self.staging[start : start + numel]
         for a in range(0, numel, FOLD_CHUNK_NUMEL):
             b = min(numel, a + FOLD_CHUNK_NUMEL)
-            host_kernels.reduce_epilogue(src[a:b], self.grad[start + a : start + b], scale, accumulate, self.sumsq, self.nonfinite)
+            host_kernels.reduce_epilogue(
+                src[a:b], self.grad[start + a : start + b], scale, accumulate, self.sumsq, self.nonfinite
+            )
 
     def _local_stats(self) -> torch.Tensor:
         host = torch.cat([self.sumsq, self.nonfinite.float()])
@@ -166,18 +177,43 @@ class HostAdamW(PartitionOptimizer):
     def _hyper(self, lr: torch.Tensor, coef: float | None) -> list[dict]:
         """The fused kernel's arguments per optimizer group (`coef` None or 1: unclipped)."""
         scale = None if coef is None or coef == 1.0 else torch.tensor(1.0 / coef)  # fused Adam's grad_scale divides
-        return [dict(lr=float(lr[g]), beta1=h.beta1, beta2=h.beta2, weight_decay=h.weight_decay, eps=h.eps,
-                     amsgrad=False, maximize=False, grad_scale=scale, found_inf=None) for g, h in enumerate(self.groups)]
+        return [
+            dict(
+                lr=float(lr[g]),
+                beta1=h.beta1,
+                beta2=h.beta2,
+                weight_decay=h.weight_decay,
+                eps=h.eps,
+                amsgrad=False,
+                maximize=False,
+                grad_scale=scale,
+                found_inf=None,
+            )
+            for g, h in enumerate(self.groups)
+        ]
 
     def _adam_pieces(self, v: dict[str, torch.Tensor], lo: int, pieces, hyper: list[dict], step: torch.Tensor) -> None:
         """One fused call per (a, b, group) piece; `v` holds the states from partition element `lo` on."""
         fused = torch._fused_adamw_ if self.decoupled else torch._fused_adam_
         for ra, rb, g in pieces:
             sl = slice(ra - lo, rb - lo)
-            fused([v["master"][sl]], [self._grad(ra, rb)], [v["exp_avg"][sl]], [v["exp_avg_sq"][sl]], [], [step], **hyper[g])
+            fused(
+                [v["master"][sl]],
+                [self._grad(ra, rb)],
+                [v["exp_avg"][sl]],
+                [v["exp_avg_sq"][sl]],
+                [],
+                [step],
+                **hyper[g],
+            )
 
-    def _update(self, coef: torch.Tensor, out: Output, publish: Publish | None,
-                after_segment: Callable[[int], None] | None = None) -> None:  # buckets are gathered through `publish`
+    def _update(
+        self,
+        coef: torch.Tensor,
+        out: Output,
+        publish: Publish | None,
+        after_segment: Callable[[int], None] | None = None,
+    ) -> None:  # buckets are gathered through `publish`
         c = float(coef[0])
         skip = int(self.overflow[0]) != 0
         done = self.speculative.settle(keep=not skip and c == 1.0)  # what backward already updated for good

@@ -57,8 +57,9 @@ def file_bytes(numel: int, chunk: int) -> int:
     return 3 * 4 * (full * chunk + (round_up(last) if last else 0))
 
 
-def check_path(folder: str, needed: int, local_world: int, section: str = "offload_optimizer",
-               what_needs: str = "optimizer states") -> str | None:
+def check_path(
+    folder: str, needed: int, local_world: int, section: str = "offload_optimizer", what_needs: str = "optimizer states"
+) -> str | None:
     """The one-line problem with using `folder` for `needed` bytes per rank (None when fine)."""
     where = f"zero_optimization.{section}.nvme_path '{folder}'"
     if not os.path.isdir(folder):
@@ -69,8 +70,11 @@ def check_path(folder: str, needed: int, local_world: int, section: str = "offlo
     free = shutil.disk_usage(folder).free
     total = needed * local_world
     if free < total:
-        return (f"{where} has {free:,} bytes free but {what_needs} need {total:,} bytes "
-                f"({needed:,} per rank x {local_world} rank(s) on this host); free space or point nvme_path at a larger disk")
+        return (
+            f"{where} has {free:,} bytes free but {what_needs} need {total:,} bytes "
+            f"({needed:,} per rank x {local_world} rank(s) on this host); "
+            "free space or point nvme_path at a larger disk"
+        )
     return None
 
 
@@ -81,8 +85,18 @@ def _aligned(nbytes: int) -> torch.Tensor:
 
 
 class NvmeStates:
-    def __init__(self, numel: int, folder: str, rank: int, *, chunk: int = NVME_CHUNK_NUMEL, buffer_count: int = 4,
-                 block_size: int = 1 << 20, queue_depth: int = 8, thread_count: int = 1) -> None:
+    def __init__(
+        self,
+        numel: int,
+        folder: str,
+        rank: int,
+        *,
+        chunk: int = NVME_CHUNK_NUMEL,
+        buffer_count: int = 4,
+        block_size: int = 1 << 20,
+        queue_depth: int = 8,
+        thread_count: int = 1,
+    ) -> None:
         assert chunk % ALIGN == 0 and block_size % 4096 == 0 and buffer_count >= 2
         self.numel, self.chunk, self.block = numel, chunk, block_size
         self.device, self.names = torch.device("cpu"), NAMES
@@ -98,8 +112,10 @@ class NvmeStates:
             self._allocate()
         except OSError as e:
             self.close()
-            raise ValueError(f"cannot create the NVMe optimizer-state file in '{folder}' ({e.strerror or e}); "
-                             "check the path, its permissions and free space") from None
+            raise ValueError(
+                f"cannot create the NVMe optimizer-state file in '{folder}' ({e.strerror or e}); "
+                "check the path, its permissions and free space"
+            ) from None
         self._pool = ThreadPoolExecutor(max(1, thread_count * queue_depth), thread_name_prefix="zero_core-nvme")
         self.buffers = [_aligned(3 * 4 * min(chunk, round_up(numel))) for _ in range(buffer_count)]
         self._scratch: tuple[int, str, torch.Tensor] | None = None  # read(): the last region read, for reuse
@@ -179,8 +195,11 @@ class NvmeStates:
             for f in futures:
                 f.result()
         except OSError as e:
-            raise OSError(e.errno, f"NVMe offload: I/O on the optimizer-state file in {os.path.dirname(self.path)} "
-                                   f"failed ({e.strerror or e})") from None
+            raise OSError(
+                e.errno,
+                f"NVMe offload: I/O on the optimizer-state file in {os.path.dirname(self.path)} "
+                f"failed ({e.strerror or e})",
+            ) from None
         finally:
             self.wait_seconds += time.perf_counter() - start
 
@@ -223,7 +242,9 @@ class NvmeStates:
                 self._scratch = (i, name, buf)
             rlo, rhi, _, _ = self._record(i)
             take = min(hi, rhi) - pos
-            out[pos - lo : pos - lo + take].copy_(self._views(self._scratch[2], i, (name,))[name][pos - rlo : pos - rlo + take])
+            out[pos - lo : pos - lo + take].copy_(
+                self._views(self._scratch[2], i, (name,))[name][pos - rlo : pos - rlo + take]
+            )
             pos += take
         return out
 

@@ -22,10 +22,28 @@ from ..config_errors import ConfigError
 from ..config_models import ZeroConfig
 
 # torch's element-wise optimizers: each element's update reads only that element's gradient and state
-_ELEMENTWISE = tuple(getattr(torch.optim, n) for n in ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop",
-                                                       "Adagrad", "Adadelta", "ASGD", "Rprop") if hasattr(torch.optim, n))
-_ADAM_KEYS = {"params", "lr", "betas", "eps", "weight_decay", "amsgrad", "maximize", "foreach", "capturable",
-              "differentiable", "fused", "decoupled_weight_decay", "initial_lr", "name", "param_names"}
+_ELEMENTWISE = tuple(
+    getattr(torch.optim, n)
+    for n in ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad", "Adadelta", "ASGD", "Rprop")
+    if hasattr(torch.optim, n)
+)
+_ADAM_KEYS = {
+    "params",
+    "lr",
+    "betas",
+    "eps",
+    "weight_decay",
+    "amsgrad",
+    "maximize",
+    "foreach",
+    "capturable",
+    "differentiable",
+    "fused",
+    "decoupled_weight_decay",
+    "initial_lr",
+    "name",
+    "param_names",
+}
 
 
 @dataclass
@@ -80,8 +98,9 @@ def _as_groups(given: Iterable[Any]) -> list[dict[str, Any]]:
         return [{"params": [p for _, p in items]}]
     if all(isinstance(i, torch.Tensor) for i in items):
         return [{"params": items}]
-    raise ConfigError("model_parameters must be parameters, (name, parameter) pairs or torch-style group dicts, "
-                      "not a mix")
+    raise ConfigError(
+        "model_parameters must be parameters, (name, parameter) pairs or torch-style group dicts, not a mix"
+    )
 
 
 def _check_membership(model: torch.nn.Module, groups: list[list[torch.nn.Parameter]]) -> None:
@@ -90,15 +109,19 @@ def _check_membership(model: torch.nn.Module, groups: list[list[torch.nn.Paramet
     for g, params in enumerate(groups):
         for p in params:
             if id(p) not in owned:
-                raise ConfigError(f"parameter group {g} holds a tensor of shape {tuple(p.shape)} that is not a parameter "
-                                  "of the model; pass the model's own parameters")
+                raise ConfigError(
+                    f"parameter group {g} holds a tensor of shape {tuple(p.shape)} that is not a parameter "
+                    "of the model; pass the model's own parameters"
+                )
             if id(p) in seen:
                 raise ConfigError(f"parameter '{owned[id(p)]}' is in two parameter groups; put it in one")
             seen.add(id(p))
     missing = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in seen]
     if missing:
-        raise ConfigError(f"parameter '{missing[0]}' is trainable but in no parameter group ({len(missing)} such); "
-                          "add it to a group or set requires_grad=False")
+        raise ConfigError(
+            f"parameter '{missing[0]}' is trainable but in no parameter group ({len(missing)} such); "
+            "add it to a group or set requires_grad=False"
+        )
 
 
 def _fused_kind(optimizer: torch.optim.Optimizer) -> bool | None:
@@ -112,36 +135,52 @@ def _fused_kind(optimizer: torch.optim.Optimizer) -> bool | None:
     for g in optimizer.param_groups:
         for flag in ("amsgrad", "maximize", "capturable", "differentiable"):
             if g.get(flag):
-                raise ConfigError(f"{type(optimizer).__name__}({flag}=True) is not supported by zero_core's fused update; "
-                                  f"drop {flag}")
+                raise ConfigError(
+                    f"{type(optimizer).__name__}({flag}=True) is not supported by zero_core's fused update; drop {flag}"
+                )
     return decoupled
 
 
-def plan_optimizer(model: torch.nn.Module, cfg: ZeroConfig, model_parameters: Iterable[Any] | None = None,
-                   optimizer: Any = None) -> OptimizerPlan:
+def plan_optimizer(
+    model: torch.nn.Module, cfg: ZeroConfig, model_parameters: Iterable[Any] | None = None, optimizer: Any = None
+) -> OptimizerPlan:
     """The groups and the optimizer kind for `model` from the config and the caller's objects."""
     trainable = [p for p in dict.fromkeys(model.parameters()) if p.requires_grad]
     if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
         if not callable(optimizer):
-            raise ConfigError(f"optimizer must be a torch.optim.Optimizer or a callable that builds one from the "
-                              f"parameters, got {type(optimizer).__name__}")
+            raise ConfigError(
+                f"optimizer must be a torch.optim.Optimizer or a callable that builds one from the "
+                f"parameters, got {type(optimizer).__name__}"
+            )
         optimizer = optimizer(_as_groups(model_parameters) if model_parameters is not None else trainable)
         if not isinstance(optimizer, torch.optim.Optimizer):
-            raise ConfigError(f"the optimizer callable returned {type(optimizer).__name__}, not a torch.optim.Optimizer")
+            raise ConfigError(
+                f"the optimizer callable returned {type(optimizer).__name__}, not a torch.optim.Optimizer"
+            )
     if optimizer is not None:
         if cfg.optimizer_given:
-            raise ConfigError("an optimizer was passed to initialize and the config has an 'optimizer' section too; "
-                              "remove one of them")
+            raise ConfigError(
+                "an optimizer was passed to initialize and the config has an 'optimizer' section too; "
+                "remove one of them"
+            )
         decoupled = _fused_kind(optimizer)
         if decoupled is None and type(optimizer) not in _ELEMENTWISE and not cfg.zero_allow_untested_optimizer:
-            raise ConfigError(f"{type(optimizer).__name__} is not known to update each element on its own (Lamb, "
-                              "Adafactor and LBFGS do not), and zero_core runs client optimizers on flat shards; if its "
-                              "update is element-wise, set zero_allow_untested_optimizer: true, else use AdamW")
-        specs = [GroupSpec(list(g["params"]), _number(g["lr"], f"param_groups[{i}].lr"),
-                           _betas(g.get("betas", (0.9, 0.999)), f"param_groups[{i}].betas"),
-                           _number(g.get("eps", 1e-8), f"param_groups[{i}].eps"),
-                           _number(g.get("weight_decay", 0.0), f"param_groups[{i}].weight_decay"), dict(g))
-                 for i, g in enumerate(optimizer.param_groups)]
+            raise ConfigError(
+                f"{type(optimizer).__name__} is not known to update each element on its own (Lamb, "
+                "Adafactor and LBFGS do not), and zero_core runs client optimizers on flat shards; if its "
+                "update is element-wise, set zero_allow_untested_optimizer: true, else use AdamW"
+            )
+        specs = [
+            GroupSpec(
+                list(g["params"]),
+                _number(g["lr"], f"param_groups[{i}].lr"),
+                _betas(g.get("betas", (0.9, 0.999)), f"param_groups[{i}].betas"),
+                _number(g.get("eps", 1e-8), f"param_groups[{i}].eps"),
+                _number(g.get("weight_decay", 0.0), f"param_groups[{i}].weight_decay"),
+                dict(g),
+            )
+            for i, g in enumerate(optimizer.param_groups)
+        ]
         _check_membership(model, [s.params for s in specs])
         kind = "client" if decoupled is None else "fused"
         return OptimizerPlan(specs, kind, decoupled if decoupled is not None else True, optimizer)
@@ -151,19 +190,28 @@ def plan_optimizer(model: torch.nn.Module, cfg: ZeroConfig, model_parameters: It
     for i, g in enumerate(given):
         unknown = sorted(set(g) - _ADAM_KEYS)
         if unknown:
-            raise ConfigError(f"model_parameters[{i}] has the key '{unknown[0]}', which {cfg.optimizer.type} does not take; "
-                              "use lr, betas, eps, weight_decay")
+            raise ConfigError(
+                f"model_parameters[{i}] has the key '{unknown[0]}', which {cfg.optimizer.type} does not take; "
+                "use lr, betas, eps, weight_decay"
+            )
         params = [p for p in g.get("params", []) if p.requires_grad]
-        specs.append(GroupSpec(params, _number(g.get("lr", base.lr), f"model_parameters[{i}].lr"),
-                               _betas(g.get("betas", base.betas), f"model_parameters[{i}].betas"),
-                               _number(g.get("eps", base.eps), f"model_parameters[{i}].eps"),
-                               _number(g.get("weight_decay", base.weight_decay), f"model_parameters[{i}].weight_decay"),
-                               dict(g)))
+        specs.append(
+            GroupSpec(
+                params,
+                _number(g.get("lr", base.lr), f"model_parameters[{i}].lr"),
+                _betas(g.get("betas", base.betas), f"model_parameters[{i}].betas"),
+                _number(g.get("eps", base.eps), f"model_parameters[{i}].eps"),
+                _number(g.get("weight_decay", base.weight_decay), f"model_parameters[{i}].weight_decay"),
+                dict(g),
+            )
+        )
     _check_membership(model, [s.params for s in specs])
     return OptimizerPlan([s for s in specs if s.params] or specs[:1], "fused", cfg.optimizer.decoupled)
 
 
-def order_within(params: list[torch.nn.Parameter], bounds: list[int], group_of: dict[int, int]) -> list[torch.nn.Parameter]:
+def order_within(
+    params: list[torch.nn.Parameter], bounds: list[int], group_of: dict[int, int]
+) -> list[torch.nn.Parameter]:
     """`params` with each range [bounds[i], bounds[i+1]) stably sorted by optimizer group, so every bucket's
     shard holds one run per group: the update runs once per run with that group's hyper-parameters."""
     ends = bounds[1:] + [len(params)]

@@ -25,8 +25,14 @@ class WeightUploader:
     bucket's shard inside its full working buffer (stages 1-2, so no separate 16-bit partition exists on
     the device). On CUDA the copies run on their own stream; on the CPU they are plain copies."""
 
-    def __init__(self, src: torch.Tensor, pieces: Sequence[tuple[int, torch.Tensor]], breakdown: StepBreakdown,
-                 bucket_ends: Sequence[int] = (), gather: Callable[[int], None] | None = None) -> None:
+    def __init__(
+        self,
+        src: torch.Tensor,
+        pieces: Sequence[tuple[int, torch.Tensor]],
+        breakdown: StepBreakdown,
+        bucket_ends: Sequence[int] = (),
+        gather: Callable[[int], None] | None = None,
+    ) -> None:
         self.src, self.breakdown = src, breakdown
         self.pieces = sorted(pieces, key=lambda piece: piece[0])
         self.numel = max(off + view.numel() for off, view in self.pieces)
@@ -55,7 +61,9 @@ class WeightUploader:
 
     def _gather_up_to(self, end: int) -> None:
         joined = False
-        while self.gather is not None and self.gathered < len(self.bucket_ends) and self.bucket_ends[self.gathered] <= end:
+        while (
+            self.gather is not None and self.gathered < len(self.bucket_ends) and self.bucket_ends[self.gathered] <= end
+        ):
             if not joined:
                 self.side.join()
                 joined = True

@@ -17,8 +17,14 @@ from .units import block_units
 __all__ = ["Stage", "make_stage"]
 
 
-def make_stage(model: torch.nn.Module, cfg: ZeroConfig, world_size: int, rank: int, device: torch.device,
-               group_of: dict[int, int] | None = None) -> Stage:
+def make_stage(
+    model: torch.nn.Module,
+    cfg: ZeroConfig,
+    world_size: int,
+    rank: int,
+    device: torch.device,
+    group_of: dict[int, int] | None = None,
+) -> Stage:
     """The stage strategy for `model`'s trainable parameters, with their order and flat layout.
 
     `group_of` maps id(parameter) to its optimizer group: with several groups each bucket (each stage-3 unit)
@@ -31,7 +37,9 @@ def make_stage(model: torch.nn.Module, cfg: ZeroConfig, world_size: int, rank: i
 
     def layout_of(params: list, bounds: list[int] | None, world: int) -> FlatLayout:
         bucket = None if bounds is not None else _bucket_numel(cfg, sum(p.numel() for p in params))
-        layout = build_layout([(named[id(p)], p.shape) for p in params], world, group_bounds=bounds, bucket_numel=bucket)
+        layout = build_layout(
+            [(named[id(p)], p.shape) for p in params], world, group_bounds=bounds, bucket_numel=bucket
+        )
         return layout
 
     if cfg.stage == 3:  # one group per unit, so each unit can be gathered and freed on its own

@@ -26,8 +26,17 @@ from .base import Stage
 
 
 class GradReducer:
-    def __init__(self, params: Sequence[torch.nn.Parameter], layout: FlatLayout, optimizer: PartitionOptimizer,
-                 stage: Stage, *, comm_dtype: torch.dtype, side: comm.SideStream, device: torch.device) -> None:
+    def __init__(
+        self,
+        params: Sequence[torch.nn.Parameter],
+        layout: FlatLayout,
+        optimizer: PartitionOptimizer,
+        stage: Stage,
+        *,
+        comm_dtype: torch.dtype,
+        side: comm.SideStream,
+        device: torch.device,
+    ) -> None:
         self.params = list(params)
         self.layout = layout
         self.opt = optimizer
@@ -47,7 +56,9 @@ class GradReducer:
         self._pending: dict[int, list] = {}
         # stages 2-3 take a fresh buffer each pass and copy each gradient in once: only the padding between
         # and after parameters needs zeros (not a memset of the whole bucket and an add over it)
-        self._gaps: list[torch.Tensor | None] = [None if self.keep_buffers else _gap_index(g, device) for g in layout.groups]
+        self._gaps: list[torch.Tensor | None] = [
+            None if self.keep_buffers else _gap_index(g, device) for g in layout.groups
+        ]
         self.reduce_now = False
         self._handles = [p.register_post_accumulate_grad_hook(self._make_hook(i)) for i, p in enumerate(self.params)]
 

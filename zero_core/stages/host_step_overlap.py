@@ -19,8 +19,14 @@ import torch
 
 
 class HostStepInFlight:
-    def __init__(self, units: Sequence[tuple[torch.nn.Module, Sequence[int]]], bucket_ends: Sequence[int],
-                 uploader: Any, gather: Callable[[int], None], root: torch.nn.Module) -> None:
+    def __init__(
+        self,
+        units: Sequence[tuple[torch.nn.Module, Sequence[int]]],
+        bucket_ends: Sequence[int],
+        uploader: Any,
+        gather: Callable[[int], None],
+        root: torch.nn.Module,
+    ) -> None:
         self.bucket_ends, self.uploader, self._gather = list(bucket_ends), uploader, gather
         self._cond = threading.Condition()
         self._published = 0
@@ -45,6 +51,7 @@ class HostStepInFlight:
 
     def launch(self, update: Callable[[], None]) -> None:
         """Run the host update on its own thread; `step()` returns at once."""
+
         def run() -> None:
             try:
                 update()
@@ -59,7 +66,8 @@ class HostStepInFlight:
         self._thread.start()
 
     def end_step(self) -> None:
-        """After the optimizer's step: if it launched no update (a skipped step), nothing changed and nothing is owed."""
+        """After the optimizer's step: if it launched no update (a skipped step), nothing changed and nothing is
+        owed."""
         if self._thread is None:
             self._published, self._gathered = max(self.bucket_ends, default=0), set(range(len(self.bucket_ends)))
 
@@ -67,6 +75,7 @@ class HostStepInFlight:
     def _waiter(self, buckets: tuple[int, ...]) -> Callable[..., None]:
         def before_forward(module: torch.nn.Module, args: Any) -> None:
             self.wait(buckets)
+
         return before_forward
 
     def wait(self, buckets: Sequence[int]) -> None:

@@ -76,15 +76,20 @@ class PartitionedStage(Stage):
             local = self.local
             shard_of = lambda lo, hi: local[lo:hi]  # noqa: E731
         self.gatherer = ParamGatherer(
-            self.units, layout, self.full, shard_of,
+            self.units,
+            layout,
+            self.full,
+            shard_of,
             persistence_threshold=zero.stage3_param_persistence_threshold,
-            prefetch_numel=zero.stage3_prefetch_bucket_size, max_live_numel=zero.stage3_max_live_parameters,
+            prefetch_numel=zero.stage3_prefetch_bucket_size,
+            max_live_numel=zero.stage3_max_live_parameters,
             side=comm.SideStream(self.device),  # its own stream: prefetches must not queue behind reductions
         )
         self.initial_masters = None
 
     def _partition_buffer(self) -> torch.Tensor:
-        """Where this rank's 16-bit partition lives: a file mapping (param_file.py), pinned host memory, or the device."""
+        """Where this rank's 16-bit partition lives: a file mapping (param_file.py), pinned host memory, or the
+        device."""
         numel = self.layout.partition_numel
         if self.param_nvme_path is not None:
             return param_file(numel, self.dtype, self.param_nvme_path, self.rank)
@@ -113,16 +118,19 @@ class PartitionedStage(Stage):
 
     def guard_state_dict(self, world_size: int) -> None:
         """module.state_dict() returns current weights or refuses: each rank holds only its shards."""
+
         def before_state_dict(module: torch.nn.Module, prefix: str, keep_vars: bool) -> None:
             assert self.gatherer is not None
             held = all(r > 0 for r in self.gatherer.refs)
             if keep_vars or held:  # parameter objects, not values (the engine's own bookkeeping), or gathered
                 return
             if world_size > 1:
-                raise RuntimeError(f"module.state_dict() at ZeRO stage 3 on {world_size} ranks: each rank holds "
-                                   "1/N of the weights. Call engine.full_state_dict() or engine.save_16bit_model(dir) "
-                                   "on every rank, or read them inside zero_core.deepspeed.zero.GatheredParameters("
-                                   "model.parameters())")
+                raise RuntimeError(
+                    f"module.state_dict() at ZeRO stage 3 on {world_size} ranks: each rank holds "
+                    "1/N of the weights. Call engine.full_state_dict() or engine.save_16bit_model(dir) "
+                    "on every rank, or read them inside zero_core.deepspeed.zero.GatheredParameters("
+                    "model.parameters())"
+                )
             self.gatherer.gather_all()  # one rank: gathering needs no peer
 
         self.model.register_state_dict_pre_hook(before_state_dict)

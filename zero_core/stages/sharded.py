@@ -43,13 +43,19 @@ class ShardedStage(Stage):
             for g in groups:
                 self.output[g.partition_offset : g.partition_offset + g.shard_numel].copy_(self.shard_view(g))
             ends = [g.partition_offset + g.shard_numel for g in groups]
-            self.uploader = WeightUploader(self.output, [(g.partition_offset, self.shard_view(g)) for g in groups],
-                                           breakdown, ends, gather=lambda i: self._all_gather(groups[i]))
+            self.uploader = WeightUploader(
+                self.output,
+                [(g.partition_offset, self.shard_view(g)) for g in groups],
+                breakdown,
+                ends,
+                gather=lambda i: self._all_gather(groups[i]),
+            )
             self.publish_chunk = self.uploader
             optimizer.bind_device_output([self.shard_view(g) for g in groups])  # a share kept on the device (ratio < 1)
             if self.cfg.zero_core.overlap_weight_gather:  # the host update runs on while the next forward starts
-                inflight = HostStepInFlight(self._bucket_units(), ends, self.uploader,
-                                            lambda i: self._all_gather(groups[i]), self.model)
+                inflight = HostStepInFlight(
+                    self._bucket_units(), ends, self.uploader, lambda i: self._all_gather(groups[i]), self.model
+                )
                 if optimizer.run_host_update_with(inflight.launch):
                     self.inflight, self.publish_chunk = inflight, inflight.publish
                 else:
@@ -72,11 +78,14 @@ class ShardedStage(Stage):
 
     def _start_gather(self, bucket: int) -> comm.PendingCollective:
         g = self.layout.groups[bucket]
-        return comm.all_gather_flat_async(self.full[g.index], self.shard_view(g),
-                                          what=f"all-gather of updated weights (bucket {g.index})")
+        return comm.all_gather_flat_async(
+            self.full[g.index], self.shard_view(g), what=f"all-gather of updated weights (bucket {g.index})"
+        )
 
     def _all_gather(self, g: Any) -> None:
-        comm.all_gather_flat(self.full[g.index], self.shard_view(g), what=f"all-gather of updated weights (bucket {g.index})")
+        comm.all_gather_flat(
+            self.full[g.index], self.shard_view(g), what=f"all-gather of updated weights (bucket {g.index})"
+        )
 
     def begin_update(self) -> None:
         if self.uploader is not None:

@@ -62,11 +62,18 @@ def block_units(model: torch.nn.Module, trainable: set[int]) -> tuple[list[torch
     return ordered, bounds, units
 
 
-def units_as_buckets(units: list, unit_params: list[torch.nn.Parameter], bounds: list[int], params: list[torch.nn.Parameter],
-                  layout: FlatLayout) -> list[tuple[torch.nn.Module, list[int]]]:
+def units_as_buckets(
+    units: list,
+    unit_params: list[torch.nn.Parameter],
+    bounds: list[int],
+    params: list[torch.nn.Parameter],
+    layout: FlatLayout,
+) -> list[tuple[torch.nn.Module, list[int]]]:
     """Stage-3 units (module, unit indices it reads; the root unit first) re-expressed as the stage 1-2
     buckets they read. `unit_params` is in unit order, `params` in layout order."""
     index = {id(p): i for i, p in enumerate(params)}
     ends = bounds[1:] + [len(unit_params)]
-    buckets_of_unit = [sorted({layout.slots[index[id(p)]].group for p in unit_params[lo:hi]}) for lo, hi in zip(bounds, ends)]
+    buckets_of_unit = [
+        sorted({layout.slots[index[id(p)]].group for p in unit_params[lo:hi]}) for lo, hi in zip(bounds, ends)
+    ]
     return [(module, sorted({b for u in needed for b in buckets_of_unit[u]})) for module, needed in units]

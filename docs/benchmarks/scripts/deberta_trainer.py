@@ -36,15 +36,19 @@ class Pairs(torch.utils.data.Dataset):
         self.ids = torch.randint(5, vocab, (n, seq), generator=g)
         self.ids[:, 0], self.ids[:, seq // 2], self.ids[:, -1] = 1, 2, 2
         self.types = torch.zeros(n, seq, dtype=torch.long)
-        self.types[:, seq // 2 + 1:] = 1
+        self.types[:, seq // 2 + 1 :] = 1
         self.labels = (self.ids[:, 1] % 2 == self.ids[:, seq // 2 + 1] % 2).long()
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.ids[i], "token_type_ids": self.types[i], "labels": self.labels[i],
-                "attention_mask": torch.ones_like(self.ids[i])}
+        return {
+            "input_ids": self.ids[i],
+            "token_type_ids": self.types[i],
+            "labels": self.labels[i],
+            "attention_mask": torch.ones_like(self.ids[i]),
+        }
 
 
 class Clock(transformers.TrainerCallback):
@@ -76,17 +80,42 @@ def main() -> None:
         from zero_core.integrations.transformers import Trainer, TrainingArguments
     else:
         from transformers import Trainer, TrainingArguments
-    cfg = transformers.DebertaV2Config(vocab_size=128100, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                                       intermediate_size=3072, max_position_embeddings=512, relative_attention=True,
-                                       position_buckets=256, norm_rel_ebd="layer_norm", share_att_key=True,
-                                       pos_att_type=["p2c", "c2p"], layer_norm_eps=1e-7, max_relative_positions=-1,
-                                       position_biased_input=False, type_vocab_size=0, num_labels=2)
+    cfg = transformers.DebertaV2Config(
+        vocab_size=128100,
+        hidden_size=768,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        intermediate_size=3072,
+        max_position_embeddings=512,
+        relative_attention=True,
+        position_buckets=256,
+        norm_rel_ebd="layer_norm",
+        share_att_key=True,
+        pos_att_type=["p2c", "c2p"],
+        layer_norm_eps=1e-7,
+        max_relative_positions=-1,
+        position_biased_input=False,
+        type_vocab_size=0,
+        num_labels=2,
+    )
     torch.manual_seed(0)
     model = transformers.DebertaV2ForSequenceClassification(cfg)
-    args = TrainingArguments(output_dir=a.out, deepspeed=a.config, per_device_train_batch_size=a.micro_batch,
-                             learning_rate=2e-5, weight_decay=0.01, warmup_steps=a.warmup, max_steps=a.steps,
-                             bf16=a.bf16, logging_steps=10, save_strategy="no", report_to=[], disable_tqdm=True,
-                             dataloader_drop_last=True, seed=0)
+    args = TrainingArguments(
+        output_dir=a.out,
+        deepspeed=a.config,
+        per_device_train_batch_size=a.micro_batch,
+        learning_rate=2e-5,
+        weight_decay=0.01,
+        warmup_steps=a.warmup,
+        max_steps=a.steps,
+        bf16=a.bf16,
+        logging_steps=10,
+        save_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+        dataloader_drop_last=True,
+        seed=0,
+    )
     clock = Clock(a.warmup)
     data = Pairs(a.micro_batch * a.steps * max(1, args.world_size), a.seq, cfg.vocab_size, a.data_seed)
     trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[clock])
@@ -99,10 +128,23 @@ def main() -> None:
     if args.process_index == 0:
         tokens = clock.steps * a.micro_batch * a.seq * args.world_size
         losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-        print(json.dumps({"engine": a.engine, "config": Path(a.config).name, "world": args.world_size,
-                          "micro_batch": a.micro_batch, "seq": a.seq, "bf16": a.bf16, "steps_timed": clock.steps,
-                          "tokens_per_s": round(tokens / seconds, 1), "ms_per_step": round(1e3 * seconds / clock.steps, 2),
-                          "peak_gib": round(float(peak) / 2**30, 3), "last_loss": losses[-1] if losses else None}))
+        print(
+            json.dumps(
+                {
+                    "engine": a.engine,
+                    "config": Path(a.config).name,
+                    "world": args.world_size,
+                    "micro_batch": a.micro_batch,
+                    "seq": a.seq,
+                    "bf16": a.bf16,
+                    "steps_timed": clock.steps,
+                    "tokens_per_s": round(tokens / seconds, 1),
+                    "ms_per_step": round(1e3 * seconds / clock.steps, 2),
+                    "peak_gib": round(float(peak) / 2**30, 3),
+                    "last_loss": losses[-1] if losses else None,
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

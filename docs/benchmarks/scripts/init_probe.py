@@ -19,15 +19,23 @@ from zbench.models.gpt import GPT, GPTConfig
 
 
 def ds_config(args: argparse.Namespace) -> dict:
-    zero: dict = {"stage": 3, "offload_optimizer": {"device": args.offload_optimizer, "pin_memory": True},
-                  "stage3_param_persistence_threshold": 0}
+    zero: dict = {
+        "stage": 3,
+        "offload_optimizer": {"device": args.offload_optimizer, "pin_memory": True},
+        "stage3_param_persistence_threshold": 0,
+    }
     if args.offload_param != "none":
         zero["offload_param"] = {"device": args.offload_param, "pin_memory": True}
     for key in ("offload_optimizer", "offload_param"):
         if zero.get(key, {}).get("device") == "nvme":
             zero[key]["nvme_path"] = args.nvme_path
-    return {"train_micro_batch_size_per_gpu": args.micro_batch, "gradient_clipping": 1.0, "bf16": {"enabled": True},
-            "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}, "zero_optimization": zero}
+    return {
+        "train_micro_batch_size_per_gpu": args.micro_batch,
+        "gradient_clipping": 1.0,
+        "bf16": {"enabled": True},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+        "zero_optimization": zero,
+    }
 
 
 def main() -> None:
@@ -43,7 +51,9 @@ def main() -> None:
     p.add_argument("--offload-param", choices=["none", "cpu", "nvme"], default="cpu")
     p.add_argument("--nvme-path", default="/tmp/zb_nvme")
     args = p.parse_args()
-    cfg = GPTConfig(vocab_size=50304, block_size=args.seq_len, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd)
+    cfg = GPTConfig(
+        vocab_size=50304, block_size=args.seq_len, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd
+    )
     ds = ds_config(args)
     torch.manual_seed(0)
     start = time.perf_counter()
@@ -79,13 +89,26 @@ def main() -> None:
     n = cfg.num_params()
     tokens = args.micro_batch * args.seq_len
     flops = tokens * (6 * n + 12 * cfg.n_layer * cfg.n_embd * args.seq_len)
-    print(json.dumps({"engine": args.engine, "n_layer": args.n_layer, "n_embd": args.n_embd, "params_b": round(n / 1e9, 3),
-                      "offload_param": args.offload_param, "offload_optimizer": args.offload_optimizer,
-                      "init_s": round(init_s, 1), "init_peak_host_gib": round(init_host, 2),
-                      "peak_host_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
-                      "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
-                      "ms_per_step": round(steady * 1e3), "tflops": round(flops / steady / 1e12, 1),
-                      "loss": float(loss.detach())}), flush=True)
+    print(
+        json.dumps(
+            {
+                "engine": args.engine,
+                "n_layer": args.n_layer,
+                "n_embd": args.n_embd,
+                "params_b": round(n / 1e9, 3),
+                "offload_param": args.offload_param,
+                "offload_optimizer": args.offload_optimizer,
+                "init_s": round(init_s, 1),
+                "init_peak_host_gib": round(init_host, 2),
+                "peak_host_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+                "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+                "ms_per_step": round(steady * 1e3),
+                "tflops": round(flops / steady / 1e12, 1),
+                "loss": float(loss.detach()),
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Make a zbench checkpoint of a >= 1 GB (fp32) model for the converter memory benchmark.
 
-    torchrun --nproc-per-node 2 docs/benchmarks/scripts/make_big_checkpoint.py --model gpt2-medium --out /tmp/big_ckpt
+torchrun --nproc-per-node 2 docs/benchmarks/scripts/make_big_checkpoint.py --model gpt2-medium --out /tmp/big_ckpt
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ def main() -> None:
     args = ap.parse_args()
     torch.manual_seed(0)
     cfg = PRESETS[args.model]
-    engine = zero_core.initialize(GPT(cfg), {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": args.stage}})
+    engine = zero_core.initialize(
+        GPT(cfg), {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": args.stage}}
+    )
     x = torch.randint(0, cfg.vocab_size, (1, 17))
     engine.backward(engine(x[:, :-1], x[:, 1:]).loss)
     engine.step()

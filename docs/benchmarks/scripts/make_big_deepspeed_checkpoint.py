@@ -1,7 +1,8 @@
 """A real DeepSpeed ZeRO-2 (or --stage 3) checkpoint of a GPT for the converter benchmarks (CPU ranks).
 
-    DS_ACCELERATOR=cpu deepspeed --num_gpus 2 docs/benchmarks/scripts/make_big_deepspeed_checkpoint.py --out /tmp/ds_big
-    DS_ACCELERATOR=cpu deepspeed --num_gpus 2 docs/benchmarks/scripts/make_big_deepspeed_checkpoint.py --model gpt2 --stage 3 --out /tmp/ds_z3
+DS_ACCELERATOR=cpu deepspeed --num_gpus 2 docs/benchmarks/scripts/make_big_deepspeed_checkpoint.py --out /tmp/ds_big
+DS_ACCELERATOR=cpu deepspeed --num_gpus 2 docs/benchmarks/scripts/make_big_deepspeed_checkpoint.py \
+    --model gpt2 --stage 3 --out /tmp/ds_z3
 """
 
 from __future__ import annotations
@@ -27,8 +28,11 @@ def main() -> None:
     torch.manual_seed(0)
     cfg = PRESETS[args.model]
     model = GPT(cfg)
-    config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": args.stage},
-              "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}}}
+    config = {
+        "train_micro_batch_size_per_gpu": 1,
+        "zero_optimization": {"stage": args.stage},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
+    }
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     x = torch.randint(0, cfg.vocab_size, (1, 17))
     engine.backward(engine(x[:, :-1], x[:, 1:]).loss)

@@ -33,15 +33,20 @@ SCENARIOS = ROOT / "scenarios"
 # (1, 0, False) is the old path at stages 1-2 (the host update inside step()); stage 3 always runs it there
 PLANS = {
     "gpt2xl": ("gpt2xl_offload.yaml", 16, [(0.5, 0.0, True), (0.25, 0.0, True), (0.25, 0.5, True)]),
-    "longformer": ("longformer_feedback.yaml", 10, [(1.0, 0.0, False), (1.0, 0.0, True), (0.5, 0.0, True),
-                                                    (0.25, 0.0, True), (0.25, 1.0, True)]),
+    "longformer": (
+        "longformer_feedback.yaml",
+        10,
+        [(1.0, 0.0, False), (1.0, 0.0, True), (0.5, 0.0, True), (0.25, 0.0, True), (0.25, 1.0, True)],
+    ),
     "gpt7b": ("gpt7b_offload.yaml", 32, [(0.8, 0.0, True), (0.7, 0.0, True), (0.8, 0.3, True)]),
 }
 GPT7B_DS = {  # the scenario's zero_core variant as a DeepSpeed JSON, so DeepSpeed runs it too
     "bf16": {"enabled": True},
     "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto"}},
     "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True}, "overlap_comm": True},
-    "gradient_clipping": "auto", "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+    "gradient_clipping": "auto",
+    "train_batch_size": "auto",
+    "train_micro_batch_size_per_gpu": "auto",
     "gradient_accumulation_steps": 1,
 }
 
@@ -68,8 +73,15 @@ def main(which: list[str]) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     failed = 0
     with open(out_dir / "offload_overlap_kernels.txt", "w") as log:  # host AdamW against the host's copy bandwidth
-        failed += subprocess.call([sys.executable, "-m", "zero_core.kernels.bench", "--numel", "1e9"], stdout=log,
-                                  stderr=subprocess.STDOUT, cwd=ROOT) != 0
+        failed += (
+            subprocess.call(
+                [sys.executable, "-m", "zero_core.kernels.bench", "--numel", "1e9"],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+            )
+            != 0
+        )
     print((out_dir / "offload_overlap_kernels.txt").read_text(), flush=True)
     for key in which:
         file, batch, plan = PLANS[key]
@@ -91,8 +103,18 @@ def main(which: list[str]) -> int:
                     sc[name]["path"] = str((SCENARIOS / sc[name]["path"]).resolve())
             path = folder / file
             path.write_text(yaml.safe_dump(sc, sort_keys=False))
-            cmd = [sys.executable, "-m", "zbench.cli", "run", str(path), "--out", str(out_dir / "runs"), "--no-progress",
-                   "--wandb", "off"]
+            cmd = [
+                sys.executable,
+                "-m",
+                "zbench.cli",
+                "run",
+                str(path),
+                "--out",
+                str(out_dir / "runs"),
+                "--no-progress",
+                "--wandb",
+                "off",
+            ]
             if os.environ.get("VARIANTS"):  # a subset, e.g. VARIANTS=zero-ratio0p5-overlap0
                 cmd += ["--variants", os.environ["VARIANTS"]]
             print("+", " ".join(cmd), flush=True)

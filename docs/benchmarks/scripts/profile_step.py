@@ -1,6 +1,7 @@
 """Where a zero_core step's time goes: busy time per CUDA stream and idle gaps on the compute stream.
 
-    torchrun --nproc-per-node 2 docs/benchmarks/scripts/profile_step.py --config docs/benchmarks/scripts/gpt2xl_stage2.json
+    torchrun --nproc-per-node 2 docs/benchmarks/scripts/profile_step.py \
+        --config docs/benchmarks/scripts/gpt2xl_stage2.json
 
 Rank 0 profiles `--steps` steps after `--warmup` with torch.profiler and prints the step time, the
 kernels that take the most time, each stream's busy time, and the compute stream's idle time inside
@@ -80,7 +81,9 @@ def main() -> None:
         start, end = k.time_range.start, k.time_range.end
         per_stream[getattr(k, "device_resource_id", 0)].append((start, end))
         by_name[k.name[:90]] += (end - start) / 1e3
-    window = (max(e for v in per_stream.values() for _, e in v) - min(s for v in per_stream.values() for s, _ in v)) / 1e3
+    window = (
+        max(e for v in per_stream.values() for _, e in v) - min(s for v in per_stream.values() for s, _ in v)
+    ) / 1e3
     print(f"step {plain_ms:.1f} ms without the profiler; profiled window {window / args.steps:.1f} ms/step")
     print("stream busy ms/step (largest first):")
     busiest = sorted(per_stream.items(), key=lambda kv: -merged_busy(kv[1]))

@@ -32,14 +32,23 @@ def project(results: dict, ranks: list[int]) -> list[dict]:
         sharded = v["engine"] != "ddp"
         o2 = o_shard if sharded else o_shard * world
         e2 = t2 - f - o2
-        row = {"variant": v["variant"], "method": v["method"], "t2": t2, "e2": e2,
-               "tps_gpu_2": tokens_per_gpu_step / t2 * 1e3}
+        row = {
+            "variant": v["variant"],
+            "method": v["method"],
+            "t2": t2,
+            "e2": e2,
+            "tps_gpu_2": tokens_per_gpu_step / t2 * 1e3,
+        }
         for n in ranks:
             o_n = o2 * world / n if sharded else o2
             grow = 2 * (n - 1) / n / (2 * (world - 1) / world)
             fast, slow = f + o_n + e2, f + o_n + e2 * grow
-            row[n] = {"t_fast": fast, "t_slow": slow, "tps_gpu": (tokens_per_gpu_step / slow * 1e3, tokens_per_gpu_step / fast * 1e3),
-                      "eff": (t2 / slow, t2 / fast)}
+            row[n] = {
+                "t_fast": fast,
+                "t_slow": slow,
+                "tps_gpu": (tokens_per_gpu_step / slow * 1e3, tokens_per_gpu_step / fast * 1e3),
+                "eff": (t2 / slow, t2 / fast),
+            }
         rows.append(row)
     return rows
 
@@ -52,8 +61,10 @@ def main() -> None:
     results = json.load(open(a.results))
     rows = project(results, a.ranks)
     fl = results["floor"]
-    print(f"floor: forward+backward {fl['fwd_bwd_ms']:.1f} ms, optimizer phase {fl['optimizer_ms']:.1f} ms at "
-          f"{results['world_size']} ranks; measured at {results['world_size']} ranks on {results['device']}\n")
+    print(
+        f"floor: forward+backward {fl['fwd_bwd_ms']:.1f} ms, optimizer phase {fl['optimizer_ms']:.1f} ms at "
+        f"{results['world_size']} ranks; measured at {results['world_size']} ranks on {results['device']}\n"
+    )
     head = "| variant | measured step ms (2 ranks) | E2 ms | tokens/s/GPU (2) |"
     for n in a.ranks:
         head += f" projected step ms ({n}) | tokens/s/GPU ({n}) | scaling efficiency 2->{n} |"
@@ -63,8 +74,10 @@ def main() -> None:
         line = f"| {r['variant']} | {r['t2']:.1f} | {r['e2']:.1f} | {r['tps_gpu_2']:,.0f} |"
         for n in a.ranks:
             p = r[n]
-            line += (f" {p['t_fast']:.1f}-{p['t_slow']:.1f} | {p['tps_gpu'][0]:,.0f}-{p['tps_gpu'][1]:,.0f} |"
-                     f" {p['eff'][0]:.0%}-{p['eff'][1]:.0%} |")
+            line += (
+                f" {p['t_fast']:.1f}-{p['t_slow']:.1f} | {p['tps_gpu'][0]:,.0f}-{p['tps_gpu'][1]:,.0f} |"
+                f" {p['eff'][0]:.0%}-{p['eff'][1]:.0%} |"
+            )
         print(line)
 
 
