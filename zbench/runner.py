@@ -31,12 +31,8 @@ from .run_summary import load_kept
 from .search import largest_fitting, largest_fitting_value
 from .wandb_log import wandb_spec
 
-_ENGINE_MODULES = {
-    "ddp": ("zbench.variants.ddp",),
-    "zero": ("zbench.variants.zero",),
-    "fsdp2": ("zbench.variants.fsdp2",),
-    "deepspeed": ("zbench.variants.deepspeed", "deepspeed"),
-}
+_ENGINE_MODULES = {"ddp": ("zbench.variants.ddp",), "zero": ("zbench.variants.zero",),
+                   "fsdp2": ("zbench.variants.fsdp2",), "deepspeed": ("zbench.variants.deepspeed", "deepspeed")}
 
 
 @dataclass
@@ -64,22 +60,13 @@ def new_run_dir(out: str, name: str, node_rank: int) -> str:
     return path
 
 
-def variant_job(
-    plan: Plan, vp: VariantPlan, arch: ArchConfig | None, batch: int, mode: str, eval_batch: int | None = None
-) -> dict[str, Any]:
+def variant_job(plan: Plan, vp: VariantPlan, arch: ArchConfig | None, batch: int, mode: str,
+                eval_batch: int | None = None) -> dict[str, Any]:
     """What one launch of a variant runs (zbench.worker.run_job's argument, before progress and checkpoints)."""
-    return {
-        "scenario": plan.scenario.model_dump(mode="json"),
-        "base_dir": plan.base_dir,
-        "arch": asdict(arch) if arch else None,
-        "engine": vp.spec.engine,
-        "ds": vp.ds_template,
-        "batch": batch,
-        "eval_batch": eval_batch,
-        "mode": mode,
-        "compile": plan.scenario.compile_backend(vp.spec),
-        "simulate_world": plan.world_size if plan.simulated else None,
-    }
+    return {"scenario": plan.scenario.model_dump(mode="json"), "base_dir": plan.base_dir,
+            "arch": asdict(arch) if arch else None, "engine": vp.spec.engine, "ds": vp.ds_template,
+            "batch": batch, "eval_batch": eval_batch, "mode": mode, "compile": plan.scenario.compile_backend(vp.spec),
+            "simulate_world": plan.world_size if plan.simulated else None}
 
 
 class Runner:
@@ -92,9 +79,8 @@ class Runner:
         self.failures: list[RankFailure] = []  # variants whose ranks failed (not OOM): rows, then one error
 
     # -- launches -----------------------------------------------------------------------------
-    def _launch(
-        self, vp: VariantPlan, arch: ArchConfig | None, batch: int, mode: str, eval_batch: int | None = None
-    ) -> dict[int, Any]:
+    def _launch(self, vp: VariantPlan, arch: ArchConfig | None, batch: int, mode: str,
+                eval_batch: int | None = None) -> dict[int, Any]:
         from .worker import run_job
 
         index = self.launches
@@ -105,27 +91,15 @@ class Runner:
         job = {**variant_job(self.plan, vp, arch, batch, mode, eval_batch), "progress": progress}
         if mode == "train" and self.opts.wandb != "off":
             job["wandb"] = wandb_spec(self.run_dir, self.plan, vp.name, self.opts.wandb, job["ds"])
-        if (
-            mode == "train"
-            and vp.spec.engine == "zero"
-            and self.plan.scenario.checkpoint_every
-            and not self.plan.simulated
-        ):
+        if (mode == "train" and vp.spec.engine == "zero" and self.plan.scenario.checkpoint_every
+                and not self.plan.simulated):
             # a rerun with --resume continues from here, on any number of ranks
             job["checkpoint_dir"] = self._checkpoint_dir(vp)
         sizes = f"batch {batch}" + (f", eval batch {eval_batch}" if eval_batch else "")
         title = f"{vp.name} ({sizes})"
         with ProgressView(job["progress"], title, enabled=self.opts.progress):
-            res = launch(
-                run_job,
-                json.dumps(job),
-                self.nodes,
-                run_id=f"{vp.name}-{mode}{index}",
-                log_dir=log_dir,
-                index=index,
-                what=f"variant '{vp.name}' ({mode}, {sizes})",
-                fork_ok=self.opts.fork_ok,
-            )
+            res = launch(run_job, json.dumps(job), self.nodes, run_id=f"{vp.name}-{mode}{index}", log_dir=log_dir,
+                         index=index, what=f"variant '{vp.name}' ({mode}, {sizes})", fork_ok=self.opts.fork_ok)
         self.writer = 0 in res
         return res
 
@@ -152,27 +126,12 @@ class Runner:
         say(f"[floor] forward+backward alone on one device, batch {sc.batch_size}, plus the optimizer phase")
         log_dir = run_path(self.run_dir, "logs", "floor")
         os.makedirs(log_dir, exist_ok=True)
-        job = {
-            "scenario": sc.model_dump(mode="json"),
-            "base_dir": self.plan.base_dir,
-            "arch": asdict(self.plan.arch) if self.plan.arch else None,
-            "engine": None,
-            "ds": None,
-            "batch": sc.batch_size,
-            "mode": "floor",
-            "world_size": self.plan.world_size,
-            "compile": sc.compile_backend(),
-        }
-        res = launch(
-            run_job,
-            json.dumps(job),
-            Nodes(1),
-            run_id="floor",
-            log_dir=log_dir,
-            index=self.launches,
-            what="the floor measurement",
-            fork_ok=self.opts.fork_ok,
-        )
+        job = {"scenario": sc.model_dump(mode="json"), "base_dir": self.plan.base_dir,
+               "arch": asdict(self.plan.arch) if self.plan.arch else None, "engine": None, "ds": None,
+               "batch": sc.batch_size, "mode": "floor", "world_size": self.plan.world_size,
+               "compile": sc.compile_backend()}
+        res = launch(run_job, json.dumps(job), Nodes(1), run_id="floor", log_dir=log_dir, index=self.launches,
+                     what="the floor measurement", fork_ok=self.opts.fork_ok)
         self.launches += 1
         floor = {**{k: v for k, v in res[0].items() if k != "rank"}, "batch": sc.batch_size}
         write_atomic(kept, json.dumps(floor))
@@ -203,9 +162,8 @@ class Runner:
             def sized(value: int) -> ArchConfig:
                 return replace(arch, config={**arch.config, key: value})  # type: ignore[arg-type]
 
-            value = largest_fitting_value(
-                lambda x: self._fits(vp, sized(x), vp.batch or sc.batch_search.start), sc.model_search.values
-            )
+            value = largest_fitting_value(lambda x: self._fits(vp, sized(x), vp.batch or sc.batch_search.start),
+                                          sc.model_search.values)
             if value is None:
                 return {**row, "status": "oom", "note": f"OOM even at {key}={min(sc.model_search.values)}"}
             arch = sized(value)
@@ -226,9 +184,8 @@ class Runner:
             eval_batch = largest_fitting(lambda b: self._fits(vp, arch, batch, b), bs.start, bs.max, bs.multiple_of)
             if eval_batch is None:
                 return {**row, "status": "oom", "batch": batch, "note": f"OOM in eval even at eval batch {bs.start}"}
-        ranks = (
-            f"rank 0 of {self.plan.world_size}, simulated" if self.plan.simulated else f"{self.plan.world_size} rank(s)"
-        )
+        world = self.plan.world_size
+        ranks = f"rank 0 of {world}, simulated" if self.plan.simulated else f"{world} rank(s)"
         say(f"[{vp.name}] training: batch {batch} per rank on {ranks}")
         try:
             res = self._launch(vp, arch, batch, "train", eval_batch)
@@ -240,23 +197,18 @@ class Runner:
         r0 = res[0]
         stage = 3 if vp.spec.engine == "fsdp2" else (vp.stage or 0)  # FSDP2 shards like ZeRO-3
         zero = (r0.get("ds_config") or {}).get("zero_optimization") or {}
-        offloaded = {
-            f"offload_{k}": isinstance(zero.get(f"offload_{k}"), dict)
-            and zero[f"offload_{k}"].get("device", "none") != "none"
-            for k in ("optimizer", "param")
-        }
-        est = estimate.model_states_gib(
-            stage, r0["n_params"], r0["largest_layer"], self.plan.gpus, self.plan.nnodes, **offloaded
-        )
+        offloaded = {f"offload_{k}": isinstance(zero.get(f"offload_{k}"), dict)
+                     and zero[f"offload_{k}"].get("device", "none") != "none" for k in ("optimizer", "param")}
+        est = estimate.model_states_gib(stage, r0["n_params"], r0["largest_layer"], self.plan.gpus, self.plan.nnodes,
+                                        **offloaded)
         if "model_search" in row:
             row["model_search"]["n_params"] = n = r0["n_params"]
             shape = {**vp.spec.model_overrides, **{k: v for k, v in row["model_search"].items() if k != "n_params"}}
             size = f"{n / 1e9:.2f} B" if n >= 1e8 else f"{n / 1e6:.2f} M"
             row["note"] = ", ".join(f"{k}={v}" for k, v in shape.items()) + f" ({size} params)"
         row["eval_batch_searched"] = eval_batch is not None
-        return measured_row(
-            row, r0, seq_len=sc.seq_len, searched=searched, search_step=sc.batch_search.multiple_of, est_gpu_gib=est
-        )
+        return measured_row(row, r0, seq_len=sc.seq_len, searched=searched,
+                            search_step=sc.batch_search.multiple_of, est_gpu_gib=est)
 
     # -- the whole run ----------------------------------------------------------------------------
     def run(self) -> dict[str, Any] | None:
@@ -303,27 +255,14 @@ class Runner:
         add_floor_ratio(rows, floor)
         measured = [r for r in rows if r["status"] == "ok"]
         summary = {
-            "scenario": sc.name,
-            "scenario_file": os.path.abspath(plan.path),
+            "scenario": sc.name, "scenario_file": os.path.abspath(plan.path),
             "scenario_config": sc.model_dump(mode="json"),
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "task": sc.task,
-            "headline_metric": sc.headline_metric,
-            "precision": sc.precision,
-            "world_size": plan.world_size,
-            "nodes": plan.nnodes,
-            "gpus_per_node": plan.gpus,
-            "device": measured[0]["device"] if measured else plan.device,
-            "init": plan.init,
-            "model": plan.model_name,
-            "data_kind": plan.data_kind,
-            "data_desc": measured[0]["data"] if measured else None,
-            "parity_tol": sc.tolerance,
-            "notes": plan.notes,
-            "floor": floor,
-            "simulated": plan.simulated,
-            "zbench": __version__,
-            "torch": torch.__version__,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "task": sc.task, "headline_metric": sc.headline_metric,
+            "precision": sc.precision, "world_size": plan.world_size, "nodes": plan.nnodes, "gpus_per_node": plan.gpus,
+            "device": measured[0]["device"] if measured else plan.device, "init": plan.init, "model": plan.model_name,
+            "data_kind": plan.data_kind, "data_desc": measured[0]["data"] if measured else None,
+            "parity_tol": sc.tolerance, "notes": plan.notes, "floor": floor, "simulated": plan.simulated,
+            "zbench": __version__, "torch": torch.__version__,
             "variants": rows,
         }
         write_outputs(self.run_dir, summary, self.opts.wandb)

@@ -24,21 +24,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from zero_core.config_errors import leaf
 
-from .limits import (
-    MAX_BATCH,
-    MAX_EPOCHS,
-    MAX_GRAD_ACCUM,
-    MAX_LABELS,
-    MAX_RANKS,
-    MAX_SAMPLES,
-    MAX_SEED,
-    MAX_SEQ,
-    MAX_STEPS,
-    MAX_TIMEOUT_S,
-    Flag,
-    count,
-    real,
-)
+from .limits import (MAX_BATCH, MAX_EPOCHS, MAX_GRAD_ACCUM, MAX_LABELS, MAX_RANKS, MAX_SAMPLES, MAX_SEED, MAX_SEQ,
+                     MAX_STEPS, MAX_TIMEOUT_S, Flag, count, real)
 from .models.gpt import GPT_RANGES
 from .run_folder import default_name, name_problem
 from .scenario_errors import ScenarioError, translate
@@ -57,7 +44,8 @@ COMPILE_BACKENDS = typing.get_args(CompileBackend)
 def _compile_value(v: Any) -> Any:
     if v is None or isinstance(v, bool) or v in COMPILE_BACKENDS:
         return v
-    raise ValueError(f"compile is true, false or a backend ({', '.join(repr(b) for b in COMPILE_BACKENDS)}), got {v!r}")
+    raise ValueError(f"compile is true, false or a backend ({', '.join(repr(b) for b in COMPILE_BACKENDS)}), "
+                     f"got {v!r}")
 
 
 def _run_name(v: Any) -> Any:
@@ -144,10 +132,8 @@ class DataSpec(Strict):
     def _one_source(self) -> "DataSpec":
         given = [k for k in DATA_SOURCES if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError(
-                f"give exactly one data source ({', '.join(DATA_SOURCES[:-1])} or synthetic), "
-                f"got {', '.join(given) or 'none'}"
-            )
+            raise ValueError(f"give exactly one data source ({', '.join(DATA_SOURCES[:-1])} or synthetic), "
+                             f"got {', '.join(given) or 'none'}")
         return self
 
     @property
@@ -170,10 +156,9 @@ class BatchSearch(Strict):
     @model_validator(mode="after")
     def _something_to_try(self) -> "BatchSearch":
         if -(-self.start // self.multiple_of) * self.multiple_of > self.max:
-            raise ValueError(
-                f"no batch {'that is a multiple of ' + str(self.multiple_of) + ' ' if self.multiple_of > 1 else ''}"
-                f"lies between start {self.start} and max {self.max}; raise max or lower start"
-            )
+            multiple = f"that is a multiple of {self.multiple_of} " if self.multiple_of > 1 else ""
+            raise ValueError(f"no batch {multiple}"
+                             f"lies between start {self.start} and max {self.max}; raise max or lower start")
         return self
 
 
@@ -204,13 +189,11 @@ class VariantSpec(Strict):
         if not sharded:
             for key in ("stage", "offload_optimizer", "offload_param", "nvme_path", "ds_config", "accelerate_config"):
                 if getattr(self, key) is not None:
-                    raise ValueError(
-                        f"'{key}' applies to zero and deepspeed variants, not engine '{self.engine}'; remove it"
-                    )
+                    raise ValueError(f"'{key}' applies to zero and deepspeed variants, not engine '{self.engine}'; "
+                                     "remove it")
         if self.nvme_path is not None and "nvme" not in (self.offload_optimizer, self.offload_param):
-            raise ValueError(
-                "'nvme_path' goes with offload_optimizer or offload_param: nvme; set one or remove nvme_path"
-            )
+            raise ValueError("'nvme_path' goes with offload_optimizer or offload_param: nvme; set one or remove "
+                             "nvme_path")
         if self.ds_config and self.accelerate_config:
             raise ValueError("give ds_config or accelerate_config, not both")
         return self
@@ -230,9 +213,8 @@ class Scenario(Strict):
     steps: count(1, MAX_STEPS) | None = None  # optimizer steps instead of epochs (reported as one epoch)
     batch_size: Batch | None = None  # per GPU; absent: OOM-safe search per variant
     eval_batch_size: Batch | None = None
-    search_eval_batch: Flag = (
-        False  # without eval_batch_size: also find the largest eval batch (an "Eval size (max)" column)
-    )
+    # without eval_batch_size: also find the largest eval batch (an "Eval size (max)" column)
+    search_eval_batch: Flag = False
     grad_accum: count(1, MAX_GRAD_ACCUM) = 1
     gradient_checkpointing: Flag = False  # recompute each block in backward: activation memory for compute
     # torch.compile each repeated block's forward, for every variant (a variant's own `compile` overrides):
@@ -249,13 +231,11 @@ class Scenario(Strict):
     model_search: ModelSearch | None = None
     parity_tol: Positive | None = None  # default: 1e-3 fp32, 5e-2 bf16/fp16
     checkpoint_every: count(1, MAX_STEPS) | None = None  # optimizer steps between zero_core checkpoints (zero variants)
-    comm_timeout_s: real(0, MAX_TIMEOUT_S, lo_open=True) | None = (
-        None  # a collective waiting longer fails, naming itself
-    )
+    # a collective waiting longer fails, naming itself
+    comm_timeout_s: real(0, MAX_TIMEOUT_S, lo_open=True) | None = None
     timing_skip_steps: Steps = 0  # first optimizer steps left out of tokens/s and step time
-    measure_floor: Flag = (
-        False  # time forward+backward alone on one device + the optimizer phase (the "vs floor" column)
-    )
+    # time forward+backward alone on one device + the optimizer phase (the "vs floor" column)
+    measure_floor: Flag = False
     # pad each micro-batch only to its longest row, as Hugging Face's examples do without --pad_to_max_length
     dynamic_padding: Flag = False
     # PYTORCH_CUDA_ALLOC_CONF for every variant's ranks, e.g. "expandable_segments:True" (no fragmentation
@@ -266,36 +246,29 @@ class Scenario(Strict):
     @model_validator(mode="after")
     def _consistent(self) -> "Scenario":
         if self.cuda_alloc_conf is not None and not re.fullmatch(r"\w+:[\w.]+(,\w+:[\w.]+)*", self.cuda_alloc_conf):
-            raise ValueError(
-                f"cuda_alloc_conf '{self.cuda_alloc_conf}' is not PYTORCH_CUDA_ALLOC_CONF's "
-                "'key:value,key:value' form; e.g. 'expandable_segments:True'"
-            )
+            raise ValueError(f"cuda_alloc_conf '{self.cuda_alloc_conf}' is not PYTORCH_CUDA_ALLOC_CONF's "
+                             "'key:value,key:value' form; e.g. 'expandable_segments:True'")
         if (self.epochs is None) == (self.steps is None):
             raise ValueError("give exactly one of 'epochs' or 'steps'")
         if self.metric is not None and self.metric not in TASK_METRICS[self.task]:
-            raise ValueError(
-                f"metric '{self.metric}' does not apply to task '{self.task}'; "
-                f"use one of {', '.join(TASK_METRICS[self.task])}"
-            )
+            raise ValueError(f"metric '{self.metric}' does not apply to task '{self.task}'; "
+                             f"use one of {', '.join(TASK_METRICS[self.task])}")
         if self.steps is not None and self.timing_skip_steps >= self.steps:
-            raise ValueError(
-                f"timing_skip_steps {self.timing_skip_steps} leaves none of the {self.steps} steps to time; lower it"
-            )
+            raise ValueError(f"timing_skip_steps {self.timing_skip_steps} leaves none of the {self.steps} steps "
+                             "to time; "
+                             "lower it")
         if self.measure_floor and self.batch_size is None:
             raise ValueError("measure_floor needs the scenario's batch_size (the floor is timed at one batch); set it")
         padded = self.task in ("classification", "token_classification")  # rows with an attention_mask
         if self.dynamic_padding and not padded:
-            raise ValueError(
-                f"dynamic_padding applies to classification and token_classification, not task '{self.task}'; remove it"
-            )
+            raise ValueError(f"dynamic_padding applies to classification and token_classification, not task "
+                             f"'{self.task}'; remove it")
         if self.dynamic_padding and self.measure_floor:
             raise ValueError("measure_floor times one fixed batch shape, dynamic_padding varies it; drop one of them")
         lengths = self.data.synthetic.lengths if self.data.synthetic is not None else None
         if lengths is not None and not padded:
-            raise ValueError(
-                f"data.synthetic.lengths applies to classification and token_classification, not task "
-                f"'{self.task}'; remove it"
-            )
+            raise ValueError(f"data.synthetic.lengths applies to classification and token_classification, not task "
+                             f"'{self.task}'; remove it")
         if lengths is not None and lengths.min > self.seq_len:
             raise ValueError(f"data.synthetic.lengths.min {lengths.min} exceeds seq_len {self.seq_len}; lower it")
         names = [v.name for v in self.variants]
@@ -322,10 +295,8 @@ def parse_scenario(data: Any, name: str = "scenario") -> Scenario:
     """Validate scenario data (already parsed YAML); the name defaults to `name`."""
     if not isinstance(data, dict):
         got = {list: "a list", str: "a single string"}.get(type(data), f"a {type(data).__name__}")
-        raise ScenarioError(
-            f"a scenario must be a YAML mapping, got {got}; write one 'key: value' per line "
-            "(model, data, seq_len, variants, ...)"
-        )
+        raise ScenarioError(f"a scenario must be a YAML mapping, got {got}; write one 'key: value' per line "
+                            "(model, data, seq_len, variants, ...)")
     try:
         sc = Scenario.model_validate(data)
     except ValidationError as err:
@@ -337,7 +308,6 @@ def load_scenario(path: str) -> Scenario:
     """Read and validate a scenario file (syntax and schema only; see plan.py for the machine checks)."""
     data = read_yaml(path, "scenario", ScenarioError)
     if data is None:
-        raise ScenarioError(
-            f"scenario {path} is empty; write the scenario's keys (model, data, seq_len, variants, ...)"
-        )
+        raise ScenarioError(f"scenario {path} is empty; write the scenario's keys (model, data, seq_len, "
+                            "variants, ...)")
     return parse_scenario(data, default_name(os.path.splitext(os.path.basename(path))[0]))

@@ -87,29 +87,11 @@ _WARMUP = {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", 
 SCHEDULER_KEYS = {
     "WarmupLR": _WARMUP,
     "WarmupDecayLR": _WARMUP | {"total_num_steps"},
-    "WarmupCosineLR": {
-        "total_num_steps",
-        "warmup_min_ratio",
-        "warmup_num_steps",
-        "cos_min_ratio",
-        "warmup_type",
-        "last_batch_iteration",
-    },
-    "OneCycle": {
-        "cycle_min_lr",
-        "cycle_max_lr",
-        "decay_lr_rate",
-        "cycle_first_step_size",
-        "cycle_second_step_size",
-        "cycle_first_stair_count",
-        "cycle_second_stair_count",
-        "decay_step_size",
-        "cycle_momentum",
-        "cycle_min_mom",
-        "cycle_max_mom",
-        "decay_mom_rate",
-        "last_batch_iteration",
-    },
+    "WarmupCosineLR": {"total_num_steps", "warmup_min_ratio", "warmup_num_steps", "cos_min_ratio", "warmup_type",
+                       "last_batch_iteration"},
+    "OneCycle": {"cycle_min_lr", "cycle_max_lr", "decay_lr_rate", "cycle_first_step_size", "cycle_second_step_size",
+                 "cycle_first_stair_count", "cycle_second_stair_count", "decay_step_size", "cycle_momentum",
+                 "cycle_min_mom", "cycle_max_mom", "decay_mom_rate", "last_batch_iteration"},
 }
 
 
@@ -211,10 +193,8 @@ class ZeroOptimizationConfig(Section):
         old, new = "stage3_gather_fp16_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save"
         if old in data:
             if new in data and data[new] != data[old]:
-                raise full_error(
-                    f"zero_optimization.{old} (the old name) and zero_optimization.{new} disagree; keep only '{new}'",
-                    drop=old,
-                )
+                raise full_error(f"zero_optimization.{old} (the old name) and zero_optimization.{new} disagree; "
+                                 f"keep only '{new}'", drop=old)
             data[new] = data.pop(old)
         if "overlap_comm" not in data and data.get("stage") in (0, 1, 2, 3) and not isinstance(data.get("stage"), bool):
             data["overlap_comm"] = data["stage"] == 3
@@ -265,9 +245,8 @@ class ZeroConfig(Section):
     # None: no periodic log (newer DeepSpeed's default; older versions used 10)
     steps_per_print: Annotated[int | None, integer(1, optional=True)] = None
     wall_clock_breakdown: Bool = False
-    communication_data_type: Annotated[
-        str | None, choice({"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}, allow_none=True)
-    ] = None
+    communication_data_type: Annotated[str | None, choice({"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"},
+                                                          allow_none=True)] = None
     prescale_gradients: Bool = False
     gradient_predivide_factor: Annotated[float, number(0.0, lo_open=True)] = 1.0
     zero_allow_untested_optimizer: Bool = False
@@ -305,9 +284,8 @@ class ZeroConfig(Section):
         # DeepSpeed still reads the legacy top-level "bfloat16" key when "bf16" is absent.
         if isinstance(data, dict) and "bfloat16" in data:
             if "bf16" in data:
-                raise full_error(
-                    "both 'bf16' and its legacy alias 'bfloat16' are set; keep only 'bf16'", drop="bfloat16"
-                )
+                raise full_error("both 'bf16' and its legacy alias 'bfloat16' are set; keep only 'bf16'",
+                                 drop="bfloat16")
             data = {("bf16" if k == "bfloat16" else k): v for k, v in data.items()}
         return data
 

@@ -41,16 +41,8 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
     """Wraps a model for ZeRO data-parallel training; build it with `zero_core.initialize`. Like DeepSpeed's
     engine it is a Module holding the model as `module`: calling it runs the model's forward."""
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        config: dict | str | ZeroConfig,
-        *,
-        model_parameters: Any = None,
-        optimizer: Any = None,
-        lr_scheduler: Any = None,
-        auto: Any = None,
-    ) -> None:
+    def __init__(self, model: torch.nn.Module, config: dict | str | ZeroConfig, *, model_parameters: Any = None,
+                 optimizer: Any = None, lr_scheduler: Any = None, auto: Any = None) -> None:
         super().__init__()
         self.device = comm.pick_device()
         comm.ensure_process_group(self.device)
@@ -72,9 +64,8 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         self.offload_optimizer = offloads_optimizer(cfg)
         self.pinned_cpus = self._pin()
         self.breakdown = StepBreakdown(self.device, enabled_for(self.offload_optimizer))  # step-time breakdown
-        self.optimizer = make_optimizer(
-            cfg, self.layout, self.device, self.rank, self.breakdown, plan, [group_of[id(p)] for p in self.params]
-        )
+        self.optimizer = make_optimizer(cfg, self.layout, self.device, self.rank, self.breakdown, plan,
+                                        [group_of[id(p)] for p in self.params])
         self.client_optimizer = plan.client or ZeroOptimizer(plan)  # what `initialize` hands back
         self.host_schedule, self.lr_scheduler = make_schedules(cfg, plan, lr_scheduler, self.client_optimizer, self)
         if self.host_schedule is not None:
@@ -88,20 +79,12 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         self.scaler = LossScaler(cfg, self.optimizer.states.device)
         self.strategy.attach(self.optimizer, self.breakdown)
         side = comm.SideStream(self.device, enabled=cfg.zero_optimization.overlap_comm or self.stage == 3)
-        self.reducer = GradReducer(
-            self.params,
-            self.layout,
-            self.optimizer,
-            self.strategy,
-            comm_dtype=cfg.comm_dtype,
-            side=side,
-            device=self.device,
-        )
+        self.reducer = GradReducer(self.params, self.layout, self.optimizer, self.strategy, comm_dtype=cfg.comm_dtype,
+                                   side=side, device=self.device)
         # consecutive optimizer steps with non-finite gradients, on the device (the hot loop never reads it)
         self._nonfinite_run = torch.zeros(1, dtype=torch.float32, device=self.optimizer.states.device)
-        self.overflow_log = OverflowLog(
-            self.optimizer.skipped, self.scaler, self._nonfinite_run, cfg.zero_core.max_consecutive_nonfinite
-        )
+        self.overflow_log = OverflowLog(self.optimizer.skipped, self.scaler, self._nonfinite_run,
+                                        cfg.zero_core.max_consecutive_nonfinite)
         if self.stage == 3:
             self.strategy.guard_state_dict(self.world_size)
         register_parameters(self)  # for GatheredParameters
@@ -116,11 +99,8 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         """This rank's own cores with optimizer offload (None: not pinned)."""
         cpus = pin_rank(self.offload_optimizer)
         if cpus and self.rank == 0:
-            print(
-                f"zero_core: local rank 0 pinned to cpus {describe_cpus(cpus)}, "
-                f"{torch.get_num_threads()} threads ({PIN_ENV}=0 turns this off)",
-                flush=True,
-            )
+            print(f"zero_core: local rank 0 pinned to cpus {describe_cpus(cpus)}, "
+                  f"{torch.get_num_threads()} threads ({PIN_ENV}=0 turns this off)", flush=True)
         return cpus
 
     def _cast_frozen_and_buffers(self, model: torch.nn.Module, trainable: set[int]) -> None:
@@ -154,12 +134,8 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         every = self.strategy.reduces_every_micro_step
         gas = self.gradient_accumulation_steps()
         window_pos = self.micro_steps % gas
-        self.reducer.begin(
-            reduce_now=every or boundary,
-            accumulate=every and window_pos > 0,
-            scale=self.scaler.inv_scale / self.world_size,
-            final=boundary,
-        )
+        self.reducer.begin(reduce_now=every or boundary, accumulate=every and window_pos > 0,
+                           scale=self.scaler.inv_scale / self.world_size, final=boundary)
         (loss * (self.scaler.scale.squeeze() / (gas if scale_wrt_gas else 1))).backward()
         self.breakdown.backward_done()
         self.reducer.finish()
@@ -197,11 +173,9 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         self.wait_for_weights()  # the first update done before its states move
         self.optimizer = self.reducer.opt = auto.settle(self.optimizer)
         if self.rank == 0:
-            print(
-                f"zero_core: offload_optimizer.ratio auto: {getattr(self.optimizer, 'split', 0):,} of "
-                f"{self.optimizer.states.numel:,} partition elements keep their optimizer states on the device",
-                flush=True,
-            )
+            print(f"zero_core: offload_optimizer.ratio auto: {getattr(self.optimizer, 'split', 0):,} of "
+                  f"{self.optimizer.states.numel:,} partition elements keep their optimizer states on the device",
+                  flush=True)
 
     def applied_steps(self) -> int:
         """Updates applied so far (skipped fp16 steps excluded): a host sync only under dynamic loss scaling,
@@ -237,15 +211,9 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
             self.strategy.reload(self.optimizer.states)
 
     # -- state ------------------------------------------------------------------------------------
-    def save_checkpoint(
-        self,
-        save_dir: str | os.PathLike,
-        tag: str | None = None,
-        client_state: dict[str, Any] | None = None,
-        save_latest: bool = True,
-        keep_last: int | None = None,
-        async_save: bool | None = None,
-    ) -> Path:
+    def save_checkpoint(self, save_dir: str | os.PathLike, tag: str | None = None,
+                        client_state: dict[str, Any] | None = None, save_latest: bool = True,
+                        keep_last: int | None = None, async_save: bool | None = None) -> Path:
         """Collective: every rank writes its own partition; committed atomically; `latest` moves last
         (unless `save_latest=False`). `client_state` (JSON-serialisable: data position, epoch, ...) comes back
         from `load_checkpoint`. `keep_last=k` prunes older complete checkpoints, never the newest.
@@ -266,15 +234,9 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
 
         return saver_of(self).wait()
 
-    def load_checkpoint(
-        self,
-        load_dir: str | os.PathLike,
-        tag: str | None = None,
-        load_module_strict: bool = True,
-        load_optimizer_states: bool = True,
-        load_lr_scheduler_states: bool = True,
-        load_module_only: bool = False,
-    ) -> tuple[Path, dict[str, Any]]:
+    def load_checkpoint(self, load_dir: str | os.PathLike, tag: str | None = None, load_module_strict: bool = True,
+                        load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
+                        load_module_only: bool = False) -> tuple[Path, dict[str, Any]]:
         """Collective: load any zbench checkpoint (any world size, any stage) into this engine; returns
         (the checkpoint folder, client_state), as DeepSpeed does. `load_module_only` (or
         `load_optimizer_states=False`) keeps this engine's optimizer states, step and schedule."""
@@ -282,16 +244,13 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
 
         self._drain_updates()  # a delayed update must not write the states while they are loaded
         if not load_module_strict:
-            raise NotImplementedError(
-                "engine.load_checkpoint(load_module_strict=False) is not supported by zero_core; "
-                "load a checkpoint of this model"
-            )
+            raise NotImplementedError("engine.load_checkpoint(load_module_strict=False) is not supported by zero_core; "
+                                      "load a checkpoint of this model")
         self.wait_for_weights()
         self.wait_for_checkpoint()
         weights_only = load_module_only or not load_optimizer_states
-        return load(
-            self, load_dir, tag, weights_only=weights_only, schedule=load_lr_scheduler_states and not weights_only
-        )
+        schedule = load_lr_scheduler_states and not weights_only
+        return load(self, load_dir, tag, weights_only=weights_only, schedule=schedule)
 
     def memory_bytes(self) -> dict[str, int]:
         """Bytes this rank's engine holds now, by kind and where: what the memory tables are made of."""
