@@ -9,6 +9,7 @@ async save has two rows: how long training was blocked, and when the checkpoint 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import shutil
@@ -16,6 +17,7 @@ import socket
 import tempfile
 import time
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any, Callable
 
 from .bench_disk import disk_floor, drop_cached
@@ -174,17 +176,32 @@ def _deepspeed(model: Any, root: Path, cuda: bool, rows: list) -> None:
     rows.append(("DeepSpeed", "load (cold cache)", secs, size))
 
 
-def _process_group() -> None:
+@contextlib.contextmanager
+def _process_group() -> Iterator[None]:
+    """A one-rank process group for the engines, unless one exists; the one made here (and the launcher variables it
+    set) is taken down again, so a caller in the same process (a test, a notebook) is left as it was."""
+    import torch
     import torch.distributed as dist
 
-    if not dist.is_initialized():
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-        import torch
-
-        dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
+    if dist.is_initialized():
+        yield
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    names = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+    saved = {k: os.environ.get(k) for k in names}
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def run(params: int, folder: Path | None) -> tuple[list[tuple[str, str, float, int]], dict[str, Any]]:
@@ -194,16 +211,16 @@ def run(params: int, folder: Path | None) -> tuple[list[tuple[str, str, float, i
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(0)
-    _process_group()
     root = Path(tempfile.mkdtemp(prefix="zbench-ckpt-bench-", dir=folder))
     rows: list[tuple[str, str, float, int]] = []
     try:
-        model = _model(params, cuda)
-        zc = _zero_core(model, root, cuda, rows)
-        floor = disk_floor(root, _size(zc))
-        _convert(zc, root, rows)
-        _dcp(model, root, cuda, rows)
-        _deepspeed(model, root, cuda, rows)
+        with _process_group():
+            model = _model(params, cuda)
+            zc = _zero_core(model, root, cuda, rows)
+            floor = disk_floor(root, _size(zc))
+            _convert(zc, root, rows)
+            _dcp(model, root, cuda, rows)
+            _deepspeed(model, root, cuda, rows)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     info = {
