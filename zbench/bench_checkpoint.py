@@ -48,19 +48,18 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def _step(
-    forward: Callable[[Any], Any],
-    backward: Callable[[Any], None],
-    step: Callable[[], None],
-    d: int,
-    dev: Any,
-    dtype: Any = None,
-) -> None:
+def _engine_config(cuda: bool) -> dict[str, Any]:
+    """The one config both engines save under: ZeRO-2, bf16 on a GPU, torch's AdamW (DeepSpeed's FusedAdam would
+    need a JIT build; zero_core reads the key and runs its own fused update)."""
+    return {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2}, "bf16": {"enabled": cuda},
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}}}
+
+
+def _step(forward: Any, backward: Callable[[Any], None], step: Callable[[], None], d: int, dev: Any) -> None:
+    """One training step of `forward` (a module or engine), its inputs in its weights' dtype (nothing autocasts)."""
     import torch
 
-    if dtype is None:  # bf16 weights take bf16 inputs (nothing autocasts here)
-        dtype = next(iter(forward.parameters())).dtype
-    x = torch.randn(4, d, device=dev, dtype=dtype)
+    x = torch.randn(4, d, device=dev, dtype=next(iter(forward.parameters())).dtype)
     backward(forward(x).float().pow(2).mean())
     step()
     _sync()
@@ -71,21 +70,8 @@ def _zero_core(model: Any, root: Path, cuda: bool, rows: list) -> Path:
 
     import zero_core
 
-    cfg = {
-        "train_micro_batch_size_per_gpu": 4,
-        "zero_optimization": {"stage": 2},
-        "bf16": {"enabled": cuda},
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
-    }
-    engine = zero_core.initialize(copy.deepcopy(model), cfg)
-    _step(
-        engine,
-        engine.backward,
-        engine.step,
-        model[0].in_features,
-        engine.device,
-        torch.bfloat16 if cuda else torch.float32,
-    )
+    engine = zero_core.initialize(copy.deepcopy(model), _engine_config(cuda))
+    _step(engine, engine.backward, engine.step, model[0].in_features, engine.device)
     secs, folder = _timed(lambda: engine.save_checkpoint(root / "zero_core", tag="sync"))
     size = _size(folder)
     rows.append(("zero_core", "save (sync, durable)", secs, size))
@@ -150,24 +136,9 @@ def _deepspeed(model: Any, root: Path, cuda: bool, rows: list) -> None:
         import deepspeed
     except ImportError:
         return
-    import torch
-
-    cfg = {
-        "train_micro_batch_size_per_gpu": 4,
-        "zero_optimization": {"stage": 2},
-        "bf16": {"enabled": cuda},
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
-    }  # FusedAdam needs a JIT build
     m = copy.deepcopy(model)
-    engine, *_ = deepspeed.initialize(model=m, model_parameters=m.parameters(), config=cfg)
-    _step(
-        engine,
-        engine.backward,
-        engine.step,
-        model[0].in_features,
-        engine.device,
-        torch.bfloat16 if cuda else torch.float32,
-    )
+    engine, *_ = deepspeed.initialize(model=m, model_parameters=m.parameters(), config=_engine_config(cuda))
+    _step(engine, engine.backward, engine.step, model[0].in_features, engine.device)
     secs, _ = _timed(lambda: (engine.save_checkpoint(str(root / "deepspeed"), tag="sync"), _sync()))
     size = _size(root / "deepspeed")
     rows.append(("DeepSpeed", "save (sync; no fsync)", secs, size))
