@@ -20,6 +20,8 @@ if str(ROOT) not in sys.path:
 from zero_core.config_auto import AUTO_RULES  # noqa: E402
 from zero_core.config_keys import ALIASES, KEYS, SUPPORTED  # noqa: E402
 
+from helpers import marked_block, rewrite_block  # noqa: E402
+
 DOC = ROOT / "docs" / "config.md"
 START, END = "<!-- config-table:start", "<!-- config-table:end -->"
 
@@ -71,16 +73,11 @@ def block() -> str:
 
 
 def doc_block(text: str) -> str | None:
-    start, end = text.find(START), text.find(END)
-    return text[start : end + len(END)] if start >= 0 and end > start else None
+    return marked_block(text, START, END)
 
 
 if __name__ == "__main__":
     new = block()
     if "--write" in sys.argv[1:]:
-        text = DOC.read_text(encoding="utf-8")
-        old = doc_block(text)
-        if old is None:
-            sys.exit(f"{DOC} has no {START} ... {END} block")
-        DOC.write_text(text.replace(old, new), encoding="utf-8")
+        rewrite_block(DOC, new, START, END)
     print(new)

@@ -181,3 +181,19 @@ def selected(request, argname: str) -> list:
         if item.module is request.module and argname in params and params[argname] not in values:
             values.append(params[argname])
     return values
+
+
+# -- generated blocks of the docs ----------------------------------------------------------------------
+def marked_block(text: str, start: str, end: str) -> str | None:
+    """The block of `text` from the `start` marker to the `end` marker inclusive (None when there is none)."""
+    lo, hi = text.find(start), text.find(end)
+    return text[lo : hi + len(end)] if lo >= 0 and hi > lo else None
+
+
+def rewrite_block(path: Path, new: str, start: str, end: str) -> None:
+    """Replace the marked block of the file at `path` with `new`; exit with a message when it has none."""
+    text = path.read_text(encoding="utf-8")
+    old = marked_block(text, start, end)
+    if old is None:
+        sys.exit(f"{path} has no {start} ... {end} block; add one where the table belongs")
+    path.write_text(text.replace(old, new), encoding="utf-8")

@@ -15,7 +15,7 @@ import math
 import sys
 from pathlib import Path
 
-from helpers import REPO, TESTS
+from helpers import REPO, TESTS, marked_block, rewrite_block
 
 README = REPO / "README.md"
 PAGE = REPO / "docs" / "reliability.md"
@@ -250,17 +250,12 @@ BLOCKS = {README: summary, PAGE: details}  # each file and the block it holds
 
 def block_in(text: str) -> str | None:
     """The generated block of a file's text (None when it has none)."""
-    start, end = text.find(START), text.find(END)
-    return text[start : end + len(END)] if start >= 0 and end > start else None
+    return marked_block(text, START, END)
 
 
 if __name__ == "__main__":
     for path, make in BLOCKS.items():
         new = make()
         if "--write" in sys.argv[1:]:
-            text = path.read_text(encoding="utf-8")
-            old = block_in(text)
-            if old is None:
-                sys.exit(f"{path} has no {START} ... {END} block; add one where the table belongs")
-            path.write_text(text.replace(old, new), encoding="utf-8")
+            rewrite_block(path, new, START, END)
         print(f"{path.relative_to(TESTS.parent)}:\n{new}\n")
