@@ -26,8 +26,19 @@ def tiny_gpt2():
     return GPT2LMHeadModel(cfg)
 
 
+def tiny_blenderbot():
+    """Tied embeddings (shared, encoder, decoder, lm_head) and a padding row zeroed in place at init."""
+    from transformers import BlenderbotConfig, BlenderbotForConditionalGeneration
+
+    cfg = BlenderbotConfig(vocab_size=96, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                           decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                           max_position_embeddings=16, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                           decoder_start_token_id=0, tie_word_embeddings=True)
+    return BlenderbotForConditionalGeneration(cfg)
+
+
 def build(kind: str) -> torch.nn.Module:
-    return GPT(SMALL) if kind == "gpt" else tiny_gpt2()
+    return {"gpt": lambda: GPT(SMALL), "gpt2": tiny_gpt2, "blenderbot": tiny_blenderbot}[kind]()
 
 
 def sharded_state(rank: int, world: int, kind: str, stage: int) -> dict:
@@ -41,10 +52,11 @@ def sharded_state(rank: int, world: int, kind: str, stage: int) -> dict:
     state = engine.full_state_dict()
     after = torch.randn(4)
     x = torch.randint(0, 96, (1, 8))
-    loss = engine(x, labels=x).loss if kind == "gpt2" else engine(x, x).loss
+    loss = engine(x, x).loss if kind == "gpt" else engine(input_ids=x, labels=x).loss
     engine.backward(loss)
     engine.step()
-    return {"state": state, "after": after, "on_meta": on_meta, "loss": float(loss.detach())}
+    tied = kind == "blenderbot" and model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    return {"state": state, "after": after, "on_meta": on_meta, "loss": float(loss.detach()), "tied": tied}
 
 
 def _rss() -> int:

@@ -27,7 +27,7 @@ def test_stage3_candidate_of_45b_is_built_without_memory():
     job = {"engine": "zero", "ds": {"zero_optimization": {"stage": 3}}, "mode": "probe"}
     torch.manual_seed(0)
     before = _rss()
-    with _sharded_init(job, None, True):
+    with _sharded_init(job, None):
         bundle = build_model(task="lm", arch=arch, pretrained=None)
     assert bundle.n_params > 45e9
     assert all(p.device.type == "meta" for p in bundle.model.parameters())
@@ -40,9 +40,7 @@ def test_other_engines_build_eagerly():
     for job in ({"engine": "ddp", "ds": None, "mode": "probe"},
                 {"engine": "zero", "ds": {"zero_optimization": {"stage": 2}}, "mode": "probe"},
                 {"engine": "zero", "ds": {"zero_optimization": {"stage": 3}}, "mode": "floor"}):
-        assert isinstance(_sharded_init(job, None, True), contextlib.nullcontext)
-    stage3 = {"engine": "zero", "ds": {"zero_optimization": {"stage": 3}}, "mode": "probe"}
-    assert isinstance(_sharded_init(stage3, None, False), contextlib.nullcontext)  # not a model search: eager
+        assert isinstance(_sharded_init(job, None), contextlib.nullcontext)
 
 
 def test_model_search_at_stage_3_runs(tmp_path):

@@ -108,12 +108,12 @@ def run_job(job_json: str) -> dict[str, Any]:
         dist.destroy_process_group()
 
 
-def _sharded_init(job: dict[str, Any], pretrained: str | None, searching: bool) -> Any:
-    """zero_core at stage 3 builds a model-search candidate sharded (zero_core.init_context): one larger than host
-    memory is never whole on any rank, and its weights are those of eager building. Other runs build eagerly
-    (tied Hugging Face weights cannot be swapped into placeholders yet)."""
+def _sharded_init(job: dict[str, Any], pretrained: str | None) -> Any:
+    """zero_core at stage 3 builds a random-init model sharded (zero_core.init_context): a model larger than
+    host memory (a model-search candidate) is never whole on any rank, and its weights are those of eager
+    building."""
     stage = (job.get("ds") or {}).get("zero_optimization", {}).get("stage", 0)
-    if job.get("engine") == "zero" and stage == 3 and job["mode"] != "floor" and not pretrained and searching:
+    if job.get("engine") == "zero" and stage == 3 and job["mode"] != "floor" and not pretrained:
         import zero_core
 
         return zero_core.init_context({"zero_optimization": {"stage": 3}})
@@ -125,7 +125,7 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
     _cap_memory(device, sc.gpu_memory_cap_gib)
     arch = ArchConfig(**job["arch"]) if job["arch"] else None
     torch.manual_seed(sc.seed)  # the same initial weights in every variant
-    with _sharded_init(job, sc.model.pretrained, sc.model_search is not None):
+    with _sharded_init(job, sc.model.pretrained):
         bundle = build_model(task=sc.task, arch=arch, pretrained=sc.model.pretrained,
                              num_labels=sc.model.num_labels or 2)
     if sc.gradient_checkpointing:

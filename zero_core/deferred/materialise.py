@@ -10,8 +10,11 @@ Two sources of those values:
   `_init_weights`), in module order. The values are a valid initialisation, not eager construction's.
 
 Either way `take_param(p, value)` receives each trainable or frozen parameter's full CPU value once (the
-caller keeps its shard or the whole), buffers are placed on `device`, and nothing is held longer than it
-is needed. Parameters keep their identity: `torch.utils.swap_tensors` gives each its real contents.
+caller keeps its shard or the whole) and returns what `p` holds from then on (an empty placeholder, or the
+whole value); buffers are placed on `device`, and nothing is held longer than it is needed. Parameters keep
+their identity: `torch.utils.swap_tensors` gives each its contents, once the recording no longer holds views
+of it (a view keeps a reference to its base, which the swap refuses, e.g. Hugging Face's in-place init of an
+embedding's padding row).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from .replay import Replay
 
 _PENDING: list[Recording] = []  # constructions not yet materialised (meta tensors only: no memory)
 
-TakeParam = Callable[[torch.nn.Parameter, torch.Tensor], None]
+TakeParam = Callable[[torch.nn.Parameter, torch.Tensor], torch.Tensor]
 
 
 def remember(recording: Recording) -> None:
@@ -58,13 +61,12 @@ class _Materialiser:
         self.model, self.device = model, device
         self.places = _places(model)
 
-    def _give(self, places, view_of: Callable[[torch.Tensor], torch.Tensor], take_param: TakeParam) -> None:
-        done: set[int] = set()
+    def _give(self, places, view_of: Callable[[torch.Tensor], torch.Tensor], take_param: TakeParam,
+              swaps: dict[int, tuple[torch.nn.Parameter, torch.Tensor]]) -> None:
         for module, name, t, is_param in places:
             if is_param:
-                if id(t) not in done:  # a tied parameter once
-                    done.add(id(t))
-                    take_param(t, view_of(t))
+                if id(t) not in swaps:  # a tied parameter once
+                    swaps[id(t)] = (t, take_param(t, view_of(t)))
             else:
                 module._buffers[name] = view_of(t).clone().to(self.device)
 
@@ -83,10 +85,11 @@ class RecordedInit(_Materialiser):
         for place in self.places:
             by_key.setdefault(storage_key(place[2]), []).append(place)
         replay = Replay(rec, set(by_key))
+        swaps: dict[int, tuple[torch.nn.Parameter, torch.Tensor]] = {}
 
         def deliver(key: int, storage: torch.UntypedStorage) -> None:
             view = lambda m: torch.empty(0, dtype=m.dtype).set_(storage, m.storage_offset(), m.size(), m.stride())  # noqa: E731
-            self._give(by_key.pop(key), view, take_param)
+            self._give(by_key.pop(key), view, take_param, swaps)
 
         untouched = torch.get_rng_state()
         replay.run(deliver)
@@ -100,6 +103,10 @@ class RecordedInit(_Materialiser):
             torch.set_rng_state(replay.rng_after)
         _PENDING[:] = [r for r in _PENDING if r is not rec]
         self.peak_bytes = replay.peak_bytes
+        rec.entries.clear()  # its views of the parameters would block the swaps; the recording is spent
+        del replay
+        for p, value in swaps.values():
+            placeholder(p, value)
 
 
 class ModuleInit(_Materialiser):
@@ -124,7 +131,7 @@ class ModuleInit(_Materialiser):
                     init_weights(module)
             for _, name, t, is_param in own:
                 if is_param:
-                    take_param(t, t.data)
+                    placeholder(t, take_param(t, t.data))
                 else:
                     module._buffers[name] = module._buffers[name].to(self.device)
 

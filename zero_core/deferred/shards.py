@@ -14,7 +14,7 @@ import torch
 
 from checkpoints.layout import FlatLayout
 
-from .materialise import materialiser, placeholder
+from .materialise import materialiser
 
 ASSEMBLY_CHUNK_NUMEL = 4 << 20  # elements per assembly chunk where the store has no chunk size of its own
 
@@ -84,13 +84,12 @@ def shard_into(
     r = rank if layout.world_size > 1 else 0
     assembler = assembler_for(layout, r, states)
 
-    def take(p: torch.nn.Parameter, value: torch.Tensor) -> None:
+    def take(p: torch.nn.Parameter, value: torch.Tensor) -> torch.Tensor:
         i = slot_of.get(id(p))
         if i is None:  # frozen: replicated, whole
-            placeholder(p, value.clone().to(device))
-            return
+            return value.clone().to(device)
         assembler.put(i, value)
-        placeholder(p, torch.empty(0, dtype=dtype, device=device))
+        return torch.empty(0, dtype=dtype, device=device)
 
     materialiser(model, device).run(take)
     assembler.close()
@@ -98,4 +97,4 @@ def shard_into(
 
 def materialise_whole(model: torch.nn.Module) -> None:
     """Every tensor of a deferred model real on the CPU (stages 0-2 keep every weight on every rank)."""
-    materialiser(model, torch.device("cpu")).run(lambda p, value: placeholder(p, value.clone()))
+    materialiser(model, torch.device("cpu")).run(lambda p, value: value.clone())
