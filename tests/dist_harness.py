@@ -1,8 +1,6 @@
 """Run a function on N CPU ranks over gloo and collect what rank 0 returns.
 
-Ranks are forked from a fork server that imported torch and zero_core once, so a test pays no import per
-rank (seconds on a 2-core machine, over a hundred launches a suite). Each rank is a fresh child of that server:
-no state of the test process or of earlier tests reaches it, and the test's environment is passed along.
+Ranks are forked from the tests' fork server (forkserver.py), the test's environment passed along.
 `fresh=True` spawns new interpreters instead, for what is read at process start (e.g. glibc's MALLOC_*)."""
 
 from __future__ import annotations
@@ -16,6 +14,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+import forkserver  # noqa: F401  (what the fork server imports, set before it starts)
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -23,8 +23,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-# imported once by the fork server; every rank is forked from it
-mp.set_forkserver_preload(["torch", "torch.distributed", "zero_core"])
 
 
 def _entry(rank: int, world: int, port: int, out: str, env: dict, fn: Callable[..., Any], args: tuple) -> None:

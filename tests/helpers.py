@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 from click.testing import CliRunner
+from forked_cli import run_zbench
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -139,11 +140,14 @@ def quickstart(**changes) -> dict:
 
 # -- zbench in a subprocess --------------------------------------------------------------------------
 def zbench(*args: str, env: dict | None = None, timeout: int = 300, faults: str | None = None):
-    """`python -m zbench ARGS` from the repository root (W&B quiet), or with `faults` injected into its ranks
-    through tests/run_with_faults.py. `timeout` only keeps a hung command from hanging the suite."""
-    script = ("tests/run_with_faults.py", faults) if faults else ("-m", "zbench")
-    return subprocess.run([sys.executable, *script, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO,
-                          env={**os.environ, "WANDB_SILENT": "true", **(env or {})})
+    """`zbench ARGS` in its own process from the repository root (W&B quiet; forked_cli.py), or with `faults`
+    injected into its ranks through tests/run_with_faults.py. `timeout` only keeps a hung command from hanging
+    the suite."""
+    full_env = {**os.environ, "WANDB_SILENT": "true", **(env or {})}
+    if not faults:
+        return run_zbench(list(args), full_env, str(REPO), timeout)
+    return subprocess.run([sys.executable, "tests/run_with_faults.py", faults, *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=REPO, env=full_env)
 
 
 def table(stdout: str) -> dict[str, dict[str, str]]:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import resource
-
 import torch
 
 import zero_core
@@ -59,13 +57,23 @@ def sharded_state(rank: int, world: int, kind: str, stage: int) -> dict:
     return {"state": state, "after": after, "on_meta": on_meta, "loss": float(loss.detach()), "tied": tied}
 
 
-def _rss() -> int:
+def _status_bytes(field: str) -> int:
     with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
+
+
+def _rss() -> int:
+    return _status_bytes("VmRSS")
+
+
+def _peak_rss() -> int:
+    """This process's own peak resident set. Not getrusage's ru_maxrss: Linux carries that across exec, so a
+    rank spawned by a large test process would report the test process's size."""
+    return _status_bytes("VmHWM")
 
 
 def _reset_peak_rss() -> None:
-    with open("/proc/self/clear_refs", "w") as f:  # "5" resets VmHWM, which getrusage's ru_maxrss reports
+    with open("/proc/self/clear_refs", "w") as f:  # "5" resets VmHWM to the current resident set
         f.write("5")
 
 
@@ -80,7 +88,7 @@ def large_under_limit(rank: int, world: int, nvme_dir: str) -> dict:
     _reset_peak_rss()  # the peak of that first use must not count as growth of the large model
     start = _rss()
     init_peak, losses, engine = _train(LARGE, cfg, rank, steps=2, start=start)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - start
+    peak = _peak_rss() - start
     return {"init_growth": init_peak, "growth": peak, "fp32_bytes": 4 * LARGE.num_params(), "losses": losses,
             "layout_numel": engine.layout.partition_numel}
 
@@ -89,7 +97,7 @@ def _train(shape: GPTConfig, cfg: dict, rank: int, steps: int, start: int = 0):
     with zero_core.init_context(cfg):
         model = GPT(shape)
     engine = zero_core.initialize(model, cfg)
-    init_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - start
+    init_peak = _peak_rss() - start
     g = torch.Generator().manual_seed(rank)
     losses = []
     for _ in range(steps):

@@ -229,3 +229,40 @@ def test_convert_under_an_os_file_size_limit_leaves_nothing(zbench_ckpt, tmp_pat
     line = one_line_error(result)
     assert "file too large" in line, line
     assert snapshot(tmp_path) == before
+
+
+def test_a_failed_launch_names_the_rank_that_failed_not_the_peers_that_lost_it():
+    """A rank that dies under a collective leaves its peers with 'connection closed' errors, which may come first."""
+    from types import SimpleNamespace
+
+    from zbench.launch import _cause
+
+    def failure(rank, exitcode, message, when):
+        return SimpleNamespace(local_rank=rank, exitcode=exitcode, message=message, timestamp=when)
+
+    lost = failure(0, 1, "RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:1", 10)
+    crashed = failure(1, 1, "RuntimeError: injected failure on rank 1", 11)
+    error = SimpleNamespace(failures={0: lost, 1: crashed}, get_first_failure=lambda: (0, lost))
+    assert _cause(error) == (1, crashed)
+    killed = failure(1, -9, "Signal 9 (SIGKILL) received by PID 7", 12)
+    assert _cause(SimpleNamespace(failures={0: lost, 1: killed}, get_first_failure=lambda: (0, lost))) == (1, killed)
+    only_lost = SimpleNamespace(failures={0: lost}, get_first_failure=lambda: (0, lost))
+    assert _cause(only_lost) == (0, lost)  # nothing better to name
+
+
+def test_a_rank_the_launcher_stopped_is_still_named_from_its_error_file(tmp_path):
+    """The agent reports only the failures it saw before stopping the other ranks; a stopped rank that had
+    already recorded its own error (error.json beside the reported one) is the cause."""
+    from types import SimpleNamespace
+
+    from zbench.launch import _cause
+
+    for rank, message in ((0, "RuntimeError: Connection closed by peer [127.0.0.1]:1"),
+                          (1, "RuntimeError: injected failure on rank 1")):
+        (tmp_path / str(rank)).mkdir()
+        record = {"message": {"message": message, "extraInfo": {"timestamp": "5", "py_callstack": "..."}}}
+        (tmp_path / str(rank) / "error.json").write_text(json.dumps(record))
+    lost = SimpleNamespace(local_rank=0, exitcode=1, message="RuntimeError: Connection closed by peer [127.0.0.1]:1",
+                           timestamp=6, error_file=str(tmp_path / "0" / "error.json"))
+    rank, failure = _cause(SimpleNamespace(failures={2: lost}, get_first_failure=lambda: (2, lost)))
+    assert (rank, failure.message) == (3, "RuntimeError: injected failure on rank 1")  # node offset kept

@@ -22,11 +22,13 @@ SIGINT/SIGTERM during a launch: the agent stops every rank (SIGTERM, then SIGKIL
 from __future__ import annotations
 
 import glob
+import json
 import logging
 import os
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Callable, Iterator
 
 from .interrupt import agent_signals
@@ -160,13 +162,8 @@ def launch(
         with _quiet_agent(), agent_signals():  # Ctrl-C/SIGTERM: the agent stops every rank, then Interrupted
             return elastic_launch(_config(nodes, run_id, index, log_dir, fork_ok), fn)(arg)
     except ChildFailedError as e:
-        rank, failure = e.get_first_failure()
-        killed = sorted((r, f) for r, f in e.failures.items() if f.exitcode < 0)
-        if (
-            killed and failure.exitcode >= 0
-        ):  # a rank killed by a signal is the cause; the others' errors follow from it
-            rank, failure = killed[0]
-        message = failure.message if isinstance(failure.message, str) else str(failure.message.get("message", ""))
+        rank, failure = _cause(e)
+        message = _message(failure)
         rank_dir = _rank_log_dir(log_dir, run_id, failure.local_rank)
         tail = _failure_tail(rank_dir, failure)
         first = (message.strip().splitlines() or [f"exit code {failure.exitcode}"])[0]
@@ -175,6 +172,55 @@ def launch(
         if tail:
             text += f"\n--- last log lines of rank {rank} ({rank_dir or 'console'}) ---\n{tail}"
         raise cls(text, rank=rank, log_tail=tail, exitcode=failure.exitcode) from None
+
+
+# what a rank reports when another rank died under it: a symptom, never the cause
+_PEER_LOST = ("connection closed by peer", "connection reset by peer", "remote worker crashing", "broken pipe",
+              "communicator was aborted", "socket closed")
+
+
+def _message(failure: Any) -> str:
+    return failure.message if isinstance(failure.message, str) else str(failure.message.get("message", ""))
+
+
+def _cause(error: Any) -> tuple[int, Any]:
+    """The failure to report: a rank killed by a signal, else the first rank whose own error is not the loss of
+    a peer (the others' errors follow from it), else the first failure."""
+    rank, failure = error.get_first_failure()
+    killed = sorted((r, f) for r, f in error.failures.items() if f.exitcode < 0)
+    if killed:
+        return killed[0] if failure.exitcode >= 0 else (rank, failure)
+    if not any(p in _message(failure).lower() for p in _PEER_LOST):
+        return rank, failure
+    seen = list(error.failures.items())
+    seen += [(rank - failure.local_rank + f.local_rank, f) for f in _unseen_errors(failure, error.failures)]
+    own = sorted((f.timestamp, r, f) for r, f in seen if not any(p in _message(f).lower() for p in _PEER_LOST))
+    return (own[0][1], own[0][2]) if own else (rank, failure)
+
+
+def _unseen_errors(failure: Any, seen: dict) -> list[Any]:
+    """Errors other local ranks recorded in their error files (beside this failure's) that the agent did not
+    report: it stops the remaining ranks at the first failure it sees, which may be a peer's symptom."""
+    path = getattr(failure, "error_file", None)
+    attempt = os.path.dirname(os.path.dirname(path)) if path else ""
+    if not attempt or not os.path.isdir(attempt):
+        return []
+    local = {f.local_rank for f in seen.values()}
+    found = []
+    for name in sorted(os.listdir(attempt)):
+        error_file = os.path.join(attempt, name, "error.json")
+        if not name.isdigit() or int(name) in local or not os.path.isfile(error_file):
+            continue
+        try:
+            with open(error_file, encoding="utf-8") as f:
+                data = json.load(f)  # written by our own ranks' error handler: plain JSON
+            info = data["message"]
+            found.append(SimpleNamespace(local_rank=int(name), exitcode=1, message=str(info["message"]),
+                                         timestamp=int(info.get("extraInfo", {}).get("timestamp", 0)),
+                                         error_file_data=data))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return found
 
 
 def _rank_log_dir(log_dir: str | None, run_id: str, local_rank: int) -> str | None:

@@ -15,12 +15,13 @@ a W&B problem is a warning on stderr and never fails the run.
 
 from __future__ import annotations
 
-import resource
 import sys
 import time
 from typing import Any
 
 import torch
+
+from .host_memory import rss_bytes
 
 
 def _number(x: Any) -> float | None:
@@ -99,7 +100,7 @@ class LiveLog:
     def _memory(self) -> tuple[str, float]:
         if self.device.type == "cuda":  # what the allocator holds now: no device sync
             return "train/gpu_memory_gib", torch.cuda.memory_allocated(self.device) / 2**30
-        return "train/cpu_rss_gib", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30
+        return "train/cpu_rss_gib", rss_bytes() / 2**30
 
     def flush(self) -> None:
         if self.run is None or not self.pending:

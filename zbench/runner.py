@@ -221,6 +221,8 @@ class Runner:
                 for module in _ENGINE_MODULES[engine]:
                     importlib.import_module(module)
             importlib.import_module("zbench.worker")
+            # a torch optimizer's first add_param_group imports dynamo (seconds): every engine has one
+            importlib.import_module("torch._dynamo")
         floor = self.measure_floor()
         rows = []
         for vp in self.plan.variants:

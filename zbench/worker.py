@@ -12,7 +12,6 @@ import contextlib
 import itertools
 import json
 import os
-import resource
 import signal
 import time
 from datetime import timedelta
@@ -25,6 +24,7 @@ from . import ds_config
 from .data import build_splits
 from .data.batches import eval_batches, steps_per_epoch, train_stream, trim_padding, widest_batch
 from .evaluation import EvalSums
+from .host_memory import peak_rss_bytes
 from .generation import TextGeneration
 from .live_log import LiveLog
 from .models.configs import ArchConfig
@@ -89,7 +89,7 @@ def _sync(device: torch.device) -> None:
 def _peaks(device: torch.device) -> tuple[float, float]:
     """(peak GPU GiB, peak CPU RSS GiB), the max over ranks."""
     gpu = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
-    cpu = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30  # Linux reports KiB
+    cpu = peak_rss_bytes() / 2**30
     t = torch.tensor([0.0 if gpu != gpu else gpu, cpu], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return (float(t[0]) if device.type == "cuda" else float("nan")), float(t[1])
@@ -102,10 +102,11 @@ def run_job(job_json: str) -> dict[str, Any]:
         signal.signal(sig, signal.SIG_DFL)
     apply_alloc_conf(job["scenario"].get("cuda_alloc_conf"))
     device, rank, world = _setup(job["scenario"].get("comm_timeout_s"), job.get("simulate_world"))
-    try:
-        return _run(job, device, rank, world)
-    finally:
-        dist.destroy_process_group()
+    # On an error the process group goes with the process: taking it down first would close this rank's
+    # connections before its own error is recorded, and a peer's "connection closed" would be reported instead.
+    summary = _run(job, device, rank, world)
+    dist.destroy_process_group()
+    return summary
 
 
 def _sharded_init(job: dict[str, Any], pretrained: str | None) -> Any:
