@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import reprlib
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -137,7 +138,7 @@ def read(folder: Path, follow_symlinks: bool = False) -> dict[str, Any]:
     version = manifest.get("version")
     if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= VERSION:
         raise CheckpointError(
-            f"{folder} uses checkpoint format {version!r}, not one this zbench (formats 1-{VERSION}) "
+            f"{folder} uses checkpoint format {reprlib.repr(version)}, not one this zbench (formats 1-{VERSION}) "
             "reads; upgrade zbench"
         )
     if version >= 2:

@@ -12,6 +12,8 @@ import traceback
 
 from forkserver import CONTEXT
 
+_TESTS = os.path.dirname(os.path.realpath(__file__))
+
 
 def _command(args: list[str], env: dict, cwd: str, out_path: str, err_path: str) -> None:
     os.setsid()  # its ranks and it form one group: a timeout stops them all
@@ -23,6 +25,8 @@ def _command(args: list[str], env: dict, cwd: str, out_path: str, err_path: str)
         os.dup2(target, fd)
         os.close(target)
     sys.argv = ["zbench", *args]
+    # the path `python -m zbench` has from the repository root: not the test folders pytest put on it
+    sys.path[:] = [cwd, *(p for p in sys.path if p and not os.path.realpath(p).startswith(_TESTS))]
     code = 0
     try:
         from zbench.cli import main

@@ -16,7 +16,7 @@ SAMPLES, MICRO, ACCUMULATE = 16, 2, 2  # per rank: 4 batches an epoch, 2 updates
 
 
 
-def module() -> "object":
+def module(micro: int = MICRO) -> "object":
     import lightning as L
 
     class Lit(L.LightningModule):
@@ -35,15 +35,16 @@ def module() -> "object":
             return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
         def train_dataloader(self):
-            return torch.utils.data.DataLoader(tw.Samples("gpt2", SAMPLES * 2, 1), batch_size=MICRO)
+            return torch.utils.data.DataLoader(tw.Samples("gpt2", SAMPLES * 2, 1), batch_size=micro)
 
     return Lit()
 
 
-def fit(strategy: object, world: int, epochs: int, ckpt_path: str | None = None, save_to: str | None = None) -> dict:
+def fit(strategy: object, world: int, epochs: int, ckpt_path: str | None = None, save_to: str | None = None,
+        micro: int = MICRO) -> dict:
     import lightning as L
 
-    lit = module()
+    lit = module(micro)
     trainer = L.Trainer(accelerator="cpu", devices=world, strategy=strategy, max_epochs=epochs, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         gradient_clip_val=1.0, accumulate_grad_batches=ACCUMULATE, num_sanity_val_steps=0)
@@ -69,3 +70,12 @@ def run(rank: int, world: int, stage: int, folder: str) -> dict:
     resumed = fit(ZeroStrategy(stage=3 if stage != 3 else 2, process_group_backend="gloo"), world, 4,
                   ckpt_path=f"{folder}/zero.ckpt")
     return {"ddp": ddp, "first": first, "resumed": resumed}
+
+
+def resume_alone(rank: int, world: int, stage: int, folder: str) -> dict:
+    """One rank resumes the 2-rank checkpoint at `stage`: micro-batches of both ranks' samples (rank r had
+    samples r, r+2, ...), so each update sees the same 8 samples and each logged loss is the 2-rank mean."""
+    from zero_core.integrations.lightning import ZeroStrategy
+
+    return fit(ZeroStrategy(stage=stage, process_group_backend="gloo"), world, 4, ckpt_path=f"{folder}/zero.ckpt",
+               micro=MICRO * 2)

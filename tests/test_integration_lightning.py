@@ -1,7 +1,7 @@
 """Lightning's ZeroStrategy (zero_core.integrations.lightning) against Lightning's DDPStrategy on 2 gloo ranks,
 fp32: the same LightningModule (tiny GPT-2, AdamW, a step-interval LambdaLR, clipping, accumulation) gives the
-same losses within 1e-5; a checkpoint saved through Lightning's API resumes at another stage and continues the
-curve; `zbench convert` reads it; the registered names build the strategy."""
+same losses within 1e-5; a checkpoint saved through Lightning's API resumes at another stage, on 2 ranks and on
+1, and continues the curve; `zbench convert` reads it; the registered names build the strategy."""
 
 from __future__ import annotations
 
@@ -31,6 +31,9 @@ def test_zero_strategy_equals_ddp_and_resumes(tmp_path, stage):
     assert (
         max(float((resumed["weights"][k] - ddp["weights"][k]).abs().max()) for k in ddp["weights"]) < 1e-3
     )  # 16 Adam steps at lr 1e-2
+    alone = run_ranks(lw.resume_alone, 1, 1 if stage == 3 else 3, str(tmp_path))  # 1 rank, another stage
+    assert alone["step"] == 16 and alone["losses"] == pytest.approx(ddp["losses"][16:], abs=TOL)
+    assert max(float((alone["weights"][k] - ddp["weights"][k]).abs().max()) for k in ddp["weights"]) < 1e-3
     out = tmp_path / "fp32"
     result = cli("convert", tmp_path / "zero.ckpt", "--to", "fp32", "--out", out)
     assert result.exit_code == 0, result.output

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib.metadata
 import os
 import shutil
 import socket
@@ -132,9 +133,10 @@ def _dcp(model: Any, root: Path, cuda: bool, rows: list) -> None:
 
 
 def _deepspeed(model: Any, root: Path, cuda: bool, rows: list) -> None:
-    try:
+    try:  # the installed distribution, not any folder named deepspeed on the path
+        importlib.metadata.version("deepspeed")
         import deepspeed
-    except ImportError:
+    except (ImportError, importlib.metadata.PackageNotFoundError):
         return
     m = copy.deepcopy(model)
     engine, *_ = deepspeed.initialize(model=m, model_parameters=m.parameters(), config=_engine_config(cuda))
