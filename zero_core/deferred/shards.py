@@ -23,9 +23,10 @@ class ChunkAssembler:
     """Collects partition elements in any order; `on_chunk(lo, hi, values)` once [lo, hi) is complete."""
 
     def __init__(
-        self, layout: FlatLayout, rank: int, chunk: int, on_chunk: Callable[[int, int, torch.Tensor], None]
+        self, layout: FlatLayout, rank: int, chunk: int, on_chunk: Callable[[int, int, torch.Tensor], None],
+        on_close: Callable[[], None] | None = None,
     ) -> None:
-        self.numel, self.chunk, self.on_chunk = layout.partition_numel, chunk, on_chunk
+        self.numel, self.chunk, self.on_chunk, self.on_close = layout.partition_numel, chunk, on_chunk, on_close
         self.missing: dict[int, int] = {}  # chunk -> parameter elements still to come (padding never comes)
         self.pieces: dict[int, list[tuple[int, int]]] = {}  # parameter index -> (partition offset, param start, numel)
         for f in layout.fragments(rank):
@@ -61,11 +62,14 @@ class ChunkAssembler:
 
     def close(self) -> None:
         assert not self.open and not any(self.missing.values()), "a parameter of the partition was never delivered"
+        if self.on_close is not None:
+            self.on_close()
 
 
 def assembler_for(layout: FlatLayout, rank: int, states: Any) -> ChunkAssembler:
     """Assembles `rank`'s partition into the optimizer's masters, in the store's own chunks."""
-    return ChunkAssembler(layout, rank, getattr(states, "chunk", ASSEMBLY_CHUNK_NUMEL), states.write_master)
+    return ChunkAssembler(layout, rank, getattr(states, "chunk", ASSEMBLY_CHUNK_NUMEL), states.write_master,
+                          getattr(states, "finish_master", None))
 
 
 def shard_into(
