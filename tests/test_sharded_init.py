@@ -120,7 +120,7 @@ def test_partial_offload_to_nvme_takes_sharded_initialisation(tmp_path, monkeypa
             loss = engine(x, x).loss
             engine.backward(loss)
             engine.step()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
         engine.close()
         return start, losses
 
