@@ -98,6 +98,7 @@ def test_run_simulates_every_variant_in_one_process(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = table(proc.stdout)
     assert "rank 0 of 4 simulated on one cpu" in printed(proc.stdout)
+    assert "losses and metrics are not a training result" in printed(proc.stdout + proc.stderr)
     for name in ("ddp", "zero2", "zero3", "fsdp2"):
         assert rows[name]["Loss parity vs DDP"] == "simulated ranks: not compared", rows[name]
     assert "DeepSpeed's communication needs real peers" in rows["ds-zero2"]["Notes"]  # not installed here either
