@@ -167,8 +167,22 @@ def _write_owner(staging: Path) -> None:
         "process": _process_start(pid),
         "started": datetime.now().astimezone().isoformat(timespec="seconds"),
     }
-    with open(staging / OWNER_FILE, "x", encoding="utf-8") as f:
-        json.dump(record, f)
+    # written aside, then linked into place: the record is whole the moment its name exists, so a convert
+    # killed at any point never leaves an owner file that names no one
+    draft = staging / f"{OWNER_FILE}.{pid}.draft"
+    f = open(draft, "x", encoding="utf-8")
+    try:  # from here the draft is ours to remove
+        with f:
+            json.dump(record, f)
+        try:
+            os.link(draft, staging / OWNER_FILE)  # fails if the name exists, as open(..., "x") would
+        except FileExistsError:
+            raise
+        except OSError:  # a file system without hard links: written in place
+            with open(staging / OWNER_FILE, "x", encoding="utf-8") as owner:
+                json.dump(record, owner)
+    finally:
+        os.unlink(draft)
 
 
 def _read_owner(staging: Path) -> dict | None:

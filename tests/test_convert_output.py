@@ -247,3 +247,22 @@ def test_a_failed_convert_removes_only_what_it_created(tmp_path, out):
     line = refused(tmp_path, "convert", src, "--to", "fp32", "--out", tmp_path / out, "--no-verify")
     assert "__1_0.distcp is truncated" in line, line
     assert (tmp_path / "keep").is_dir() and (tmp_path / "empty out").is_dir() and not (tmp_path / "new").exists()
+
+
+def test_the_owner_record_is_whole_whenever_its_name_exists(tmp_path, monkeypatch):
+    """A convert killed while writing its owner record leaves no owner file that names no one."""
+    from checkpoints import output_claim
+
+    def cut_short(record, f):
+        f.write('{"pid": ')
+        f.flush()
+        raise KeyboardInterrupt  # stands for the kill in the middle of the write
+
+    monkeypatch.setattr(output_claim.json, "dump", cut_short)
+    with pytest.raises(KeyboardInterrupt):
+        output_claim._write_owner(tmp_path)
+    assert not (tmp_path / OWNER_FILE).exists() and list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    output_claim._write_owner(tmp_path)
+    assert json.loads((tmp_path / OWNER_FILE).read_text())["pid"] == os.getpid()
+    assert [p.name for p in tmp_path.iterdir()] == [OWNER_FILE]
