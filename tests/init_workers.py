@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 import zero_core
+from zbench.host_memory import peak_rss_bytes, rss_bytes
 from zbench.models.gpt import GPT, GPTConfig
 
 SMALL = GPTConfig(vocab_size=96, block_size=16, n_layer=2, n_head=2, n_embd=32)
@@ -57,21 +58,6 @@ def sharded_state(rank: int, world: int, kind: str, stage: int) -> dict:
     return {"state": state, "after": after, "on_meta": on_meta, "loss": float(loss.detach()), "tied": tied}
 
 
-def _status_bytes(field: str) -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
-
-
-def _rss() -> int:
-    return _status_bytes("VmRSS")
-
-
-def _peak_rss() -> int:
-    """This process's own peak resident set. Not getrusage's ru_maxrss: Linux carries that across exec, so a
-    rank spawned by a large test process would report the test process's size."""
-    return _status_bytes("VmHWM")
-
-
 def _reset_peak_rss() -> None:
     with open("/proc/self/clear_refs", "w") as f:  # "5" resets VmHWM to the current resident set
         f.write("5")
@@ -86,9 +72,9 @@ def large_under_limit(rank: int, world: int, nvme_dir: str) -> dict:
     cfg["bf16"] = {"enabled": True}
     _train(SMALL, cfg, rank, steps=1)  # first use imports and sets up what any run needs; not measured
     _reset_peak_rss()  # the peak of that first use must not count as growth of the large model
-    start = _rss()
+    start = rss_bytes()
     init_peak, losses, engine = _train(LARGE, cfg, rank, steps=2, start=start)
-    peak = _peak_rss() - start
+    peak = peak_rss_bytes() - start
     return {"init_growth": init_peak, "growth": peak, "fp32_bytes": 4 * LARGE.num_params(), "losses": losses,
             "layout_numel": engine.layout.partition_numel}
 
@@ -97,7 +83,7 @@ def _train(shape: GPTConfig, cfg: dict, rank: int, steps: int, start: int = 0):
     with zero_core.init_context(cfg):
         model = GPT(shape)
     engine = zero_core.initialize(model, cfg)
-    init_peak = _peak_rss() - start
+    init_peak = peak_rss_bytes() - start
     g = torch.Generator().manual_seed(rank)
     losses = []
     for _ in range(steps):

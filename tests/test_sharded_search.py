@@ -9,6 +9,7 @@ import torch
 
 from helpers import REPO, table, tiny_scenario, zbench
 from zbench import estimate as est
+from zbench.host_memory import rss_bytes
 from zbench.models.configs import load_arch
 from zbench.models.factory import build_model
 from zbench.worker import _sharded_init
@@ -17,21 +18,16 @@ import pytest
 pytestmark = pytest.mark.slow  # spawned ranks or whole runs: outside the fast tier (-m 'not slow')
 
 
-def _rss() -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
-
-
 def test_stage3_candidate_of_45b_is_built_without_memory():
     arch = load_arch("mingpt-1.7b", str(REPO / "scenarios"), {"n_layer": 56, "n_embd": 8192})
     job = {"engine": "zero", "ds": {"zero_optimization": {"stage": 3}}, "mode": "probe"}
     torch.manual_seed(0)
-    before = _rss()
+    before = rss_bytes()
     with _sharded_init(job, None):
         bundle = build_model(task="lm", arch=arch, pretrained=None)
     assert bundle.n_params > 45e9
     assert all(p.device.type == "meta" for p in bundle.model.parameters())
-    assert _rss() - before < 200 << 20  # the record, not 180 GB of weights
+    assert rss_bytes() - before < 200 << 20  # the record, not 180 GB of weights
     eager, sharded = est.init_bytes(bundle.n_params, bundle.largest_layer, 1)
     assert eager == 4 * bundle.n_params and sharded < eager / 50
 
