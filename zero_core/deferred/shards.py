@@ -14,6 +14,7 @@ import torch
 
 from checkpoints.layout import FlatLayout
 
+from ..optim.chunk_fill import ChunkFill
 from .materialise import materialiser
 
 ASSEMBLY_CHUNK_NUMEL = 4 << 20  # elements per assembly chunk where the store has no chunk size of its own
@@ -26,16 +27,15 @@ class ChunkAssembler:
         self, layout: FlatLayout, rank: int, chunk: int, on_chunk: Callable[[int, int, torch.Tensor], None],
         on_close: Callable[[], None] | None = None,
     ) -> None:
-        self.numel, self.chunk, self.on_chunk, self.on_close = layout.partition_numel, chunk, on_chunk, on_close
-        self.missing: dict[int, int] = {}  # chunk -> parameter elements still to come (padding never comes)
+        self.on_close = on_close
+        expected: dict[int, int] = {}  # chunk -> parameter elements to come (padding never comes)
         self.pieces: dict[int, list[tuple[int, int]]] = {}  # parameter index -> (partition offset, param start, numel)
         for f in layout.fragments(rank):
             self.pieces.setdefault(f.param_index, []).append((f.partition_offset, f.param_start, f.numel))
             for c in range(f.partition_offset // chunk, (f.partition_offset + f.numel - 1) // chunk + 1):
                 lo, hi = max(f.partition_offset, c * chunk), min(f.partition_offset + f.numel, (c + 1) * chunk)
-                self.missing[c] = self.missing.get(c, 0) + hi - lo
-        self.open: dict[int, torch.Tensor] = {}
-        self.peak_open = 0
+                expected[c] = expected.get(c, 0) + hi - lo
+        self.fill = ChunkFill(layout.partition_numel, chunk, on_chunk, expected)
 
     def put(self, index: int, value: torch.Tensor) -> None:
         """Parameter `index` (a layout slot) has its full value `value`."""
@@ -45,23 +45,10 @@ class ChunkAssembler:
 
     def put_piece(self, offset: int, values: torch.Tensor) -> None:
         """Partition elements [offset, offset + values.numel()) are `values`."""
-        pos, end_all = offset, offset + values.numel()
-        while pos < end_all:
-            c = pos // self.chunk
-            lo = c * self.chunk
-            end = min(end_all, lo + self.chunk)
-            buf = self.open.get(c)
-            if buf is None:
-                buf = self.open[c] = torch.zeros(min(self.chunk, self.numel - lo), dtype=torch.float32)
-                self.peak_open = max(self.peak_open, len(self.open))
-            buf[pos - lo : end - lo].copy_(values[pos - offset : end - offset])
-            self.missing[c] -= end - pos
-            if self.missing[c] == 0:
-                self.on_chunk(lo, lo + buf.numel(), self.open.pop(c))
-            pos = end
+        self.fill.put(offset, values)
 
     def close(self) -> None:
-        assert not self.open and not any(self.missing.values()), "a parameter of the partition was never delivered"
+        assert self.fill.complete(), "a parameter of the partition was never delivered"
         if self.on_close is not None:
             self.on_close()
 

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import torch
 
+from .chunk_fill import ChunkFill
 from .states import NAMES, TensorStates, Views
 
 
@@ -22,7 +23,7 @@ class SplitStates:
         self.numel = device_part.numel + host_part.numel
         self.device = device_part.device  # where the step's counters and statistics live
         self.names = device_part.names
-        self._rechunker: Rechunker | None = None  # start-up writes to NVMe host states (sharded initialisation)
+        self._host_fill: ChunkFill | None = None  # start-up writes to NVMe host states (sharded initialisation)
 
     def stream(self, names: tuple[str, ...] = NAMES, write_back: bool = True) -> Iterator[tuple[int, int, Views]]:
         if self.split:
@@ -50,16 +51,16 @@ class SplitStates:
             else:
                 self.host_part.write_master(start - s, hi - s, values[start - lo:])
 
-    def _host_chunks(self) -> "Rechunker":
-        if self._rechunker is None:
-            self._rechunker = Rechunker(self.host_part.numel, self.host_part.chunk, self.host_part.write_master)
-        return self._rechunker
+    def _host_chunks(self) -> ChunkFill:
+        if self._host_fill is None:
+            self._host_fill = ChunkFill(self.host_part.numel, self.host_part.chunk, self.host_part.write_master)
+        return self._host_fill
 
     def finish_master(self) -> None:
         """Start-up is over: host chunks that padding left incomplete are written as they are (zeros there)."""
-        if self._rechunker is not None:
-            self._rechunker.flush()
-            self._rechunker = None
+        if self._host_fill is not None:
+            self._host_fill.flush()
+            self._host_fill = None
 
     def writer(self) -> SplitWriter:
         return SplitWriter(self.device_part.writer(), self.host_part.writer(), self.split)
@@ -87,30 +88,3 @@ class SplitWriter:
         self.first.close()
         self.second.close()
 
-
-class Rechunker:
-    """Start-up writes on one chunk grid (the assembler's, in partition coordinates) to a store that takes whole
-    chunks of its own grid: each of its chunks is written once every element has arrived, or at flush()."""
-
-    def __init__(self, numel: int, chunk: int, write_master) -> None:
-        self.numel, self.chunk, self.write_master = numel, chunk, write_master
-        self.open: dict[int, list] = {}  # chunk -> [values, elements arrived]
-
-    def put(self, offset: int, values: torch.Tensor) -> None:
-        pos, end = offset, offset + values.numel()
-        while pos < end:
-            k = pos // self.chunk
-            lo, hi = k * self.chunk, min(self.numel, (k + 1) * self.chunk)
-            upto = min(end, hi)
-            entry = self.open.setdefault(k, [torch.zeros(hi - lo, dtype=torch.float32), 0])
-            entry[0][pos - lo:upto - lo].copy_(values[pos - offset:upto - offset])
-            entry[1] += upto - pos
-            if entry[1] == hi - lo:
-                self.write_master(lo, hi, self.open.pop(k)[0])
-            pos = upto
-
-    def flush(self) -> None:
-        for k in sorted(self.open):
-            lo = k * self.chunk
-            self.write_master(lo, lo + self.open[k][0].numel(), self.open[k][0])
-        self.open.clear()
