@@ -139,15 +139,16 @@ def quickstart(**changes) -> dict:
 
 
 # -- zbench in a subprocess --------------------------------------------------------------------------
-def zbench(*args: str, env: dict | None = None, timeout: int = 300, faults: str | None = None):
-    """`zbench ARGS` in its own process from the repository root (W&B quiet; forked_cli.py), or with `faults`
-    injected into its ranks through tests/run_with_faults.py. `timeout` only keeps a hung command from hanging
-    the suite."""
+def zbench(*args: str, env: dict | None = None, timeout: int = 300, faults: str | None = None,
+           cwd: Path = REPO):
+    """`zbench ARGS` in its own process from `cwd`, by default the repository root (W&B quiet; forked_cli.py),
+    or with `faults` injected into its ranks through tests/run_with_faults.py. `timeout` only keeps a hung
+    command from hanging the suite."""
     full_env = {**os.environ, "WANDB_SILENT": "true", **(env or {})}
     if not faults:
-        return run_zbench(list(args), full_env, str(REPO), timeout)
-    return subprocess.run([sys.executable, "tests/run_with_faults.py", faults, *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=REPO, env=full_env)
+        return run_zbench(list(args), full_env, str(cwd), timeout)
+    return subprocess.run([sys.executable, str(REPO / "tests" / "run_with_faults.py"), faults, *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=cwd, env=full_env)
 
 
 def table(stdout: str) -> dict[str, dict[str, str]]:

@@ -12,7 +12,7 @@ import tomllib
 
 import pytest
 
-from helpers import REPO, TINY, write_scenario, tiny_data
+from helpers import REPO, TINY, tiny_data, write_scenario, zbench
 from zbench.models.configs import load_arch
 from zbench.models.registry import REGISTRY_DIR, names
 
@@ -48,14 +48,7 @@ def test_the_listed_help_is_each_commands_own():
 
 
 def test_estimate_resolves_a_name_from_another_folder(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "zbench", "estimate", "--model", "gpt2-xl", "--gpus", "2"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
+    proc = zbench("estimate", "--model", "gpt2-xl", "--gpus", "2", cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("model gpt2-xl") and "| 2 |" in proc.stdout or "stage" in proc.stdout.lower()
 
@@ -107,14 +100,7 @@ def test_a_hugging_face_config_json_or_model_folder_is_an_arch(tmp_path, as_fold
     arch = load_arch(str(folder) if as_folder else str(folder / "config.json"), str(tmp_path))
     assert (arch.name, arch.family, arch.config) == ("my-gpt2", "hf", hf)
     pytest.importorskip("transformers")
-    proc = subprocess.run(
-        [sys.executable, "-m", "zbench", "estimate", "--model", "my-gpt2"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
+    proc = zbench("estimate", "--model", "my-gpt2", cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("model my-gpt2")
 
