@@ -2,8 +2,10 @@
 
 The full table (every column, every row) stays in table.md and results.csv. Here, columns whose cell is
 the same in every row (model, data, a batch size set for all, an unmeasured GPU memory on a CPU run) move
-into the table's caption as "name: value", and rich wraps what is left, headers and notes included, to the
-console width, itself at most 120 columns.
+into the table's caption as "name: value". When the rest is still wider than the console, the free-text
+columns (method, notes, then parity) move under the table one at a time, as "Name: variant: text; ...", so
+that no number is ever folded across lines; rich wraps headers at words and the lines under the table to
+the console width, itself at most 120 columns.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from .results import caption, footer, table_rows
 MAX_WIDTH = 120
 ALWAYS_SHOWN = ("Variant",)
 UNBROKEN = ("Variant", "Loss parity vs DDP")  # short labels that read wrong when broken
+# free text that moves under the table, in this order, while the table is wider than the console
+MOVABLE = ("Method", "Notes", "Loss parity vs DDP")
+LEGEND = {"Method": "Methods", "Loss parity vs DDP": "Parity vs DDP"}
 # terminal headers (table.md keeps the articles' long ones)
 SHORT = {
     "Batch size (max)": "Batch",
@@ -57,6 +62,23 @@ def _needed(header: list[str], rows: list[list[str]], columns: list[int]) -> int
     return sum(_fixed_width(header[i], [r[i] for r in rows]) or 14 for i in columns) + 2 * (len(columns) - 1)
 
 
+def fit(header: list[str], rows: list[list[str]], varying: list[int], width: int) -> tuple[list[int], list[str]]:
+    """(the columns left in the table, the lines under it): free-text columns leave the table, in MOVABLE's
+    order, while it is wider than `width`; each becomes one line naming each row's text (empty cells left out)."""
+    varying, legends = list(varying), []
+    for name in MOVABLE:
+        if _needed(header, rows, varying) <= width:
+            break
+        if name not in header or header.index(name) not in varying:
+            continue
+        i = header.index(name)
+        varying.remove(i)
+        texts = [f"{r[0]}: {r[i]}" for r in rows if r[i] not in ("", "–")]
+        if texts:
+            legends.append(f"{LEGEND.get(name, name)}: " + "; ".join(texts))
+    return varying, legends
+
+
 def width_for(stream: IO[str]) -> int:
     """The terminal's width (COLUMNS where set, 80 for a pipe, as rich decides), never above MAX_WIDTH."""
     from rich.console import Console
@@ -76,11 +98,7 @@ def print_table(summary: dict[str, Any], stream: IO[str] | None = None, width: i
     )
     header, rows = table_rows(summary)
     varying, constant = split_constant(header, rows)
-    legend = ""
-    if "Method" in [header[i] for i in varying] and _needed(header, rows, varying) > console.width:
-        m = header.index("Method")  # too narrow for it: the method of each variant goes under the table
-        varying.remove(m)
-        legend = "Methods: " + "; ".join(f"{r[0]}: {r[m]}" for r in rows)
+    varying, legends = fit(header, rows, varying, console.width)
     # a narrow terminal or a pipe (80 columns by rich's rule) would fold every number into a column of digits:
     # the table may run past it, up to MAX_WIDTH
     console.width = min(MAX_WIDTH, max(console.width, _needed(header, rows, varying)))
@@ -108,8 +126,8 @@ def print_table(summary: dict[str, Any], stream: IO[str] | None = None, width: i
     for r in rows:
         table.add_row(*(r[i] for i in varying))
     console.print(table)
-    if legend:
-        console.print(legend)
+    for line in legends:
+        console.print(line)
     console.print(caption(summary))
     rest = footer(summary)
     if rest:

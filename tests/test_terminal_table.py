@@ -1,0 +1,59 @@
+"""The printed table of a wide run (seventeen columns, long notes): it fits 120 columns without folding a
+number, and the free text that leaves the table is printed whole under it.
+
+The fixture is the results.json of `zbench run scenarios/deberta_mrpc.yaml --simulate-ranks 2` on one H100
+(losses trimmed): a searched batch "16 (step 8)", a skipped DeepSpeed row, notes and parity text per row.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from zbench.results import table_rows
+from zbench.terminal_table import MAX_WIDTH, fit, print_table, split_constant
+
+SUMMARY = json.loads((Path(__file__).parent / "fixtures" / "results_simulated_fp16.json").read_text())
+
+
+def _printed(width: int) -> list[str]:
+    out = io.StringIO()
+    print_table(SUMMARY, stream=out, width=width)
+    return out.getvalue().splitlines()
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_every_row_keeps_its_numbers_whole_on_one_line(width):
+    lines = _printed(width)
+    assert max(len(line) for line in lines) <= MAX_WIDTH
+    header, rows = table_rows(SUMMARY)
+    shown, _ = fit(header, rows, split_constant(header, rows)[0], MAX_WIDTH)
+    checked = 0
+    for row in rows:
+        line = next(line for line in lines if line.split() and line.split()[0] == row[0])
+        for cell in (row[i] for i in shown if row[i][:1].isdigit()):
+            assert f" {cell} " in f" {line} ", (cell, line)
+            checked += 1
+    assert checked == 2 * 11  # two measured rows of eleven numbers (the skipped DeepSpeed row has none)
+
+
+def test_the_free_text_moves_under_the_table_whole():
+    text = " ".join(" ".join(_printed(120)).split())
+    header, rows = table_rows(SUMMARY)
+    notes = {r[0]: r[header.index("Notes")] for r in rows}
+    assert notes["ds-zero2"] == "simulated ranks: DeepSpeed's communication needs real peers"
+    assert "Notes: ddp: 2 step(s) skipped (non-finite gradients); ds-zero2: " + notes["ds-zero2"] in text
+    assert "Methods: ddp: DDP (torch DistributedDataParallel); zero2: zero_core ZeRO Stage 2" in text
+    table_head = next(line for line in _printed(120) if line.startswith("Variant"))
+    assert "Notes" not in table_head and "Method" not in table_head
+
+
+def test_free_text_stays_in_the_table_when_it_fits():
+    header = ["Variant", "Method", "Tokens/s", "Notes"]
+    rows = [["ddp", "DDP", "1,000", "short"], ["zero2", "ZeRO 2", "2,000", ""]]
+    assert fit(header, rows, [0, 1, 2, 3], 120) == ([0, 1, 2, 3], [])
+    kept, legends = fit(header, rows, [0, 1, 2, 3], 20)  # the method leaves first, then the notes
+    assert kept == [0, 2] and legends == ["Methods: ddp: DDP; zero2: ZeRO 2", "Notes: ddp: short"]
