@@ -202,3 +202,18 @@ def test_damage_is_caught_on_every_path(tmp_path, io_path, small_ring, monkeypat
     monkeypatch.setattr(os, "fstat", lambda fd: Grown(real_fstat(fd)))
     with pytest.raises(CheckpointError, match="ended early"):
         read_verified(path, entry, whole)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_tensors_stream_through_pinned_buffers_and_back(tmp_path, io_path, small_ring):
+    """A synchronous save hands the writer live GPU tensors; a load reads into GPU destinations."""
+    tensors = _cases()["larger_than_the_ring"]
+    ref, order = _reference(tensors)
+    path = tmp_path / "g.safetensors"
+    rec = _write(path, {k: t.cuda() for k, t in tensors.items()}, order, piece=997)
+    assert path.read_bytes() == ref and rec["digest"] == checksums.file_digest(path)
+    ranges = _spans(len(ref), torch.Generator().manual_seed(2))
+    spans = [Span(lo, torch.empty(hi - lo, dtype=torch.uint8, device="cuda")) for lo, hi in ranges]
+    read_verified(path, rec, spans)
+    for (lo, hi), s in zip(ranges, spans):
+        assert s.dst.cpu().numpy().tobytes() == ref[lo:hi]
