@@ -3,23 +3,22 @@
 safetensors' own `save_file` needs every tensor at once and leaves hashing to a second read of the file.
 The format is simple enough to stream: an 8-byte little-endian header length, a JSON header giving each
 tensor's dtype, shape and byte range, then the raw little-endian bytes in header order. Files written
-here load with `safe_open`. Large pieces go out in 16 MiB writes; each write overlaps the hashing of the
-same bytes (both release the GIL). `align=4096` pads the header so the data starts on a page boundary
-(checkpoint files: every large write is then page-aligned in the file).
+here load with `safe_open`. The bytes go out through a small ring of aligned buffers, with O_DIRECT where
+the filesystem allows it (staged_write.py); pieces may be CPU or GPU tensors (a GPU piece is copied to the
+host a buffer at a time). `align=4096` pads the header so the data starts on a page boundary.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import struct
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
 from . import checksums
+from .staged_write import StagedWriter
 
 _CODES = {
     torch.float32: "F32",
@@ -33,18 +32,12 @@ _CODES = {
     torch.uint8: "U8",
     torch.bool: "BOOL",
 }
-WRITE_BYTES = 1 << 24
 
 
-def _write_all(fd: int, data: memoryview) -> None:
-    while data:
-        data = data[os.write(fd, data) :]
-
-
-def tensor_bytes(t: torch.Tensor) -> memoryview:
-    """The bytes of a CPU tensor, without a copy when it is contiguous."""
+def flat_bytes(t: torch.Tensor) -> torch.Tensor:
+    """The bytes of a tensor as a flat uint8 tensor on its device, without a copy when it is contiguous."""
     t = t.detach().contiguous().reshape(-1)
-    return memoryview(t.view(torch.uint8).numpy()) if t.numel() else memoryview(b"")
+    return t.view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
 
 
 class StreamingWriter:
@@ -71,32 +64,19 @@ class StreamingWriter:
             header["__metadata__"] = metadata
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-(8 + len(raw)) % align)  # the data starts aligned (safetensors itself keeps 8)
+        head = struct.pack("<Q", len(raw)) + raw
         self.path = Path(path)
         self.algorithm = algorithm or checksums.DEFAULT
         self._hasher = checksums.new_hasher(self.algorithm)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="zbench-write")
-        self._written = 0
-        self._emit(memoryview(struct.pack("<Q", len(raw)) + raw))
+        self._out = StagedWriter(self.path, self._hasher, len(head) + offset, pinned=torch.cuda.is_available())
+        self._out.append(torch.frombuffer(bytearray(head), dtype=torch.uint8))
         self._index, self._left = 0, self._plan[0][2] if self._plan else 0
         self._advance()
 
-    def _emit(self, data: memoryview) -> None:
-        """Write `data` in large pieces, hashing each while the previous one is written."""
-        pending = None
-        for lo in range(0, len(data), WRITE_BYTES):
-            piece = data[lo : lo + WRITE_BYTES]
-            if pending is not None:
-                pending.result()
-            pending = self._pool.submit(_write_all, self._fd, piece)
-            self._hasher.update(piece)
-        if pending is not None:
-            pending.result()
-        self._written += len(data)
-
     @property
     def bytes_written(self) -> int:
-        return self._written
+        """Bytes handed to the file so far (header included); on disk once `close()` returns."""
+        return self._out.appended
 
     def _advance(self) -> None:
         """Skip past finished (and empty) tensors."""
@@ -109,11 +89,11 @@ class StreamingWriter:
         name, dtype, _ = self._plan[self._index]
         if piece.dtype != dtype:
             raise ValueError(f"{name}: expected {dtype}, got {piece.dtype}")
-        data = tensor_bytes(piece.cpu())  # a view of the tensor's own bytes: memory stays at the caller's buffer
-        if data.nbytes > self._left:
-            raise ValueError(f"{name}: {data.nbytes} bytes written past its declared size")
-        self._emit(data)
-        self._left -= data.nbytes
+        data = flat_bytes(piece)  # a view of the tensor's own bytes, on its device: staged a buffer at a time
+        if data.numel() > self._left:
+            raise ValueError(f"{name}: {data.numel()} bytes written past its declared size")
+        self._out.append(data)
+        self._left -= data.numel()
         self._advance()
 
     def close(self, fsync: bool = True) -> dict[str, Any]:
@@ -121,22 +101,18 @@ class StreamingWriter:
         try:
             if self._left != 0 or self._index + 1 < len(self._plan):
                 raise ValueError(f"{self.path}: closed before every declared tensor was written")
-            if fsync:
-                os.fsync(self._fd)
+            size = self._out.finish(fsync)
         finally:
             self.abandon()
-        return checksums.record(self.algorithm, self._hasher, self._written)
+        return checksums.record(self.algorithm, self._hasher, size)
 
     def abandon(self) -> None:
         """Close without checks (after a failed write; the caller removes the file)."""
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-            self._pool.shutdown()
+        self._out.abandon()
 
 
 def write_tensors(path: Path, tensors: dict[str, torch.Tensor], align: int = 4096) -> dict[str, Any]:
-    """One safetensors file of whole CPU tensors, fsynced; its record (bytes and checksum)."""
+    """One safetensors file of whole tensors (CPU or GPU, streamed), fsynced; its record (bytes and checksum)."""
     w = StreamingWriter(path, [(k, t.dtype, list(t.shape)) for k, t in tensors.items()], align=align)
     try:
         for t in tensors.values():

@@ -12,6 +12,8 @@ import os
 import time
 from pathlib import Path
 
+from checkpoints.direct_io import open_file
+
 CHUNK = 1 << 24  # 16 MiB, a multiple of any logical block size
 
 
@@ -28,13 +30,6 @@ def drop_cached(paths: list[Path]) -> None:
                 os.close(fd)
 
 
-def _open(path: Path, flags: int) -> tuple[int, bool]:
-    try:
-        return os.open(path, flags | os.O_DIRECT, 0o644), True
-    except OSError:
-        return os.open(path, flags, 0o644), False
-
-
 def disk_floor(folder: Path, nbytes: int) -> dict[str, float | bool]:
     """GB/s of a fsynced sequential write and a cold sequential read of `nbytes` (rounded up to 16 MiB)."""
     path = folder / ".zbench-disk-floor"
@@ -42,7 +37,7 @@ def disk_floor(folder: Path, nbytes: int) -> dict[str, float | bool]:
     buf.write(os.urandom(1 << 20) * (CHUNK >> 20))
     chunks = max(1, -(-nbytes // CHUNK))
     try:
-        fd, direct = _open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        fd, direct = open_file(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         t = time.perf_counter()
         try:
             for _ in range(chunks):
@@ -53,7 +48,7 @@ def disk_floor(folder: Path, nbytes: int) -> dict[str, float | bool]:
         write_s = time.perf_counter() - t
         if not direct:
             drop_cached([path])
-        fd, direct_read = _open(path, os.O_RDONLY)
+        fd, direct_read = open_file(path, os.O_RDONLY)
         t = time.perf_counter()
         try:
             while os.readv(fd, [buf]) > 0:

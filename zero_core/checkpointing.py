@@ -2,9 +2,12 @@
 
 Save: every rank writes only its own partition (no gather); rank 0 adds frozen tensors and the manifest and
 commits atomically (checkpoints/zbench_format.py). Files are hashed as they are written (no second read) and
-a rank's files are written in parallel. A rank that cannot write (disk full, quota, permissions) does not
-leave the others waiting: the ranks agree on the outcome, rank 0 removes the staging folder it made, and
-every rank raises the same one-line CheckpointError; `latest` and the previous checkpoint stay as they were.
+a rank's files are written in parallel, each through a small ring of aligned (pinned on CUDA) buffers with
+O_DIRECT where the filesystem allows it (checkpoints/staged_write.py): a synchronous save streams the live
+tensors from the GPU to the disk without a whole host copy. A rank that cannot write (disk full, quota,
+permissions) does not leave the others waiting: the ranks agree on the outcome, rank 0 removes the staging
+folder it made, and every rank raises the same one-line CheckpointError; `latest` and the previous
+checkpoint stay as they were.
 `async_save=True` copies the state into reusable host buffers and writes, hashes, fsyncs and commits in
 a background thread (checkpoint_async.py).
 """
@@ -65,8 +68,9 @@ def save_failed(root: Path, tag: str, problem: tuple[str, str]) -> CheckpointErr
 
 
 def _write_synced(tensors: dict[str, torch.Tensor], path: Path) -> dict[str, Any]:
-    """One file of whole tensors, hashed while written, fsynced; its manifest record."""
-    return write_tensors(path, {k: v.detach().cpu() for k, v in tensors.items()})
+    """One file of whole tensors, hashed while written, fsynced; its manifest record. Tensors on a GPU are
+    streamed to the file a buffer at a time (never copied to the host whole)."""
+    return write_tensors(path, {k: v.detach() for k, v in tensors.items()})
 
 
 def _write_nvme(states: Any, path: Path) -> dict[str, Any]:
@@ -170,8 +174,7 @@ def save(
         ) from None
     staged = _stage(engine, root, tag)
     entries = param_entries(engine)
-    on_gpu = engine.device.type == "cuda"  # pinned buffers: the device-to-host copies at full speed
-    files = contents(engine, entries, saver.buffers if async_save or on_gpu else None)
+    files = contents(engine, entries, saver.buffers if async_save else None)  # sync: the live tensors, streamed
     rng = comm.all_gather_object(capture_rng(engine.device), what="all-gather of the RNG states")
     manifest = (
         _manifest(engine, tag, entries, {}, {str(r): s for r, s in enumerate(rng)}, client_state)
@@ -181,6 +184,8 @@ def save(
     if async_save:
         saver.start(root, tag, staged, files, manifest, move_latest, keep_last)
         return root / tag
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize(engine.device)  # the writer threads copy from the live states on streams of their own
     records, problem = write_files(engine.rank, files, staged)
     gathered = comm.all_gather_object(
         {"files": records, "problem": problem}, what="all-gather of the checkpoint's file list"
