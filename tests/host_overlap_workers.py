@@ -91,7 +91,7 @@ def overlap_train(rank: int, world: int, cases: list[dict]) -> list[dict]:
         losses: list[float] = []
         read_after: dict[str, Any] = {}
         for i, (x, y) in enumerate(make_batches(steps * gas, micro * world)):
-            xs, ys = (t[rank * micro : (rank + 1) * micro] for t in (x, y))
+            xs, ys = (t[rank * micro : (rank + 1) * micro].to(engine.device) for t in (x, y))
             if gate is not None and case.get("blindfold") and i == gas:
                 gate.blindfold()
             hook = None

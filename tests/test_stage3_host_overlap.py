@@ -82,7 +82,7 @@ def _engine(**zero):
 
 def _train(engine, steps: int) -> None:
     for x, y in make_batches(steps, 2):
-        engine.backward(engine(x, y).loss)
+        engine.backward(engine(x.to(engine.device), y.to(engine.device)).loss)
         engine.step()
 
 
@@ -115,7 +115,7 @@ def test_a_failing_host_update_is_one_error_on_the_training_thread(monkeypatch):
         raise OSError("host memory went away")
 
     monkeypatch.setattr(engine.optimizer, "_adam_pieces", broken)
-    x, y = make_batches(2, 2)[1]
+    x, y = (t.to(engine.device) for t in make_batches(2, 2)[1])
     engine.backward(engine(x, y).loss)
     engine.step()  # returns: the update runs (and fails) on its own thread
     with pytest.raises(RuntimeError, match=r"^the optimizer's host update failed: host memory went away$") as e:
