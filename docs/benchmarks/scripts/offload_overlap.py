@@ -32,13 +32,15 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[3]
 SCENARIOS = ROOT / "scenarios"
-# scenario -> (batch, the zero_core variants to add: (offload ratio, overlap_host_update, overlap_weight_gather));
+# scenario -> (batch, the zero_core variants to add: (offload ratio or "auto", overlap_host_update,
+# overlap_weight_gather));
 # (R, F, False) keeps the host update inside step() (the old path); True runs it on after step()
 PLANS = {
     "gpt2xl": (
         "gpt2xl_offload.yaml",
         16,
-        [(1.0, 0.0, False), (0.5, 0.0, True), (0.25, 0.0, True), (0.25, 0.5, True), (0.25, 0.5, False)],
+        [(1.0, 0.0, False), (0.5, 0.0, True), (0.25, 0.0, True), (0.25, 0.5, True), (0.25, 0.5, False),
+         ("auto", 0.0, True)],
     ),
     "longformer": (
         "longformer_feedback.yaml",
@@ -58,7 +60,7 @@ GPT7B_DS = {  # the scenario's zero_core variant as a DeepSpeed JSON, so DeepSpe
 }
 
 
-def variants_for(sc: dict, base_json: dict, folder: Path, plan: list[tuple[float, float, bool]]) -> list[dict]:
+def variants_for(sc: dict, base_json: dict, folder: Path, plan: list[tuple[float | str, float, bool]]) -> list[dict]:
     engine = next((v for v in sc["variants"] if v.get("engine") == "zero"), None)
     out = [v for v in sc["variants"] if v.get("engine") != "ddp"]
     if not any(v.get("engine") == "deepspeed" for v in out):
@@ -68,7 +70,8 @@ def variants_for(sc: dict, base_json: dict, folder: Path, plan: list[tuple[float
         cfg = json.loads(json.dumps(base_json))
         cfg["zero_optimization"]["offload_optimizer"]["ratio"] = ratio
         cfg["zero_core"] = {"overlap_host_update": overlap, "overlap_weight_gather": in_flight}
-        name = f"zero-ratio{ratio:g}-overlap{overlap:g}{'' if in_flight else '-in-step'}".replace(".", "p")
+        share = ratio if isinstance(ratio, str) else f"{ratio:g}"  # "auto": the device share that fits the cap
+        name = f"zero-ratio{share}-overlap{overlap:g}{'' if in_flight else '-in-step'}".replace(".", "p")
         (folder / f"{name}.json").write_text(json.dumps(cfg, indent=1))
         stage = {"stage": engine["stage"]} if engine and "stage" in engine else {}
         out.append({"name": name, "engine": "zero", "ds_config": f"{name}.json", **stage})
