@@ -17,8 +17,8 @@ Keys (ms per optimizer step; "overlapped" phases run while something else does):
                while the host updates its share)
   overlapped_cpu_adam  host time of updates run off the training thread: during backward (speculative), or
                after step() returns (zero_core.overlap_weight_gather), overlapping the next forward
-  update_wait  host time the next forward's modules waited for that update to publish their weights (it
-               shows inside gpu_fwd_bwd too, as idle device time once the queued work has run)
+  update_wait  host time the training thread waited for that update: the next forward's modules for their
+               weights, then backward (or a reader) for the rest (inside gpu_fwd_bwd: idle device time)
   nvme_wait    the part of cpu_adam spent waiting for NVMe reads and writes
   h2d          device time of the 16-bit weight copies to the GPU (overlapped with cpu_adam)
   h2d_tail     from the end of cpu_adam until the last copy landed (exposed)

@@ -125,7 +125,8 @@ class HostStepInFlight:
     def finish(self) -> None:
         """The update done, every bucket visible (before backward and any reader of the weights)."""
         if self._thread is not None:
-            self._thread.join()
+            with self.breakdown.host("update_wait"):
+                self._thread.join()
             self._thread = None
         self._raise()
         self.wait(range(len(self.bucket_ends)))
