@@ -195,7 +195,7 @@ def format_breakdown(b: dict[str, float]) -> str:
     tail = (
         f" | overlapped: gpu adam {b.get('gpu_adam', 0.0):.1f},"
         f" overlapped cpu adam {b.get('overlapped_cpu_adam', 0.0):.1f}"
-        f" (forward waited {b.get('update_wait', 0.0):.1f}),"
+        f" (training waited {b.get('update_wait', 0.0):.1f}),"
         f" d2h {b['d2h']:.1f}, host fold {b['host_fold']:.1f}, fold wait {b['fold_wait']:.1f}, h2d {b['h2d']:.1f}"
     )
     if b.get("nvme_wait"):
