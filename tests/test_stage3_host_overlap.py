@@ -2,9 +2,9 @@
 shard range (zero_core.overlap_weight_gather). On 2 gloo ranks, with the update's thread gated so that every
 forward after an update really runs mid-update, training equals the update inside `step()` bit for bit:
 weights, optimizer states, losses, skipped fp16 steps and the loss scale, with clipping, accumulation,
-parameter offload and partial offload; readers right after `step()` see the final weights; a forward that did
-not wait would read stale shards (the sabotaged run differs); a failing update is one error on the training
-thread; prefetches never read a unit the update has not published."""
+parameter offload, partial offload and states on NVMe; readers right after `step()` see the final weights; a
+forward that did not wait would read stale shards (the sabotaged run differs); a failing update is one error on
+the training thread; prefetches never read a unit the update has not published."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ BASE = [
     {"dtype": "bf16", "micro": 2, "steps": 3, "clip": 0.05,
      "zero": {**PARAM, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}},
     {"dtype": "fp32", "micro": 2, "steps": 3, "zero": {"offload_optimizer": {"device": "cpu", "ratio": 0.5}}},
+    {"dtype": "bf16", "micro": 2, "steps": 3, "clip": 0.05, "zero": {**PARAM, "offload_optimizer": {"device": "nvme"}}},
 ]
 
 
@@ -38,6 +39,9 @@ def results(tmp_path_factory) -> list[dict]:
     save_dir = str(tmp_path_factory.mktemp("s3_overlap_ckpt"))
     cases = [{**c, "overlap": overlap, "save_dir": f"{save_dir}/{i}"} for i, c in enumerate(BASE)
              for overlap in (False, True)]
+    for case in cases:  # optimizer states on NVMe: a file per rank under the test's folder
+        if case["zero"]["offload_optimizer"]["device"] == "nvme":
+            case["zero"] = {**case["zero"], "offload_optimizer": {"device": "nvme", "nvme_path": save_dir}}
     cases.append({**BASE[1], "overlap": True, "blindfold": True, "read_at": None})
     return run_ranks(overlap_train, 2, cases)
 
