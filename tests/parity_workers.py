@@ -65,7 +65,7 @@ def zero_train(rank: int, world: int, cases: list[dict]) -> list[dict]:
     from zero_core.optim.states import state_sum
 
     def sums(engine) -> float:  # streams the states: works wherever they live (device, host, NVMe)
-        engine.wait_for_weights()  # the host update may still run after step() (stages 1-2 with offload)
+        engine.wait_for_weights()  # the host update may still run after step() (optimizer offload)
         return state_sum(engine.optimizer.states, "master") + state_sum(engine.optimizer.states, "exp_avg")
 
     results = []

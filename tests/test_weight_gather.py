@@ -153,6 +153,22 @@ class _FakeSide:
         return ctx()
 
 
+def fake_streams(monkeypatch) -> _FakeSide:
+    """CUDA events and the current stream made no-ops on a CPU-only engine; a side stream to put on it."""
+
+    class _Event:
+        def record(self) -> None:
+            pass
+
+    class _Stream:
+        def wait_event(self, ev) -> None:
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Event", _Event)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: _Stream())
+    return _FakeSide()
+
+
 @pytest.mark.skipif(
     torch.cuda.is_available(),
     reason="fakes CUDA streams on a CPU-only engine; a GPU machine would "
@@ -165,21 +181,12 @@ def test_stage3_prefetched_shards_are_made_on_the_stream_that_gathers_them(monke
     import zero_core
     from parity_workers import ds_config, make_batches, make_model
 
-    class _Event:
-        def record(self) -> None:
-            pass
-
-    class _Stream:
-        def wait_event(self, ev) -> None:
-            pass
-
-    monkeypatch.setattr(torch.cuda, "Event", _Event)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: _Stream())
+    fake_side = fake_streams(monkeypatch)
     cfg = ds_config(3, "bf16", 2, stage3_param_persistence_threshold=0, stage3_prefetch_bucket_size=10**6)
     cfg["zero_core"] = {"stage3_gather_from_master": True}
     engine = zero_core.initialize(make_model(), cfg)
     gatherer = engine.strategy.gatherer
-    side = gatherer.side = _FakeSide()
+    side = gatherer.side = fake_side
     made: list[tuple[bool, bool]] = []  # (asynchronous gather, made while on the side stream)
     issue, shard_of = gatherer._issue_gather, gatherer.shard_of
     state = {"async": False}

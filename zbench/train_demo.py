@@ -85,7 +85,7 @@ def run_rank(job: TrainJob) -> dict:
                     f"step {engine.global_step:>5}  loss {float(loss.detach()):.4f}  lr {engine.get_lr()[0]:.2e}",
                     flush=True,
                 )
-    engine.wait_for_weights()  # the last update may still run on the host (offload, stages 1-2): it counts
+    engine.wait_for_weights()  # the last update may still run on the host (optimizer offload): it counts
     if engine.device.type == "cuda":
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - start

@@ -211,8 +211,9 @@ class ZeroCoreConfig(Section):
     # (each one skipped and counted); 0 never stops, as DeepSpeed
     max_consecutive_nonfinite: Annotated[int, integer(0)] = 0
     # stages 1-2: each bucket's weight all-gather starts right after its update and is waited for only by the
-    # modules that read it (stages/deferred_gather.py); with optimizer offload the host update itself runs on
-    # after step() returns, the next forward waiting per module (stages/host_step_overlap.py); false: all in step()
+    # modules that read it (stages/deferred_gather.py); with optimizer offload (stages 1-3) the host update itself
+    # runs on after step() returns, the next forward waiting per module (stages/host_step_overlap.py); false: all
+    # in step()
     overlap_weight_gather: Bool = True
     # save_checkpoint() returns once the state is copied into reusable host buffers; writing, checksums,
     # fsync and the atomic commit go on in a background thread (engine.wait_for_checkpoint())

@@ -201,8 +201,9 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
             s.finish_update()
 
     def wait_for_weights(self) -> None:
-        """Finish the weight all-gathers still in flight after `step()` (stages 1-2 start them per bucket
-        and each module's forward waits for its own): call it before reading parameters outside a forward."""
+        """Finish the weight all-gathers and the host update still in flight after `step()` (stages 1-2 start
+        the gathers per bucket; with optimizer offload the update runs on, stages 1-3; each module's forward waits
+        for its own): call it before reading parameters or optimizer states outside a forward."""
         self.strategy.wait_for_weights()
 
     def refresh_working_weights(self) -> None:

@@ -15,7 +15,10 @@ Keys (ms per optimizer step; "overlapped" phases run while something else does):
   cpu_adam     host time of the chunked update: AdamW, 16-bit conversion, issuing the copies (exposed)
   gpu_adam     device time of the fused update of the share kept on the device (partial offload; it runs
                while the host updates its share)
-  overlapped_cpu_adam  host time of updates run during backward (speculative; their own thread, overlapped)
+  overlapped_cpu_adam  host time of updates run off the training thread: during backward (speculative), or
+               after step() returns (zero_core.overlap_weight_gather), overlapping the next forward
+  update_wait  host time the training thread waited for that update: the next forward's modules for their
+               weights, then backward (or a reader) for the rest (inside gpu_fwd_bwd: idle device time)
   nvme_wait    the part of cpu_adam spent waiting for NVMe reads and writes
   h2d          device time of the 16-bit weight copies to the GPU (overlapped with cpu_adam)
   h2d_tail     from the end of cpu_adam until the last copy landed (exposed)
@@ -45,6 +48,7 @@ KEYS = (
     "cpu_adam",
     "gpu_adam",
     "overlapped_cpu_adam",
+    "update_wait",
     "nvme_wait",
     "h2d",
     "h2d_tail",
@@ -190,7 +194,8 @@ def format_breakdown(b: dict[str, float]) -> str:
     )
     tail = (
         f" | overlapped: gpu adam {b.get('gpu_adam', 0.0):.1f},"
-        f" overlapped cpu adam {b.get('overlapped_cpu_adam', 0.0):.1f},"
+        f" overlapped cpu adam {b.get('overlapped_cpu_adam', 0.0):.1f}"
+        f" (training waited {b.get('update_wait', 0.0):.1f}),"
         f" d2h {b['d2h']:.1f}, host fold {b['host_fold']:.1f}, fold wait {b['fold_wait']:.1f}, h2d {b['h2d']:.1f}"
     )
     if b.get("nvme_wait"):

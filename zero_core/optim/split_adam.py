@@ -118,6 +118,10 @@ class SplitAdamW(PartitionOptimizer):
     def _update(self, coef: torch.Tensor, out: Output, publish: Publish | None,
                 after_segment: Callable[[int], None] | None = None) -> None:
         dev, host = self.device_opt, self.host_opt
+        # the host's copies are read before the device share is queued: reading them after would make the host
+        # wait for the device's update kernels instead of running beside them
+        host.lr, host.applied, host.overflow = self.lr.cpu(), self.applied.cpu(), self.overflow.cpu()
+        host_coef = coef.cpu()
         dev.lr, dev.applied, dev.overflow = self.lr, self.applied, self.overflow
         with self.breakdown.device("gpu_adam"):
             dev._update(coef, self._device_out, None, None)  # queued: runs while the host updates its share
@@ -125,10 +129,9 @@ class SplitAdamW(PartitionOptimizer):
             self._host_copy_target.copy_(self._staged_out, non_blocking=True)
         if publish is not None:
             publish(self.split, self.split)  # gathers the buckets the device share holds alone
-        host.lr, host.applied, host.overflow = self.lr.cpu(), self.applied.cpu(), self.overflow.cpu()
         assert out is None or isinstance(out, torch.Tensor)
         shifted = None if publish is None else (lambda a, b: publish(a + self.split, b + self.split))
-        host._update(coef.cpu(), None if out is None else out[self.split :], shifted)
+        host._update(host_coef, None if out is None else out[self.split :], shifted)
 
     def live_gradient_bytes(self) -> int:
         return self.device_opt.live_gradient_bytes() + self.host_opt.live_gradient_bytes()

@@ -78,6 +78,7 @@ class ParamGatherer:
         self.live_numel = sum(g.padded_numel for g in layout.groups if self._is_allocated(g.index))  # freed below
         self.order: list[int] = []  # forward order of units, recorded on the first step
         self.recording = True
+        self.ready: Callable[[int], bool] = lambda g: True  # unit g's shard holds this step's weights (no wait)
         self._handles = []
         for module, needed in units:
             self._handles.append(module.register_forward_pre_hook(self._pre_hook(needed)))
@@ -143,6 +144,8 @@ class ParamGatherer:
             if budget <= 0 or self.live_numel + size > self.max_live_numel:
                 break
             if not self.fresh[g] and g not in self.pending:
+                if not self.ready(g):  # the host update has not published it yet: its own forward waits
+                    break
                 self._issue_gather(g, asynchronous=True)
             budget -= size
 

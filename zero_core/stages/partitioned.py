@@ -10,6 +10,11 @@ Where this rank's 16-bit shard of each unit comes from when it is gathered:
   the device, which the update writes (on the host, then uploaded chunk by chunk: optim/weight_upload.py);
 - with parameter offload, that partition lives in pinned host memory (`offload_param.device: cpu`) or in a
   file mapping under `offload_param.nvme_path` ("nvme": param_file.py), and is copied up per unit.
+
+With optimizer offload and `zero_core.overlap_weight_gather` (the default) the host update runs on after
+`step()` returns, and each unit's forward waits until the update has published its shard range
+(host_step_overlap.py): uploaded into the device partition, or, where the partition lives on the host,
+written there by the update itself.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import torch
 from .. import comm
 from ..optim.weight_upload import WeightUploader
 from .base import Stage
+from .host_step_overlap import HostStepInFlight
 from .param_file import param_file
 from .param_gather import ParamGatherer
 
@@ -36,6 +42,7 @@ class PartitionedStage(Stage):
         self.param_nvme_path = off_param.nvme_path if off_param is not None and off_param.device == "nvme" else None
         self.gatherer: ParamGatherer | None = None
         self.initial_masters: Any = None  # a deferred model's shards: in the optimizer's masters only
+        self.inflight: HostStepInFlight | None = None  # offload: the host update still running (host_step_overlap.py)
 
     def flatten_from_masters(self, states: Any) -> None:
         """A deferred model: the optimizer's masters already hold this rank's shards (deferred/shards.py).
@@ -86,6 +93,20 @@ class PartitionedStage(Stage):
             side=comm.SideStream(self.device),  # its own stream: prefetches must not queue behind reductions
         )
         self.initial_masters = None
+        if optimizer.on_host and self.cfg.zero_core.overlap_weight_gather:
+            self._overlap_host_update(optimizer, breakdown)
+
+    def _overlap_host_update(self, optimizer: Any, breakdown: Any) -> None:
+        """Let the host update run on after `step()`; each unit's forward waits for its own shard range, and
+        prefetches stop at the first unit not yet published."""
+        assert self.gatherer is not None
+        ends = [g.partition_offset + g.shard_numel for g in self.layout.groups]
+        inflight = HostStepInFlight(self.units, ends, self.model, breakdown, uploader=self.uploader)
+        if not optimizer.run_host_update_with(inflight.launch):  # the delayed update has a thread of its own
+            inflight.remove()
+            return
+        self.inflight, self.publish_chunk = inflight, inflight.publish
+        self.gatherer.ready = lambda g: inflight.ready((g,))
 
     def _partition_buffer(self) -> torch.Tensor:
         """Where this rank's 16-bit partition lives: a file mapping (param_file.py), pinned host memory, or the
@@ -110,6 +131,7 @@ class PartitionedStage(Stage):
 
     def hold(self, groups: list[int]) -> None:
         assert self.gatherer is not None
+        self.wait_for_weights()
         self.gatherer.hold(groups)
 
     def let_go(self, groups: list[int]) -> None:
@@ -144,13 +166,26 @@ class PartitionedStage(Stage):
         self.gatherer.end_backward()
 
     def begin_update(self) -> None:
+        self.wait_for_weights()  # the last update published and read before the next one rewrites the shards
         if self.uploader is not None:
             self.uploader.begin()
+        if self.inflight is not None:
+            self.inflight.begin()
 
     def finish_update(self) -> None:
-        if self.uploader is not None:
+        if self.inflight is not None:
+            self.inflight.end_step()  # each unit's forward waits for what the update's thread publishes
+        elif self.uploader is not None:
             self.uploader.finish()
         elif self.local is not None and self.output is not self.local:
             self.local.copy_(self.output, non_blocking=True)
         assert self.gatherer is not None
         self.gatherer.after_step()  # every gathered copy is stale now
+
+    def wait_for_weights(self) -> None:
+        if self.inflight is not None:
+            self.inflight.finish()
+
+    def close(self) -> None:
+        if self.inflight is not None:
+            self.inflight.remove()

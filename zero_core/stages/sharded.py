@@ -53,9 +53,8 @@ class ShardedStage(Stage):
             self.publish_chunk = self.uploader
             optimizer.bind_device_output([self.shard_view(g) for g in groups])  # a share kept on the device (ratio < 1)
             if self.cfg.zero_core.overlap_weight_gather:  # the host update runs on while the next forward starts
-                inflight = HostStepInFlight(
-                    self._bucket_units(), ends, self.uploader, lambda i: self._all_gather(groups[i]), self.model
-                )
+                inflight = HostStepInFlight(self._bucket_units(), ends, self.model, breakdown, uploader=self.uploader,
+                                            gather=lambda i: self._all_gather(groups[i]))
                 if optimizer.run_host_update_with(inflight.launch):
                     self.inflight, self.publish_chunk = inflight, inflight.publish
                 else:

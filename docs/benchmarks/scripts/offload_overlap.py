@@ -6,13 +6,16 @@ use) into a temporary folder and runs `zbench run` on it:
   gpt2xl_offload        batch 16, 24 GiB cap, ZeRO-3 + optimizer and parameter offload, fp16 (exact mode)
   longformer_feedback   batch 10, 16 GiB cap, ZeRO-2 + optimizer offload, fp16
   gpt7b_offload         batch 32 x 1024, bf16, ZeRO-3 + optimizer offload (a DeepSpeed variant is added)
-Each gets: the scenario's own zero_core and DeepSpeed variants (the old path), then zero_core with
-offload_optimizer.ratio R (the first buckets on the GPU) and with zero_core.overlap_host_update F.
+Each gets: the scenario's own zero_core and DeepSpeed variants, then zero_core with offload_optimizer.ratio R
+(the first buckets on the GPU) and with zero_core.overlap_host_update F. zero_core's default runs the host update
+on its own thread after step() (zero_core.overlap_weight_gather, stages 1-3); the "-in-step" variants keep it
+inside step() (the old path), e.g. gpt2xl's zero-ratio1-overlap0-in-step against the scenario's zero3-offload.
 First, `python -m zero_core.kernels.bench --numel 1e9`: the host AdamW against the host's copy bandwidth.
 
 Usage (repo root, one H100/H200; outputs under $OUT, default /tmp/out):
     python3 docs/benchmarks/scripts/offload_overlap.py [gpt2xl longformer gpt7b]
-(VARIANTS=a,b runs only those variants of each scenario.)
+(VARIANTS=a,b runs only those variants of each scenario, e.g. the stage-3 overlap against the update in step():
+VARIANTS=zero3-offload,zero-ratio1-overlap0-in-step,zero-ratio0p25-overlap0p5 ... gpt2xl)
 """
 
 from __future__ import annotations
@@ -29,10 +32,16 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[3]
 SCENARIOS = ROOT / "scenarios"
-# scenario -> (batch, the zero_core variants to add: (offload ratio, overlap_host_update, overlap_weight_gather));
-# (1, 0, False) is the old path at stages 1-2 (the host update inside step()); stage 3 always runs it there
+# scenario -> (batch, the zero_core variants to add: (offload ratio or "auto", overlap_host_update,
+# overlap_weight_gather));
+# (R, F, False) keeps the host update inside step() (the old path); True runs it on after step()
 PLANS = {
-    "gpt2xl": ("gpt2xl_offload.yaml", 16, [(0.5, 0.0, True), (0.25, 0.0, True), (0.25, 0.5, True)]),
+    "gpt2xl": (
+        "gpt2xl_offload.yaml",
+        16,
+        [(1.0, 0.0, False), (0.5, 0.0, True), (0.25, 0.0, True), (0.25, 0.5, True), (0.25, 0.5, False),
+         ("auto", 0.0, True)],
+    ),
     "longformer": (
         "longformer_feedback.yaml",
         10,
@@ -51,7 +60,7 @@ GPT7B_DS = {  # the scenario's zero_core variant as a DeepSpeed JSON, so DeepSpe
 }
 
 
-def variants_for(sc: dict, base_json: dict, folder: Path, plan: list[tuple[float, float, bool]]) -> list[dict]:
+def variants_for(sc: dict, base_json: dict, folder: Path, plan: list[tuple[float | str, float, bool]]) -> list[dict]:
     engine = next((v for v in sc["variants"] if v.get("engine") == "zero"), None)
     out = [v for v in sc["variants"] if v.get("engine") != "ddp"]
     if not any(v.get("engine") == "deepspeed" for v in out):
@@ -61,7 +70,8 @@ def variants_for(sc: dict, base_json: dict, folder: Path, plan: list[tuple[float
         cfg = json.loads(json.dumps(base_json))
         cfg["zero_optimization"]["offload_optimizer"]["ratio"] = ratio
         cfg["zero_core"] = {"overlap_host_update": overlap, "overlap_weight_gather": in_flight}
-        name = f"zero-ratio{ratio:g}-overlap{overlap:g}{'' if in_flight else '-in-step'}".replace(".", "p")
+        share = ratio if isinstance(ratio, str) else f"{ratio:g}"  # "auto": the device share that fits the cap
+        name = f"zero-ratio{share}-overlap{overlap:g}{'' if in_flight else '-in-step'}".replace(".", "p")
         (folder / f"{name}.json").write_text(json.dumps(cfg, indent=1))
         stage = {"stage": engine["stage"]} if engine and "stage" in engine else {}
         out.append({"name": name, "engine": "zero", "ds_config": f"{name}.json", **stage})
