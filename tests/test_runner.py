@@ -242,6 +242,22 @@ def test_oom_is_a_row_and_the_batch_search_is_oom_safe(tmp_path):
     assert rows["nvme"]["Tokens/s"] != "–"  # parameters offloaded to a file under the scenario's folder train
 
 
+def test_resume_goes_on_with_the_batch_search_where_it_stopped(tmp_path):
+    """Probes are kept in the run folder: a resumed search does not launch them again. The resumed run has no
+    injected OOM, so a probe launched again would fit batch 8; kept, the search still ends at 4."""
+    scenario = _fault_scenario(tmp_path)
+    proc = zbench("run", scenario, "--out", str(tmp_path), "--wandb", "off", "--variants", "searched", faults="oom")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    folder = run_dir(proc.stdout)
+    probes = json.load(open(os.path.join(folder, "variants", "searched.probes.json")))
+    assert probes["fits"] == {"batch 4": True, "batch 8": False, "batch 6": False, "batch 5": False}
+    os.remove(os.path.join(folder, "variants", "searched.json"))  # as if interrupted after the search
+    again = zbench("run", scenario, "--resume", folder, "--wandb", "off", "--variants", "searched")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "[searched] batch 8: out of memory (kept from the run resumed)" in again.stderr
+    assert table(again.stdout)["searched"]["Batch size (max)"] == "4"
+
+
 def test_rank_failure_is_one_error_with_the_ranks_last_lines(tmp_path):
     """A failed rank fails its variant, not the run: the table shows it, then one error ends the output."""
     proc = zbench("run", _fault_scenario(tmp_path), "--out", str(tmp_path), "--wandb", "off", faults="crash")

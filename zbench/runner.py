@@ -23,6 +23,7 @@ from .interrupt import raise_if_dropped
 from .launch import Nodes, OutOfMemory, RankFailure, launch, start_method
 from .models.configs import ArchConfig
 from .plan import Plan, VariantPlan
+from .probe_log import ProbeLog
 from .progress import ProgressView
 from .parity import add_parity
 from .results import add_floor_ratio, base_row, measured_row, write_files
@@ -75,6 +76,7 @@ class Runner:
         self.nodes = opts.nodes or Nodes(plan.procs_per_node)
         self.run_dir = opts.resume or new_run_dir(opts.out, str(plan.scenario.name), self.nodes.node_rank)
         self.launches = 0
+        self.probes: dict[str, ProbeLog] = {}  # per variant: the outcome of each batch or model-size probe
         self.writer = self.nodes.node_rank == 0  # corrected by the first launch: whoever gets global rank 0
         self.failures: list[RankFailure] = []  # variants whose ranks failed (not OOM): rows, then one error
 
@@ -138,15 +140,26 @@ class Runner:
         return floor
 
     def _fits(self, vp: VariantPlan, arch: ArchConfig | None, batch: int, eval_batch: int | None = None) -> bool:
-        """Whether a few training steps at `batch` fit (or, given `eval_batch`, one step then eval batches of it)."""
+        """Whether a few training steps at `batch` fit (or, given `eval_batch`, one step then eval batches of it);
+        a probe made before an interruption is kept (probe_log.py)."""
         what = f"eval batch {eval_batch}" if eval_batch else f"batch {batch}"
-        try:
-            self._launch(vp, arch, batch, "eval_probe" if eval_batch else "probe", eval_batch)
-        except OutOfMemory:
-            say(f"[{vp.name}] {what}: out of memory")
-            return False
-        say(f"[{vp.name}] {what}: fits")
-        return True
+        if self.plan.scenario.model_search and arch is not None:
+            key = self.plan.scenario.model_search.key
+            what = f"{key}={arch.config[key]}, {what}"
+
+        def run() -> bool:
+            try:
+                self._launch(vp, arch, batch, "eval_probe" if eval_batch else "probe", eval_batch)
+            except OutOfMemory:
+                return False
+            return True
+
+        setup = {"ranks": self.plan.world_size, "simulated": self.plan.simulated, "nodes": self.plan.nnodes}
+        log = self.probes.setdefault(vp.name, ProbeLog(self.run_dir, vp.name, setup, self.opts.resume))
+        fits, kept = log.probe(what, run)
+        kept_note = " (kept from the run resumed)" if kept else ""
+        say(f"[{vp.name}] {what}: {'fits' if fits else 'out of memory'}{kept_note}")
+        return fits
 
     # -- one variant ----------------------------------------------------------------------------
     def run_variant(self, vp: VariantPlan) -> dict[str, Any]:

@@ -1,0 +1,38 @@
+"""zbench/probe_log.py: kept probe outcomes are used only under the same setup and when shaped as written."""
+
+from __future__ import annotations
+
+import json
+
+from zbench.probe_log import ProbeLog
+
+SETUP = {"ranks": 2, "simulated": False, "nodes": 1}
+
+
+def _ran(log: ProbeLog, what: str, outcome: bool) -> tuple[bool, bool, int]:
+    calls = []
+    fits, kept = log.probe(what, lambda: calls.append(what) or outcome)
+    return fits, kept, len(calls)
+
+
+def test_a_probe_runs_once_and_is_kept_for_a_resumed_run(tmp_path):
+    (tmp_path / "variants").mkdir()
+    first = ProbeLog(str(tmp_path), "v", SETUP, resume=False)
+    assert _ran(first, "batch 8", False) == (False, False, 1)
+    assert _ran(first, "batch 8", True) == (False, True, 0)  # asked again in the same run: not launched
+    resumed = ProbeLog(str(tmp_path), "v", SETUP, resume=True)
+    assert _ran(resumed, "batch 8", True) == (False, True, 0)
+    assert _ran(resumed, "batch 4", True) == (True, False, 1)
+    fresh = ProbeLog(str(tmp_path), "v", SETUP, resume=False)  # a new run trusts nothing it did not do
+    assert _ran(fresh, "batch 8", True) == (True, False, 1)
+
+
+def test_another_setup_or_a_foreign_file_is_not_used(tmp_path):
+    (tmp_path / "variants").mkdir()
+    path = tmp_path / "variants" / "v.probes.json"
+    ProbeLog(str(tmp_path), "v", SETUP, resume=False).probe("batch 8", lambda: False)
+    simulated = ProbeLog(str(tmp_path), "v", {**SETUP, "simulated": True}, resume=True)
+    assert _ran(simulated, "batch 8", True) == (True, False, 1)
+    for text in ("not json", json.dumps([1]), json.dumps({"setup": SETUP, "fits": {"batch 8": "yes"}})):
+        path.write_text(text)
+        assert _ran(ProbeLog(str(tmp_path), "v", SETUP, resume=True), "batch 8", True) == (True, False, 1)
