@@ -15,7 +15,9 @@ First, `python -m zero_core.kernels.bench --numel 1e9`: the host AdamW against t
 Usage (repo root, one H100/H200; outputs under $OUT, default /tmp/out):
     python3 docs/benchmarks/scripts/offload_overlap.py [gpt2xl longformer gpt7b]
 (VARIANTS=a,b runs only those variants of each scenario, e.g. the stage-3 overlap against the update in step():
-VARIANTS=zero3-offload,zero-ratio1-overlap0-in-step,zero-ratio0p25-overlap0p5 ... gpt2xl)
+VARIANTS=zero3-offload,zero-ratio1-overlap0-in-step,zero-ratio0p25-overlap0p5 ... gpt2xl;
+SKIP_KERNELS=1 leaves out the kernel bench; DEADLINE=S interrupts each run after S seconds (SIGINT: zbench
+stops cleanly and keeps the finished variants). Every finished variant's row is copied to $OUT/<scenario>_rows/.)
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -78,12 +82,22 @@ def variants_for(sc: dict, base_json: dict, folder: Path, plan: list[tuple[float
     return out
 
 
+def run_until_deadline(cmd: list[str], log: Any) -> int:
+    """Run `cmd`; past $DEADLINE seconds, interrupt it as Ctrl-C would (its finished variants stay)."""
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    try:
+        return proc.wait(timeout=float(os.environ["DEADLINE"]) if os.environ.get("DEADLINE") else None)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        return proc.wait()
+
+
 def main(which: list[str]) -> int:
     out_dir = Path(os.environ.get("OUT", "/tmp/out"))
     out_dir.mkdir(parents=True, exist_ok=True)
     failed = 0
     with open(out_dir / "offload_overlap_kernels.txt", "w") as log:  # host AdamW against the host's copy bandwidth
-        failed += (
+        failed += not os.environ.get("SKIP_KERNELS") and (
             subprocess.call(
                 [sys.executable, "-m", "zero_core.kernels.bench", "--numel", "1e9"],
                 stdout=log,
@@ -129,7 +143,11 @@ def main(which: list[str]) -> int:
                 cmd += ["--variants", os.environ["VARIANTS"]]
             print("+", " ".join(cmd), flush=True)
             with open(out_dir / f"offload_overlap_{key}.txt", "w") as log:
-                failed += subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT) != 0
+                failed += run_until_deadline(cmd, log) != 0
+            rows = out_dir / f"{key}_rows"
+            rows.mkdir(exist_ok=True)
+            for row in (out_dir / "runs").glob(f"{path.stem}-*/variants/*.json"):
+                shutil.copy(row, rows / row.name)
             print((out_dir / f"offload_overlap_{key}.txt").read_text()[-6000:], flush=True)
     return failed
 
