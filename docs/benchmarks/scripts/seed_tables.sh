@@ -5,7 +5,8 @@
 #   bash docs/benchmarks/scripts/seed_tables.sh PART      # PART: table2 table2-1gpu table3 table4 table1 tiny engines extra
 # Each call stops itself before DEADLINE seconds (default 560) with SIGINT, which zbench turns into a clean stop
 # that keeps every finished variant; calling the same PART again resumes the unfinished run folder under
-# runs/seed/ (kept between calls while the machine stays warm) and skips scenarios already done. A part prints
+# runs/seed/ (kept between calls while the machine stays warm, or carried to a fresh one: carry "runs/seed")
+# and skips scenarios already done; a batch search goes on from its last probe (variants/*.probes.json). A part prints
 # "PART: done" once all its scenarios have results.json. Tables, results.json and stderr go to $OUT.
 #
 # Parts, in order of value, with the expected wall time on one H100 (probe launches ~30-60 s each):
@@ -15,7 +16,7 @@
 #   table2-1gpu  the same scenario on one real GPU (--gpus 1) at the batches table2 found, no memory cap,
 #                every row incl. DeepSpeed's: the one-GPU timing, ~5 min
 #   table3       seed Table 3, GPT-2 XL fp16 + ZeRO-3 CPU offload on one 24 GiB-capped GPU, ddp / zero_core /
-#                DeepSpeed, batch search 1..64: ~16 min -> 2 calls
+#                DeepSpeed, batch search 1..64: each probe ~1 min (DeepSpeed's longer), ~35 min -> 4 calls
 #   table4       seed Table 4, Longformer-base-4096, one 16 GiB-capped GPU, ZeRO-2 + offload vs ddp, batch
 #                search 1..64 per variant (is batch 10 still "only with offload"?): ~16 min -> 2 calls
 #   table1       seed Table 1, DeBERTa-v2-xlarge MRPC-sized, --simulate-ranks 2: ~8 min
