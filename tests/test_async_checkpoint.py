@@ -47,6 +47,23 @@ def test_config_key_makes_saves_async_and_wait_commits(tmp_path):
     assert fmt.read_latest(tmp_path) == "global_step1" and mf.read(tmp_path / "global_step1")["step"] == 1
 
 
+@pytest.mark.parametrize("stage, offload", [(1, False), (2, True), (3, False), (3, "nvme")])
+def test_the_config_key_reserves_the_buffers_the_first_async_save_uses(tmp_path, stage, offload):
+    """With async_checkpoint set, initialize starts making the host buffers (pinning them takes seconds on a GPU
+    host); the first async save copies into those very tensors instead of making its own."""
+    engine = zero_core.initialize(make_model(), {**config(stage, 1, offload), "zero_core": {"async_checkpoint": True}})
+    buffers = engine._async_saver.buffers
+    reserved = dict(buffers._bufs) if buffers.nbytes else {}  # nbytes waits for the reserving thread
+    assert reserved and all(t.numel() for t in reserved.values())
+    _train(engine, 0, 1, range(1))
+    engine.save_checkpoint(tmp_path)
+    engine.wait_for_checkpoint()
+    assert buffers._bufs.keys() == reserved.keys()
+    assert all(buffers._bufs[k] is t for k, t in reserved.items())
+    plain = zero_core.initialize(make_model(), config(stage, 1, offload))
+    assert getattr(plain, "_async_saver", None) is None  # nothing reserved without the key
+
+
 def test_a_failed_async_save_is_reported_by_wait(tmp_path, monkeypatch):
     from zero_core import checkpointing
 

@@ -14,7 +14,8 @@ def test_bench_checkpoint_runs_small_on_the_cpu(tmp_path):
     result = zbench("bench", "checkpoint", "--params", "300000", "--dir", str(tmp_path), "--record", str(record))
     assert result.returncode == 0, result.stderr[-3000:]
     text = record.read_text()
-    for row in ("| zero_core | save (sync, durable)", "| zero_core | save (async): training blocked",
+    for row in ("| zero_core | async buffers: initialize to ",
+                "| zero_core | save (sync, durable)", "| zero_core | save (async): training blocked",
                 "| zero_core | save (async): durable after", "| zero_core | load (cold cache)",
                 "| zbench convert | to fp32 safetensors, verified", "| DCP | save (async): training blocked",
                 "| DCP | load (cold cache)"):

@@ -15,12 +15,12 @@ def _rows(rows: list, info: dict) -> list[list[str]]:
     for system, what, secs, nbytes in rows:
         rate = nbytes / secs / 1e9 if secs > 0 else float("inf")
         floor = info["read_gbs"] if "load" in what or "convert" in system else info["write_gbs"]
-        blocked = "blocked" in what  # the time training waited, not an I/O rate
+        blocked = "blocked" in what or not nbytes  # the time training waited (or buffers took), not an I/O rate
         out.append(
             [
                 system,
                 what,
-                f"{nbytes / 1e9:.2f}",
+                f"{nbytes / 1e9:.2f}" if nbytes else "-",
                 f"{secs:.2f}",
                 "-" if blocked else f"{rate:.2f}",
                 "-" if blocked else f"{100 * rate / floor:.0f}%",

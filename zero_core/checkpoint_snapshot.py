@@ -4,10 +4,15 @@ A synchronous save writes straight from the live tensors (training waits anyway)
 copies every tensor it will write into host buffers kept across saves (pinned on CUDA, copied on a side
 stream), so training may change the live tensors while a background thread writes the copies. States on
 NVMe are streamed into the buffers chunk by chunk; a synchronous save streams them to the file instead.
+
+Pinning gigabytes of host memory takes seconds (8.58 GiB: 7.8 s on an H100 host), so with
+`zero_core.async_checkpoint` set the engine reserves the buffers on a thread of their own as it starts
+(`reserve_for`): the first async save then finds them made, as every later save does.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -34,12 +39,34 @@ class HostBuffers:
     def __init__(self) -> None:
         self._bufs: dict[str, torch.Tensor] = {}
         self._stream: Any = None
+        self._reserving: threading.Thread | None = None
+
+    def reserve(self, specs: list[tuple[str, torch.Size, torch.dtype]]) -> None:
+        """Make the buffers of `specs` on a background thread; the first use waits for it. A buffer it could not
+        make (host memory) is simply made, or refused, at the save that needs it."""
+
+        def make() -> None:
+            for key, shape, dtype in specs:
+                try:
+                    self._bufs[key] = torch.empty(shape, dtype=dtype, pin_memory=torch.cuda.is_available())
+                except RuntimeError:
+                    return
+
+        self._reserving = threading.Thread(target=make, name="zero_core-checkpoint-buffers", daemon=True)
+        self._reserving.start()
+
+    def _ready(self) -> None:
+        if self._reserving is not None:
+            self._reserving.join()
+            self._reserving = None
 
     @property
     def nbytes(self) -> int:
+        self._ready()
         return sum(b.numel() * b.element_size() for b in self._bufs.values())
 
     def _buffer(self, key: str, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        self._ready()
         buf = self._bufs.get(key)
         if buf is None or buf.shape != shape or buf.dtype != dtype:
             self._bufs.pop(key, None)  # freed before the new one is made
@@ -99,3 +126,27 @@ def contents(engine: "Engine", entries: list[dict[str, Any]], buffers: HostBuffe
         frozen = frozen_tensors(engine, entries)
         out[mf.FROZEN_FILE] = buffers.copy(frozen, mf.FROZEN_FILE) if buffers is not None else frozen
     return out
+
+
+class _Planned:
+    """Stands in for HostBuffers in `contents`: records the buffers a save would make, copies nothing."""
+
+    def __init__(self) -> None:
+        self.specs: list[tuple[str, torch.Size, torch.dtype]] = []
+
+    def copy(self, tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+        self.specs += [(f"{prefix}/{k}", t.shape, t.dtype) for k, t in tensors.items()]
+        return tensors
+
+    def copy_streamed(self, states: Any, names: tuple[str, ...], prefix: str) -> dict[str, torch.Tensor]:
+        self.specs += [(f"{prefix}/{n}", torch.Size([states.numel]), torch.float32) for n in names]
+        return {}
+
+
+def reserve_for(engine: "Engine", buffers: HostBuffers) -> None:
+    """Start making the host buffers an async save of `engine` copies into (see the module's docstring)."""
+    from .checkpoint_load import param_entries
+
+    planned = _Planned()
+    contents(engine, param_entries(engine), planned)  # type: ignore[arg-type]
+    buffers.reserve(planned.specs)

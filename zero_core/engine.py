@@ -18,6 +18,8 @@ from typing import Any
 import torch
 
 from . import comm
+from .checkpoint_async import saver_of
+from .checkpoint_snapshot import reserve_for
 from .config import ZeroConfig, describe, load_config
 from .deferred import is_deferred
 from .deferred.shards import materialise_whole, shard_into
@@ -88,6 +90,8 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         if self.stage == 3:
             self.strategy.guard_state_dict(self.world_size)
         register_parameters(self)  # for GatheredParameters
+        if cfg.zero_core.async_checkpoint:  # pinning the async save's host buffers takes seconds: start it now
+            reserve_for(self, saver_of(self).buffers)
 
     def _announce(self) -> None:
         if self.config.zero_core.comm_timeout_s is not None:
