@@ -1,7 +1,8 @@
 """One try of the largest-model search on one GPU: build a GPT sharded, initialise, train a few steps.
 
 Prints one JSON line: parameters, initialisation seconds (construction + initialize), peak host memory
-(the process's maximum resident set), GPU peak, ms/step and TFLOP/s (6N + 12 L d T per token, model FLOPs).
+(the process's own high-water mark, VmHWM: ru_maxrss would carry the launcher's size across exec), GPU
+peak, ms/step and TFLOP/s (6N + 12 L d T per token, model FLOPs).
 `--engine deepspeed` builds under DeepSpeed's own zero.Init and trains with deepspeed.initialize.
 Run by largest_model.sh; by hand: torchrun --nproc-per-node 1 docs/benchmarks/scripts/init_probe.py --n-layer 38
 """
@@ -10,11 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import time
 
 import torch
 
+from zbench.host_memory import peak_rss_bytes
 from zbench.models.gpt import GPT, GPTConfig
 
 
@@ -74,7 +75,7 @@ def main() -> None:
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)
     torch.cuda.synchronize()
     init_s = time.perf_counter() - start
-    init_host = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    init_host = peak_rss_bytes() / 2**30
     device = torch.device("cuda", torch.cuda.current_device())
     x = torch.randint(0, cfg.vocab_size, (args.micro_batch, args.seq_len), device=device)
     times = []
@@ -100,7 +101,7 @@ def main() -> None:
                 "offload_optimizer": args.offload_optimizer,
                 "init_s": round(init_s, 1),
                 "init_peak_host_gib": round(init_host, 2),
-                "peak_host_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+                "peak_host_gib": round(peak_rss_bytes() / 2**30, 2),
                 "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
                 "ms_per_step": round(steady * 1e3),
                 "tflops": round(flops / steady / 1e12, 1),
