@@ -26,19 +26,19 @@ START, END = "<!-- reliability:start", "<!-- reliability:end -->"
 FAULTS = [
     (
         "a rank fails as it starts (`zbench run`)",
-        "test_runner.py::test_rank_failure_is_one_error_with_the_ranks_last_lines",
+        "test_runner_faults.py::test_rank_failure_is_one_error_with_the_ranks_last_lines",
         "the row fails, the other variants run, one error names the rank",
         False,
     ),
     (
         "out of memory during the batch search",
-        "test_runner.py::test_oom_is_a_row_and_the_batch_search_is_oom_safe",
+        "test_runner_faults.py::test_oom_is_a_row_and_the_batch_search_is_oom_safe",
         "OOM-safe search, an OOM row",
         False,
     ),
     (
         "a rank raises at step 10 of 16 (`zbench run`)",
-        "test_runner.py::test_killed_run_resumes_from_its_checkpoint_with_the_same_losses",
+        "test_runner_faults.py::test_killed_run_resumes_from_its_checkpoint_with_the_same_losses",
         "`--resume` from step 8: same loss curve (1e-6)",
         True,
     ),
