@@ -42,7 +42,8 @@ def flat_bytes(t: torch.Tensor) -> torch.Tensor:
 
 class StreamingWriter:
     """Declare every tensor up front, then `write` their elements in order, in as many pieces as you like.
-    `close()` fsyncs and returns the file's manifest record (bytes and checksum)."""
+    `close()` fsyncs and returns the file's manifest record (bytes and checksum). `pinned`: the pieces come
+    from a GPU, so the staging buffers are page-locked."""
 
     def __init__(
         self,
@@ -51,6 +52,7 @@ class StreamingWriter:
         metadata: dict[str, str] | None = None,
         align: int = 8,
         algorithm: str | None = None,
+        pinned: bool = False,
     ) -> None:
         header: dict[str, object] = {}
         offset = 0
@@ -68,7 +70,9 @@ class StreamingWriter:
         self.path = Path(path)
         self.algorithm = algorithm or checksums.DEFAULT
         self._hasher = checksums.new_hasher(self.algorithm)
-        self._out = StagedWriter(self.path, self._hasher, len(head) + offset, pinned=torch.cuda.is_available())
+        # page-locked ring buffers only for GPU sources: pinning needs a CUDA context, which a CPU-only user of this
+        # writer (a convert on a GPU node, the NVMe states, async copies already on the host) must not create
+        self._out = StagedWriter(self.path, self._hasher, len(head) + offset, pinned=pinned)
         self._out.append(torch.frombuffer(bytearray(head), dtype=torch.uint8))
         self._index, self._left = 0, self._plan[0][2] if self._plan else 0
         self._advance()
@@ -113,7 +117,8 @@ class StreamingWriter:
 
 def write_tensors(path: Path, tensors: dict[str, torch.Tensor], align: int = 4096) -> dict[str, Any]:
     """One safetensors file of whole tensors (CPU or GPU, streamed), fsynced; its record (bytes and checksum)."""
-    w = StreamingWriter(path, [(k, t.dtype, list(t.shape)) for k, t in tensors.items()], align=align)
+    pinned = any(t.is_cuda for t in tensors.values())
+    w = StreamingWriter(path, [(k, t.dtype, list(t.shape)) for k, t in tensors.items()], align=align, pinned=pinned)
     try:
         for t in tensors.values():
             w.write(t)

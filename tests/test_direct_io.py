@@ -217,3 +217,24 @@ def test_gpu_tensors_stream_through_pinned_buffers_and_back(tmp_path, io_path, s
     read_verified(path, rec, spans)
     for (lo, hi), s in zip(ranges, spans):
         assert s.dst.cpu().numpy().tobytes() == ref[lo:hi]
+
+
+def test_host_sources_never_pin_so_no_cuda_context_is_made(tmp_path, monkeypatch):
+    """Pinning needs a CUDA context (hundreds of MiB of GPU memory): a convert, an NVMe stream or an async save's
+    host copies on a GPU node must not make one. Only GPU sources get page-locked staging buffers."""
+    from checkpoints import direct_io, staged_write
+    from checkpoints.safetensors_stream import write_tensors
+
+    asked = []
+    real = direct_io.aligned_buffer
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a GPU node
+    def record(nbytes: int, pinned: bool) -> torch.Tensor:
+        asked.append(pinned)
+        return real(nbytes, False)
+
+    monkeypatch.setattr(staged_write.direct_io, "aligned_buffer", record)
+    write_tensors(tmp_path / "h.safetensors", {"a": torch.arange(10_000, dtype=torch.float32)})
+    w = StreamingWriter(tmp_path / "s.safetensors", [("a", torch.float32, [3])])
+    w.write(torch.ones(3))
+    w.close()
+    assert asked and not any(asked)
