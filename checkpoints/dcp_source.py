@@ -11,8 +11,8 @@ default FileSystemWriter. Which entries are model parameters:
 Names lose torch.compile's `_orig_mod.` and Lightning's `_forward_module.` segments, so they load
 strictly into the user's model. Tied parameters are stored once per name by DCP, so each name is read on its own.
 No process group is needed: each `load(name)` asks `dcp.load` for that one key, which reads only the byte
-ranges of its chunks. `.metadata` is a pickle: we unpickle it with an allowlist of DCP's own
-metadata classes, so a crafted file cannot run code, then check the types of the fields we use.
+ranges of its chunks. `.metadata` is a pickle: dcp_metadata.py unpickles it with an allowlist of DCP's own
+metadata classes, so a crafted file cannot run code, then checks the types of the fields we use.
 It names the chunk files: each must lie inside the folder (checkpoints.paths), and DCP's reader is
 given only those checked paths, so a crafted `.metadata` cannot make us read a file elsewhere.
 """
@@ -22,7 +22,6 @@ from __future__ import annotations
 import io
 import math
 import pathlib
-import pickle
 import re
 import warnings
 import zipfile
@@ -31,114 +30,14 @@ from typing import Any
 
 import torch
 
+from .dcp_metadata import read_metadata
 from .paths import inside
 from .source import CheckpointError, ParamInfo, SourceSummary
-
-# DCP's metadata classes (plain dataclasses and an enum): the modules also hold readers, writers and
-# thread pools, whose constructors a crafted pickle must not be able to call.
-_DCP_CLASSES = {
-    "torch.distributed.checkpoint.metadata": {
-        "Metadata",
-        "MetadataIndex",
-        "StorageMeta",
-        "TensorStorageMetadata",
-        "BytesStorageMetadata",
-        "ChunkStorageMetadata",
-        "TensorProperties",
-        "_MEM_FORMAT_ENCODING",
-    },
-    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
-}
-_SAFE = (
-    {("pathlib", n) for n in ("Path", "PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath")}
-    | {
-        ("torch", "Size"),
-        ("torch.serialization", "_get_layout"),
-        ("collections", "OrderedDict"),
-        ("builtins", "set"),
-        ("builtins", "frozenset"),
-        ("builtins", "slice"),
-    }
-    | {(module, name) for module, names in _DCP_CLASSES.items() for name in names}
-)
 
 
 def is_dcp_folder(folder: Path) -> bool:
     """DCP's FileSystemWriter always writes `.metadata` next to its `.distcp` files."""
     return (folder / ".metadata").is_file()
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        ok = (module, name) in _SAFE or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
-        if not ok:
-            raise pickle.UnpicklingError(f"{module}.{name} is not a DCP metadata class")
-        return super().find_class(module, name)
-
-
-def read_metadata(folder: Path, follow_symlinks: bool = False) -> Any:
-    """Unpickle `folder/.metadata` with only DCP's metadata classes allowed, and check its field types."""
-    path = inside(folder, ".metadata", what="DCP metadata", follow_symlinks=follow_symlinks)
-    try:
-        with open(path, "rb") as f:
-            md = _MetadataUnpickler(f).load()
-    except OSError as e:
-        raise CheckpointError(f"cannot read {path}: {e.strerror}; check its permissions") from None
-    except Exception as e:  # whatever the allowed constructors raise on crafted arguments
-        raise CheckpointError(
-            f"{path} is truncated, corrupt or not DCP metadata ({str(e)[:120]}); "
-            "copy the folder again from where it was saved"
-        ) from None
-    problem = _field_problem(md)
-    if problem:
-        raise CheckpointError(
-            f"{path} is not valid torch.distributed.checkpoint metadata ({problem}); "
-            "the checkpoint is damaged or crafted: copy the folder again from where it was saved"
-        )
-    return md
-
-
-def _count(x: object) -> bool:
-    return type(x) is int and x >= 0
-
-
-def _field_problem(md: Any) -> str | None:
-    """The first field of DCP's metadata (as we use it) with the wrong type, or None."""
-    from torch.distributed.checkpoint.filesystem import _StorageInfo
-    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex, TensorStorageMetadata
-
-    entries, storage = getattr(md, "state_dict_metadata", None), getattr(md, "storage_data", None)
-    planner = getattr(md, "planner_data", None)
-    if not isinstance(entries, dict) or not isinstance(storage, dict):
-        return "no state_dict_metadata and storage_data mappings"
-    for key, entry in entries.items():
-        if not isinstance(key, str) or not isinstance(entry, (TensorStorageMetadata, BytesStorageMetadata)):
-            return f"entry {str(key)[:60]!r} is not a tensor or bytes entry"
-        if isinstance(entry, TensorStorageMetadata) and not (
-            isinstance(getattr(getattr(entry, "properties", None), "dtype", None), torch.dtype)
-            and isinstance(getattr(entry, "size", None), tuple)
-            and all(_count(d) for d in entry.size)
-            and isinstance(getattr(entry, "chunks", None), list)
-        ):
-            return f"tensor {key[:60]!r} has no dtype, size or chunk list"
-    for index, info in storage.items():
-        where = getattr(index, "fqn", None)
-        if not isinstance(index, MetadataIndex) or not isinstance(where, str) or not isinstance(info, _StorageInfo):
-            return "a storage entry is not a (MetadataIndex, _StorageInfo) pair"
-        descriptors = getattr(info, "transform_descriptors", None)
-        if not (
-            isinstance(getattr(info, "relative_path", None), str)
-            and _count(getattr(info, "offset", None))
-            and _count(getattr(info, "length", None))
-            and (descriptors is None or isinstance(descriptors, (list, tuple)))
-        ):
-            return f"the storage of {where[:60]!r} has no file name, offset or length"
-    if planner is not None and not (
-        isinstance(planner, dict)
-        and all(isinstance(p, (list, tuple)) and all(isinstance(x, (str, int)) for x in p) for p in planner.values())
-    ):
-        return "planner_data is not a mapping of key paths"
-    return None
 
 
 _WRAPPERS = re.compile(r"(^|\.)(_orig_mod|_forward_module|_checkpoint_wrapped_module)\.")

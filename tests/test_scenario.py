@@ -270,7 +270,7 @@ def test_cuda_alloc_conf_reaches_the_ranks_before_anything_allocates(monkeypatch
         raise RuntimeError("stop here")
 
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
-    monkeypatch.setattr(worker, "_setup", stop)
+    monkeypatch.setattr(worker, "setup", stop)
     sc = parse_scenario({**copy.deepcopy(BASE), "cuda_alloc_conf": "expandable_segments:True"})
     with pytest.raises(RuntimeError, match="stop here"):
         worker.run_job(json.dumps({"scenario": sc.model_dump(mode="json")}))

@@ -6,7 +6,8 @@ pydantic's lax mode turns `8.0`, `1e30` and `"64"` into ints and `True` into 1, 
     batch_size: count(1, MAX_BATCH)        ->  batch_size must be a whole number from 1 to 65,536, got 1e+30
 
 The bounds are generous (no real run comes near them) but finite, so a typo or a crafted file fails
-at parse time instead of as an allocation or an overflow inside a rank.
+at parse time instead of as an allocation or an overflow inside a rank. The scenario's named bounds
+(Batch, SeqLen, ...) and `Strict`, the base of its sections, live here too.
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator
+from pydantic import BaseModel, BeforeValidator, ConfigDict
 
 from zero_core.config_errors import leaf_error
 
-from .bounds import (MAX_BATCH, MAX_EPOCHS, MAX_GRAD_ACCUM, MAX_LABELS, MAX_NODES, MAX_RANKS,  # noqa: F401
-                     MAX_SAMPLES, MAX_SEED, MAX_SEQ, MAX_STEPS, MAX_TIMEOUT_S)
+from .bounds import MAX_BATCH, MAX_EPOCHS, MAX_GRAD_ACCUM, MAX_LABELS, MAX_NODES, MAX_RANKS  # noqa: F401
+from .bounds import MAX_SAMPLES, MAX_SEED, MAX_SEQ, MAX_STEPS, MAX_TIMEOUT_S  # noqa: F401
 
 
 def _range(lo: float | None, hi: float | None, lo_open: bool, hi_open: bool) -> str:
@@ -51,8 +52,9 @@ def count(lo: int, hi: int) -> Any:
     return Annotated[int, BeforeValidator(check)]
 
 
-def check_real(value: Any, lo: float | None = None, hi: float | None = None, *, lo_open: bool = False,
-               hi_open: bool = False) -> str | None:
+def check_real(
+    value: Any, lo: float | None = None, hi: float | None = None, *, lo_open: bool = False, hi_open: bool = False
+) -> str | None:
     """The message's "must be ..." part when `value` is not a finite number in the range, else None."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     ok = ok and (lo is None or (value > lo if lo_open else value >= lo))
@@ -79,3 +81,19 @@ def _flag(value: Any) -> bool:
 
 
 Flag = Annotated[bool, BeforeValidator(_flag)]  # never 1, "yes" as a string, ...
+
+
+# the scenario's named bounds
+Batch = count(1, MAX_BATCH)
+SeqLen = count(1, MAX_SEQ)
+Steps = count(0, MAX_STEPS)
+Positive = real(0, lo_open=True)
+NonNegative = real(0)
+Fraction = real(0, 1, lo_open=True, hi_open=True)
+Samples = count(1, MAX_SAMPLES)
+
+
+class Strict(BaseModel):
+    """The base of every scenario section: unknown keys are refused, and a parsed scenario does not change."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)

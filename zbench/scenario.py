@@ -20,14 +20,31 @@ import re
 import typing
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BeforeValidator, Field, ValidationError, model_validator
 
 from zero_core.config_errors import leaf
 
-from .limits import (MAX_BATCH, MAX_EPOCHS, MAX_GRAD_ACCUM, MAX_LABELS, MAX_RANKS, MAX_SAMPLES, MAX_SEED, MAX_SEQ,
-                     MAX_STEPS, MAX_TIMEOUT_S, Flag, count, real)
-from .models.gpt import GPT_RANGES
+from .limits import (
+    MAX_EPOCHS,
+    MAX_GRAD_ACCUM,
+    MAX_LABELS,
+    MAX_RANKS,
+    MAX_SEED,
+    MAX_STEPS,
+    MAX_TIMEOUT_S,
+    Batch,
+    Flag,
+    NonNegative,
+    Positive,
+    Samples,
+    SeqLen,
+    Steps,
+    Strict,
+    count,
+    real,
+)
 from .run_folder import default_name, name_problem
+from .scenario_data import DataSpec
 from .scenario_errors import ScenarioError, translate
 from .yaml_strict import read_yaml
 
@@ -44,8 +61,7 @@ COMPILE_BACKENDS = typing.get_args(CompileBackend)
 def _compile_value(v: Any) -> Any:
     if v is None or isinstance(v, bool) or v in COMPILE_BACKENDS:
         return v
-    raise ValueError(f"compile is true, false or a backend ({', '.join(repr(b) for b in COMPILE_BACKENDS)}), "
-                     f"got {v!r}")
+    raise ValueError(f"compile is true, false or a backend ({', '.join(repr(b) for b in COMPILE_BACKENDS)}), got {v!r}")
 
 
 def _run_name(v: Any) -> Any:
@@ -57,13 +73,6 @@ def _run_name(v: Any) -> Any:
 
 Compile = Annotated[bool | CompileBackend | None, BeforeValidator(_compile_value)]
 RunName = Annotated[str, BeforeValidator(_run_name)]  # becomes a folder name: checked here, joined safely later
-Batch = count(1, MAX_BATCH)
-SeqLen = count(1, MAX_SEQ)
-Steps = count(0, MAX_STEPS)
-Positive = real(0, lo_open=True)
-NonNegative = real(0)
-Fraction = real(0, 1, lo_open=True, hi_open=True)
-Samples = count(1, MAX_SAMPLES)
 
 # The metric a task reports first, and every metric it can report.
 TASK_METRICS: dict[str, tuple[str, ...]] = {
@@ -72,11 +81,6 @@ TASK_METRICS: dict[str, tuple[str, ...]] = {
     "seq2seq": ("loss", "bleu"),  # BLEU needs real text pairs (greedy generation); synthetic data has loss only
     "token_classification": ("accuracy", "loss"),
 }
-DATA_SOURCES = ("mrpc_tsv", "mrpc_hf", "text_files", "text_pairs", "synthetic")
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class ModelSpec(Strict):
@@ -93,58 +97,6 @@ class ModelSpec(Strict):
         return self
 
 
-class SyntheticLengths(Strict):
-    """Rows of varying length (normal, rounded, clipped to [min, seq_len]), right-padded with attention_mask 0."""
-
-    mean: real(0, MAX_SEQ, lo_open=True)
-    std: real(0, MAX_SEQ)
-    min: SeqLen = 8
-
-
-class SyntheticSpec(Strict):
-    vocab: count(1, GPT_RANGES["vocab_size"][1]) | None = None  # default: the model's vocabulary
-    train_samples: Samples = 1024
-    eval_samples: Samples = 128
-    lengths: SyntheticLengths | None = None  # default: every row seq_len tokens (classification/token tasks only)
-
-
-class TextPairsSpec(Strict):
-    """Seq2seq source/target pairs from local .jsonl/.json/.csv/.tsv/.parquet/.arrow files."""
-
-    train: str = Field(min_length=1)
-    eval: str | None = None  # default: the last eval_fraction of train
-    source_column: str | None = None  # default: source/target, context/response or input/output
-    target_column: str | None = None
-    source_prefix: str = ""  # prepended to every source text (the article's "chatbot: ")
-
-
-class DataSpec(Strict):
-    mrpc_tsv: str | None = None  # a GLUE MRPC folder (train.tsv/dev.tsv or msr_paraphrase_*.txt)
-    mrpc_hf: str | None = None  # MRPC as Hugging Face datasets left it: a folder, or `cache` (see data/mrpc_hf.py)
-    text_files: list[str] | None = None  # plain-text files cut into blocks of seq_len tokens
-    text_pairs: TextPairsSpec | None = None  # seq2seq source/target pairs
-    synthetic: SyntheticSpec | None = None  # learnable synthetic tokens
-    eval_fraction: Fraction = 0.1  # text_files/text_pairs without eval: share held out
-    max_train_samples: Samples | None = None
-    max_eval_samples: Samples | None = None
-
-    @model_validator(mode="after")
-    def _one_source(self) -> "DataSpec":
-        given = [k for k in DATA_SOURCES if getattr(self, k) is not None]
-        if len(given) != 1:
-            raise ValueError(f"give exactly one data source ({', '.join(DATA_SOURCES[:-1])} or synthetic), "
-                             f"got {', '.join(given) or 'none'}")
-        return self
-
-    @property
-    def kind(self) -> str:
-        return next(k for k in DATA_SOURCES if getattr(self, k) is not None)
-
-    @property
-    def real(self) -> bool:
-        return self.synthetic is None
-
-
 class BatchSearch(Strict):
     """The OOM-safe search for the largest batch per GPU (each try is a fresh launch)."""
 
@@ -157,8 +109,9 @@ class BatchSearch(Strict):
     def _something_to_try(self) -> "BatchSearch":
         if -(-self.start // self.multiple_of) * self.multiple_of > self.max:
             multiple = f"that is a multiple of {self.multiple_of} " if self.multiple_of > 1 else ""
-            raise ValueError(f"no batch {multiple}"
-                             f"lies between start {self.start} and max {self.max}; raise max or lower start")
+            raise ValueError(
+                f"no batch {multiple}lies between start {self.start} and max {self.max}; raise max or lower start"
+            )
         return self
 
 
@@ -189,11 +142,13 @@ class VariantSpec(Strict):
         if not sharded:
             for key in ("stage", "offload_optimizer", "offload_param", "nvme_path", "ds_config", "accelerate_config"):
                 if getattr(self, key) is not None:
-                    raise ValueError(f"'{key}' applies to zero and deepspeed variants, not engine '{self.engine}'; "
-                                     "remove it")
+                    raise ValueError(
+                        f"'{key}' applies to zero and deepspeed variants, not engine '{self.engine}'; remove it"
+                    )
         if self.nvme_path is not None and "nvme" not in (self.offload_optimizer, self.offload_param):
-            raise ValueError("'nvme_path' goes with offload_optimizer or offload_param: nvme; set one or remove "
-                             "nvme_path")
+            raise ValueError(
+                "'nvme_path' goes with offload_optimizer or offload_param: nvme; set one or remove nvme_path"
+            )
         if self.ds_config and self.accelerate_config:
             raise ValueError("give ds_config or accelerate_config, not both")
         return self
@@ -246,29 +201,36 @@ class Scenario(Strict):
     @model_validator(mode="after")
     def _consistent(self) -> "Scenario":
         if self.cuda_alloc_conf is not None and not re.fullmatch(r"\w+:[\w.]+(,\w+:[\w.]+)*", self.cuda_alloc_conf):
-            raise ValueError(f"cuda_alloc_conf '{self.cuda_alloc_conf}' is not PYTORCH_CUDA_ALLOC_CONF's "
-                             "'key:value,key:value' form; e.g. 'expandable_segments:True'")
+            raise ValueError(
+                f"cuda_alloc_conf '{self.cuda_alloc_conf}' is not PYTORCH_CUDA_ALLOC_CONF's "
+                "'key:value,key:value' form; e.g. 'expandable_segments:True'"
+            )
         if (self.epochs is None) == (self.steps is None):
             raise ValueError("give exactly one of 'epochs' or 'steps'")
         if self.metric is not None and self.metric not in TASK_METRICS[self.task]:
-            raise ValueError(f"metric '{self.metric}' does not apply to task '{self.task}'; "
-                             f"use one of {', '.join(TASK_METRICS[self.task])}")
+            raise ValueError(
+                f"metric '{self.metric}' does not apply to task '{self.task}'; "
+                f"use one of {', '.join(TASK_METRICS[self.task])}"
+            )
         if self.steps is not None and self.timing_skip_steps >= self.steps:
-            raise ValueError(f"timing_skip_steps {self.timing_skip_steps} leaves none of the {self.steps} steps "
-                             "to time; "
-                             "lower it")
+            raise ValueError(
+                f"timing_skip_steps {self.timing_skip_steps} leaves none of the {self.steps} steps to time; lower it"
+            )
         if self.measure_floor and self.batch_size is None:
             raise ValueError("measure_floor needs the scenario's batch_size (the floor is timed at one batch); set it")
         padded = self.task in ("classification", "token_classification")  # rows with an attention_mask
         if self.dynamic_padding and not padded:
-            raise ValueError(f"dynamic_padding applies to classification and token_classification, not task "
-                             f"'{self.task}'; remove it")
+            raise ValueError(
+                f"dynamic_padding applies to classification and token_classification, not task '{self.task}'; remove it"
+            )
         if self.dynamic_padding and self.measure_floor:
             raise ValueError("measure_floor times one fixed batch shape, dynamic_padding varies it; drop one of them")
         lengths = self.data.synthetic.lengths if self.data.synthetic is not None else None
         if lengths is not None and not padded:
-            raise ValueError(f"data.synthetic.lengths applies to classification and token_classification, not task "
-                             f"'{self.task}'; remove it")
+            raise ValueError(
+                f"data.synthetic.lengths applies to classification and token_classification, not task "
+                f"'{self.task}'; remove it"
+            )
         if lengths is not None and lengths.min > self.seq_len:
             raise ValueError(f"data.synthetic.lengths.min {lengths.min} exceeds seq_len {self.seq_len}; lower it")
         names = [v.name for v in self.variants]
@@ -295,8 +257,10 @@ def parse_scenario(data: Any, name: str = "scenario") -> Scenario:
     """Validate scenario data (already parsed YAML); the name defaults to `name`."""
     if not isinstance(data, dict):
         got = {list: "a list", str: "a single string"}.get(type(data), f"a {type(data).__name__}")
-        raise ScenarioError(f"a scenario must be a YAML mapping, got {got}; write one 'key: value' per line "
-                            "(model, data, seq_len, variants, ...)")
+        raise ScenarioError(
+            f"a scenario must be a YAML mapping, got {got}; write one 'key: value' per line "
+            "(model, data, seq_len, variants, ...)"
+        )
     try:
         sc = Scenario.model_validate(data)
     except ValidationError as err:
@@ -308,6 +272,7 @@ def load_scenario(path: str) -> Scenario:
     """Read and validate a scenario file (syntax and schema only; see plan.py for the machine checks)."""
     data = read_yaml(path, "scenario", ScenarioError)
     if data is None:
-        raise ScenarioError(f"scenario {path} is empty; write the scenario's keys (model, data, seq_len, "
-                            "variants, ...)")
+        raise ScenarioError(
+            f"scenario {path} is empty; write the scenario's keys (model, data, seq_len, variants, ...)"
+        )
     return parse_scenario(data, default_name(os.path.splitext(os.path.basename(path))[0]))

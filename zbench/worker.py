@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import time
-from datetime import timedelta
 from typing import Any
 
 import torch
@@ -24,54 +23,16 @@ from . import ds_config
 from .data import build_splits
 from .data.batches import eval_batches, steps_per_epoch, train_stream, trim_padding, widest_batch
 from .evaluation import EvalSums
-from .host_memory import peak_rss_bytes
 from .generation import TextGeneration
 from .live_log import LiveLog
 from .models.configs import ArchConfig
 from .models.compiled import compile_blocks, graphs_compiled
 from .models.factory import build_model, uses_dropout
 from .progress import ProgressWriter
+from .rank_process import apply_alloc_conf, cap_memory, peaks, reduce_across_ranks, setup, sync
 from .resume import Checkpointing
 from .scenario import Scenario
 from .variants import build_variant
-
-
-def _setup(comm_timeout_s: float | None = None, simulate: int | None = None) -> tuple[torch.device, int, int]:
-    """This rank's device and process group; `simulate` = N: rank 0 of N over torch's fake process group
-    (no peers: collectives return at once; zero_core keeps its results finite, see zero_core/comm.py)."""
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    threads = os.environ.get("OMP_NUM_THREADS")  # set it when ranks of several "nodes" share one machine
-    torch.set_num_threads(int(threads) if threads else max(1, (os.cpu_count() or 1) // local_world))
-    timeout = timedelta(seconds=comm_timeout_s) if comm_timeout_s else None  # None: torch's default
-    if simulate:
-        from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
-
-        device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=simulate)
-    elif torch.cuda.is_available():
-        device = torch.device("cuda", local_rank % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device, timeout=timeout)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo", timeout=timeout)
-    return device, dist.get_rank(), dist.get_world_size()
-
-
-def apply_alloc_conf(conf: str | None) -> None:
-    """The scenario's PYTORCH_CUDA_ALLOC_CONF; read when CUDA first allocates, so set before anything does."""
-    if conf:
-        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = conf
-
-
-def _cap_memory(device: torch.device, cap_gib: float | None) -> None:
-    """Pretend the GPU has `cap_gib` (the articles' 24 GB cards on a larger one)."""
-    if cap_gib and device.type == "cuda":
-        total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib * 2**30 / total), device)
 
 
 def _finish_update(variant: Any) -> None:
@@ -81,27 +42,13 @@ def _finish_update(variant: Any) -> None:
         wait()
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _peaks(device: torch.device) -> tuple[float, float]:
-    """(peak GPU GiB, peak CPU RSS GiB), the max over ranks."""
-    gpu = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
-    cpu = peak_rss_bytes() / 2**30
-    t = torch.tensor([0.0 if gpu != gpu else gpu, cpu], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return (float(t[0]) if device.type == "cuda" else float("nan")), float(t[1])
-
-
 def run_job(job_json: str) -> dict[str, Any]:
     """Entry point of every rank; rank 0 returns the full summary, the others their rank."""
     job = json.loads(job_json)
     for sig in (signal.SIGTERM, signal.SIGINT):  # a forked rank inherits the agent's raising handlers
         signal.signal(sig, signal.SIG_DFL)
     apply_alloc_conf(job["scenario"].get("cuda_alloc_conf"))
-    device, rank, world = _setup(job["scenario"].get("comm_timeout_s"), job.get("simulate_world"))
+    device, rank, world = setup(job["scenario"].get("comm_timeout_s"), job.get("simulate_world"))
     # On an error the process group goes with the process: taking it down first would close this rank's
     # connections before its own error is recorded, and a peer's "connection closed" would be reported instead.
     summary = _run(job, device, rank, world)
@@ -123,19 +70,28 @@ def _sharded_init(job: dict[str, Any], pretrained: str | None) -> Any:
 
 def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> dict[str, Any]:
     sc = Scenario.model_validate(job["scenario"])
-    _cap_memory(device, sc.gpu_memory_cap_gib)
+    cap_memory(device, sc.gpu_memory_cap_gib)
     arch = ArchConfig(**job["arch"]) if job["arch"] else None
     torch.manual_seed(sc.seed)  # the same initial weights in every variant
     with _sharded_init(job, sc.model.pretrained):
-        bundle = build_model(task=sc.task, arch=arch, pretrained=sc.model.pretrained,
-                             num_labels=sc.model.num_labels or 2)
+        bundle = build_model(
+            task=sc.task, arch=arch, pretrained=sc.model.pretrained, num_labels=sc.model.num_labels or 2
+        )
     if sc.gradient_checkpointing:
         bundle.model.gradient_checkpointing_enable()
     if job.get("compile"):
         compile_blocks(bundle, job["compile"])
-    splits = build_splits(job["scenario"]["data"], task=sc.task, seq_len=sc.seq_len, vocab=bundle.vocab, seed=sc.seed,
-                          base_dir=job["base_dir"], tokenizer=sc.model.tokenizer or sc.model.pretrained,
-                          num_labels=sc.model.num_labels or 2, target_len=sc.target_len)
+    splits = build_splits(
+        job["scenario"]["data"],
+        task=sc.task,
+        seq_len=sc.seq_len,
+        vocab=bundle.vocab,
+        seed=sc.seed,
+        base_dir=job["base_dir"],
+        tokenizer=sc.model.tokenizer or sc.model.pretrained,
+        num_labels=sc.model.num_labels or 2,
+        target_len=sc.target_len,
+    )
     batch = job["batch"]
     if job["mode"] == "floor":  # one rank: forward+backward alone plus the optimizer phase (zbench/floor.py)
         from . import floor
@@ -143,28 +99,39 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
         if device.type == "cpu":  # one rank's share of the cores, as each rank of the real run has
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // job["world_size"]))
 
-        first = {k: v.to(device)
-                 for k, v in next(train_stream(splits.train, batch=batch, rank=0, world=1, seed=sc.seed)).items()}
-        return {"rank": 0, **floor.measure(bundle, first, sc.precision, job["world_size"], device),
-                "compiled": job.get("compile")}
+        first = {
+            k: v.to(device)
+            for k, v in next(train_stream(splits.train, batch=batch, rank=0, world=1, seed=sc.seed)).items()
+        }
+        return {
+            "rank": 0,
+            **floor.measure(bundle, first, sc.precision, job["world_size"], device),
+            "compiled": job.get("compile"),
+        }
     gas = sc.grad_accum
     probe = job["mode"] in ("probe", "eval_probe")
     # the eval batch search: one optimizer step, then a few eval batches
     eval_probe = job["mode"] == "eval_probe"
     run_micro, run_epochs = _schedule(sc, splits.train, batch, world)
-    micro_per_epoch, epochs = (((1 if eval_probe else sc.batch_search.steps) * gas, 1) if probe
-                               else (run_micro, run_epochs))
+    micro_per_epoch, epochs = (
+        ((1 if eval_probe else sc.batch_search.steps) * gas, 1) if probe else (run_micro, run_epochs)
+    )
     total_steps = epochs * micro_per_epoch // gas
-    ds = ds_config.finalize(job["ds"], sc=sc, batch=batch, world_size=world, total_steps=total_steps,
-                            hidden=bundle.hidden)
+    ds = ds_config.finalize(
+        job["ds"], sc=sc, batch=batch, world_size=world, total_steps=total_steps, hidden=bundle.hidden
+    )
     variant = build_variant(job["engine"], bundle, ds, device)
-    texts = TextGeneration.for_run(sc.task, splits.tokenizer, bundle.model, variant.forward,
-                                   sc.target_len or sc.seq_len)
+    texts = TextGeneration.for_run(
+        sc.task, splits.tokenizer, bundle.model, variant.forward, sc.target_len or sc.seq_len
+    )
     torch.manual_seed(sc.seed + 1 + rank)  # dropout differs per rank, identically in every variant
     stream = train_stream(splits.train, batch=batch, rank=rank, world=world, seed=sc.seed)
     if probe and sc.dynamic_padding:  # OOM-safe search: every probe step runs the widest batch of the real run
-        stream = itertools.repeat(widest_batch(splits.train, batch=batch, rank=rank, world=world, seed=sc.seed,
-                                               micro_steps=run_micro * run_epochs))
+        stream = itertools.repeat(
+            widest_batch(
+                splits.train, batch=batch, rank=rank, world=world, seed=sc.seed, micro_steps=run_micro * run_epochs
+            )
+        )
     progress = ProgressWriter(job.get("progress") if rank == 0 else None)
     live = LiveLog(None if probe else job.get("wandb"), rank, world, device)  # W&B per optimizer step, rank 0
     eval_bs = job.get("eval_batch") or sc.eval_batch_size or batch
@@ -173,8 +140,9 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
     ckpt = Checkpointing(job.get("checkpoint_dir"), sc.checkpoint_every, gas, variant)
     done = ckpt.resume(losses, device)
     epoch_rows = []
-    skip_micro = (sc.timing_skip_steps * gas
-                  if not probe and done == 0 and sc.timing_skip_steps * gas < micro_per_epoch else 0)
+    skip_micro = (
+        sc.timing_skip_steps * gas if not probe and done == 0 and sc.timing_skip_steps * gas < micro_per_epoch else 0
+    )
     steady_start = None
     timer = getattr(getattr(variant, "engine_obj", None), "breakdown", None)  # zero_core's step-time breakdown
     breakdown: dict[str, float] = {}
@@ -182,7 +150,7 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
     wall_start = time.time()
     for epoch in range(epochs):
         variant.train()
-        _sync(device)
+        sync(device)
         start = time.perf_counter()
         live.start_timing()
         tokens = steady_tokens = rows = 0  # positions computed on this rank (padding included, as the GPU runs them)
@@ -201,21 +169,27 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
             if (i + 1) % gas == 0:
                 live.optimizer_step(losses[-gas:], variant.step_stats(), width * gas, epoch + (i + 1) / micro_per_epoch)
             if epoch == 0 and skip_micro and i + 1 == skip_micro:  # steady state starts here (one sync)
-                _sync(device)
+                sync(device)
                 steady_start = time.perf_counter()
                 if timer is not None:
                     timer.reset()  # the breakdown covers the same steady steps as the step time
             ckpt.after_micro_step(epoch * micro_per_epoch + i + 1, losses)
             progress.update(f"train epoch {epoch + 1}/{epochs}", i + 1, micro_per_epoch)
         _finish_update(variant)  # zero_core offload at stages 1-2: the last host update is part of the timed steps
-        _sync(device)
+        sync(device)
         end = time.perf_counter()
         train_s = end - start
         if epoch == 0 and timer is not None:
             breakdown = timer.summary()  # offload runs: where rank 0's step time went ({} when off)
-        steady = {} if epoch or steady_start is None else {"steady_s": end - steady_start,
-                                                           "steady_steps": (micro_per_epoch - skip_micro) // gas,
-                                                           "steady_tokens": steady_tokens}
+        steady = (
+            {}
+            if epoch or steady_start is None
+            else {
+                "steady_s": end - steady_start,
+                "steady_steps": (micro_per_epoch - skip_micro) // gas,
+                "steady_tokens": steady_tokens,
+            }
+        )
         if probe and not eval_probe:
             epoch_rows.append({"train_s": train_s, "tokens": tokens, "rows": rows})
             break
@@ -232,59 +206,67 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
                 if texts is not None:  # seq2seq on real text: greedy outputs for BLEU
                     sums.add_texts(*texts.texts(b, valid))
                 progress.update(f"eval epoch {epoch + 1}/{epochs}", j + 1, n_eval)
-        _sync(device)
+        sync(device)
         eval_s = time.perf_counter() - start
         result = sums.result()
         live.evaluated(result, eval_s)
-        epoch_rows.append({"train_s": train_s, "eval_s": eval_s, "eval": result, "tokens": tokens, "rows": rows,
-                           **steady})
+        epoch_rows.append(
+            {"train_s": train_s, "eval_s": eval_s, "eval": result, "tokens": tokens, "rows": rows, **steady}
+        )
     wall_end = time.time()
     simulated = bool(job.get("simulate_world"))  # one process for all ranks: its own values stand for theirs
-    curve = torch.stack(losses)
-    if not simulated:
-        dist.all_reduce(curve)
-        curve /= world
-    times = torch.tensor([[r["train_s"], r.get("eval_s", 0.0), r.get("steady_s", 0.0)] for r in epoch_rows],
-                         dtype=torch.float64, device=device)
-    dist.all_reduce(times, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
-    for r, (t, e, st) in zip(epoch_rows, times.tolist()):
-        r["train_s"], r["eval_s"] = t, e
-        if "steady_s" in r:
-            r["steady_s"] = st
-    counts = torch.tensor([[r["tokens"], r.get("steady_tokens", 0), r["rows"]] for r in epoch_rows],
-                          dtype=torch.float64, device=device)
-    if simulated:
-        counts *= world  # every rank as many as rank 0
-    else:
-        dist.all_reduce(counts)  # every rank's positions and rows: the run's
-    for r, (n, sn, nr) in zip(epoch_rows, counts.tolist()):
-        r["tokens"], r["rows"] = int(n), int(nr)
-        if "steady_tokens" in r:
-            r["steady_tokens"] = int(sn)
-    peak_gpu, peak_cpu = _peaks(device)
+    curve = reduce_across_ranks(epoch_rows, losses, world, simulated, device)
+    peak_gpu, peak_cpu = peaks(device)
     if rank != 0:
         return {"rank": rank}
     skipped = variant.step_stats().get("skipped_steps")
     skipped = None if skipped is None else int(float(skipped))
-    live.finish({"train/train_runtime": sum(r["train_s"] for r in epoch_rows), "peak_gpu_gib": peak_gpu,
-                 "peak_cpu_gib": peak_cpu, "skipped_steps": skipped})
+    live.finish(
+        {
+            "train/train_runtime": sum(r["train_s"] for r in epoch_rows),
+            "peak_gpu_gib": peak_gpu,
+            "peak_cpu_gib": peak_cpu,
+            "skipped_steps": skipped,
+        }
+    )
     tokens_per_row = sc.seq_len + ((sc.target_len or sc.seq_len) if sc.task == "seq2seq" else 0)
     if sc.dynamic_padding:  # the mean width the batches were cut to (what attention's FLOPs scale with);
         # rows trained, not rows per epoch: a resumed run skips the steps before its checkpoint
         tokens_per_row = sum(r["tokens"] for r in epoch_rows) / max(1, sum(r["rows"] for r in epoch_rows))
     return {
-        "rank": 0, "status": "ok", "world_size": world, "device": device.type,
+        "rank": 0,
+        "status": "ok",
+        "world_size": world,
+        "device": device.type,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "batch": batch, "eval_batch": eval_bs, "grad_accum": gas, "micro_steps_per_epoch": micro_per_epoch,
-        "epochs": epoch_rows, "losses": curve.tolist(),
+        "batch": batch,
+        "eval_batch": eval_bs,
+        "grad_accum": gas,
+        "micro_steps_per_epoch": micro_per_epoch,
+        "epochs": epoch_rows,
+        "losses": curve.tolist(),
         "tokens_per_epoch": round(micro_per_epoch * batch * world * tokens_per_row),
-        "tokens_per_row": tokens_per_row, "n_params": bundle.n_params, "largest_layer": bundle.largest_layer,
-        "layers": bundle.layers, "hidden": bundle.hidden, "peak_gpu_gib": peak_gpu, "peak_cpu_gib": peak_cpu,
-        "skipped_steps": skipped, "wandb_live": live.folder, "train_wall": [wall_start, wall_end],
-        "ds_config": ds, "data": splits.description, "data_real": splits.real, "torch": torch.__version__,
-        "recompute": _recomputes(bundle.model), "breakdown": breakdown, "dynamic_padding": sc.dynamic_padding,
-        "compiled": job.get("compile"), "compiled_graphs": graphs_compiled() if job.get("compile") else 0,
-        "dropout": uses_dropout(bundle.model), "simulated": simulated,
+        "tokens_per_row": tokens_per_row,
+        "n_params": bundle.n_params,
+        "largest_layer": bundle.largest_layer,
+        "layers": bundle.layers,
+        "hidden": bundle.hidden,
+        "peak_gpu_gib": peak_gpu,
+        "peak_cpu_gib": peak_cpu,
+        "skipped_steps": skipped,
+        "wandb_live": live.folder,
+        "train_wall": [wall_start, wall_end],
+        "ds_config": ds,
+        "data": splits.description,
+        "data_real": splits.real,
+        "torch": torch.__version__,
+        "recompute": _recomputes(bundle.model),
+        "breakdown": breakdown,
+        "dynamic_padding": sc.dynamic_padding,
+        "compiled": job.get("compile"),
+        "compiled_graphs": graphs_compiled() if job.get("compile") else 0,
+        "dropout": uses_dropout(bundle.model),
+        "simulated": simulated,
     }
 
 

@@ -3,7 +3,8 @@
 Defaults are DeepSpeed's (deepspeed/runtime/config.py, zero/config.py, zero/offload_config.py,
 precision_config.py) unless a comment says otherwise. Every section forbids unknown keys. "auto" is
 filled before these models see the config (config_auto.py); what each key does is in config_keys.py.
-Cross-field checks and the batch-size arithmetic live in `config.py`, which needs the world size.
+Cross-field checks and the batch-size arithmetic live in `config.py`, which needs the world size; the
+optimizer and scheduler sections in `config_optimizer_models.py`.
 """
 
 from __future__ import annotations
@@ -11,99 +12,11 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import torch
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    PrivateAttr,
-    model_serializer,
-    model_validator,
-)
+from pydantic import PrivateAttr, model_validator
 
 from .config_errors import full_error
-from .config_types import AS_LIST, Bool, Count, Text, beta_pair, choice, integer, number, ratio_or_auto
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class AdamParams(Section):
-    lr: Annotated[float, number(0.0)] = 1e-3
-    betas: Annotated[tuple[float, float], beta_pair(), AS_LIST] = (0.9, 0.999)
-    eps: Annotated[float, number(0.0, lo_open=True)] = 1e-8
-    weight_decay: Annotated[float, number(0.0)] = 0.0
-    adam_w_mode: Bool = True  # DeepSpeed's ADAM_W_MODE_DEFAULT: type "Adam" means AdamW unless set false
-    torch_adam: Bool = False  # accepted for compatibility; zero_core always uses its own fused kernel
-
-
-class OptimizerConfig(Section):
-    type: Annotated[str, choice({"adamw": "AdamW", "adam": "Adam"}, note="(the optimizers zero_core implements)")]
-    params: AdamParams = AdamParams()
-
-    @model_validator(mode="before")
-    @classmethod
-    def _torch_adamw_weight_decay(cls, data: Any) -> Any:
-        # With torch_adam DeepSpeed builds torch.optim.AdamW, whose default weight_decay is 0.01.
-        params = data.get("params") if isinstance(data, dict) else None
-        if isinstance(params, dict) and "weight_decay" not in params and params.get("torch_adam") is True:
-            decoupled = str(data.get("type", "")).lower() == "adamw" or params.get("adam_w_mode", True) is True
-            if decoupled:
-                data = {**data, "params": {**params, "weight_decay": 0.01}}
-        return data
-
-    @property
-    def decoupled(self) -> bool:
-        """AdamW-style decoupled weight decay (DeepSpeed: type AdamW, or Adam with adam_w_mode)."""
-        return self.type == "AdamW" or self.params.adam_w_mode
-
-
-class SchedulerParams(Section):
-    """Every DeepSpeed scheduler's parameters in one section; which apply depends on `type` (SCHEDULER_KEYS)."""
-
-    warmup_min_lr: Annotated[float, number(0.0)] = 0.0
-    warmup_max_lr: Annotated[float, number(0.0)] = 0.001
-    warmup_num_steps: Annotated[int, integer(0, counts=True)] = 1000
-    warmup_type: Annotated[str, choice({"log": "log", "linear": "linear"})] = "log"
-    total_num_steps: Annotated[int | None, integer(1, counts=True, optional=True)] = None
-    last_batch_iteration: Annotated[int, integer(-1)] = -1
-    warmup_min_ratio: Annotated[float, number(0.0, 1.0)] = 0.0  # WarmupCosineLR
-    cos_min_ratio: Annotated[float, number(0.0, 1.0)] = 0.0001
-    cycle_min_lr: Annotated[float | None, number(0.0, optional=True)] = None  # OneCycle
-    cycle_max_lr: Annotated[float | None, number(0.0, optional=True)] = None
-    decay_lr_rate: Annotated[float, number(0.0)] = 0.0
-    cycle_first_step_size: Annotated[int, integer(1, counts=True)] = 2000
-    cycle_second_step_size: Annotated[int | None, integer(0, counts=True, optional=True)] = None
-    cycle_first_stair_count: Annotated[int, integer(0)] = 0
-    cycle_second_stair_count: Annotated[int | None, integer(0, optional=True)] = None
-    decay_step_size: Annotated[int, integer(0, counts=True)] = 0
-    cycle_momentum: Bool = True
-    cycle_min_mom: Annotated[float, number(0.0, 1.0, hi_open=True)] = 0.8
-    cycle_max_mom: Annotated[float, number(0.0, 1.0, hi_open=True)] = 0.9
-    decay_mom_rate: Annotated[float, number(0.0)] = 0.0
-
-
-_WARMUP = {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "last_batch_iteration"}
-# the parameters each DeepSpeed scheduler takes (deepspeed/runtime/lr_schedules.py)
-SCHEDULER_KEYS = {
-    "WarmupLR": _WARMUP,
-    "WarmupDecayLR": _WARMUP | {"total_num_steps"},
-    "WarmupCosineLR": {"total_num_steps", "warmup_min_ratio", "warmup_num_steps", "cos_min_ratio", "warmup_type",
-                       "last_batch_iteration"},
-    "OneCycle": {"cycle_min_lr", "cycle_max_lr", "decay_lr_rate", "cycle_first_step_size", "cycle_second_step_size",
-                 "cycle_first_stair_count", "cycle_second_stair_count", "decay_step_size", "cycle_momentum",
-                 "cycle_min_mom", "cycle_max_mom", "decay_mom_rate", "last_batch_iteration"},
-}
-
-
-class SchedulerConfig(Section):
-    type: Annotated[str, choice({k.lower(): k for k in SCHEDULER_KEYS}, note="(DeepSpeed's schedulers)")]
-    params: SchedulerParams = SchedulerParams()
-
-    @model_serializer(mode="wrap")
-    def _only_this_types_params(self, handler: Any) -> dict[str, Any]:
-        data = handler(self)
-        data["params"] = {k: v for k, v in data["params"].items() if k in SCHEDULER_KEYS[self.type]}
-        return data
+from .config_optimizer_models import SCHEDULER_KEYS, OptimizerConfig, SchedulerConfig, SchedulerParams  # noqa: F401
+from .config_types import Bool, Count, Section, Text, choice, integer, number, ratio_or_auto
 
 
 class FP16Config(Section):
@@ -193,8 +106,10 @@ class ZeroOptimizationConfig(Section):
         old, new = "stage3_gather_fp16_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save"
         if old in data:
             if new in data and data[new] != data[old]:
-                raise full_error(f"zero_optimization.{old} (the old name) and zero_optimization.{new} disagree; "
-                                 f"keep only '{new}'", drop=old)
+                raise full_error(
+                    f"zero_optimization.{old} (the old name) and zero_optimization.{new} disagree; keep only '{new}'",
+                    drop=old,
+                )
             data[new] = data.pop(old)
         if "overlap_comm" not in data and data.get("stage") in (0, 1, 2, 3) and not isinstance(data.get("stage"), bool):
             data["overlap_comm"] = data["stage"] == 3
@@ -246,8 +161,9 @@ class ZeroConfig(Section):
     # None: no periodic log (newer DeepSpeed's default; older versions used 10)
     steps_per_print: Annotated[int | None, integer(1, optional=True)] = None
     wall_clock_breakdown: Bool = False
-    communication_data_type: Annotated[str | None, choice({"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"},
-                                                          allow_none=True)] = None
+    communication_data_type: Annotated[
+        str | None, choice({"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}, allow_none=True)
+    ] = None
     prescale_gradients: Bool = False
     gradient_predivide_factor: Annotated[float, number(0.0, lo_open=True)] = 1.0
     zero_allow_untested_optimizer: Bool = False
@@ -285,8 +201,9 @@ class ZeroConfig(Section):
         # DeepSpeed still reads the legacy top-level "bfloat16" key when "bf16" is absent.
         if isinstance(data, dict) and "bfloat16" in data:
             if "bf16" in data:
-                raise full_error("both 'bf16' and its legacy alias 'bfloat16' are set; keep only 'bf16'",
-                                 drop="bfloat16")
+                raise full_error(
+                    "both 'bf16' and its legacy alias 'bfloat16' are set; keep only 'bf16'", drop="bfloat16"
+                )
             data = {("bf16" if k == "bfloat16" else k): v for k, v in data.items()}
         return data
 

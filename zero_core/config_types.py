@@ -1,4 +1,4 @@
-"""Strict leaf types for the config models.
+"""Strict leaf types for the config models, and `Section`, the base model of every config section.
 
 No silent coercion: a string is never turned into a number and a bool is never a number. The few
 leniencies are DeepSpeed's own: ints are fine where a float is expected, whole floats such as 5e8
@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any
 
-from pydantic import PlainSerializer, PlainValidator
+from pydantic import BaseModel, ConfigDict, PlainSerializer, PlainValidator
 
 from .config_errors import leaf_error
 
@@ -148,3 +148,9 @@ def optional_text(v: Any) -> str | None:
 Bool = Annotated[bool, boolean()]
 Text = Annotated[str | None, PlainValidator(optional_text)]
 Count = Annotated[int, integer(0, counts=True)]  # an element count (bucket sizes, thresholds)
+
+
+class Section(BaseModel):
+    """The base of every config section: unknown keys are refused, and a loaded config does not change."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)

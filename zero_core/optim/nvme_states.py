@@ -27,6 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
+from .nvme_writer import NvmeWriter
 from .states import NAMES, Views
 
 ALIGN = 1024  # elements (4 KiB of fp32): O_DIRECT's offset/length unit, and a multiple of any vector width
@@ -274,36 +275,6 @@ class NvmeStates:
     def __del__(self) -> None:  # the file has no name: closing it is all the clean-up there is
         with contextlib.suppress(OSError):
             self.close()
-
-
-class NvmeWriter:
-    """Start-up: fills the master front to back, record by record, with zero moments."""
-
-    def __init__(self, store: NvmeStates) -> None:
-        self.store, self.i, self.filled = store, 0, 0
-        self.buf = store.buffers[0]
-        self._start()
-
-    def _start(self) -> None:
-        if self.i < self.store.nchunks:
-            self.buf.zero_()
-            self.view = self.store._views(self.buf, self.i, ("master",))["master"]
-
-    def write(self, piece: torch.Tensor) -> None:
-        piece = piece.reshape(-1)
-        while piece.numel():
-            take = min(piece.numel(), self.view.numel() - self.filled)
-            self.view[self.filled : self.filled + take].copy_(piece[:take])
-            self.filled += take
-            piece = piece[take:]
-            if self.filled == self.view.numel():
-                self.store._wait(self.store._submit(True, self.i, self.buf, NAMES))
-                self.i, self.filled = self.i + 1, 0
-                self._start()
-
-    def close(self) -> None:
-        assert self.i == self.store.nchunks, f"master filled {self.i} of {self.store.nchunks} chunks"
-        self.store.wait_seconds = 0.0
 
 
 def _io(fd: int, write: bool, mv: memoryview, offset: int) -> None:

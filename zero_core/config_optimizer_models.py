@@ -1,0 +1,111 @@
+"""The optimizer and LR-scheduler sections of the config: DeepSpeed's "optimizer" and "scheduler" keys.
+
+Defaults are DeepSpeed's (deepspeed/runtime/config.py, lr_schedules.py) unless a comment says otherwise.
+One `SchedulerParams` holds every scheduler's parameters; `SCHEDULER_KEYS` says which apply to each type,
+and a scheduler section serializes only its own type's.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import model_serializer, model_validator
+
+from .config_types import AS_LIST, Bool, Section, beta_pair, choice, integer, number
+
+
+class AdamParams(Section):
+    lr: Annotated[float, number(0.0)] = 1e-3
+    betas: Annotated[tuple[float, float], beta_pair(), AS_LIST] = (0.9, 0.999)
+    eps: Annotated[float, number(0.0, lo_open=True)] = 1e-8
+    weight_decay: Annotated[float, number(0.0)] = 0.0
+    adam_w_mode: Bool = True  # DeepSpeed's ADAM_W_MODE_DEFAULT: type "Adam" means AdamW unless set false
+    torch_adam: Bool = False  # accepted for compatibility; zero_core always uses its own fused kernel
+
+
+class OptimizerConfig(Section):
+    type: Annotated[str, choice({"adamw": "AdamW", "adam": "Adam"}, note="(the optimizers zero_core implements)")]
+    params: AdamParams = AdamParams()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _torch_adamw_weight_decay(cls, data: Any) -> Any:
+        # With torch_adam DeepSpeed builds torch.optim.AdamW, whose default weight_decay is 0.01.
+        params = data.get("params") if isinstance(data, dict) else None
+        if isinstance(params, dict) and "weight_decay" not in params and params.get("torch_adam") is True:
+            decoupled = str(data.get("type", "")).lower() == "adamw" or params.get("adam_w_mode", True) is True
+            if decoupled:
+                data = {**data, "params": {**params, "weight_decay": 0.01}}
+        return data
+
+    @property
+    def decoupled(self) -> bool:
+        """AdamW-style decoupled weight decay (DeepSpeed: type AdamW, or Adam with adam_w_mode)."""
+        return self.type == "AdamW" or self.params.adam_w_mode
+
+
+class SchedulerParams(Section):
+    """Every DeepSpeed scheduler's parameters in one section; which apply depends on `type` (SCHEDULER_KEYS)."""
+
+    warmup_min_lr: Annotated[float, number(0.0)] = 0.0
+    warmup_max_lr: Annotated[float, number(0.0)] = 0.001
+    warmup_num_steps: Annotated[int, integer(0, counts=True)] = 1000
+    warmup_type: Annotated[str, choice({"log": "log", "linear": "linear"})] = "log"
+    total_num_steps: Annotated[int | None, integer(1, counts=True, optional=True)] = None
+    last_batch_iteration: Annotated[int, integer(-1)] = -1
+    warmup_min_ratio: Annotated[float, number(0.0, 1.0)] = 0.0  # WarmupCosineLR
+    cos_min_ratio: Annotated[float, number(0.0, 1.0)] = 0.0001
+    cycle_min_lr: Annotated[float | None, number(0.0, optional=True)] = None  # OneCycle
+    cycle_max_lr: Annotated[float | None, number(0.0, optional=True)] = None
+    decay_lr_rate: Annotated[float, number(0.0)] = 0.0
+    cycle_first_step_size: Annotated[int, integer(1, counts=True)] = 2000
+    cycle_second_step_size: Annotated[int | None, integer(0, counts=True, optional=True)] = None
+    cycle_first_stair_count: Annotated[int, integer(0)] = 0
+    cycle_second_stair_count: Annotated[int | None, integer(0, optional=True)] = None
+    decay_step_size: Annotated[int, integer(0, counts=True)] = 0
+    cycle_momentum: Bool = True
+    cycle_min_mom: Annotated[float, number(0.0, 1.0, hi_open=True)] = 0.8
+    cycle_max_mom: Annotated[float, number(0.0, 1.0, hi_open=True)] = 0.9
+    decay_mom_rate: Annotated[float, number(0.0)] = 0.0
+
+
+_WARMUP = {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "last_batch_iteration"}
+# the parameters each DeepSpeed scheduler takes (deepspeed/runtime/lr_schedules.py)
+SCHEDULER_KEYS = {
+    "WarmupLR": _WARMUP,
+    "WarmupDecayLR": _WARMUP | {"total_num_steps"},
+    "WarmupCosineLR": {
+        "total_num_steps",
+        "warmup_min_ratio",
+        "warmup_num_steps",
+        "cos_min_ratio",
+        "warmup_type",
+        "last_batch_iteration",
+    },
+    "OneCycle": {
+        "cycle_min_lr",
+        "cycle_max_lr",
+        "decay_lr_rate",
+        "cycle_first_step_size",
+        "cycle_second_step_size",
+        "cycle_first_stair_count",
+        "cycle_second_stair_count",
+        "decay_step_size",
+        "cycle_momentum",
+        "cycle_min_mom",
+        "cycle_max_mom",
+        "decay_mom_rate",
+        "last_batch_iteration",
+    },
+}
+
+
+class SchedulerConfig(Section):
+    type: Annotated[str, choice({k.lower(): k for k in SCHEDULER_KEYS}, note="(DeepSpeed's schedulers)")]
+    params: SchedulerParams = SchedulerParams()
+
+    @model_serializer(mode="wrap")
+    def _only_this_types_params(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        data["params"] = {k: v for k, v in data["params"].items() if k in SCHEDULER_KEYS[self.type]}
+        return data
