@@ -107,13 +107,21 @@ def test_cpu_fused_path_matches_reference(monkeypatch, decoupled: bool, out_dtyp
     ref = [torch.randn(n, generator=g) for _ in range(1)] + [torch.zeros(n), torch.zeros(n)]
     ours = [t.clone() for t in ref]
     outs = [None if out_dtype is None else torch.empty(n, dtype=out_dtype) for _ in range(2)]
+    # Adam + L2 adds weight_decay * param to the gradient: where the sum nearly cancels, its rounding (fused or
+    # not) is most of it, and the update lr * g / (|g| + eps) follows that noise; such elements (about 0.2%)
+    # are held to the size of the updates instead of to float rounding
+    cancelled = torch.zeros(n, dtype=torch.bool)
     for step, coef in ((1, 1.0), (2, 0.37), (3, 2.5)):
         grad = torch.randn(n, generator=g)
+        if not decoupled:
+            cancelled |= (grad * coef + 0.1 * ref[0]).abs() < 1e-3
         kw = dict(**_scalars(3e-3, step, coef), beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, decoupled=decoupled)
         R.adamw_step(ref[0], grad, ref[1], ref[2], outs[0], **kw)
         cpu.adamw_step(ours[0], grad, ours[1], ours[2], outs[1], **kw)
+    assert int(cancelled.sum()) < n // 100, f"seed {seed}"
+    torch.testing.assert_close(ours[0][cancelled], ref[0][cancelled], rtol=0, atol=2 * 3 * 3e-3, msg=f"seed {seed}")
     for a, b in zip(ours, ref):
-        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7, msg=f"seed {seed}")
+        torch.testing.assert_close(a[~cancelled], b[~cancelled], rtol=1e-6, atol=1e-7, msg=f"seed {seed}")
     if out_dtype is not None:
         assert torch.equal(outs[1], ours[0].to(out_dtype))
 

@@ -113,6 +113,7 @@ def test_a_failing_host_update_is_one_error_on_the_training_thread(monkeypatch):
     engine = _engine()
     assert engine.strategy.inflight is not None
     _train(engine, 1)
+    engine.wait_for_weights()  # the first update done with the real pieces: only the second one breaks
     real = engine.optimizer._adam_pieces
 
     def broken(*_):
