@@ -12,21 +12,21 @@ import argparse
 import torch
 
 from zbench.models.gpt import GPT
-from zbench.train_demo import PRESETS
+from zbench.train_demo import preset_config
 
 
 def main() -> None:
     import deepspeed
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="gpt2-medium", choices=sorted(PRESETS))
+    ap.add_argument("--model", default="gpt2-medium")  # a name in zbench/model_configs/
     ap.add_argument("--out", required=True)
     ap.add_argument("--stage", type=int, default=2, choices=(1, 2, 3))
     ap.add_argument("--local_rank", type=int, default=0)
     args = ap.parse_args()
     deepspeed.init_distributed(dist_backend="gloo")
     torch.manual_seed(0)
-    cfg = PRESETS[args.model]
+    cfg = preset_config(args.model)
     model = GPT(cfg)
     config = {
         "train_micro_batch_size_per_gpu": 1,

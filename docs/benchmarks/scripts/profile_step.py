@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 import zero_core
 from zbench.models.gpt import GPT
-from zbench.train_demo import PRESETS
+from zbench.train_demo import preset_config
 
 
 def merged_busy(intervals: list[tuple[float, float]]) -> float:
@@ -45,9 +45,9 @@ def main() -> None:
     with open(args.config) as f:
         cfg = json.load(f)
     torch.manual_seed(0)
-    engine = zero_core.initialize(GPT(PRESETS[args.model]), cfg)
+    engine = zero_core.initialize(GPT(preset_config(args.model)), cfg)
     micro = engine.config.train_micro_batch_size_per_gpu
-    vocab = PRESETS[args.model].vocab_size
+    vocab = preset_config(args.model).vocab_size
     x = torch.randint(0, vocab, (micro, args.seq_len), device=engine.device)
     y = torch.randint(0, vocab, (micro, args.seq_len), device=engine.device)
 
