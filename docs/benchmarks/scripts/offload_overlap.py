@@ -153,4 +153,7 @@ def main(which: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    unknown = [k for k in sys.argv[1:] if k not in PLANS]
+    if unknown:
+        sys.exit(f"Error: unknown scenario {unknown[0]!r}; name some of {', '.join(PLANS)} (or none for all)")
     sys.exit(main(sys.argv[1:] or list(PLANS)))
