@@ -7,6 +7,7 @@ run. Faults:
   crash                 rank 1 of every launch raises at start
   oom                   torch.OutOfMemoryError for batches above 4
   eval-oom              torch.OutOfMemoryError for eval batches above 6 (the eval batch search)
+  train-oom             torch.OutOfMemoryError in training (not in probes) for batches above 2
   crash-at-step-N       rank 1 raises once the engine reaches optimizer step N
   hang-at-step-N        rank 1 stops answering (sleeps) just before step N's update
   kill-at-step-N        rank 1 is SIGKILLed in the middle of step N (gradients reduced, weights not yet updated)
@@ -38,6 +39,8 @@ def _faulty(job, device, rank, world):
         raise RuntimeError("injected failure on rank 1")
     if "oom" in FAULTS and job["batch"] > 4:
         raise torch.OutOfMemoryError(f"CUDA out of memory (injected at batch {job['batch']})")
+    if "train-oom" in FAULTS and job["mode"] == "train" and job["batch"] > 2:
+        raise torch.OutOfMemoryError(f"CUDA out of memory (injected in training at batch {job['batch']})")
     if "eval-oom" in FAULTS and (job.get("eval_batch") or 0) > 6:
         raise torch.OutOfMemoryError(f"CUDA out of memory (injected at eval batch {job['eval_batch']})")
     return _real_run(job, device, rank, world)

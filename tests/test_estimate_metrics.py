@@ -8,7 +8,7 @@ import pytest
 
 from helpers import cli, one_line_error
 from zbench import estimate, metrics
-from zbench.search import largest_fitting, largest_fitting_value
+from zbench.search import largest_fitting, largest_fitting_value, train_stepping_down
 
 GIB = 2**30
 GPT2_XL = 1_557_611_200  # 50257*1600 + 1024*1600 + 48*(12*1600^2 + 13*1600) + 2*1600
@@ -86,6 +86,25 @@ def test_batch_search_finds_the_boundary(limit):
     assert found == min(limit, 256)
     assert len(tried) <= 2 * math.ceil(math.log2(256)) + 2
     assert largest_fitting(lambda b: False, 4, 64) is None
+
+
+def test_training_steps_down_from_the_searched_batch_a_bounded_number_of_times():
+    tried = []
+
+    def train(b: int) -> str | None:
+        tried.append(b)
+        return f"trained {b}" if b <= 53 else None
+
+    assert train_stepping_down(train, 58, 1, 1, downs=3) == (55, None) and tried == [58, 57, 56, 55]
+    tried.clear()
+    assert train_stepping_down(train, 56, 1, 1, downs=3) == (53, "trained 53") and tried == [56, 55, 54, 53]
+    tried.clear()
+    assert train_stepping_down(train, 64, 48, 8, downs=3) == (48, "trained 48") and tried == [64, 56, 48]
+    tried.clear()
+    assert train_stepping_down(train, 60, 58, 1, downs=3) == (58, None) and tried == [60, 59, 58]  # not below start
+    tried.clear()
+    assert train_stepping_down(train, 2, 4, 1, downs=3) == (2, "trained 2") and tried == [2]  # a set batch under it
+    assert train_stepping_down(lambda b: None, 9, 1) == (9, None)  # no step-downs: the batch alone
 
 
 @pytest.mark.parametrize("limit", [3, 8, 13, 40, 47])

@@ -53,6 +53,27 @@ def test_resume_goes_on_with_the_batch_search_where_it_stopped(tmp_path):
     assert table(again.stdout)["searched"]["Batch size (max)"] == "4"
 
 
+def test_a_searched_batch_that_runs_out_of_memory_in_training_steps_down(tmp_path):
+    """A short probe can fit where a whole epoch does not: training steps down from the searched maximum, the row
+    says so, and --resume does not train the batches that ran out of memory again."""
+    scenario = tiny_scenario(tmp_path, "trainoom", [{"name": "searched", "engine": "ddp"}], samples=64, steps=2,
+                             batch_size=None, lr=None, batch_search={"start": 1, "max": 4})
+    proc = zbench("run", scenario, "--out", str(tmp_path), "--wandb", "off", faults="train-oom")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "[searched] training at batch 4: out of memory\n[searched] training: batch 3 per rank" in proc.stderr
+    row = table(proc.stdout)["searched"]
+    assert row["Batch size (max)"] == "2" and row["Tokens/s"] != "–"
+    assert "batch 4 fit the search's short probe but ran out of memory over the epoch" in row["Notes"]
+    folder = run_dir(proc.stdout)
+    fits = json.load(open(os.path.join(folder, "variants", "searched.probes.json")))["fits"]
+    assert fits["training at batch 4"] is False and fits["training at batch 3"] is False and fits["batch 4"] is True
+    os.remove(os.path.join(folder, "variants", "searched.json"))
+    again = zbench("run", scenario, "--resume", folder, "--wandb", "off")  # no fault now: kept outcomes decide
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "[searched] training at batch 4: out of memory (kept from the run resumed)" in again.stderr
+    assert table(again.stdout)["searched"]["Batch size (max)"] == "2"
+
+
 def test_rank_failure_is_one_error_with_the_ranks_last_lines(tmp_path):
     """A failed rank fails its variant, not the run: the table shows it, then one error ends the output."""
     proc = zbench("run", _fault_scenario(tmp_path), "--out", str(tmp_path), "--wandb", "off", faults="crash")

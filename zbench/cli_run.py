@@ -166,7 +166,7 @@ def report(run_dir: str, wandb_mode: str) -> None:
     """Rewrite table.md, results.csv and the plots of RUN_DIR from its results.json; print the table."""
     from .run_folder import RunFolderError
     from .run_summary import NotARunFolder, load_summary
-    from .runner import write_outputs
+    from .results import write_outputs
     from .terminal_table import print_table
 
     try:

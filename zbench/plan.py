@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from zero_core import ConfigError, UnsupportedFeature, load_config
@@ -241,3 +241,12 @@ def build_plan(
                 "set batch_size for a multi-node run"
             )
     return Plan(sc, path, base_dir, arch, per_node, nnodes, device, plans, notes, simulated=bool(simulate))
+
+
+def variant_job(plan: Plan, vp: VariantPlan, arch: ArchConfig | None, batch: int, mode: str,
+                eval_batch: int | None = None) -> dict[str, Any]:
+    """What one launch of a variant runs (zbench.worker.run_job's argument, before progress and checkpoints)."""
+    return {"scenario": plan.scenario.model_dump(mode="json"), "base_dir": plan.base_dir,
+            "arch": asdict(arch) if arch else None, "engine": vp.spec.engine, "ds": vp.ds_template,
+            "batch": batch, "eval_batch": eval_batch, "mode": mode, "compile": plan.scenario.compile_backend(vp.spec),
+            "simulate_world": plan.world_size if plan.simulated else None}

@@ -40,6 +40,10 @@ class ProbeLog:
         """(whether `what` fits, whether that was kept from an earlier run); runs and records it if not kept."""
         if what in self.fits:
             return self.fits[what], True
-        self.fits[what] = fits = run()
-        write_atomic(self.path, json.dumps({"setup": self.setup, "fits": self.fits}, indent=1))
+        fits = run()
+        self.record(what, fits)
         return fits, False
+
+    def record(self, what: str, fits: bool) -> None:
+        self.fits[what] = fits
+        write_atomic(self.path, json.dumps({"setup": self.setup, "fits": self.fits}, indent=1))

@@ -98,6 +98,9 @@ def table_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             else f"{parity:.1e} {r['parity_note']}"
         )
         notes = r.get("note", "")
+        if r.get("train_oom_batch"):
+            notes = "; ".join(filter(None, [notes, f"batch {r['train_oom_batch']} fit the search's short probe "
+                                                   "but ran out of memory over the epoch"]))
         if r.get("skipped_steps"):  # engines that count them (zero_core, DeepSpeed): NaN/inf steps left out
             notes = "; ".join(filter(None, [notes, f"{r['skipped_steps']} step(s) skipped (non-finite gradients)"]))
         out.append(
@@ -210,3 +213,14 @@ def write_files(run_dir: str, summary: dict[str, Any]) -> None:
     write_atomic(run_path(run_dir, "results.json"), json.dumps(_json_safe(summary), indent=1, default=str))
     write_atomic(run_path(run_dir, "results.csv"), frame(summary).to_csv(index=False))
     write_atomic(run_path(run_dir, "table.md"), markdown(summary))
+
+
+def write_outputs(run_dir: str, summary: dict[str, Any], wandb_mode: str = "off", replay: bool = False) -> None:
+    """Files, plots and (unless off) W&B: the summary run, and a run for each row not logged live while it trained
+    (every row with `replay`, as `zbench report --wandb` asks)."""
+    from .plots import write_plots
+    from .wandb_log import log_runs
+
+    write_files(run_dir, summary)
+    write_plots(run_dir, summary)
+    log_runs(run_dir, summary, wandb_mode, replay=replay)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+import time
 from pathlib import Path
 
 from checkpoints.paths import inside, plain_name
@@ -73,3 +74,12 @@ def write_atomic(path: str, data: str | bytes) -> None:
         Path(tmp).unlink(missing_ok=True)  # our own temporary file only
         raise
 
+
+def new_run_dir(out: str, name: str, node_rank: int) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = run_path(out, f"{name}-{stamp}" + (f"-node{node_rank}" if node_rank else ""))
+    path, n = base, 1
+    while os.path.exists(path):
+        n += 1
+        path = f"{base}-{n}"
+    return path

@@ -65,6 +65,7 @@ class MeasuredRow(Row):
     batch: count(1, 2**63 - 1)
     batch_searched: Flag = False
     batch_search_step: Whole | None = None
+    train_oom_batch: count(1, 2**63 - 1) | None = None  # the searched maximum, out of memory over a whole epoch
     train_s_per_epoch: OptNum
     eval_s_per_epoch: OptNum
     eval: dict[str, OptNum]

@@ -22,18 +22,20 @@ from . import __version__, estimate
 from .interrupt import raise_if_dropped
 from .launch import Nodes, OutOfMemory, RankFailure, launch, start_method
 from .models.configs import ArchConfig
-from .plan import Plan, VariantPlan
+from .plan import Plan, VariantPlan, variant_job
 from .probe_log import ProbeLog
 from .progress import ProgressView
 from .parity import add_parity
-from .results import add_floor_ratio, base_row, measured_row, write_files
-from .run_folder import run_path, write_atomic
+from .results import add_floor_ratio, base_row, measured_row, write_outputs
+from .run_folder import new_run_dir, run_path, write_atomic
 from .run_summary import load_kept
-from .search import largest_fitting, largest_fitting_value
+from .search import largest_fitting, largest_fitting_value, train_stepping_down
 from .wandb_log import wandb_spec
 
 _ENGINE_MODULES = {"ddp": ("zbench.variants.ddp",), "zero": ("zbench.variants.zero",),
                    "fsdp2": ("zbench.variants.fsdp2",), "deepspeed": ("zbench.variants.deepspeed", "deepspeed")}
+# How many batch steps below the searched maximum training tries when a whole epoch runs out of memory there.
+TRAIN_STEP_DOWNS = 3
 
 
 @dataclass
@@ -49,25 +51,6 @@ class RunOptions:
 def say(message: str) -> None:
     """Status lines go to stderr: stdout ends with the table."""
     print(message, file=sys.stderr, flush=True)
-
-
-def new_run_dir(out: str, name: str, node_rank: int) -> str:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = run_path(out, f"{name}-{stamp}" + (f"-node{node_rank}" if node_rank else ""))
-    path, n = base, 1
-    while os.path.exists(path):
-        n += 1
-        path = f"{base}-{n}"
-    return path
-
-
-def variant_job(plan: Plan, vp: VariantPlan, arch: ArchConfig | None, batch: int, mode: str,
-                eval_batch: int | None = None) -> dict[str, Any]:
-    """What one launch of a variant runs (zbench.worker.run_job's argument, before progress and checkpoints)."""
-    return {"scenario": plan.scenario.model_dump(mode="json"), "base_dir": plan.base_dir,
-            "arch": asdict(arch) if arch else None, "engine": vp.spec.engine, "ds": vp.ds_template,
-            "batch": batch, "eval_batch": eval_batch, "mode": mode, "compile": plan.scenario.compile_backend(vp.spec),
-            "simulate_world": plan.world_size if plan.simulated else None}
 
 
 class Runner:
@@ -161,6 +144,22 @@ class Runner:
         say(f"[{vp.name}] {what}: {'fits' if fits else 'out of memory'}{kept_note}")
         return fits
 
+    def _train(self, vp: VariantPlan, arch: ArchConfig | None, batch: int,
+               eval_batch: int | None) -> dict[int, dict[str, Any]]:
+        """The training launch; an out-of-memory end is kept in the probe log, so --resume does not train that
+        batch again."""
+        log = self.probes.get(vp.name)
+        what = f"training at batch {batch}"
+        if log is not None and log.fits.get(what) is False:
+            say(f"[{vp.name}] {what}: out of memory (kept from the run resumed)")
+            raise OutOfMemory(f"{what}: out of memory in an earlier run", rank=0)
+        try:
+            return self._launch(vp, arch, batch, "train", eval_batch)
+        except OutOfMemory:
+            if log is not None:
+                log.record(what, False)
+            raise
+
     # -- one variant ----------------------------------------------------------------------------
     def run_variant(self, vp: VariantPlan) -> dict[str, Any]:
         sc = self.plan.scenario
@@ -199,12 +198,26 @@ class Runner:
                 return {**row, "status": "oom", "batch": batch, "note": f"OOM in eval even at eval batch {bs.start}"}
         world = self.plan.world_size
         ranks = f"rank 0 of {world}, simulated" if self.plan.simulated else f"{world} rank(s)"
-        say(f"[{vp.name}] training: batch {batch} per rank on {ranks}")
-        try:
-            res = self._launch(vp, arch, batch, "train", eval_batch)
-        except OutOfMemory as e:
+        oom: list[OutOfMemory] = []
+
+        def train(b: int) -> dict[int, dict[str, Any]] | None:
+            say(f"[{vp.name}] training: batch {b} per rank on {ranks}")
+            try:
+                return self._train(vp, arch, b, eval_batch)
+            except OutOfMemory as e:
+                say(f"[{vp.name}] training at batch {b}: out of memory")
+                oom.append(e)
+                return None
+
+        # A short probe can fit where a whole epoch does not (the allocator fragments over the steps).
+        downs = TRAIN_STEP_DOWNS if searched else 0
+        trained, res = train_stepping_down(train, batch, sc.batch_search.start, sc.batch_search.multiple_of, downs)
+        if res is None:
+            e = oom[-1]
             killed = f" (rank {e.rank} was SIGKILLed: most often the out-of-memory killer)" if e.exitcode == -9 else ""
-            return {**row, "status": "oom", "batch": batch, "note": f"OOM Error at batch {batch}{killed}"}
+            return {**row, "status": "oom", "batch": trained, "note": f"OOM Error at batch {trained}{killed}"}
+        if trained != batch:
+            row["train_oom_batch"] = batch
         if 0 not in res:
             return {**row, "status": "remote"}  # this node does not hold rank 0: nothing to measure here
         r0 = res[0]
@@ -283,13 +296,3 @@ class Runner:
         write_outputs(self.run_dir, summary, self.opts.wandb)
         return summary
 
-
-def write_outputs(run_dir: str, summary: dict[str, Any], wandb_mode: str = "off", replay: bool = False) -> None:
-    """Files, plots and (unless off) W&B: the summary run, and a run for each row not logged live while it trained
-    (every row with `replay`, as `zbench report --wandb` asks)."""
-    from .plots import write_plots
-    from .wandb_log import log_runs
-
-    write_files(run_dir, summary)
-    write_plots(run_dir, summary)
-    log_runs(run_dir, summary, wandb_mode, replay=replay)

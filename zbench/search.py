@@ -7,7 +7,9 @@ and the model size, so doubling and then bisecting finds the boundary in O(log) 
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Sequence, TypeVar
+
+Result = TypeVar("Result")
 
 
 def largest_fitting(fits: Callable[[int], bool], start: int, maximum: int, multiple_of: int = 1) -> int | None:
@@ -53,3 +55,16 @@ def largest_fitting_value(fits: Callable[[int], bool], values: Sequence[int]) ->
         else:
             hi = mid
     return ordered[lo] if lo >= 0 else None
+
+
+def train_stepping_down(train: Callable[[int], Result | None], batch: int, lowest: int, step: int = 1,
+                        downs: int = 0) -> tuple[int, Result | None]:
+    """(the batch, train(batch)) for the first batch that trains, from `batch` down by `step` at most `downs`
+    times and never below `lowest` (`batch` itself is always tried); train returns None when out of memory.
+    (the last batch tried, None) if none trains."""
+    tried = batch
+    for tried in range(batch, min(batch, max(lowest, batch - downs * step)) - 1, -step):
+        result = train(tried)
+        if result is not None:
+            return tried, result
+    return tried, None
