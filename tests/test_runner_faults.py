@@ -70,7 +70,8 @@ def test_a_searched_batch_that_runs_out_of_memory_in_training_steps_down(tmp_pat
     os.remove(os.path.join(folder, "variants", "searched.json"))
     again = zbench("run", scenario, "--resume", folder, "--wandb", "off")  # no fault now: kept outcomes decide
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "[searched] training at batch 4: out of memory (kept from the run resumed)" in again.stderr
+    assert "[searched] training at batch 4: out of memory (kept from the run resumed)\n[searched] training: batch 3" \
+        in again.stderr
     assert table(again.stdout)["searched"]["Batch size (max)"] == "2"
 
 

@@ -36,6 +36,7 @@ _ENGINE_MODULES = {"ddp": ("zbench.variants.ddp",), "zero": ("zbench.variants.ze
                    "fsdp2": ("zbench.variants.fsdp2",), "deepspeed": ("zbench.variants.deepspeed", "deepspeed")}
 # How many batch steps below the searched maximum training tries when a whole epoch runs out of memory there.
 TRAIN_STEP_DOWNS = 3
+KEPT_OOM = "out of memory in the run resumed"
 
 
 @dataclass
@@ -151,8 +152,7 @@ class Runner:
         log = self.probes.get(vp.name)
         what = f"training at batch {batch}"
         if log is not None and log.fits.get(what) is False:
-            say(f"[{vp.name}] {what}: out of memory (kept from the run resumed)")
-            raise OutOfMemory(f"{what}: out of memory in an earlier run", rank=0)
+            raise OutOfMemory(KEPT_OOM, rank=0)
         try:
             return self._launch(vp, arch, batch, "train", eval_batch)
         except OutOfMemory:
@@ -205,7 +205,8 @@ class Runner:
             try:
                 return self._train(vp, arch, b, eval_batch)
             except OutOfMemory as e:
-                say(f"[{vp.name}] training at batch {b}: out of memory")
+                kept = " (kept from the run resumed)" if str(e) == KEPT_OOM else ""
+                say(f"[{vp.name}] training at batch {b}: out of memory{kept}")
                 oom.append(e)
                 return None
 
