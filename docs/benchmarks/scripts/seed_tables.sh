@@ -2,7 +2,7 @@
 # The seed articles' tables as a user runs them: every shipped scenario that fits one GPU, as shipped (the
 # 2-GPU ones as rank 0 of 2 with --simulate-ranks 2), on ONE lent GPU, in parts that each fit a 10-minute call.
 # From the repo root:
-#   bash docs/benchmarks/scripts/seed_tables.sh PART      # PART: table2 table2-1gpu table3 table4 table1 tiny engines extra
+#   bash docs/benchmarks/scripts/seed_tables.sh PART      # PART: table2 table2-1gpu table3 table4 table1 tiny engines gpt7b mingpt-1gpu extra
 # Each call stops itself before DEADLINE seconds (default 560) with SIGINT, which zbench turns into a clean stop
 # that keeps every finished variant; calling the same PART again resumes the unfinished run folder under
 # runs/seed/ (kept between calls while the machine stays warm, or carried to a fresh one: carry "runs/seed")
@@ -21,7 +21,9 @@
 #                search 1..64 per variant (is batch 10 still "only with offload"?): ~16 min -> 2 calls
 #   table1       seed Table 1, DeBERTa-v2-xlarge MRPC-sized, --simulate-ranks 2: ~8 min
 #   tiny         quickstart, mrpc_tiny, seq2seq_tiny on the GPU (--simulate-ranks 2): ~4 min
-#   engines      gpt2xl_engines (--simulate-ranks 2, DeepSpeed rows say why not) and gpt7b_offload: ~10 min
+#   engines      gpt2xl_engines (--simulate-ranks 2, DeepSpeed rows say why not): ~5 min
+#   gpt7b        gpt7b_offload, a 7 B GPT with ZeRO-3 + optimizer offload on the one GPU: ~5 min
+#   mingpt-1gpu  mingpt_largest's n_layer search on the one GPU (--gpus 1), optimizer offload to host and NVMe
 #   extra        deberta_mrpc_dynamic, deberta_mrpc_compiled, mingpt_largest (--simulate-ranks 2): ~40 min, 4+ calls
 # table2..table4 (the seed tables not yet run on a GPU) take about 6 calls; all parts about 14.
 set -uo pipefail
@@ -30,7 +32,7 @@ python3 -c 'import importlib.metadata as m
 for p in ("transformers", "deepspeed", "wandb"):
     try: print(p, m.version(p))
     except m.PackageNotFoundError: print(p, "not installed")' | tee -a "$OUT/env.txt"
-part=${1:?name a part: table2 table2-1gpu table3 table4 table1 tiny engines extra}
+part=${1:?name a part: table2 table2-1gpu table3 table4 table1 tiny engines gpt7b mingpt-1gpu extra}
 DEADLINE=${DEADLINE:-560}
 START=$SECONDS
 SEED=runs/seed
@@ -91,7 +93,10 @@ case "$part" in
   table4) run table4 scenarios/longformer_feedback.yaml || ok=1 ;;
   table1) run table1 scenarios/deberta_mrpc.yaml --simulate-ranks 2 || ok=1 ;;
   tiny) for s in quickstart mrpc_tiny seq2seq_tiny; do run "$s" "scenarios/$s.yaml" --simulate-ranks 2 || { ok=1; break; }; done ;;
-  engines) { run gpt2xl_engines scenarios/gpt2xl_engines.yaml --simulate-ranks 2 && run gpt7b_offload scenarios/gpt7b_offload.yaml; } || ok=1 ;;
+  engines) run gpt2xl_engines scenarios/gpt2xl_engines.yaml --simulate-ranks 2 || ok=1 ;;
+  gpt7b) run gpt7b_offload scenarios/gpt7b_offload.yaml || ok=1 ;;
+  mingpt-1gpu) run mingpt_1gpu scenarios/mingpt_largest.yaml --gpus 1 --variants zero3-offload,zero3-offload-nvme \
+                 || ok=1 ;;
   extra) for s in deberta_mrpc_dynamic deberta_mrpc_compiled mingpt_largest; do
            run "$s" "scenarios/$s.yaml" --simulate-ranks 2 || { ok=1; break; }; done ;;
   *) echo "unknown part '$part'"; exit 2 ;;
