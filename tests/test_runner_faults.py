@@ -126,8 +126,7 @@ def test_killed_run_resumes_from_its_checkpoint_with_the_same_losses(tmp_path):
 
 
 def test_nvme_offload_variant_runs_and_leaves_no_state_files(tmp_path):
-    swap = tmp_path / "swap"
-    swap.mkdir()
+    swap = tmp_path / "swap" / "zero"  # not there yet: the run creates the folder the scenario names
     path = tiny_scenario(
         tmp_path,
         "nvme",
@@ -143,6 +142,7 @@ def test_nvme_offload_variant_runs_and_leaves_no_state_files(tmp_path):
     row = table(proc.stdout)["zero2-nvme"]
     assert row["Method"] == "zero_core ZeRO Stage 2 + NVMe offload (optimizer)"
     assert row["Loss parity vs DDP"].endswith(" ok"), row
+    assert swap.is_dir()
     assert list(swap.rglob("*")) == [] or all(p.is_dir() for p in swap.rglob("*"))  # state files are unlinked
     from zbench import estimate
 

@@ -142,6 +142,16 @@ def has_offload(ds: dict[str, Any]) -> bool:
     )
 
 
+def make_nvme_folders(ds: dict[str, Any]) -> None:
+    """Create the NVMe offload folders a scenario names (scratch space, as DeepSpeed creates its swap folders);
+    nothing in them is ever removed but the engine's own files."""
+    zero = ds.get("zero_optimization") or {}
+    for key in ("offload_optimizer", "offload_param"):
+        section = zero.get(key)
+        if isinstance(section, dict) and section.get("device") == "nvme" and isinstance(section.get("nvme_path"), str):
+            os.makedirs(section["nvme_path"], exist_ok=True)
+
+
 def fixed_batch(ds: dict[str, Any]) -> int | None:
     """A numeric train_micro_batch_size_per_gpu in the variant's own file, if any."""
     micro = ds.get("train_micro_batch_size_per_gpu")

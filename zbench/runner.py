@@ -18,7 +18,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from . import __version__, estimate
+from . import __version__, ds_config, estimate
 from .interrupt import raise_if_dropped
 from .launch import Nodes, OutOfMemory, RankFailure, launch, start_method
 from .models.configs import ArchConfig
@@ -147,8 +147,7 @@ class Runner:
 
     def _train(self, vp: VariantPlan, arch: ArchConfig | None, batch: int,
                eval_batch: int | None) -> dict[int, dict[str, Any]]:
-        """The training launch; an out-of-memory end is kept in the probe log, so --resume does not train that
-        batch again."""
+        """The training launch; running out of memory is kept in the probe log (--resume does not retry it)."""
         log = self.probes.get(vp.name)
         what = f"training at batch {batch}"
         if log is not None and log.fits.get(what) is False:
@@ -168,6 +167,7 @@ class Runner:
             say(f"[{vp.name}] skipped: {vp.reason}")
             return {**row, "status": "unsupported", "note": vp.reason}
         arch = vp.arch
+        ds_config.make_nvme_folders(vp.ds_template)
         if sc.model_search and arch is not None:
             key = sc.model_search.key
 
