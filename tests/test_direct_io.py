@@ -76,6 +76,7 @@ def io_path(request, tmp_path, monkeypatch):
 def small_ring(monkeypatch):
     """Ring buffers and read chunks of two blocks: a few KiB of tensors cross many buffers."""
     monkeypatch.setattr(staged_write, "PIECE_BYTES", 2 * direct_io.ALIGN)
+    monkeypatch.setattr(staged_write, "HOST_PIECE_BYTES", 2 * direct_io.ALIGN)
     monkeypatch.setattr(verified_read, "CHUNK_BYTES", 2 * direct_io.ALIGN)
 
 
@@ -126,12 +127,21 @@ def test_written_files_equal_safetensors_own(tmp_path, io_path, small_ring, case
 
 def test_default_ring_sizes_and_whole_tensors(tmp_path, io_path):
     """A tensor of several default-sized buffers, written whole (as a synchronous save does)."""
-    t = {"w": torch.randn(3 * staged_write.PIECE_BYTES // 4 + 5)}
+    t = {"w": torch.randn(3 * staged_write.HOST_PIECE_BYTES // 4 + 5)}  # 3 host buffers and a bit
     ref, _ = _reference(t)
     w = StreamingWriter(tmp_path / "w.safetensors", [("w", torch.float32, t["w"].shape)])
     w.write(t["w"])
     assert w.close()["bytes"] == len(ref)
     assert (tmp_path / "w.safetensors").read_bytes() == ref
+
+
+def test_host_sources_stage_through_smaller_buffers(tmp_path):
+    """A convert or a CPU save streams from host memory: its ring is 4 x 8 MiB, not the GPU path's 4 x 32 MiB
+    (the converter's peak memory bound counts it)."""
+    w = staged_write.StagedWriter(tmp_path / "w.bin", checksums.new_hasher(checksums.DEFAULT), 1 << 30, pinned=False)
+    w.append(torch.arange(10, dtype=torch.uint8))
+    assert w._piece == staged_write.HOST_PIECE_BYTES and staged_write.HOST_PIECE_BYTES * staged_write.RING <= 32 << 20
+    assert w.finish() == 10 and (tmp_path / "w.bin").read_bytes() == bytes(range(10))
 
 
 def test_a_failed_write_surfaces_and_leaves_no_open_file(tmp_path, monkeypatch, small_ring):
