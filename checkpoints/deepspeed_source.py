@@ -18,7 +18,7 @@ import torch
 
 from . import deepspeed_layout as layout
 from .deepspeed_model_states import ModelStates
-from .deepspeed_pickle import MappedFiles, check_zip_file, load_pickle
+from .deepspeed_pickle import MappedFiles, check_zip_files, load_pickle
 from .page_drop import drop_file_pages
 from .paths import inside
 from .source import CheckpointError, ParamInfo, SourceSummary
@@ -169,4 +169,4 @@ class DeepSpeedSource:
 
     def verify(self) -> list[str]:
         """CRC-check every rank file (DeepSpeed writes no checksums; torch.save's zip records have CRCs)."""
-        return [p for f in self.model.paths + self.optim_files if (p := check_zip_file(f))]
+        return check_zip_files(self.model.paths + self.optim_files)

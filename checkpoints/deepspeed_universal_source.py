@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from .deepspeed_model_states import ModelStates
-from .deepspeed_pickle import MappedFiles, check_zip_file, load_pickle
+from .deepspeed_pickle import MappedFiles, check_zip_files, load_pickle
 from .deepspeed_source import summarize
 from .paths import inside
 from .source import CheckpointError, ParamInfo, SourceSummary
@@ -113,4 +113,4 @@ class UniversalSource:
 
     def verify(self) -> list[str]:
         """CRC-check every .pt file of the folder (torch.save's zip records carry CRCs)."""
-        return [p for f in self._pt_files if (p := check_zip_file(f))]
+        return check_zip_files(list(self._pt_files))
