@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 from pydantic import model_serializer, model_validator
 
+from .config_keys import SCHEDULER_KEYS
 from .config_types import AS_LIST, Bool, Section, beta_pair, choice, integer, number
 
 
@@ -69,35 +70,6 @@ class SchedulerParams(Section):
     decay_mom_rate: Annotated[float, number(0.0)] = 0.0
 
 
-_WARMUP = {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "last_batch_iteration"}
-# the parameters each DeepSpeed scheduler takes (deepspeed/runtime/lr_schedules.py)
-SCHEDULER_KEYS = {
-    "WarmupLR": _WARMUP,
-    "WarmupDecayLR": _WARMUP | {"total_num_steps"},
-    "WarmupCosineLR": {
-        "total_num_steps",
-        "warmup_min_ratio",
-        "warmup_num_steps",
-        "cos_min_ratio",
-        "warmup_type",
-        "last_batch_iteration",
-    },
-    "OneCycle": {
-        "cycle_min_lr",
-        "cycle_max_lr",
-        "decay_lr_rate",
-        "cycle_first_step_size",
-        "cycle_second_step_size",
-        "cycle_first_stair_count",
-        "cycle_second_stair_count",
-        "decay_step_size",
-        "cycle_momentum",
-        "cycle_min_mom",
-        "cycle_max_mom",
-        "decay_mom_rate",
-        "last_batch_iteration",
-    },
-}
 
 
 class SchedulerConfig(Section):
