@@ -36,7 +36,6 @@ _ENGINE_MODULES = {"ddp": ("zbench.variants.ddp",), "zero": ("zbench.variants.ze
                    "fsdp2": ("zbench.variants.fsdp2",), "deepspeed": ("zbench.variants.deepspeed", "deepspeed")}
 # How many batch steps below the searched maximum training tries when a whole epoch runs out of memory there.
 TRAIN_STEP_DOWNS = 3
-KEPT_OOM = "out of memory in the run resumed"
 
 
 @dataclass
@@ -146,12 +145,14 @@ class Runner:
         return fits
 
     def _train(self, vp: VariantPlan, arch: ArchConfig | None, batch: int,
-               eval_batch: int | None) -> dict[int, dict[str, Any]]:
-        """The training launch; running out of memory is kept in the probe log (--resume does not retry it)."""
+               eval_batch: int | None) -> dict[int, dict[str, Any]] | None:
+        """The training launch; None for an out-of-memory end kept from the run resumed (the probe log keeps
+        each one, so --resume does not train that batch again)."""
         log = self.probes.get(vp.name)
         what = f"training at batch {batch}"
         if log is not None and log.fits.get(what) is False:
-            raise OutOfMemory(KEPT_OOM, rank=0)
+            say(f"[{vp.name}] {what}: out of memory (kept from the run resumed)")
+            return None
         try:
             return self._launch(vp, arch, batch, "train", eval_batch)
         except OutOfMemory:
@@ -205,8 +206,7 @@ class Runner:
             try:
                 return self._train(vp, arch, b, eval_batch)
             except OutOfMemory as e:
-                kept = " (kept from the run resumed)" if str(e) == KEPT_OOM else ""
-                say(f"[{vp.name}] training at batch {b}: out of memory{kept}")
+                say(f"[{vp.name}] training at batch {b}: out of memory")
                 oom.append(e)
                 return None
 
@@ -214,8 +214,8 @@ class Runner:
         downs = TRAIN_STEP_DOWNS if searched else 0
         trained, res = train_stepping_down(train, batch, sc.batch_search.start, sc.batch_search.multiple_of, downs)
         if res is None:
-            e = oom[-1]
-            killed = f" (rank {e.rank} was SIGKILLed: most often the out-of-memory killer)" if e.exitcode == -9 else ""
+            sigkill = oom and oom[-1].exitcode == -9
+            killed = f" (rank {oom[-1].rank} was SIGKILLed: most often the out-of-memory killer)" if sigkill else ""
             return {**row, "status": "oom", "batch": trained, "note": f"OOM Error at batch {trained}{killed}"}
         if trained != batch:
             row["train_oom_batch"] = batch
