@@ -15,6 +15,8 @@ import zipfile
 import zlib
 from pathlib import Path
 
+from . import direct_io
+
 PIECE = 8 << 20
 _LOCAL_HEADER = 30  # fixed part of a zip local file header; the name and extra field follow
 
@@ -44,11 +46,11 @@ def first_bad_record(path: Path) -> str | None:
                 raise ZipCorrupt(f"record {info.filename} runs past the end of the file")
             crc, pos, end = 0, start, start + info.compress_size
             while pos < end:
-                got = os.preadv(raw.fileno(), [view[: min(PIECE, end - pos)]], pos)
-                if got <= 0:
+                want = min(PIECE, end - pos)
+                if direct_io.read_at(raw.fileno(), view, pos, want) != want:
                     raise ZipCorrupt(f"record {info.filename} is cut short")
-                crc = zlib.crc32(view[:got], crc)
-                pos += got
+                crc = zlib.crc32(view[:want], crc)
+                pos += want
             if crc != info.CRC:
                 return info.filename
     return None
