@@ -116,7 +116,11 @@ def write_inputs(box: Path, scenario: Callable[..., str]) -> None:
         "name long": scenario(variants=[{"name": "x" * 300, "engine": "ddp"}]),
         "name absolute": scenario(name="/tmp/evil"),
         "name comma": scenario(name="a,b"),
+        # an NVMe folder that cannot be made (under a plain file)
+        "nvme blocked": scenario(variants=[{"name": "z", "engine": "zero", "stage": 2, "offload_optimizer": "nvme",
+                                            "nvme_path": "plain file/swap"}]),
     }
+    (box / "plain file").write_text("not a folder\n")
     for name, text in scenarios.items():
         (box / f"{name}.yaml").write_text(text, encoding="utf-8")
     base = scenario()
@@ -198,6 +202,10 @@ CASES = [
     (["run", "{b}/decay negative.yaml", *R], "weight_decay must be a finite number (x >= 0), got -1"),
     (["run", "{b}/flag number.yaml", *R], "measure_floor must be true or false, got 1"),
     (["run", "{b}/search inverted.yaml", *R], "lies between start 64 and max 8"),
+    (
+        ["run", "{b}/nvme blocked.yaml", *R],
+        "/plain file/swap' cannot be created (Not a directory); create it or give the variant a folder on a local disk",
+    ),
     (["run", "{b}/eval batch.yaml", *R], "eval_batch_size must be a whole number from 1 to 65,536, got 0"),
     (["run", "{b}/dup key.yaml", *R], "has the key 'seq_len' twice in one mapping (lines"),
     (["run", "{b}/dup nested.yaml", *R], "has the key 'key' twice in one mapping"),

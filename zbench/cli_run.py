@@ -71,6 +71,7 @@ def run(
     no_progress: bool,
 ) -> None:
     """Run every variant of SCENARIO (a YAML file) and print the comparison table."""
+    from .ds_config import make_nvme_folders
     from .launch import Nodes, RankFailure
     from .plan import build_plan
     from .run_folder import RunFolderError
@@ -91,6 +92,9 @@ def run(
                     check_resume(resume, plan)
                 for note in plan.notes:
                     say(f"note: {note}")
+                for vp in plan.variants:
+                    if vp.status == "ready":
+                        make_nvme_folders(vp.ds_template, vp.name)
                 runner = Runner(
                     plan,
                     RunOptions(

@@ -142,14 +142,20 @@ def has_offload(ds: dict[str, Any]) -> bool:
     )
 
 
-def make_nvme_folders(ds: dict[str, Any]) -> None:
+def make_nvme_folders(ds: dict[str, Any], variant: str) -> None:
     """Create the NVMe offload folders a scenario names (scratch space, as DeepSpeed creates its swap folders);
-    nothing in them is ever removed but the engine's own files."""
+    nothing in them is ever removed but the engine's own files. ConfigError if one cannot be made."""
     zero = ds.get("zero_optimization") or {}
     for key in ("offload_optimizer", "offload_param"):
         section = zero.get(key)
         if isinstance(section, dict) and section.get("device") == "nvme" and isinstance(section.get("nvme_path"), str):
-            os.makedirs(section["nvme_path"], exist_ok=True)
+            try:
+                os.makedirs(section["nvme_path"], exist_ok=True)
+            except OSError as e:
+                raise ConfigError(
+                    f"variant '{variant}': nvme_path '{section['nvme_path']}' cannot be created ({e.strerror}); "
+                    "create it or give the variant a folder on a local disk"
+                ) from None
 
 
 def fixed_batch(ds: dict[str, Any]) -> int | None:

@@ -18,7 +18,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from . import __version__, ds_config, estimate
+from . import __version__, estimate
 from .interrupt import raise_if_dropped
 from .launch import Nodes, OutOfMemory, RankFailure, launch, start_method
 from .models.configs import ArchConfig
@@ -168,7 +168,6 @@ class Runner:
             say(f"[{vp.name}] skipped: {vp.reason}")
             return {**row, "status": "unsupported", "note": vp.reason}
         arch = vp.arch
-        ds_config.make_nvme_folders(vp.ds_template)
         if sc.model_search and arch is not None:
             key = sc.model_search.key
 
