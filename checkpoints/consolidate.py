@@ -11,10 +11,12 @@ Everything is written into a staging folder beside `out_dir`, claimed for this p
 renamed into place at the end (output_claim.py), so a failure leaves nothing behind and two converts
 into one folder cannot spoil each other's output.
 
-Speed: the source's integrity check (`verify`) runs in a thread beside the conversion, reading each file
-front to back; it is the read-ahead that brings the files in from disk once, and the output is renamed into
-place only if it passes. The next tensor is loaded while the current one is cast and written, when both fit
-in the memory bound (1.5x the largest tensor + 256 MB: tensors above half the largest load alone).
+Verification, when asked for, reads nothing twice. A source that checks what it reads as it reads it
+(`read_problems`: DeepSpeed's zip records carry CRC-32s) is asked at the end what failed; any other source's
+`verify` runs in a thread beside the conversion, reading each file front to back, the read-ahead that brings
+the files in from disk once. Either way the output is renamed into place only if it passes.
+Speed: the next tensor is loaded while the current one is cast and written, when both fit in the memory
+bound (1.5x the largest tensor + 256 MB: tensors above half the largest load alone).
 """
 
 from __future__ import annotations
@@ -110,18 +112,23 @@ def write_consolidated(
     max_shard_size: int,
     progress: bool = True,
     protect: Iterable[str | Path] = (),
-    verify: Callable[[], list[str]] | None = None,
+    verify: bool = False,
 ) -> list[Path]:
     """Stream every parameter of `source` into safetensors under `out_dir`; returns the files written.
-    `verify` (e.g. source.verify) runs beside the conversion; its first problem fails it, nothing written.
+    With `verify`, the source's integrity check runs in the same pass; its first problem fails it, nothing written.
 
     `out_dir` must be new or empty and outside the source's folder and the `protect` folders."""
     with ThreadPoolExecutor(2, thread_name_prefix="zbench-convert") as pool:
-        check = pool.submit(verify) if verify is not None else None
+        in_pass = getattr(source, "read_problems", None) if verify else None
+        check: Callable[[], list[str]] | None = None
+        if in_pass is not None:
+            check = in_pass
+        elif verify:
+            check = pool.submit(source.verify).result
         try:
             files = _write(source, out_dir, dtype, max_shard_size, progress, protect, pool, check)
         except CheckpointError:
-            problems = check.result() if check is not None else []
+            problems = check() if check is not None else []
             if problems:  # a damaged file explains a failure better than its symptom
                 raise CheckpointError(first_problem(problems)) from None
             raise
@@ -136,7 +143,7 @@ def _write(
     progress: bool,
     protect: Iterable[str | Path],
     pool: ThreadPoolExecutor,
-    check: Future | None,
+    check: Callable[[], list[str]] | None,
 ) -> list[Path]:
     out_dir = Path(out_dir)
     protect = [*protect, *([source.folder] if hasattr(source, "folder") else [])]
@@ -169,7 +176,7 @@ def _write(
             index = {"metadata": {"total_size": total}, "weight_map": weight_map}
             (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
             names.append("model.safetensors.index.json")
-        problems = check.result() if check is not None else []
+        problems = check() if check is not None else []
         if problems:  # before the output is renamed into place: the claim removes it
             raise CheckpointError(first_problem(problems))
     return [out_dir / n for n in names]

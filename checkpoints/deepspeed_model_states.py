@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from .deepspeed_pickle import MappedFiles, load_pickle
+from .torch_file_reader import TorchFileReader
 from .paths import inside
 from .source import CheckpointError, ParamInfo
 
@@ -29,7 +29,7 @@ class ModelStates:
     """Parsed model-states file(s) of one tag folder; tensors are read lazily through `files`."""
 
     def __init__(
-        self, folder: Path, files: MappedFiles, world_size: int | None = None, follow_symlinks: bool = False
+        self, folder: Path, files: TorchFileReader, world_size: int | None = None, follow_symlinks: bool = False
     ) -> None:
         self.folder = Path(folder)
         self.files = files
@@ -42,7 +42,7 @@ class ModelStates:
         )
         if not first.is_file():
             raise CheckpointError(f"missing rank file {first}; copy it from the run that saved this checkpoint")
-        state = load_pickle(first)
+        state = files.get(first)
         if not isinstance(state, dict) or "module" not in state:
             raise CheckpointError(f"{first} is not a DeepSpeed model-states file (no 'module' entry)")
         self.world_size = int(state.get("dp_world_size") or world_size or 1)
@@ -118,12 +118,13 @@ class ModelStates:
     def load_untrained(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         """A frozen parameter or buffer: floating tensors as fp32, others in their own dtype."""
         if self.zero3 and name in self.frozen_shapes:
-            parts = [self.files.get(p)["frozen_param_fragments"][name].reshape(-1) for p in self.paths]
-            out = torch.cat(parts)[: math.prod(shape)].clone()
+            parts = [self.files.tensor(p, self.files.get(p)["frozen_param_fragments"][name]) for p in self.paths]
+            out = torch.cat([t.reshape(-1) for t in parts])[: math.prod(shape)]
         else:
             state = self.files.get(self.paths[0])
             frags = state.get("frozen_param_fragments") or {}
-            out = (frags[name] if name in frags else state["module"][name]).clone()
-        self.files.touched(out.numel() * out.element_size())
+            out = self.files.tensor(self.paths[0], frags[name] if name in frags else state["module"][name])
+        if out.numel() != math.prod(shape):
+            raise CheckpointError(f"{self.paths[0]}: {name} holds {out.numel()} elements, not those of {shape}")
         out = out.reshape(shape)
         return out.float() if out.is_floating_point() else out

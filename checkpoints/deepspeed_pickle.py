@@ -6,13 +6,12 @@ which refuses every global that is not allowlisted, and allowlist *inert stand-i
 under those DeepSpeed names: nothing from the file is ever imported or executed. Any other global
 is refused with a CheckpointError naming the file and the global.
 
-Files are opened with `mmap=True` when they use the zip format, so only the pages a caller
-touches are read from disk.
+torch_file_reader.py loads the structure with meta tensors and reads tensor bytes itself; a plain
+load here memory-maps zip-format files, so only the pages a caller touches are read from disk.
 """
 
 from __future__ import annotations
 
-import gc
 import pickle
 import re
 import zipfile
@@ -74,17 +73,18 @@ STAND_INS: dict[str, type] = {
 }
 
 
-def load_pickle(path: Path, mmap: bool = True) -> Any:
-    """torch.load `path` on the CPU with DeepSpeed stand-ins; every failure is a one-line CheckpointError."""
+def load_pickle(path: Path, mmap: bool = True, map_location: str = "cpu") -> Any:
+    """torch.load `path` with DeepSpeed stand-ins, on the CPU (memory-mapped when `mmap` and the file is a zip)
+    or with meta tensors that read nothing; every failure is a one-line CheckpointError."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(
             f"missing file {path}; the checkpoint is incomplete: copy it again from where it was saved"
         )
-    use_mmap = mmap and zipfile.is_zipfile(path)  # mmap needs the zip format (torch >= 1.6 default)
+    use_mmap = mmap and map_location == "cpu" and zipfile.is_zipfile(path)  # mmap needs the zip format
     try:
         with torch.serialization.safe_globals([(cls, name) for name, cls in STAND_INS.items()]):
-            return torch.load(path, map_location="cpu", weights_only=True, mmap=use_mmap)
+            return torch.load(path, map_location=map_location, weights_only=True, mmap=use_mmap)
     except pickle.UnpicklingError as e:
         refused = re.search(r"GLOBAL ([\w.]+)|unrecognized function (\S+)|but got (\S+)", str(e))
         if refused:
@@ -143,38 +143,3 @@ def _legacy_pickle_ok(path: Path) -> bool:
     except CheckpointError:
         return False
     return True
-
-
-class MappedFiles:
-    """Rank files opened with mmap, shared by many `load(name)` calls and closed after `budget` bytes.
-
-    Pages read through a mapping stay resident (and count in RSS) until it is unmapped, so after
-    reading `budget` bytes we drop every open file: torch unmaps a file when its last tensor dies.
-    """
-
-    def __init__(self, budget: int = 64 << 20) -> None:
-        self.budget = budget
-        self._open: dict[Path, Any] = {}
-        self._read = 0
-
-    def get(self, path: Path) -> Any:
-        """The unpickled content of `path` (tensors memory-mapped, nothing read until touched)."""
-        path = Path(path)
-        if path not in self._open:
-            self._open[path] = load_pickle(path)
-        return self._open[path]
-
-    def is_mapped(self, path: Path) -> bool:
-        """Whether `path`'s tensors are file mappings (zip format) rather than memory it owns."""
-        return zipfile.is_zipfile(path)
-
-    def touched(self, nbytes: int) -> None:
-        """Record `nbytes` copied out of the mappings; unmap everything past the budget."""
-        self._read += nbytes
-        if self._read > self.budget:
-            self.close()
-
-    def close(self) -> None:
-        self._open.clear()
-        gc.collect()  # the unpickled graphs can hold cycles: collect now so the mappings really go
-        self._read = 0

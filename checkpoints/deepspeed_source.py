@@ -18,12 +18,12 @@ import torch
 
 from . import deepspeed_layout as layout
 from .deepspeed_model_states import ModelStates
-from .deepspeed_pickle import MappedFiles, check_zip_files, load_pickle
-from .page_drop import drop_file_pages
+from .deepspeed_pickle import check_zip_files
 from .paths import inside
 from .source import CheckpointError, ParamInfo, SourceSummary
+from .torch_file_reader import TorchFileReader
 
-_CHUNK = 1 << 23  # elements copied per step: the pages read stay mapped only up to MappedFiles' budget
+_CHUNK = 1 << 23  # elements read per step: the next step's read overlaps this one's CRC in the kernel read-ahead
 OPTIM_RE = re.compile(r"^(bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
 
 
@@ -53,7 +53,7 @@ class DeepSpeedSource:
 
     def __init__(self, folder: Path, follow_symlinks: bool = False) -> None:
         self.folder = Path(folder)
-        self._files = MappedFiles()
+        self._files = TorchFileReader()
         optim = self._find_optim_files()
         self.model = ModelStates(self.folder, self._files, world_size=max(optim) + 1, follow_symlinks=follow_symlinks)
         self.world_size = self.model.world_size
@@ -73,7 +73,7 @@ class DeepSpeedSource:
                     f"missing rank file {f} (world size {self.world_size}); "
                     "copy it from the run that saved this checkpoint"
                 )
-        metas = [load_pickle(f)["optimizer_state_dict"] for f in self.optim_files]
+        metas = [self._files.get(f)["optimizer_state_dict"] for f in self.optim_files]
         self.stage = int(metas[0].get("zero_stage", 0))  # ZeroStageEnum loads as its plain int value
         if self.stage not in (1, 2, 3):
             raise CheckpointError(
@@ -94,7 +94,6 @@ class DeepSpeedSource:
         self.precision = "bf16" if prefix == "bf16_" else self.model.precision
         self._infos = self.model.infos()
         self._by_name = {i.name: i for i in self._infos}
-        self._files.close()
 
     def _find_optim_files(self) -> dict[int, Path]:
         found: dict[int, Path] = {}
@@ -134,7 +133,6 @@ class DeepSpeedSource:
             for lo in range(0, p.numel, _CHUNK):
                 n = min(_CHUNK, p.numel - lo)
                 self._copy(p.rank, p.start + lo, out[pos : pos + n])
-                self._files.touched(n * 4)  # may unmap: _copy holds no tensor of the file any more
                 pos += n
         return out.view(info.shape)
 
@@ -142,16 +140,12 @@ class DeepSpeedSource:
         """Fill `dst` from rank `rank`'s partitions laid end to end, from `start` (may cross param groups)."""
         path = self.optim_files[rank]
         groups = self._files.get(path)["optimizer_state_dict"][self._group_key]
-        mapped = self._files.is_mapped(path)
         pos = 0
         for t in groups:
             n = t.numel()
             if start < n and pos < dst.numel():
                 take = min(dst.numel() - pos, n - start)
-                src = t.reshape(-1)[start : start + take]
-                dst[pos : pos + take].copy_(src)
-                if mapped:
-                    drop_file_pages(src)  # keep RSS at the output tensor, not the file
+                self._files.read(path, t, start, dst[pos : pos + take])
                 pos += take
             start = max(0, start - n)
 
@@ -170,3 +164,7 @@ class DeepSpeedSource:
     def verify(self) -> list[str]:
         """CRC-check every rank file (DeepSpeed writes no checksums; torch.save's zip records have CRCs)."""
         return check_zip_files(self.model.paths + self.optim_files)
+
+    def read_problems(self) -> list[str]:
+        """CRC failures in the records read so far (checked as they were read), their unread ends finished."""
+        return self._files.problems()

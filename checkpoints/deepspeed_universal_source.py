@@ -15,10 +15,11 @@ from pathlib import Path
 import torch
 
 from .deepspeed_model_states import ModelStates
-from .deepspeed_pickle import MappedFiles, check_zip_files, load_pickle
+from .deepspeed_pickle import check_zip_files
 from .deepspeed_source import summarize
 from .paths import inside
 from .source import CheckpointError, ParamInfo, SourceSummary
+from .torch_file_reader import TorchFileReader
 
 
 def is_universal_folder(folder: Path) -> bool:
@@ -42,7 +43,7 @@ class UniversalSource:
         self.folder = Path(folder)
         self.zero = self.folder / "zero"
         self._follow = follow_symlinks
-        self._files = MappedFiles()
+        self._files = TorchFileReader()
         has_states = (self.folder / "mp_rank_00_model_states.pt").is_file() or any(
             self.folder.glob("zero_pp_rank_*_model_states.pt")
         )
@@ -57,7 +58,7 @@ class UniversalSource:
                     )
         else:
             self._infos = [
-                ParamInfo(p.parent.name, tuple(_param_of(load_pickle(p), p).shape), "float32")
+                ParamInfo(p.parent.name, tuple(_param_of(self._files.get(p), p).shape), "float32")
                 for p in map(self._fp32_path, sorted(p.parent.name for p in self.zero.glob("*/fp32.pt")))
             ]
         self._by_name = {i.name: i for i in self._infos}
@@ -82,13 +83,13 @@ class UniversalSource:
         if self.model and name not in self.model.trainable:
             return self.model.load_untrained(name, info.shape)
         path = self._fp32_path(name)
-        t = _param_of(load_pickle(path), path)
+        t = _param_of(self._files.get(path), path)
         if t.numel() != math.prod(info.shape):  # ZeRO-3 conversions store the flattened tensor
             raise CheckpointError(
                 f"{path} holds shape {tuple(t.shape)} but the model states say {info.shape}; "
                 "the folder mixes files from different conversions"
             )
-        return t.float().clone().reshape(info.shape)
+        return self._files.tensor(path, t).float().reshape(info.shape)
 
     def summary(self) -> SourceSummary:
         """Kind, the source run's step, stage and world size (when its model states are present), sizes."""
@@ -96,7 +97,7 @@ class UniversalSource:
         step = m.step if m else None
         if step is None:
             first = next((self._inside(p.relative_to(self.folder), "file") for p in self.zero.glob("*/step.pt")), None)
-            step = int(_param_of(load_pickle(first), first).item()) if first else None
+            step = int(self._files.tensor(first, _param_of(self._files.get(first), first)).item()) if first else None
         return summarize(
             self.kind,
             self.folder,
@@ -114,3 +115,7 @@ class UniversalSource:
     def verify(self) -> list[str]:
         """CRC-check every .pt file of the folder (torch.save's zip records carry CRCs)."""
         return check_zip_files(list(self._pt_files))
+
+    def read_problems(self) -> list[str]:
+        """CRC failures in the records read so far (checked as they were read), their unread ends finished."""
+        return self._files.problems()

@@ -1,4 +1,4 @@
-"""The CRC check of a torch.save zip file, at the speed of reading it.
+"""The records of a torch.save zip file (where each one's bytes lie, and their CRC-32), and the CRC check.
 
 torch.save writes every record uncompressed (ZIP_STORED), so a record's CRC-32 is that of its bytes as they
 lie in the file. `zipfile.ZipFile.testzip` checks them through 1 MiB reads of a Python decompression stream;
@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import zipfile
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import direct_io
@@ -25,17 +26,24 @@ class ZipCorrupt(ValueError):
     """The file is not a well-formed zip (the message says where)."""
 
 
-def first_bad_record(path: Path) -> str | None:
-    """The name of the first record whose bytes fail their CRC, or None; ZipCorrupt if the zip is malformed."""
+@dataclass(frozen=True)
+class Record:
+    """One stored record: its name, where its bytes start in the file, how many, and their CRC-32."""
+
+    name: str
+    start: int
+    size: int
+    crc: int
+
+
+def stored_records(path: Path) -> tuple[list[Record], list[zipfile.ZipInfo]]:
+    """(stored records in directory order, compressed records) of the zip `path`; ZipCorrupt if malformed."""
     size = os.path.getsize(path)
-    buf = bytearray(PIECE)
-    view = memoryview(buf)
+    stored: list[Record] = []
     with zipfile.ZipFile(path) as zf, open(path, "rb", buffering=0) as raw:
-        for info in zf.infolist():
+        infos = zf.infolist()
+        for info in infos:
             if info.compress_type != zipfile.ZIP_STORED:
-                with zf.open(info) as member:  # zipfile checks the CRC when the stream ends
-                    while member.read(1 << 20):
-                        pass
                 continue
             header = os.pread(raw.fileno(), _LOCAL_HEADER, info.header_offset)
             if len(header) != _LOCAL_HEADER or header[:4] != b"PK\x03\x04":
@@ -44,13 +52,37 @@ def first_bad_record(path: Path) -> str | None:
                 header[28:30], "little")
             if start + info.compress_size > size:
                 raise ZipCorrupt(f"record {info.filename} runs past the end of the file")
-            crc, pos, end = 0, start, start + info.compress_size
-            while pos < end:
-                want = min(PIECE, end - pos)
-                if direct_io.read_at(raw.fileno(), view, pos, want) != want:
-                    raise ZipCorrupt(f"record {info.filename} is cut short")
-                crc = zlib.crc32(view[:want], crc)
-                pos += want
-            if crc != info.CRC:
-                return info.filename
+            stored.append(Record(info.filename, start, info.compress_size, info.CRC))
+    return stored, [i for i in infos if i.compress_type != zipfile.ZIP_STORED]
+
+
+def crc_of_range(fd: int, start: int, end: int, crc: int, view: memoryview) -> int:
+    """`crc` carried on over the file's bytes [start, end), read through `view` in pieces of its length."""
+    pos = start
+    while pos < end:
+        want = min(len(view), end - pos)
+        if direct_io.read_at(fd, view, pos, want) != want:
+            raise ZipCorrupt(f"the file is cut short at byte {pos}")
+        crc = zlib.crc32(view[:want], crc)
+        pos += want
+    return crc
+
+
+def first_bad_record(path: Path) -> str | None:
+    """The name of the first record whose bytes fail their CRC, or None; ZipCorrupt if the zip is malformed."""
+    stored, compressed = stored_records(path)
+    with zipfile.ZipFile(path) as zf:
+        for info in compressed:
+            with zf.open(info) as member:  # zipfile checks the CRC when the stream ends
+                while member.read(1 << 20):
+                    pass
+    view = memoryview(bytearray(PIECE))
+    with open(path, "rb", buffering=0) as raw:
+        for rec in stored:
+            try:
+                crc = crc_of_range(raw.fileno(), rec.start, rec.start + rec.size, 0, view)
+            except ZipCorrupt:
+                raise ZipCorrupt(f"record {rec.name} is cut short") from None
+            if crc != rec.crc:
+                return rec.name
     return None

@@ -26,3 +26,15 @@ def flip_tensor_byte(path: Path, base: int = 0, length: int | None = None) -> No
         start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)
     data[base + start + info.file_size // 2] ^= 0x04
     Path(path).write_bytes(bytes(data))
+
+
+def flip_element(path: Path, tensor, at: int) -> None:
+    """Flip a bit of element `at` of `tensor`'s bytes as they lie in the file (found by content)."""
+    import torch
+
+    raw = tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    data = bytearray(path.read_bytes())
+    start = data.find(raw)
+    assert start > 0 and data.find(raw, start + 1) < 0
+    data[start + at * tensor.element_size()] ^= 0x04
+    path.write_bytes(bytes(data))

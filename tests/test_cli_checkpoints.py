@@ -10,7 +10,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from checkpoint_helpers import DCP, DEEPSPEED, UNIVERSAL, flip_tensor_byte
+from checkpoint_helpers import DCP, DEEPSPEED, UNIVERSAL, flip_element
+from checkpoints.deepspeed_pickle import load_pickle
 from helpers import cli, one_line_error, refused, snapshot
 
 
@@ -94,15 +95,35 @@ def test_truncated_rank_file(ckpt, tmp_path):
         assert "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt is truncated or corrupt" in line
 
 
-def test_bit_flipped_rank_file(ckpt, tmp_path):
+def _optim_tensor(path, *keys):
+    state = load_pickle(path, mmap=False)["optimizer_state_dict"]
+    for k in keys:
+        state = state[k]
+    return state
+
+
+def test_bit_flipped_master_weights(ckpt, tmp_path):
     victim = ckpt / "global_step2" / "bf16_zero_pp_rank_2_mp_rank_00_optim_states.pt"
-    flip_tensor_byte(victim)
+    flip_element(victim, _optim_tensor(victim, "single_partition_of_fp32_groups", 0), 3)
     line = refused(tmp_path, "convert", ckpt, "--to", "fp32", "--out", tmp_path / "out")
     assert "bf16_zero_pp_rank_2_mp_rank_00_optim_states.pt is corrupt" in line and "CRC" in line
     before = snapshot(tmp_path)
     result = cli("inspect", ckpt)
     assert one_line_error(result) and "bf16_zero_pp_rank_2_mp_rank_00_optim_states.pt is corrupt" in result.output
     assert "integrity" in result.output and snapshot(tmp_path) == before
+
+
+def test_bit_flipped_adam_moment_converts_and_inspect_reports(ckpt, tmp_path):
+    """Convert checks the records its output is made from; a damaged moment changes no weight, inspect finds it."""
+    assert cli("convert", ckpt, "--to", "fp32", "--out", tmp_path / "clean").exit_code == 0
+    victim = ckpt / "global_step2" / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    flip_element(victim, _optim_tensor(victim, "base_optimizer_state", "state", 0, "exp_avg"), 2)
+    result = cli("convert", ckpt, "--to", "fp32", "--out", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    written, clean = (tmp_path / d / "model.safetensors" for d in ("out", "clean"))
+    assert written.read_bytes() == clean.read_bytes()
+    result = cli("inspect", ckpt)
+    assert one_line_error(result) and "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt is corrupt" in result.output
 
 
 def test_missing_rank_file(ckpt, tmp_path):

@@ -154,8 +154,8 @@ def convert(
             shard_bytes,
             progress=sys.stderr.isatty(),
             protect=[src],
-            verify=None if no_verify else source.verify,
-        )  # checked beside the conversion
+            verify=not no_verify,
+        )  # checked in the same pass
         tie_index(out)  # from_pretrained-loadable: tied names as save_pretrained writes them, and the HF files
         copied = copy_hf_files(src, out, hf_config)
     except CheckpointError as e:
