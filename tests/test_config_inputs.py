@@ -81,6 +81,10 @@ def test_missing_file(tmp_path):
     assert str(path) in msg and "does not exist" in msg
 
 
+def test_path_with_a_nul_byte():
+    assert "NUL byte" in error("ds_config.json\0")
+
+
 def test_duplicate_key_in_file(tmp_path):
     path = tmp_path / "dup.json"
     path.write_text('{"train_micro_batch_size_per_gpu": 4, "train_micro_batch_size_per_gpu": 8}')

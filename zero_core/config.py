@@ -254,6 +254,8 @@ def read_config_file(path: str) -> Any:
             out[key] = value
         return out
 
+    if "\0" in path:  # open() would raise a bare ValueError
+        raise ConfigError(f"config path {path!r} contains a NUL byte; pass the path of a DeepSpeed-style JSON file")
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f, object_pairs_hook=no_duplicates)
