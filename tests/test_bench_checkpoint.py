@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from helpers import cli, zbench
@@ -20,6 +22,10 @@ def test_bench_checkpoint_runs_small_on_the_cpu(tmp_path):
                 "| zbench convert | to fp32 safetensors, verified", "| DCP | save (async): training blocked",
                 "| DCP | load (cold cache)"):
         assert row in text, row
+    if importlib.util.find_spec("deepspeed") is not None:  # an optional peer: its rows only where it is installed
+        for row in ("| DeepSpeed | load (cold cache)", "| zbench convert of DeepSpeed's | to fp32 safetensors",
+                    "| DeepSpeed | zero_to_fp32 to safetensors"):
+            assert row in text, row
     assert "Disk floor in" in text and "write" in text and "disk floor:" in result.stdout
     assert [p.name for p in tmp_path.iterdir()] == ["rec.md"]  # its checkpoints removed
 

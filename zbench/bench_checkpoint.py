@@ -3,7 +3,8 @@
 One process, one device (the GPU when there is one). The training state of a model of about `params`
 parameters (a stack of square Linear layers: I/O depends on bytes, not on the architecture) after one step
 is saved and loaded by each system in turn, each load from a cold page cache (the checkpoint's pages dropped
-first), and zero_core's checkpoint is converted to fp32 safetensors. Time is wall clock around each call; an
+first); zero_core's checkpoint is converted to fp32 safetensors, and so is DeepSpeed's, by zbench and by
+DeepSpeed's own `zero_to_fp32`. Time is wall clock around each call; an
 async save has two rows: how long training was blocked, and when the checkpoint was durable. zero_core runs
 with `zero_core.async_checkpoint`, so initialize makes the async save's host buffers (pinned on a GPU) on a
 background thread (its own row: seconds from initialize until they exist); the first async save and a second
@@ -107,20 +108,17 @@ def _zero_core(model: Any, root: Path, cuda: bool, rows: list) -> Path:
     return folder
 
 
-def _convert(folder: Path, root: Path, rows: list) -> None:
+def _convert(folder: Path, out: Path, rows: list, system: str = "zbench convert") -> None:
     import torch
 
     from checkpoints.consolidate import write_consolidated
     from checkpoints.detect import open_source
 
     drop_cached([folder])
-    source = open_source(folder)
-    secs, files = _timed(
-        lambda: write_consolidated(
-            source, root / "converted", torch.float32, 5 * 10**9, progress=False, verify=True
-        )
+    secs, _ = _timed(
+        lambda: write_consolidated(open_source(folder), out, torch.float32, 5 * 10**9, progress=False, verify=True)
     )
-    rows.append(("zbench convert", "to fp32 safetensors, verified (cold cache)", secs, _size(folder)))
+    rows.append((system, "to fp32 safetensors, verified (cold cache)", secs, _size(folder)))
 
 
 def _dcp(model: Any, root: Path, cuda: bool, rows: list) -> None:
@@ -159,6 +157,21 @@ def _deepspeed(model: Any, root: Path, cuda: bool, rows: list) -> None:
     drop_cached([root / "deepspeed"])
     secs, _ = _timed(lambda: (engine.load_checkpoint(str(root / "deepspeed"), tag="sync"), _sync()))
     rows.append(("DeepSpeed", "load (cold cache)", secs, size))
+    engine = None
+    # the same DeepSpeed checkpoint to fp32 safetensors: zbench's converter (verified) and DeepSpeed's own
+    _convert(root / "deepspeed" / "sync", root / "zbench_from_deepspeed", rows, "zbench convert of DeepSpeed's")
+    from deepspeed.utils.zero_to_fp32 import convert_zero_checkpoint_to_fp32_state_dict as ds_convert
+
+    drop_cached([root / "deepspeed"])
+    out = root / "deepspeed_fp32"
+    secs, _ = _timed(lambda: ds_convert(str(root / "deepspeed"), str(out), safe_serialization=True, tag="sync"))
+    rows.append(("DeepSpeed", "zero_to_fp32 to safetensors (cold cache; no fsync, no check)", secs, size))
+
+
+def _empty(root: Path) -> None:
+    """Remove what the bench wrote under `root` (a folder it made itself)."""
+    for p in root.iterdir():
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
 
 
 @contextlib.contextmanager
@@ -203,8 +216,10 @@ def run(params: int, folder: Path | None) -> tuple[list[tuple[str, str, float, i
             model = _model(params, cuda)
             zc = _zero_core(model, root, cuda, rows)
             floor = disk_floor(root, _size(zc))
-            _convert(zc, root, rows)
+            _convert(zc, root / "converted", rows)
+            _empty(root)  # a GPU machine's disk holds few 0.77 B training states at once
             _dcp(model, root, cuda, rows)
+            _empty(root)
             _deepspeed(model, root, cuda, rows)
     finally:
         shutil.rmtree(root, ignore_errors=True)
