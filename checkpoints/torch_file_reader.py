@@ -186,9 +186,17 @@ def _open(path: Path) -> _PositionedFile | _MappedFile:
         raise CheckpointError(f"{path} is truncated or corrupt ({e}); copy the file again from where it was saved")
     by_start = {r.start: r for r in stored}
     order = next((r for r in stored if r.name.endswith("/byteorder")), None)
-    offsets = {getattr(t.untyped_storage(), "_checkpoint_offset", None) for t in _tensors(structure)}
+    tensors = _tensors(structure)
+    offsets = {getattr(t.untyped_storage(), "_checkpoint_offset", None) for t in tensors}
     if not offsets <= by_start.keys() or (order and _read(path, order) != sys.byteorder.encode()):
         return _MappedFile(path)  # a writer other than torch's, or bytes to swap: let torch read them
+    for t in tensors:  # sizes come from the pickle: bound each storage by its record before anything is sized by it
+        rec = by_start[t.untyped_storage()._checkpoint_offset]
+        if t.untyped_storage().nbytes() > rec.size:
+            raise CheckpointError(
+                f"{path}: a tensor claims {t.untyped_storage().nbytes()} bytes but its record {rec.name} holds "
+                f"{rec.size}; the file is corrupt or was not written by torch.save"
+            )
     return _PositionedFile(path, structure, by_start, [r for r in stored if not _STORAGE.search(r.name)])
 
 

@@ -109,3 +109,23 @@ def test_refuses_code(tmp_path, mode):
     torch.save({"x": Evil()}, tmp_path / "evil.pt")
     with pytest.raises(CheckpointError, match="refuses to load"):
         TorchFileReader().get(tmp_path / "evil.pt")
+
+
+def test_a_storage_larger_than_its_record_is_refused(tmp_path, mode):
+    """A pickle that claims more bytes than its record holds (sizes would otherwise be taken from it)."""
+    import zipfile
+
+    small, big = tmp_path / "small.pt", tmp_path / "big.pt"
+    torch.save(torch.zeros(10), small)
+    torch.save(torch.zeros(1_000_000), big)
+    crafted = tmp_path / "crafted.pt"
+    with zipfile.ZipFile(small) as s, zipfile.ZipFile(big) as b, zipfile.ZipFile(crafted, "w") as out:
+        for info in s.infolist():
+            if info.filename.endswith(".format_version"):
+                continue  # torch then takes each record's offset from the zip directory
+            name = info.filename.replace("small/", "crafted/")
+            source = b if info.filename.endswith("data.pkl") else s
+            out.writestr(name, source.read(info.filename.replace("small/", "big/") if source is b else info.filename))
+    with pytest.raises(CheckpointError, match="corrupt"):
+        reader = TorchFileReader()
+        reader.tensor(crafted, reader.get(crafted))
