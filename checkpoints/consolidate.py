@@ -119,12 +119,9 @@ def write_consolidated(
 
     `out_dir` must be new or empty and outside the source's folder and the `protect` folders."""
     with ThreadPoolExecutor(2, thread_name_prefix="zbench-convert") as pool:
-        in_pass = getattr(source, "read_problems", None) if verify else None
         check: Callable[[], list[str]] | None = None
-        if in_pass is not None:
-            check = in_pass
-        elif verify:
-            check = pool.submit(source.verify).result
+        if verify:  # checked as read where the source can, else by a thread reading every file beside the conversion
+            check = getattr(source, "read_problems", None) or pool.submit(source.verify).result
         try:
             files = _write(source, out_dir, dtype, max_shard_size, progress, protect, pool, check)
         except CheckpointError:

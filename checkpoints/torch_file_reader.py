@@ -153,6 +153,10 @@ class _PositionedFile:
                 os.close(self._fd)
                 self._fd = None
 
+    def __del__(self) -> None:  # a source dropped without a check still gives its descriptor back
+        if self._fd is not None:
+            os.close(self._fd)
+
 
 class _MappedFile:
     """A file torch loads itself (memory-mapped when zip): tensors are copied out; the whole file is checked."""
@@ -253,10 +257,3 @@ class TorchFileReader:
             problems += f.problems()
             f.close()
         return problems
-
-    def close(self) -> None:
-        with self._lock:
-            for f in self._files.values():
-                f.close()
-            self._files.clear()
-            self._recent.clear()
