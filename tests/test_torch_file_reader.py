@@ -129,3 +129,12 @@ def test_a_storage_larger_than_its_record_is_refused(tmp_path, mode):
     with pytest.raises(CheckpointError, match="corrupt"):
         reader = TorchFileReader()
         reader.tensor(crafted, reader.get(crafted))
+
+
+def test_a_flat_read_of_a_strided_tensor_is_refused(tmp_path, mode):
+    """Partitions are read flat; a tensor stored with strides is not one (a crafted or foreign file)."""
+    path = tmp_path / "a.pt"
+    torch.save({"flat": torch.randn(6, 4).t()}, path)
+    reader = TorchFileReader()
+    with pytest.raises(CheckpointError, match="stored with strides"):
+        reader.read(path, reader.get(path)["flat"], 0, torch.empty(4))
