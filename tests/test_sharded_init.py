@@ -127,3 +127,24 @@ def test_partial_offload_to_nvme_takes_sharded_initialisation(tmp_path, monkeypa
     (eager_start, eager_losses), (start, losses) = train(False), train(True)
     assert [k for k in eager_start if not torch.equal(start[k], eager_start[k])] == []
     assert losses == eager_losses
+
+
+def test_seeds_set_inside_the_context_are_replayed():
+    """`torch.manual_seed` called while the model is being built (once before it, once between two modules) seeds
+    the replayed weights as it seeded eager construction; the random stream goes on as after eager construction."""
+    def make() -> torch.nn.Module:
+        torch.manual_seed(11)
+        first = torch.nn.Linear(8, 8)
+        torch.manual_seed(12)
+        return torch.nn.Sequential(first, torch.nn.Linear(8, 4))
+
+    torch.manual_seed(0)
+    want, after = make().state_dict(), torch.randn(3)
+    torch.manual_seed(99)  # a different state when the context starts: only the seeds inside decide
+    with zero_core.init_context({"zero_optimization": {"stage": 3}}):
+        model = make()
+    engine = zero_core.initialize(model, {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}})
+    got = engine.full_state_dict()
+    engine.close()
+    assert [k for k in want if not torch.equal(got[k], want[k])] == []
+    assert torch.equal(torch.randn(3), after)

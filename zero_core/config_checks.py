@@ -70,6 +70,14 @@ def _offload(cfg: ZeroConfig) -> Iterator[Problem]:
             "zero_optimization.offload_param.nvme_path is required with device 'nvme'; set it to a "
             "directory on a fast local disk",
         )
+    host_ratio = cfg.zero_core.nvme_host_ratio
+    if host_ratio > 0 and (off is None or off.device != "nvme"):
+        yield Problem(
+            ("zero_core.nvme_host_ratio", _Z + "offload_optimizer.device"),
+            f"zero_core.nvme_host_ratio={host_ratio:g} splits NVMe optimizer offload between host memory and "
+            f"disk, but offload_optimizer.device is '{off.device if off else 'none'}'; set the device to 'nvme' "
+            "(with nvme_path) or drop the key",
+        )
     if off is None or off.device == "none":
         return
     if zero.stage == 0:

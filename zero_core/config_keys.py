@@ -139,6 +139,7 @@ KEYS: list[Key] = [
         "zero_core.async_checkpoint",
         "zero_core.overlap_host_update",
         "zero_core.offload_delayed_update",
+        "zero_core.nvme_host_ratio",
     ),
     *(
         Key(section, IGNORED, _LOGGING)

@@ -144,6 +144,10 @@ class ZeroCoreConfig(Section):
     # optimizer offload: the ZeRO-Offload paper's one-step delayed update (step N's forward runs on update
     # N-2's weights while update N-1 runs on the host). CHANGES NUMERICS; off by default (optim/delayed_update.py)
     offload_delayed_update: Bool = False
+    # optimizer offload to NVMe: the fraction of the offloaded share whose states stay in host memory (the
+    # part right after the GPU's share, in forward order); the rest goes to NVMe. 0 (DeepSpeed's layout): all
+    # of it on NVMe. GPU, host memory and disk together then bound the largest model (optim/__init__.py)
+    nvme_host_ratio: Annotated[float, number(0.0, 1.0, hi_open=True)] = 0.0
 
 
 _MONITOR = dict[str, Any] | None  # logging sections: carried through, not used by the engine

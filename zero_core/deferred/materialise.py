@@ -81,6 +81,7 @@ class RecordedInit(_Materialiser):
         start = rec.rng_start.clone()
         comm.broadcast_(start, what="broadcast of the random state model construction began from")
         rec.rng_start = start
+        _broadcast_reseeds(rec)
         by_key: dict[int, list] = {}
         for place in self.places:
             by_key.setdefault(storage_key(place[2]), []).append(place)
@@ -107,6 +108,20 @@ class RecordedInit(_Materialiser):
         del replay
         for p, value in swaps.values():
             placeholder(p, value)
+
+
+def _broadcast_reseeds(rec: Recording) -> None:
+    """Every rank replays rank 0's seeds (set inside the context), as it replays rank 0's starting state."""
+    reseeds = rec.reseeds()
+    counts = comm.all_gather_object(len(reseeds), what="all-gather of the seeds set during model construction")
+    if len(set(counts)) > 1:  # raised on every rank: no rank is left waiting in the broadcast below
+        raise RuntimeError(f"model construction set the random seed {counts} times on ranks 0..{len(counts) - 1}; "
+                           "build the model the same way on every rank")
+    if reseeds:
+        states = torch.stack([e.reseed for e in reseeds])
+        comm.broadcast_(states, what="broadcast of the seeds set during model construction")
+        for e, state in zip(reseeds, states):
+            e.reseed = state.clone()  # a tensor of its own: the generator reads its storage from the start
 
 
 class ModuleInit(_Materialiser):

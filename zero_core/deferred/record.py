@@ -44,6 +44,7 @@ class Entry:
     reads: tuple[int, ...]  # storages it read (a fresh output's storage is neither)
     fresh: tuple[int, ...]  # storages it created
     overwrites: bool  # it sets every byte of its one written storage without reading it
+    reseed: torch.Tensor | None = None  # the CPU random state a seed set since the last entry (manual_seed inside)
 
 
 @dataclass
@@ -54,6 +55,9 @@ class Recording:
     rng_start: torch.Tensor | None = None  # torch.get_rng_state() when construction began
     rng_end: torch.Tensor | None = None  # ... and when it ended (unchanged: nothing was drawn)
     known: set[int] = field(default_factory=set)
+
+    def reseeds(self) -> list[Entry]:
+        return [e for e in self.entries if e.reseed is not None]
 
 
 # operations that set every element without reading the old ones (random fills draw as eager did)
@@ -80,6 +84,7 @@ class _Log(TorchDispatchMode):
     def __init__(self, recording: Recording) -> None:
         super().__init__()
         self.rec = recording
+        self.rng_seen = torch.get_rng_state()  # nothing is drawn while recording: a change is a new seed
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -102,7 +107,11 @@ class _Log(TorchDispatchMode):
         overwrites = (func._schema.name.split("::")[-1] in _FILLS and len(written) == 1
                       and _covers_storage(written[0]) and sum(storage_key(a) == writes[0] for a in ins) == 1)
         reads = tuple(dict.fromkeys(storage_key(a) for a in ins if not (overwrites and storage_key(a) == writes[0])))
-        self.rec.entries.append(Entry(func, args, kwargs, out, writes, reads, fresh, overwrites))
+        entry = Entry(func, args, kwargs, out, writes, reads, fresh, overwrites)
+        state = torch.get_rng_state()
+        if not torch.equal(state, self.rng_seen):
+            entry.reseed = self.rng_seen = state
+        self.rec.entries.append(entry)
         return out
 
 
@@ -115,7 +124,7 @@ class Recorder:
         self._modes = [_MetaFactories(), _Log(self.recording)]
 
     def __enter__(self) -> "Recorder":
-        self.recording.rng_start = torch.get_rng_state()
+        self.recording.rng_start = self._modes[1].rng_seen = torch.get_rng_state()
         for m in self._modes:
             m.__enter__()
         return self

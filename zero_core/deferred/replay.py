@@ -8,7 +8,7 @@ held across the two. The last version of each model tensor is handed to `deliver
 (the caller keeps what it needs: this rank's shard, or a replicated buffer).
 
 Every operation runs, in the recorded order, on the CPU generator set to the state construction began
-from: the random stream is the one eager construction drew.
+from, and set again wherever construction set a seed: the random stream is the one eager construction drew.
 """
 
 from __future__ import annotations
@@ -92,6 +92,8 @@ class Replay:
         try:
             with torch.no_grad():
                 for i, e in enumerate(self.rec.entries):
+                    if e.reseed is not None:  # construction set a seed here: eager drew from it on
+                        torch.set_rng_state(e.reseed)
                     if e.overwrites:  # a fresh version of the storage it fills
                         self._drop(e.writes[0])
                         self._hold(e.writes[0], torch.UntypedStorage(e.args[0].untyped_storage().nbytes()))

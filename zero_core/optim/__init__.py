@@ -3,6 +3,7 @@
     device (default)        DeviceAdamW: fp32 master and moments on the GPU, fused Triton kernels
     offload_optimizer cpu   HostAdamW over states in host memory: torch's fused CPU Adam in chunks
     offload_optimizer nvme  HostAdamW over states in one file per rank on NVMe, streamed chunk by chunk
+    ... nvme_host_ratio H   HostAdamW over SplitStates: the first H of the offloaded share in host memory
     ... with ratio < 1      SplitAdamW: the first buckets on the device (DeviceAdamW), the rest offloaded
 
 Every one honours the same interface (base.py), which the gradient reducer and the engine call.
@@ -76,9 +77,10 @@ def make_optimizer(
     on_device = device_segment_count(runs, offload_ratio(cfg)) if offloads_optimizer(cfg) else 0
     if on_device or (offloads_optimizer(cfg) and zero.offload_optimizer.ratio == "auto"):
         return _split(layout.partition_numel, runs, on_device, cfg, device, rank, aio, breakdown, kw)
-    states = make_states(
-        layout.partition_numel, device, zero.offload_optimizer, aio, rank, names=("master",) if client else NAMES
-    )
+    if client:
+        states = make_states(layout.partition_numel, device, zero.offload_optimizer, aio, rank, names=("master",))
+    else:
+        states = offloaded_states(layout.partition_numel, cfg, device, aio, rank)
     if client:
         return ClientOptimizer(states, plan.client, **kw)
     if offloads_optimizer(cfg):
@@ -99,6 +101,17 @@ def offload_ratio(cfg: ZeroConfig) -> float:
     return 1.0 if off is None or off.ratio == "auto" else float(off.ratio)
 
 
+def offloaded_states(numel: int, cfg: ZeroConfig, device: torch.device, aio, rank: int):
+    """The store for `numel` offloaded elements (or device ones without offload). With NVMe and
+    `zero_core.nvme_host_ratio` H, the first H of them in host memory and the rest on NVMe, so that host
+    memory and disk together hold the states: HostAdamW streams both as one store."""
+    off, host_ratio = cfg.zero_optimization.offload_optimizer, cfg.zero_core.nvme_host_ratio
+    in_host = int(host_ratio * numel) if off is not None and off.device == "nvme" else 0
+    if not in_host:
+        return make_states(numel, device, off, aio, rank)
+    return SplitStates(TensorStates(in_host, torch.device("cpu")), make_states(numel - in_host, device, off, aio, rank))
+
+
 def _split(
     numel: int,
     runs,
@@ -115,7 +128,7 @@ def _split(
     split = runs[on_device][0][0] if on_device else 0
     states = SplitStates(
         TensorStates(split, device),
-        make_states(numel - split, device, cfg.zero_optimization.offload_optimizer, aio, rank),
+        offloaded_states(numel - split, cfg, device, aio, rank),
     )
     opt = _assemble(states, runs, on_device, cfg, breakdown, kw)
     if cfg.zero_optimization.offload_optimizer.ratio == "auto":

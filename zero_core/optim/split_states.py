@@ -1,5 +1,7 @@
 """One rank's optimizer states split in two stores at a partition offset: the first `split` elements in
-device memory, the rest in host memory or on NVMe (partial offload, `offload_optimizer.ratio` < 1).
+one store, the rest in another. Partial offload (`offload_optimizer.ratio` < 1) puts the first part in
+device memory and the rest in host memory or on NVMe; `zero_core.nvme_host_ratio` splits an NVMe share
+again, host memory first, so a partition can span all three.
 
 It gives the same three ways in as the stores it joins (states.py), in partition coordinates, so
 checkpoints, `full_state_dict` and `refresh_working_weights` see one partition: a checkpoint holds the
@@ -61,6 +63,13 @@ class SplitStates:
         if self._host_fill is not None:
             self._host_fill.flush()
             self._host_fill = None
+        if isinstance(self.host_part, SplitStates):
+            self.host_part.finish_master()
+
+    @property
+    def wait_seconds(self) -> float:
+        """Time callers spent blocked on NVMe reads and writes (the step's nvme_wait), 0 without NVMe."""
+        return getattr(self.host_part, "wait_seconds", 0.0)
 
     def writer(self) -> SplitWriter:
         return SplitWriter(self.device_part.writer(), self.host_part.writer(), self.split)
