@@ -20,10 +20,15 @@ import torch
 from checkpoints import manifest as mf
 
 from .optim.client_optimizer import ClientOptimizer
+from .pinned import empty_pinned
 from .optim.states import NAMES, TensorStates
 
 if TYPE_CHECKING:
     from .engine import Engine
+
+
+def _host_tensor(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+    return empty_pinned(shape, dtype) if torch.cuda.is_available() else torch.empty(shape, dtype=dtype)
 
 
 class NvmeStates:
@@ -48,7 +53,7 @@ class HostBuffers:
         def make() -> None:
             for key, shape, dtype in specs:
                 try:
-                    self._bufs[key] = torch.empty(shape, dtype=dtype, pin_memory=torch.cuda.is_available())
+                    self._bufs[key] = _host_tensor(shape, dtype)
                 except RuntimeError:
                     return
 
@@ -70,7 +75,7 @@ class HostBuffers:
         buf = self._bufs.get(key)
         if buf is None or buf.shape != shape or buf.dtype != dtype:
             self._bufs.pop(key, None)  # freed before the new one is made
-            buf = torch.empty(shape, dtype=dtype, pin_memory=torch.cuda.is_available())
+            buf = _host_tensor(shape, dtype)
             self._bufs[key] = buf
         return buf
 

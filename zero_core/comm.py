@@ -21,6 +21,8 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
+from .pinned import empty_pinned
+
 
 def ensure_process_group(device: torch.device) -> None:
     """Use the default process group, or create it from torchrun's environment if there is none."""
@@ -208,7 +210,7 @@ def host_buffer(numel: int, dtype: torch.dtype, pin: bool) -> torch.Tensor:
     """A CPU buffer, page-locked when a GPU will copy to or from it (async copies need pinned memory)."""
     pinned = pin and torch.cuda.is_available()
     try:
-        return torch.zeros(numel, dtype=dtype, pin_memory=pinned)
+        return empty_pinned(numel, dtype).zero_() if pinned else torch.zeros(numel, dtype=dtype, pin_memory=False)
     except RuntimeError as e:
         gib = numel * torch.empty((), dtype=dtype).element_size() / 2**30
         raise MemoryError(

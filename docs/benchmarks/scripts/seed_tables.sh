@@ -23,6 +23,9 @@
 #   tiny         quickstart, mrpc_tiny, seq2seq_tiny on the GPU (--simulate-ranks 2): ~4 min
 #   engines      gpt2xl_engines (--simulate-ranks 2, DeepSpeed rows say why not): ~5 min
 #   gpt7b        gpt7b_offload, a 7 B GPT with ZeRO-3 + optimizer offload on the one GPU: ~5 min
+#   gpt12b       gpt12b_three_way, a 12.3 B GPT whose optimizer states span GPU, host memory and NVMe; host memory
+#                and disk logged every 10 s to $OUT/gpt12b_memory.txt; if it fails, once more with less in host
+#                memory (ratio 0.8, nvme_host_ratio 0.5): ~5 min per try
 #   mingpt-1gpu  mingpt_largest's n_layer search on the one GPU (--gpus 1), optimizer offload to host and NVMe
 #   extra        deberta_mrpc_dynamic, deberta_mrpc_compiled, mingpt_largest (--simulate-ranks 2): ~40 min, 4+ calls
 # table2..table4 (the seed tables not yet run on a GPU) take about 6 calls; all parts about 14.
@@ -32,7 +35,7 @@ python3 -c 'import importlib.metadata as m
 for p in ("transformers", "deepspeed", "wandb"):
     try: print(p, m.version(p))
     except m.PackageNotFoundError: print(p, "not installed")' | tee -a "$OUT/env.txt"
-part=${1:?name a part: table2 table2-1gpu table3 table4 table1 tiny engines gpt7b mingpt-1gpu extra}
+part=${1:?name a part: table2 table2-1gpu table3 table4 table1 tiny engines gpt7b gpt12b mingpt-1gpu extra}
 DEADLINE=${DEADLINE:-560}
 START=$SECONDS
 SEED=runs/seed
@@ -85,6 +88,28 @@ print("one-GPU scenario:", {v["name"]: v.get("batch_size") for v in sc["variants
 EOF
 }
 
+# The 12 B scenario, then (if it did not train) a copy with a smaller host share, under a memory logger.
+gpt12b() {
+  (while true; do date +%T; free -g | sed -n 2p; df -h /tmp | tail -1; sleep 10; done) > "$OUT/gpt12b_memory.txt" 2>&1 &
+  local logger=$!
+  run gpt12b scenarios/gpt12b_three_way.yaml
+  local rc=$?
+  if [ "$rc" = 0 ] && ! grep -q '"status": "ok"' "$OUT/gpt12b_results.json" 2>/dev/null; then
+    python3 - "$SEED" <<'EOF'
+import json, os, sys, yaml
+sc = yaml.safe_load(open("scenarios/gpt12b_three_way.yaml"))
+sc["name"] = "gpt12b_three_way_safer"
+cfg = {"zero_optimization": {"offload_optimizer": {"ratio": 0.8}}, "zero_core": {"nvme_host_ratio": 0.5}}
+json.dump(cfg, open(f"{sys.argv[1]}/gpt12b_safer.json", "w"))
+sc["variants"][0]["ds_config"] = os.path.abspath(f"{sys.argv[1]}/gpt12b_safer.json")
+json.dump(sc, open(f"{sys.argv[1]}/gpt12b_safer.yaml", "w"), indent=1)  # JSON is YAML
+EOF
+    run gpt12b_safer "$SEED/gpt12b_safer.yaml"; rc=$?
+  fi
+  kill "$logger"
+  return $rc
+}
+
 ok=0
 case "$part" in
   table2) run table2 scenarios/blenderbot_mudoconv.yaml --simulate-ranks 2 || ok=1 ;;
@@ -95,6 +120,7 @@ case "$part" in
   tiny) for s in quickstart mrpc_tiny seq2seq_tiny; do run "$s" "scenarios/$s.yaml" --simulate-ranks 2 || { ok=1; break; }; done ;;
   engines) run gpt2xl_engines scenarios/gpt2xl_engines.yaml --simulate-ranks 2 || ok=1 ;;
   gpt7b) run gpt7b_offload scenarios/gpt7b_offload.yaml || ok=1 ;;
+  gpt12b) gpt12b || ok=1 ;;
   mingpt-1gpu) run mingpt_1gpu scenarios/mingpt_largest.yaml --gpus 1 --variants zero3-offload,zero3-offload-nvme \
                  || ok=1 ;;
   extra) for s in deberta_mrpc_dynamic deberta_mrpc_compiled mingpt_largest; do
