@@ -128,3 +128,28 @@ def test_fp16_run_compares_engines_with_the_ddp_reference(tmp_path):
     rows = table(proc.stdout)
     assert rows["zero2"]["Loss parity vs DDP"].endswith(" ok"), rows["zero2"]
     assert rows["zero2-decay"]["Loss parity vs DDP"] == "different schedule: not compared"
+
+
+def test_rows_that_skipped_other_steps_are_compared_until_the_skips_differ():
+    """zero3 skipped its third update (an fp16 overflow the fp32 reference did not have): from then on it trains
+    other weights, so the losses after step 3 are not compared, and the cell says over which steps it compared."""
+    fp16 = ds(fp16={"enabled": True})
+    ref = {**row("ddp", "ddp", fp16, [4.0, 3.0, 2.5, 2.0, 1.5]), "skipped_by_step": [0, 0, 0, 0, 0]}
+    diverged = {**row("zero3", "zero", fp16, [4.0, 3.001, 2.502, 2.6, 2.4]), "skipped_by_step": [0, 0, 1, 1, 1]}
+    wrong = {**row("bad", "zero", fp16, [4.0, 3.5, 2.5, 2.0, 1.5]), "skipped_by_step": [0, 0, 1, 1, 1]}
+    same = {**row("same", "zero", fp16, [4.0, 3.0, 2.5, 2.0, 1.9]), "skipped_by_step": [0, 0, 0, 0, 0]}
+    rows = [ref, diverged, wrong, same]
+    add_parity(rows, 5e-2)
+    assert diverged["parity"] == pytest.approx(2e-3)
+    assert diverged["parity_note"] == "ok over steps 1-3 (then skips differ)"
+    assert wrong["parity"] == pytest.approx(0.5) and wrong["parity_note"].startswith("FAIL over steps 1-3")
+    assert same["parity"] == pytest.approx(0.4) and same["parity_note"] == "FAIL"  # the same skips: every step
+
+
+def test_skip_patterns_count_optimizer_steps_under_accumulation():
+    fp16 = ds(fp16={"enabled": True}, gradient_accumulation_steps=2)
+    ref = {**row("ddp", "ddp", fp16, [4.0, 4.1, 3.0, 3.1, 2.0, 2.1]), "grad_accum": 2, "skipped_by_step": [0, 0, 0]}
+    other = {**row("zero2", "zero", fp16, [4.0, 4.1, 3.0, 3.1, 9.0, 9.0]), "grad_accum": 2,
+             "skipped_by_step": [0, 1, 1]}
+    add_parity([ref, other], 5e-2)
+    assert other["parity"] == 0.0 and other["parity_note"] == "ok over steps 1-2 (then skips differ)"

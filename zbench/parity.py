@@ -3,8 +3,9 @@
 A difference of losses means something only when both rows trained the same recipe: the same batch, the
 same lr at every step, the same AdamW hyper-parameters, clipping and accumulation, and under fp16 the same
 loss-scale policy (the ddp reference scales as the dict's `fp16` keys say, with zero_core's DeepSpeed-exact
-scaler, so it skips the steps the engines skip). A row that differs gets a cell saying why it is not
-compared instead of a number that would read as a pass or a failure.
+scaler). A row that differs gets a cell saying why it is not compared instead of a number that would read
+as a pass or a failure. Rows that skipped other fp16 steps than the reference (16-bit gradients overflow
+where fp32 ones do not) are compared up to the first step where the skips differ, and the cell says so.
 """
 
 from __future__ import annotations
@@ -77,5 +78,21 @@ def add_parity(rows: list[dict[str, Any]], tol: float) -> None:
         elif r is ref or why is not None:
             r["parity"], r["parity_note"] = None, why or "simulated ranks: not compared"
         else:
-            r["parity"] = metrics.loss_parity(r["losses"], ref["losses"])
+            steps = _alike_steps(r, ref)
+            r["parity"] = metrics.loss_parity(r["losses"][:steps], ref["losses"][:steps])
             r["parity_note"] = "ok" if r["parity"] <= tol else "FAIL"
+            if steps is not None:
+                r["parity_note"] += f" over steps 1-{steps // max(1, r.get('grad_accum') or 1)} (then skips differ)"
+
+
+def _alike_steps(row: dict[str, Any], ref: dict[str, Any]) -> int | None:
+    """How many of the losses (micro steps) are alike when the two rows skipped different optimizer steps
+    (None: the same ones, or unknown). A row that skips an update the other applies trains other weights from
+    then on, so only the losses up to that step, computed before its update, are compared. fp16 gradients
+    can overflow where the reference's fp32 gradients do not, so the same loss-scale policy does not
+    guarantee the same skips."""
+    mine, theirs = row.get("skipped_by_step"), ref.get("skipped_by_step")
+    if not mine or not theirs:
+        return None
+    first = next((k for k, (a, b) in enumerate(zip(mine, theirs)) if a != b), None)
+    return None if first is None else (first + 1) * max(1, row.get("grad_accum") or 1)

@@ -73,6 +73,7 @@ def measured_row(
         ds_config=res["ds_config"],
         seq_len=seq_len,
         skipped_steps=res.get("skipped_steps"),
+        skipped_by_step=res.get("skipped_by_step"),
         recompute=res.get("recompute", False),
         breakdown=res.get("breakdown") or {},
         compiled=res.get("compiled"),

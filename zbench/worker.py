@@ -137,6 +137,7 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
     eval_bs = job.get("eval_batch") or sc.eval_batch_size or batch
     n_eval = -(-next(iter(splits.eval.values())).shape[0] // (eval_bs * world))
     losses: list[torch.Tensor] = []  # kept on the device: reading each would stall it
+    skips: list = []  # skipped optimizer steps so far, after each optimizer step (parity compares the patterns)
     ckpt = Checkpointing(job.get("checkpoint_dir"), sc.checkpoint_every, gas, variant)
     done = ckpt.resume(losses, device)
     epoch_rows = []
@@ -167,7 +168,9 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
             variant.step()
             losses.append(out.loss.detach().float())
             if (i + 1) % gas == 0:
-                live.optimizer_step(losses[-gas:], variant.step_stats(), width * gas, epoch + (i + 1) / micro_per_epoch)
+                stats = variant.step_stats()
+                live.optimizer_step(losses[-gas:], stats, width * gas, epoch + (i + 1) / micro_per_epoch)
+                skips.append(stats.get("skipped_steps"))  # a device tensor: read once, at the end
             if epoch == 0 and skip_micro and i + 1 == skip_micro:  # steady state starts here (one sync)
                 sync(device)
                 steady_start = time.perf_counter()
@@ -254,6 +257,8 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
         "peak_gpu_gib": peak_gpu,
         "peak_cpu_gib": peak_cpu,
         "skipped_steps": skipped,
+        # per optimizer step; unknown when a resumed run did not see the steps before its checkpoint
+        "skipped_by_step": None if done or None in skips else [int(float(x)) for x in skips],
         "wandb_live": live.folder,
         "train_wall": [wall_start, wall_end],
         "ds_config": ds,
