@@ -39,6 +39,12 @@ PARTITION_KEYS = ("master", "exp_avg", "exp_avg_sq")
 MAX_MANIFEST_BYTES = 1 << 30  # a manifest lists tensors and fragments, never tensor data
 
 
+def _one_line(text: str, limit: int = 300) -> str:
+    """A problem that quotes the file's own names and values, as one short printable line."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def partition_keys(manifest: dict[str, Any]) -> tuple[str, ...]:
     """The arrays every rank file holds: the fp32 master, then the optimizer's per-element states (Adam's
     moments unless the manifest says otherwise: a client optimizer's `state.<name>` arrays)."""
@@ -137,15 +143,16 @@ def read(folder: Path, follow_symlinks: bool = False) -> dict[str, Any]:
         raise CheckpointError(f"{path} is not a zbench manifest; pass a zbench checkpoint or use --from")
     version = manifest.get("version")
     if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= VERSION:
+        shown = reprlib.repr(version)  # bounded per level, not in all: nested values are cut here
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
         raise CheckpointError(
-            f"{folder} uses checkpoint format {reprlib.repr(version)}, not one this zbench (formats 1-{VERSION}) "
-            "reads; upgrade zbench"
+            f"{folder} uses checkpoint format {shown}, not one this zbench (formats 1-{VERSION}) reads; upgrade zbench"
         )
     if version >= 2:
         _check_checksum(folder, raw, follow_symlinks)
     problem = structure_problem(manifest)
     if problem:
-        raise CheckpointError(f"{path} is damaged ({problem}); use an earlier checkpoint")
+        raise CheckpointError(f"{path} is damaged ({_one_line(problem)}); use an earlier checkpoint")
     return manifest
 
 

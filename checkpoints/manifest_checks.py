@@ -219,12 +219,12 @@ def _state_problem(m: dict[str, Any]) -> str | None:
             return f"optimizer.{key} is missing or not a non-negative number"
     for key, value in m["loss_scaler"].items():
         if not (_number(value) or (isinstance(value, list) and len(value) == 1 and _number(value[0]))):
-            return f"loss_scaler.{key} is not a number"
+            return f"loss_scaler.{key!r} is not a number"
     if not isinstance(m.get("scheduler", {}), dict):
         return "'scheduler' is not an object"
     for rank, state in m["rng"].items():
         if not (isinstance(state, dict) and isinstance(state.get("torch"), str) and len(state["torch"]) < 1 << 16):
-            return f"rng state of rank {rank} is not plain data"
+            return f"rng state of rank {rank!r} is not plain data"
     return None
 
 

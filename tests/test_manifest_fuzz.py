@@ -11,7 +11,7 @@ import hashlib
 import json
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from checkpoints import manifest as mf
@@ -90,6 +90,7 @@ PATHS = [p for p in _paths(_valid()) if p]
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(path=st.sampled_from(PATHS), value=json_values | HUGE)
+@example(path=("version",), value=[{"k" * 30: [-4.9e110] * 5} for _ in range(6)])  # a long nested format value
 def test_one_corrupted_value_anywhere(tmp_path, path, value):
     m = copy.deepcopy(_valid())
     node = m
