@@ -6,6 +6,7 @@ seconds and the rank's peak host memory (VmHWM) once the model is built, and aga
 (which adds the optimizer's states), and the rank's parameter bytes.
 No training step (on a CPU DeepSpeed's offload optimizer needs its C++ build).
   DS_ACCELERATOR=cpu torchrun --nproc-per-node 2 docs/benchmarks/scripts/init_compare.py --engine deepspeed
+On a GPU: torchrun --nproc-per-node 1 docs/benchmarks/scripts/init_compare.py --engine zero --n-layer 32 --n-embd 2560
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def main() -> None:
         deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
         with deepspeed.zero.Init(config_dict_or_path=ds):
             model = GPT(cfg)
-        built = time.perf_counter() - start, peak_rss_bytes()
+        built = _synced() - start, peak_rss_bytes()
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)
         shard = sum(p.ds_tensor.numel() * p.ds_tensor.element_size() for p in model.parameters())
     else:
@@ -49,19 +50,28 @@ def main() -> None:
                 model = GPT(cfg)
         else:
             model = GPT(cfg)
-        built = time.perf_counter() - start, peak_rss_bytes()
+        built = _synced() - start, peak_rss_bytes()
         engine = zero_core.initialize(model, ds)
         shard = None
-    seconds = time.perf_counter() - start
+    seconds = _synced() - start
     print(json.dumps({
-        "engine": args.engine, "rank": dist.get_rank(), "world": dist.get_world_size(),
+        "engine": args.engine, "rank": dist.get_rank() if dist.is_initialized() else 0,
+        "world": dist.get_world_size() if dist.is_initialized() else 1,
         "params_b": round(cfg.num_params() / 1e9, 3),
         "built_s": round(built[0], 2), "built_peak_host_gib": round(built[1] / 2**30, 2), "init_s": round(seconds, 2),
         "peak_host_gib": round(peak_rss_bytes() / 2**30, 2),
         "fp32_full_model_gib": round(cfg.num_params() * 4 / 2**30, 2),
         "deepspeed_param_shard_gib": None if shard is None else round(shard / 2**30, 2),
+        "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else None,
     }), flush=True)
     del engine
+
+
+def _synced() -> float:
+    """perf_counter once the GPU has done what was queued (initialisation runs kernels asynchronously)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter()
 
 
 if __name__ == "__main__":
