@@ -77,12 +77,10 @@ def make_optimizer(
     on_device = device_segment_count(runs, offload_ratio(cfg)) if offloads_optimizer(cfg) else 0
     if on_device or (offloads_optimizer(cfg) and zero.offload_optimizer.ratio == "auto"):
         return _split(layout.partition_numel, runs, on_device, cfg, device, rank, aio, breakdown, kw)
-    if client:
-        states = make_states(layout.partition_numel, device, zero.offload_optimizer, aio, rank, names=("master",))
-    else:
-        states = offloaded_states(layout.partition_numel, cfg, device, aio, rank)
-    if client:
+    if client:  # never offloaded (refused above): the fp32 master on the device, the client keeps its own state
+        states = make_states(layout.partition_numel, device, None, aio, rank, names=("master",))
         return ClientOptimizer(states, plan.client, **kw)
+    states = offloaded_states(layout.partition_numel, cfg, device, aio, rank)
     if offloads_optimizer(cfg):
         host = DelayedHostAdamW if cfg.zero_core.offload_delayed_update else HostAdamW
         return host(
