@@ -143,8 +143,7 @@ def read(folder: Path, follow_symlinks: bool = False) -> dict[str, Any]:
         raise CheckpointError(f"{path} is not a zbench manifest; pass a zbench checkpoint or use --from")
     version = manifest.get("version")
     if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= VERSION:
-        shown = reprlib.repr(version)  # bounded per level, not in all: nested values are cut here
-        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        shown = _one_line(reprlib.repr(version), 40)  # reprlib bounds each level, not the whole
         raise CheckpointError(
             f"{folder} uses checkpoint format {shown}, not one this zbench (formats 1-{VERSION}) reads; upgrade zbench"
         )

@@ -79,15 +79,16 @@ def add_parity(rows: list[dict[str, Any]], tol: float) -> None:
             r["parity"], r["parity_note"] = None, why or "simulated ranks: not compared"
         else:
             steps = _alike_steps(r, ref)
-            r["parity"] = metrics.loss_parity(r["losses"][:steps], ref["losses"][:steps])
+            micro = None if steps is None else steps * max(1, r.get("grad_accum") or 1)
+            r["parity"] = metrics.loss_parity(r["losses"][:micro], ref["losses"][:micro])
             r["parity_note"] = "ok" if r["parity"] <= tol else "FAIL"
             if steps is not None:
-                r["parity_note"] += f" over steps 1-{steps // max(1, r.get('grad_accum') or 1)} (then skips differ)"
+                r["parity_note"] += f" over steps 1-{steps} (then skips differ)"
 
 
 def _alike_steps(row: dict[str, Any], ref: dict[str, Any]) -> int | None:
-    """How many of the losses (micro steps) are alike when the two rows skipped different optimizer steps
-    (None: the same ones, or unknown). A row that skips an update the other applies trains other weights from
+    """How many optimizer steps are alike when the two rows skipped different ones (None: the same ones, or
+    unknown). A row that skips an update the other applies trains other weights from
     then on, so only the losses up to that step, computed before its update, are compared. fp16 gradients
     can overflow where the reference's fp32 gradients do not, so the same loss-scale policy does not
     guarantee the same skips."""
@@ -95,4 +96,4 @@ def _alike_steps(row: dict[str, Any], ref: dict[str, Any]) -> int | None:
     if not mine or not theirs:
         return None
     first = next((k for k, (a, b) in enumerate(zip(mine, theirs)) if a != b), None)
-    return None if first is None else (first + 1) * max(1, row.get("grad_accum") or 1)
+    return None if first is None else first + 1

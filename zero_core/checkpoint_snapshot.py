@@ -20,8 +20,8 @@ import torch
 from checkpoints import manifest as mf
 
 from .optim.client_optimizer import ClientOptimizer
-from .pinned import empty_pinned
 from .optim.states import NAMES, TensorStates
+from .pinned import empty_pinned
 
 if TYPE_CHECKING:
     from .engine import Engine

@@ -18,13 +18,15 @@ REGISTER_MIN_BYTES = 64 << 20  # below this the power-of-two rounding costs litt
 
 def empty_pinned(shape: int | tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised CPU tensor whose pages are locked for asynchronous GPU copies (CUDA only)."""
-    t = torch.empty(shape, dtype=dtype)
-    nbytes = t.numel() * t.element_size()
+    size = torch.Size([shape]) if isinstance(shape, int) else torch.Size(shape)
+    nbytes = size.numel() * dtype.itemsize
     if nbytes >= REGISTER_MIN_BYTES:
+        t = torch.empty(size, dtype=dtype)
         cudart = torch.cuda.cudart()
         if int(cudart.cudaHostRegister(t.data_ptr(), nbytes, 0)) == 0:
             # unlocked when the memory goes: the storage outlives every view of it, and its Python object
             # lives exactly as long (torch keeps one per storage)
             weakref.finalize(t.untyped_storage(), cudart.cudaHostUnregister, t.data_ptr())
             return t
-    return torch.empty(shape, dtype=dtype, pin_memory=True)
+        del t  # refused: freed before torch's allocator makes the pinned one
+    return torch.empty(size, dtype=dtype, pin_memory=True)

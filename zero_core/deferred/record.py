@@ -84,7 +84,11 @@ class _Log(TorchDispatchMode):
     def __init__(self, recording: Recording) -> None:
         super().__init__()
         self.rec = recording
-        self.rng_seen = torch.get_rng_state()  # nothing is drawn while recording: a change is a new seed
+        self.rng_seen: torch.Tensor | None = None  # nothing is drawn while recording: a change is a new seed
+
+    def __enter__(self) -> "_Log":
+        self.rng_seen = self.rec.rng_start
+        return super().__enter__()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -124,7 +128,7 @@ class Recorder:
         self._modes = [_MetaFactories(), _Log(self.recording)]
 
     def __enter__(self) -> "Recorder":
-        self.recording.rng_start = self._modes[1].rng_seen = torch.get_rng_state()
+        self.recording.rng_start = torch.get_rng_state()
         for m in self._modes:
             m.__enter__()
         return self
