@@ -126,3 +126,16 @@ def param_offload_losses(rank: int, world: int, device: str, nvme_dir: str) -> d
         losses.append(float(loss.detach()))
     mapped = engine.strategy.local.untyped_storage().filename if device == "nvme" else None
     return {"losses": losses, "state": engine.full_state_dict(), "mapped": mapped}
+
+
+def seeds_only_on_rank1(rank: int, world: int) -> dict:
+    """Rank 1 sets a seed while building, rank 0 does not: every rank must get the same one-line error."""
+    with zero_core.init_context(ds(3)):
+        if rank == 1:
+            torch.manual_seed(5)
+        model = torch.nn.Linear(8, 8)
+    try:
+        zero_core.initialize(model, ds(3))
+    except RuntimeError as e:
+        return {"error": str(e)}
+    return {"error": None}

@@ -8,7 +8,7 @@ import torch
 
 import zero_core
 from dist_harness import run_ranks
-from init_workers import LARGE, build, large_under_limit, sharded_state
+from init_workers import LARGE, build, large_under_limit, seeds_only_on_rank1, sharded_state
 from zbench.models.gpt import GPT, GPTConfig
 
 pytestmark = pytest.mark.slow  # spawned ranks or whole runs: outside the fast tier (-m 'not slow')
@@ -148,3 +148,9 @@ def test_seeds_set_inside_the_context_are_replayed():
     engine.close()
     assert [k for k in want if not torch.equal(got[k], want[k])] == []
     assert torch.equal(torch.randn(3), after)
+
+
+def test_ranks_that_seed_differently_while_building_get_one_clear_error():
+    got = run_ranks(seeds_only_on_rank1, 2)
+    assert got["error"] is not None and "\n" not in got["error"]
+    assert "set the random seed [0, 1] times" in got["error"] and "the same way on every rank" in got["error"]
