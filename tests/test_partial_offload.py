@@ -166,16 +166,18 @@ def test_overlap_host_update_is_validated(value, ok):
         load_config(cfg, 1)
 
 
+@pytest.mark.parametrize("fraction, speculated", [(0.6, [(0, 1024), (3072, 4096)]), (0.8, [(0, 1024), (1024, 3072)])])
 @pytest.mark.parametrize("clip, poison", [(0.0, False), (1e-3, False), (0.0, True)])
-def test_speculative_updates_run_during_backward_and_settle_exactly(clip, poison):
+def test_speculative_updates_run_during_backward_and_settle_exactly(clip, poison, fraction, speculated):
     """The host update of each final shard starts before the step; the step keeps it, or undoes and redoes it
-    (clipping engaged), or undoes it (a non-finite gradient): the states equal the plain step's bitwise."""
+    (clipping engaged), or undoes it (a non-finite gradient): the states equal the plain step's bitwise, whichever
+    shards were speculated (the backup holds them back to back)."""
     from zero_core.optim import Hyper
     from zero_core.optim.states import TensorStates
 
     numel, sizes = 4096, (1024, 2048, 1024)
     results = []
-    for fraction in (0.0, 0.6):
+    for fraction in (0.0, fraction):
         states = TensorStates(numel, torch.device("cpu"))
         states.master.copy_(torch.randn(numel, generator=torch.Generator().manual_seed(3)))
         opt = HostAdamW(states, comm_dtype=torch.float32, clip=clip, overlap_fraction=fraction,
@@ -192,8 +194,8 @@ def test_speculative_updates_run_during_backward_and_settle_exactly(clip, poison
                 opt.receive(grads[start : start + n], start)
                 start += n
             opt.end_pass()
-            if fraction:  # the shards that fit in 0.6 of the partition were updated before the step
-                assert [r[:2] for r in opt.speculative.ranges] == [(0, 1024), (3072, 4096)]
+            if fraction:  # the shards that fit in the fraction of the partition were updated before the step
+                assert [r[:2] for r in opt.speculative.ranges] == speculated
             opt.step(torch.empty(numel, dtype=torch.bfloat16))
         results.append((states.master.clone(), states.exp_avg.clone(), states.exp_avg_sq.clone(), int(opt.skipped)))
         opt.close()
