@@ -170,8 +170,8 @@ SECURITY = [
 ]
 BAD_INPUT = [("test_bad_input_battery.py", "CASES"), ("test_bad_input_battery.py", "ENGINE_CASES")]
 FUZZ = [
-    "test_config.py::test_fuzz_random_configs_only_raise_config_error",
-    "test_config.py::test_fuzz_mutated_seed_configs_only_raise_config_error",
+    "test_config_fuzz.py::test_fuzz_random_configs_only_raise_config_error",
+    "test_config_fuzz.py::test_fuzz_mutated_seed_configs_only_raise_config_error",
     "test_manifest_fuzz.py::test_one_corrupted_value_anywhere",
     "test_manifest_fuzz.py::test_garbage_manifest",
 ]

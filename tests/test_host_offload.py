@@ -1,5 +1,6 @@
 """The offload host step piece by piece: chunked == unchunked bitwise, NVMe-backed == in-memory bitwise,
-the NVMe state file (pipelining, no file left behind, one-line errors), per-rank core sets, the breakdown."""
+the NVMe state file (pipelining, no file left behind, one-line errors), the breakdown. Per-rank core sets:
+test_cpu_affinity.py."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 from parity_workers import ds_config, make_batches, make_model
 
 import zero_core
-from zero_core.optim import DeviceAdamW, HostAdamW, Hyper, affinity, nvme_states
+from zero_core.optim import DeviceAdamW, HostAdamW, Hyper, nvme_states
 from zero_core.optim.nvme_states import NvmeStates
 from zero_core.optim.states import NAMES, TensorStates, state_sum
 
@@ -260,49 +261,6 @@ def test_top_level_and_nested_aio_must_agree():
     load_config({**base, "zero_optimization": {"stage": 1, "aio": {"block_size": 8192}}}, 1)
     with pytest.raises(ConfigError, match="aio and zero_optimization.aio are both set and differ"):
         load_config({**base, "zero_optimization": {"stage": 1, "aio": {"block_size": 4096}}}, 1)
-
-
-# -- per-rank cores -------------------------------------------------------------------------------
-def _smt(n_cores: int, sockets: int = 1):
-    """n_cores physical cores with 2 hyper-threads each, Linux numbering (siblings n_cores apart)."""
-    per_socket = n_cores // sockets
-    return list(range(2 * n_cores)), lambda cpu: ((cpu % n_cores) // per_socket, cpu % n_cores)
-
-
-@pytest.mark.parametrize("n_cores, sockets, ranks", [(16, 2, 2), (8, 1, 3), (7, 1, 2), (4, 1, 4), (64, 2, 8)])
-def test_split_cpus_gives_disjoint_whole_core_sets(n_cores, sockets, ranks):
-    cpus, core_of = _smt(n_cores, sockets)
-    sets = [affinity.split_cpus(cpus, r, ranks, core_of) for r in range(ranks)]
-    flat = [c for s in sets for c in s]
-    assert len(flat) == len(set(flat)) and sorted(flat) == cpus  # disjoint, and nothing left idle
-    for s in sets:
-        assert {core_of(c) for c in s} == {core_of(c) for c in s if c < n_cores}  # siblings stay together
-        assert len({core_of(c)[0] for c in s}) == 1 or ranks < sockets  # one socket per rank where counts allow
-    sizes = [len(s) for s in sets]
-    assert max(sizes) - min(sizes) <= 2
-
-
-def test_split_cpus_refuses_when_ranks_outnumber_cores_and_uses_only_allowed_cpus():
-    assert affinity.split_cpus([0, 1], 0, 4, lambda c: (0, c)) == []
-    allowed = [2, 3, 5, 8]  # e.g. a cgroup cpuset
-    sets = [affinity.split_cpus(allowed, r, 2, lambda c: (0, c)) for r in range(2)]
-    assert sets == [[2, 3], [5, 8]]
-
-
-def test_pinning_switch_and_no_failure(monkeypatch):
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    monkeypatch.setenv(affinity.ENV, "0")
-    assert affinity.pin_rank(offload=True) is None
-    monkeypatch.setenv(affinity.ENV, "auto")
-    assert affinity.pin_rank(offload=False) is None  # auto pins only offloaded runs
-
-    def refuse(*a):
-        raise OSError(1, "Operation not permitted")
-
-    monkeypatch.setattr(affinity.os, "sched_setaffinity", refuse)
-    threads = torch.get_num_threads()
-    assert affinity.pin_rank(offload=True) is None and torch.get_num_threads() == threads
-    assert affinity.describe([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
 
 
 # -- the step-time breakdown ----------------------------------------------------------------------

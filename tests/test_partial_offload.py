@@ -166,44 +166,6 @@ def test_overlap_host_update_is_validated(value, ok):
         load_config(cfg, 1)
 
 
-@pytest.mark.parametrize("fraction, speculated", [(0.6, [(0, 1024), (3072, 4096)]), (0.8, [(0, 1024), (1024, 3072)])])
-@pytest.mark.parametrize("clip, poison", [(0.0, False), (1e-3, False), (0.0, True)])
-def test_speculative_updates_run_during_backward_and_settle_exactly(clip, poison, fraction, speculated):
-    """The host update of each final shard starts before the step; the step keeps it, or undoes and redoes it
-    (clipping engaged), or undoes it (a non-finite gradient): the states equal the plain step's bitwise, whichever
-    shards were speculated (the backup holds them back to back)."""
-    from zero_core.optim import Hyper
-    from zero_core.optim.states import TensorStates
-
-    numel, sizes = 4096, (1024, 2048, 1024)
-    results = []
-    for fraction in (0.0, fraction):
-        states = TensorStates(numel, torch.device("cpu"))
-        states.master.copy_(torch.randn(numel, generator=torch.Generator().manual_seed(3)))
-        opt = HostAdamW(states, comm_dtype=torch.float32, clip=clip, overlap_fraction=fraction,
-                        groups=[Hyper(0.9, 0.95, 1e-8, 0.1)], decoupled=True, lr_at=lambda a: torch.full((1,), 1e-2),
-                        shard_stats=False, comm_device=torch.device("cpu"))
-        gen = torch.Generator().manual_seed(7)
-        for step in range(3):
-            grads = torch.randn(numel, generator=gen)
-            if poison and step == 1:
-                grads[5] = float("inf")
-            opt.begin_pass(torch.ones(1), accumulate=False, final=True)
-            start = 0
-            for n in sizes:
-                opt.receive(grads[start : start + n], start)
-                start += n
-            opt.end_pass()
-            if fraction:  # the shards that fit in the fraction of the partition were updated before the step
-                assert [r[:2] for r in opt.speculative.ranges] == speculated
-            opt.step(torch.empty(numel, dtype=torch.bfloat16))
-        results.append((states.master.clone(), states.exp_avg.clone(), states.exp_avg_sq.clone(), int(opt.skipped)))
-        opt.close()
-    assert results[0][3] == int(poison)
-    for a, b in zip(results[0][:3], results[1][:3]):
-        assert torch.equal(a, b)
-
-
 def test_breakdown_shows_gpu_adam_and_overlapped_cpu_adam():
     from zero_core.step_timer import format_breakdown
 

@@ -139,7 +139,8 @@ class ZeroCoreConfig(Section):
     stage3_gather_from_master: Bool = True
     # optimizer offload: the fraction of the host share whose AdamW may start during backward, as soon as
     # each bucket's gradient is final, undone and redone at the step when clipping or a non-finite
-    # gradient says so (bitwise the same result; 12 bytes of host memory per such element for the copies)
+    # gradient says so (bitwise the same result; 12 bytes of host memory per such element for the copies,
+    # lowered at the first step to what the host has left)
     overlap_host_update: Annotated[float, number(0.0, 1.0)] = 0.0
     # optimizer offload: the ZeRO-Offload paper's one-step delayed update (step N's forward runs on update
     # N-2's weights while update N-1 runs on the host). CHANGES NUMERICS; off by default (optim/delayed_update.py)

@@ -15,20 +15,44 @@ first. At the step:
 Each element sees exactly the update the non-overlapped step would give it (the fused kernel is
 element-wise, and ranges start at bucket-shard boundaries, multiples of the layout's alignment), so
 the result is bitwise the same. The copies cost 12 bytes of host memory per speculated element, which
-is why the fraction is bounded. The 16-bit conversion and the upload of speculated ranges still happen
-in the step, in partition order (the uploader gathers buckets in that order).
+is why the fraction is bounded; they are allocated at the first speculating pass, when everything else is
+in place, and never beyond what the host has left (MemAvailable, shared by the node's ranks, less a margin):
+a fraction that would not fit is lowered, with one line saying so, instead of the kernel killing the run.
+The 16-bit conversion and the upload of speculated ranges still happen in the step, in partition order (the
+uploader gathers buckets in that order).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 import torch
 
 from .. import comm
+from .nvme_states import ALIGN
 from .states import NAMES
 
 Range = tuple[int, int]
+BACKUP_BYTES_PER_ELEMENT = 12  # fp32 master and both moments
+HOST_MARGIN_BYTES = 4 << 30  # left free: page cache, pinned-buffer churn and the allocator's slack
+
+
+def available_host_bytes() -> int | None:
+    """MemAvailable of /proc/meminfo (None where it cannot be read)."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next((int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")), None)
+    except OSError:
+        return None
+
+
+def elements_that_fit(wanted: int, available: int | None, ranks_on_node: int) -> int:
+    """How many of `wanted` speculated elements' copies fit in this rank's part of `available` host memory."""
+    if available is None:
+        return wanted
+    room = (available // max(ranks_on_node, 1) - HOST_MARGIN_BYTES) // BACKUP_BYTES_PER_ELEMENT
+    return min(wanted, max(0, room // ALIGN * ALIGN))
 
 
 class SpeculativeUpdates:
@@ -42,6 +66,17 @@ class SpeculativeUpdates:
         """A new final pass: nothing speculated yet (the last step settled what was)."""
         assert not self.ranges, "speculated ranges left unsettled"
         self._used = self._reserved = 0
+        if not self._backup and self.budget:
+            self._allocate()
+
+    def _allocate(self) -> None:
+        ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+        fit = elements_that_fit(self.budget, available_host_bytes(), ranks)
+        if fit < self.budget and int(os.environ.get("RANK", "0") or 0) == 0:
+            print(f"zero_core: overlap_host_update lowered to {fit:,} of {self.budget:,} elements: their copies need "
+                  f"{BACKUP_BYTES_PER_ELEMENT} bytes each and the host has too little memory left", flush=True)
+        self.budget = fit
+        self._backup = {n: comm.host_buffer(fit, torch.float32, pin=False) for n in NAMES} if fit else {}
 
     def reserve(self, numel: int) -> bool:
         """Room for `numel` more elements in the copies (taken now, in submission order)?"""
@@ -52,8 +87,6 @@ class SpeculativeUpdates:
 
     def update(self, lo: int, hi: int, adam: Callable[[int, int], None]) -> None:
         """Copy [lo, hi) of every state aside, then run `adam(lo, hi)` (coefficient 1) over it."""
-        if not self._backup:
-            self._backup = {n: comm.host_buffer(self.budget, torch.float32, pin=False) for n in NAMES}
         pos = self._used
         for n in NAMES:
             self._backup[n][pos : pos + hi - lo].copy_(getattr(self.states, n)[lo:hi])

@@ -1,0 +1,91 @@
+"""The host update during backward (zero_core/optim/speculative.py): bitwise the plain step's, whether the step
+keeps, redoes or undoes it; and never more host memory for its copies than the host has left (sized at the first
+speculating pass, lowered with one line when MemAvailable is short)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from zero_core.optim import HostAdamW, Hyper, speculative
+from zero_core.optim.speculative import BACKUP_BYTES_PER_ELEMENT, HOST_MARGIN_BYTES, elements_that_fit
+from zero_core.optim.states import TensorStates
+
+ROW = BACKUP_BYTES_PER_ELEMENT
+
+
+@pytest.mark.parametrize(
+    "wanted, available, ranks, expect",
+    [
+        (5000, None, 1, 5000),  # nothing to read: as asked
+        (5000, HOST_MARGIN_BYTES + ROW * 10**6, 1, 5000),  # plenty
+        (10**6, HOST_MARGIN_BYTES + ROW * 5000, 1, 4096),  # what fits, in whole alignment units
+        (10**6, 2 * (HOST_MARGIN_BYTES + ROW * 3000), 2, 2048),  # the node's ranks share what is left
+        (10**6, HOST_MARGIN_BYTES // 2, 1, 0),  # less than the margin: nothing
+    ],
+)
+def test_elements_that_fit(wanted, available, ranks, expect):
+    assert elements_that_fit(wanted, available, ranks) == expect
+
+
+def _train(fraction: float, clip: float, poison: bool = False) -> tuple[list[torch.Tensor], list, int]:
+    """Three steps of a 4,096-element host AdamW fed three shards per pass; the states, the ranges speculated in
+    each pass, and the skipped count (`poison`: an inf in the second step's gradient)."""
+    numel, sizes = 4096, (1024, 2048, 1024)
+    states = TensorStates(numel, torch.device("cpu"))
+    states.master.copy_(torch.randn(numel, generator=torch.Generator().manual_seed(3)))
+    opt = HostAdamW(states, comm_dtype=torch.float32, clip=clip, overlap_fraction=fraction,
+                    groups=[Hyper(0.9, 0.95, 1e-8, 0.1)], decoupled=True, lr_at=lambda a: torch.full((1,), 1e-2),
+                    shard_stats=False, comm_device=torch.device("cpu"))
+    gen = torch.Generator().manual_seed(7)
+    speculated = []
+    for step in range(3):
+        grads = torch.randn(numel, generator=gen)
+        if poison and step == 1:
+            grads[5] = float("inf")
+        opt.begin_pass(torch.ones(1), accumulate=False, final=True)
+        start = 0
+        for n in sizes:
+            opt.receive(grads[start : start + n], start)
+            start += n
+        opt.end_pass()
+        speculated.append([r[:2] for r in opt.speculative.ranges])
+        opt.step(torch.empty(numel, dtype=torch.bfloat16))
+    opt.close()
+    return [states.master, states.exp_avg, states.exp_avg_sq], speculated, int(opt.skipped)
+
+
+@pytest.mark.parametrize("fraction, speculated", [(0.6, [(0, 1024), (3072, 4096)]), (0.8, [(0, 1024), (1024, 3072)])])
+@pytest.mark.parametrize("clip, poison", [(0.0, False), (1e-3, False), (0.0, True)])
+def test_speculative_updates_run_during_backward_and_settle_exactly(clip, poison, fraction, speculated):
+    """The host update of each final shard starts before the step; the step keeps it, or undoes and redoes it
+    (clipping engaged), or undoes it (a non-finite gradient): the states equal the plain step's bitwise, whichever
+    shards were speculated (the backup holds them back to back)."""
+    plain, _, skipped = _train(0.0, clip, poison)
+    overlapped, ranges, skipped_overlapped = _train(fraction, clip, poison)
+    assert ranges == [speculated] * 3  # the shards that fit in the fraction were updated before the step
+    assert skipped == skipped_overlapped == int(poison)
+    for a, b in zip(plain, overlapped):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("clip", [0.0, 1e-3])
+@pytest.mark.parametrize("room, expect", [(1500, [(0, 1024)]), (0, [])])
+def test_short_host_memory_lowers_the_overlap_and_stays_exact(monkeypatch, capsys, clip, room, expect):
+    plain, _, _ = _train(0.0, clip)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    monkeypatch.setattr(speculative, "available_host_bytes", lambda: HOST_MARGIN_BYTES + ROW * room)
+    lowered, ranges, _ = _train(0.8, clip)  # 0.8 of 4096 would speculate the first two shards (3,072 elements)
+    assert ranges == [expect] * 3
+    for a, b in zip(plain, lowered):
+        assert torch.equal(a, b)
+    said = [line for line in capsys.readouterr().out.splitlines() if "overlap_host_update lowered" in line]
+    assert said == [f"zero_core: overlap_host_update lowered to {len(expect) * 1024:,} of 3,276 elements: their "
+                    "copies need 12 bytes each and the host has too little memory left"]
+
+
+def test_enough_host_memory_keeps_the_overlap(monkeypatch, capsys):
+    monkeypatch.setattr(speculative, "available_host_bytes", lambda: HOST_MARGIN_BYTES + ROW * 10**6)
+    _, ranges, _ = _train(0.8, 0.0)
+    assert ranges == [[(0, 1024), (1024, 3072)]] * 3
+    assert "lowered" not in capsys.readouterr().out
