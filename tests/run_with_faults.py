@@ -12,20 +12,24 @@ run. Faults:
   hang-at-step-N        rank 1 stops answering (sleeps) just before step N's update
   kill-at-step-N        rank 1 is SIGKILLed in the middle of step N (gradients reduced, weights not yet updated)
   nan-at-step-N         rank 0's loss of step N is NaN (every rank must skip that update)
+  disk-free-B           the disk under any NVMe offload path reports B bytes free (zero_core's own space check)
 A step fault may end with `:VARIANT` to hit only that variant (e.g. kill-at-step-130:victim).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import time
+from types import SimpleNamespace
 
 import torch
 
 import zbench.worker as worker
 import zero_core.engine as engine_module
+import zero_core.optim.nvme_states as nvme_states
 from zbench.cli import main
 
 FAULTS = sys.argv[1].split(",")
@@ -81,6 +85,11 @@ def _backward(self, loss):
         loss = loss * float("nan")
     _real_backward(self, loss)
 
+
+for fault in FAULTS:  # the NVMe module's view of the disk: only its free space is read
+    if fault.startswith("disk-free-"):
+        free = int(fault.rsplit("-", 1)[1])
+        nvme_states.shutil = SimpleNamespace(disk_usage=lambda path, free=free: shutil._ntuple_diskusage(free, 0, free))
 
 worker._run = _faulty
 engine_module.Engine.step = _step

@@ -219,3 +219,19 @@ def test_mrpc_classification_reports_f1_on_real_data(tmp_path):
     assert rows["zero2"]["Method"] == "zero_core ZeRO Stage 2"
     assert rows["zero2"]["Loss parity vs DDP"].endswith(" ok")
     assert "MRPC (bytes tokens), 32 train / 8 eval rows" in printed(proc.stdout)
+
+
+@pytest.mark.parametrize(
+    "resource, exitcode, note",
+    [
+        ("memory", 1, "OOM Error at batch 8"),
+        ("memory", -9, "OOM Error at batch 8 (rank 1 was SIGKILLed: most often the out-of-memory killer)"),
+        ("disk space", 1, "Out of disk space at batch 8"),
+    ],
+)
+def test_a_batch_that_did_not_train_is_named_by_what_ran_out(resource, exitcode, note):
+    from zbench.launch import OutOfDisk, OutOfMemory, untrained_note
+
+    failure = (OutOfMemory if resource == "memory" else OutOfDisk)("x", rank=1, exitcode=exitcode)
+    assert failure.resource == resource and untrained_note(failure, 8) == note
+    assert untrained_note(None, 8) == "OOM Error at batch 8"  # kept from the run resumed: no failure to read

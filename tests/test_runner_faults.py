@@ -8,6 +8,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 
 import pytest
 
@@ -183,3 +184,28 @@ def test_eval_batch_search_finds_the_largest_eval_batch(tmp_path):
     assert "[zero2] eval batch 8: out of memory" in proc.stderr and "[zero2] eval batch 7: out of memory" in proc.stderr
     rows = json.load(open(os.path.join(run_dir(proc.stdout), "results.json")))["variants"]
     assert [r["eval_batch"] for r in rows] == [6, 6]
+
+
+def test_nvme_states_too_big_for_the_disk_are_a_size_that_does_not_fit(tmp_path):
+    """A model search whose NVMe states outgrow the disk: the probe is "out of disk space", not a failed run, and
+    the search settles on the largest size whose states fit (zero_core's own space check, free space injected)."""
+    variant = {"name": "nvme", "engine": "zero", "stage": 2, "offload_optimizer": "nvme", "nvme_path": ".",
+               "batch_size": 2}
+    scenario = tiny_scenario(tmp_path, "disk", [variant], samples=16, steps=1, lr=None,
+                             model_search={"key": "n_layer", "values": [1, 2]})
+    env = {"ZERO_CORE_NVME_CHUNK_NUMEL": "1024"}  # the state file grows with the model, not in 16 Mi chunks
+    none_fits = zbench("run", scenario, "--out", str(tmp_path / "a"), "--wandb", "off", env=env, faults="disk-free-1")
+    assert none_fits.returncode == 0, none_fits.stderr[-3000:]
+    assert "[nvme] n_layer=1, batch 2: out of disk space" in none_fits.stderr
+    assert table(none_fits.stdout)["nvme"]["Notes"] == "Out of disk space even at n_layer=1"
+    logged = "".join(open(p).read() for p in glob.glob(f"{run_dir(none_fits.stdout)}/logs/**/*", recursive=True)
+                     if os.path.isfile(p))
+    need = int(re.search(r"optimizer states need ([\d,]+) bytes", logged).group(1).replace(",", ""))
+
+    one_fits = zbench("run", scenario, "--out", str(tmp_path / "b"), "--wandb", "off", env=env,
+                      faults=f"disk-free-{need}")
+    assert one_fits.returncode == 0, one_fits.stderr[-3000:]
+    assert "[nvme] n_layer=1, batch 2: fits" in one_fits.stderr
+    assert "[nvme] n_layer=2, batch 2: out of disk space" in one_fits.stderr
+    row = table(one_fits.stdout)["nvme"]
+    assert row["Notes"].startswith("n_layer=1") and row["Tokens/s"] != "–"

@@ -45,6 +45,14 @@ class RankFailure(RuntimeError):
 class OutOfMemory(RankFailure):
     """A rank ran out of GPU (or host) memory."""
 
+    resource = "memory"
+
+
+class OutOfDisk(OutOfMemory):
+    """A rank's NVMe offload did not fit on its disk: to a batch or model search, a size that does not fit."""
+
+    resource = "disk space"
+
 
 @dataclass(frozen=True)
 class Nodes:
@@ -141,6 +149,25 @@ def _is_oom(text: str, exitcode: int) -> bool:
     )  # SIGKILL: most often the kernel's OOM killer
 
 
+def short_word(resource: str, oom: str = "OOM") -> str:
+    """How a results row names running out of `resource` (an OutOfMemory's)."""
+    return oom if resource == "memory" else "Out of disk space"
+
+
+def untrained_note(last: OutOfMemory | None, batch: int) -> str:
+    """A results row's note for a batch that did not train (`last`: its launch's failure, if not a kept one)."""
+    if last is None:
+        return f"OOM Error at batch {batch}"
+    short = short_word(last.resource, "OOM Error")
+    killed = f" (rank {last.rank} was SIGKILLed: most often the out-of-memory killer)" if last.exitcode == -9 else ""
+    return f"{short} at batch {batch}{killed}"
+
+
+def _is_out_of_disk(text: str) -> bool:
+    lowered = text.lower()  # zero_core's NVMe space check, or a write that found the disk full (ENOSPC)
+    return "point nvme_path at a larger disk" in lowered or "no space left on device" in lowered
+
+
 def launch(
     fn: Callable[[str], Any],
     arg: str,
@@ -167,7 +194,8 @@ def launch(
         rank_dir = _rank_log_dir(log_dir, run_id, failure.local_rank)
         tail = _failure_tail(rank_dir, failure)
         first = (message.strip().splitlines() or [f"exit code {failure.exitcode}"])[0]
-        cls = OutOfMemory if _is_oom(message + tail, failure.exitcode) else RankFailure
+        text = message + tail
+        cls = OutOfDisk if _is_out_of_disk(text) else OutOfMemory if _is_oom(text, failure.exitcode) else RankFailure
         text = f"{what} failed on rank {rank} (exit code {failure.exitcode}): {first}"
         if tail:
             text += f"\n--- last log lines of rank {rank} ({rank_dir or 'console'}) ---\n{tail}"

@@ -1,11 +1,10 @@
 """`zbench run`: each variant of a scenario in its own launch, measured, compared, written out.
 
-Per variant: the model-size search and the batch search when the scenario asks for them (each try a
-fresh launch, OOM-safe), then one training launch that trains, evaluates and measures. Rows that
-cannot run (not supported yet, out of memory, a failed rank) stay in the table with the reason, and
-the other variants still run; a failed rank is reported once more, in full, after the table. Then loss parity
-against ddp, the files (results.json/csv, table.md, plots) and W&B, all on the node that holds
-global rank 0; other nodes of a multi-node run only launch their ranks and keep their logs.
+Per variant: the model-size and batch searches the scenario asks for (each try a fresh launch, OOM-safe), then
+one launch that trains, evaluates and measures. Rows that cannot run (not supported yet, out of memory or disk,
+a failed rank) stay in the table with the reason and the other variants still run; a failed rank is reported
+again, in full, after the table. Then loss parity against ddp, the files (results.json/csv, table.md, plots)
+and W&B, on the node that holds global rank 0; other nodes only launch their ranks and keep their logs.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from typing import Any
 
 from . import __version__, estimate
 from .interrupt import raise_if_dropped
-from .launch import Nodes, OutOfMemory, RankFailure, launch, start_method
+from .launch import Nodes, OutOfMemory, RankFailure, launch, short_word, start_method, untrained_note
 from .models.configs import ArchConfig
 from .plan import Plan, VariantPlan, variant_job
 from .probe_log import ProbeLog
@@ -58,7 +57,7 @@ class Runner:
         self.plan, self.opts = plan, opts
         self.nodes = opts.nodes or Nodes(plan.procs_per_node)
         self.run_dir = opts.resume or new_run_dir(opts.out, str(plan.scenario.name), self.nodes.node_rank)
-        self.launches = 0
+        self.launches, self.short_of = 0, "memory"  # short_of: what the last failed probe ran out of
         self.probes: dict[str, ProbeLog] = {}  # per variant: the outcome of each batch or model-size probe
         self.writer = self.nodes.node_rank == 0  # corrected by the first launch: whoever gets global rank 0
         self.failures: list[RankFailure] = []  # variants whose ranks failed (not OOM): rows, then one error
@@ -133,15 +132,17 @@ class Runner:
         def run() -> bool:
             try:
                 self._launch(vp, arch, batch, "eval_probe" if eval_batch else "probe", eval_batch)
-            except OutOfMemory:
+            except OutOfMemory as e:
+                self.short_of = e.resource  # "memory", or "disk space" (NVMe states that did not fit)
                 return False
             return True
 
         setup = {"ranks": self.plan.world_size, "simulated": self.plan.simulated, "nodes": self.plan.nnodes}
         log = self.probes.setdefault(vp.name, ProbeLog(self.run_dir, vp.name, setup, self.opts.resume))
+        self.short_of = "memory"
         fits, kept = log.probe(what, run)
         kept_note = " (kept from the run resumed)" if kept else ""
-        say(f"[{vp.name}] {what}: {'fits' if fits else 'out of memory'}{kept_note}")
+        say(f"[{vp.name}] {what}: {'fits' if fits else 'out of ' + self.short_of}{kept_note}")
         return fits
 
     def _train(self, vp: VariantPlan, arch: ArchConfig | None, batch: int,
@@ -177,7 +178,8 @@ class Runner:
             value = largest_fitting_value(lambda x: self._fits(vp, sized(x), vp.batch or sc.batch_search.start),
                                           sc.model_search.values)
             if value is None:
-                return {**row, "status": "oom", "note": f"OOM even at {key}={min(sc.model_search.values)}"}
+                least = min(sc.model_search.values)
+                return {**row, "status": "oom", "note": f"{short_word(self.short_of)} even at {key}={least}"}
             arch = sized(value)
             row["model_search"] = {key: value}
         batch, searched = vp.batch, False
@@ -188,14 +190,16 @@ class Runner:
             batch = largest_fitting(lambda b: self._fits(vp, arch, b), bs.start, bs.max, bs.multiple_of)
             searched = True
             if batch is None:
-                return {**row, "status": "oom", "note": f"OOM Error even at batch {sc.batch_search.start}"}
+                short = short_word(self.short_of, "OOM Error")
+                return {**row, "status": "oom", "note": f"{short} even at batch {sc.batch_search.start}"}
         eval_batch = None
         if sc.search_eval_batch and sc.eval_batch_size is None:  # the articles' "Eval Size Max"
             bs = sc.batch_search
             say(f"[{vp.name}] searching the largest eval batch per GPU after a step at batch {batch}")
             eval_batch = largest_fitting(lambda b: self._fits(vp, arch, batch, b), bs.start, bs.max, bs.multiple_of)
             if eval_batch is None:
-                return {**row, "status": "oom", "batch": batch, "note": f"OOM in eval even at eval batch {bs.start}"}
+                short = f"{short_word(self.short_of)} in eval"
+                return {**row, "status": "oom", "batch": batch, "note": f"{short} even at eval batch {bs.start}"}
         world = self.plan.world_size
         ranks = f"rank 0 of {world}, simulated" if self.plan.simulated else f"{world} rank(s)"
         oom: list[OutOfMemory] = []
@@ -205,7 +209,7 @@ class Runner:
             try:
                 return self._train(vp, arch, b, eval_batch)
             except OutOfMemory as e:
-                say(f"[{vp.name}] training at batch {b}: out of memory")
+                say(f"[{vp.name}] training at batch {b}: out of {e.resource}")
                 oom.append(e)
                 return None
 
@@ -213,9 +217,7 @@ class Runner:
         downs = TRAIN_STEP_DOWNS if searched else 0
         trained, res = train_stepping_down(train, batch, sc.batch_search.start, sc.batch_search.multiple_of, downs)
         if res is None:
-            sigkill = oom and oom[-1].exitcode == -9
-            killed = f" (rank {oom[-1].rank} was SIGKILLed: most often the out-of-memory killer)" if sigkill else ""
-            return {**row, "status": "oom", "batch": trained, "note": f"OOM Error at batch {trained}{killed}"}
+            return {**row, "status": "oom", "batch": trained, "note": untrained_note(oom[-1] if oom else None, trained)}
         if trained != batch:
             row["train_oom_batch"] = batch
         if 0 not in res:
@@ -290,8 +292,7 @@ class Runner:
             "device": measured[0]["device"] if measured else plan.device, "init": plan.init, "model": plan.model_name,
             "data_kind": plan.data_kind, "data_desc": measured[0]["data"] if measured else None,
             "parity_tol": sc.tolerance, "notes": plan.notes, "floor": floor, "simulated": plan.simulated,
-            "zbench": __version__, "torch": torch.__version__,
-            "variants": rows,
+            "zbench": __version__, "torch": torch.__version__, "variants": rows,
         }
         write_outputs(self.run_dir, summary, self.opts.wandb)
         return summary
