@@ -230,8 +230,11 @@ def test_mrpc_classification_reports_f1_on_real_data(tmp_path):
     ],
 )
 def test_a_batch_that_did_not_train_is_named_by_what_ran_out(resource, exitcode, note):
-    from zbench.launch import OutOfDisk, OutOfMemory, untrained_note
+    from zbench.launch import OutOfDisk, OutOfMemory, shortfall, untrained_note
 
-    failure = (OutOfMemory if resource == "memory" else OutOfDisk)("x", rank=1, exitcode=exitcode)
+    cause = "ValueError: nvme_path '/x' has 1 bytes free but optimizer states need 8 bytes"
+    failure = (OutOfMemory if resource == "memory" else OutOfDisk)("x", rank=1, exitcode=exitcode, cause=cause)
     assert failure.resource == resource and untrained_note(failure, 8) == note
     assert untrained_note(None, 8) == "OOM Error at batch 8"  # kept from the run resumed: no failure to read
+    said = "out of memory" if resource == "memory" else f"out of disk space ({cause.removeprefix('ValueError: ')})"
+    assert shortfall(failure) == said

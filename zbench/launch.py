@@ -37,9 +37,10 @@ from .interrupt import agent_signals
 class RankFailure(RuntimeError):
     """A rank process failed; str(e) names the rank and ends with its last log lines."""
 
-    def __init__(self, message: str, *, rank: int = -1, log_tail: str = "", exitcode: int | None = None) -> None:
+    def __init__(self, message: str, *, rank: int = -1, log_tail: str = "", exitcode: int | None = None,
+                 cause: str = "") -> None:
         super().__init__(message)
-        self.rank, self.log_tail, self.exitcode = rank, log_tail, exitcode
+        self.rank, self.log_tail, self.exitcode, self.cause = rank, log_tail, exitcode, cause
 
 
 class OutOfMemory(RankFailure):
@@ -149,16 +150,23 @@ def _is_oom(text: str, exitcode: int) -> bool:
     )  # SIGKILL: most often the kernel's OOM killer
 
 
-def short_word(resource: str, oom: str = "OOM") -> str:
-    """How a results row names running out of `resource` (an OutOfMemory's)."""
-    return oom if resource == "memory" else "Out of disk space"
+def short_word(short: OutOfMemory | None, oom: str = "OOM") -> str:
+    """How a results row names what a launch ran out of (None: a probe kept from the run resumed)."""
+    return oom if short is None or short.resource == "memory" else "Out of disk space"
+
+
+def shortfall(short: OutOfMemory | None) -> str:
+    """A status line's words for it: out of disk space says where and how much (the line that says the fix)."""
+    if short is None or short.resource == "memory":
+        return "out of memory"
+    return f"out of disk space ({short.cause.removeprefix('ValueError: ')})"
 
 
 def untrained_note(last: OutOfMemory | None, batch: int) -> str:
     """A results row's note for a batch that did not train (`last`: its launch's failure, if not a kept one)."""
     if last is None:
         return f"OOM Error at batch {batch}"
-    short = short_word(last.resource, "OOM Error")
+    short = short_word(last, "OOM Error")
     killed = f" (rank {last.rank} was SIGKILLed: most often the out-of-memory killer)" if last.exitcode == -9 else ""
     return f"{short} at batch {batch}{killed}"
 
@@ -199,7 +207,7 @@ def launch(
         text = f"{what} failed on rank {rank} (exit code {failure.exitcode}): {first}"
         if tail:
             text += f"\n--- last log lines of rank {rank} ({rank_dir or 'console'}) ---\n{tail}"
-        raise cls(text, rank=rank, log_tail=tail, exitcode=failure.exitcode) from None
+        raise cls(text, rank=rank, log_tail=tail, exitcode=failure.exitcode, cause=first) from None
 
 
 # what a rank reports when another rank died under it: a symptom, never the cause

@@ -19,7 +19,7 @@ from typing import Any
 
 from . import __version__, estimate
 from .interrupt import raise_if_dropped
-from .launch import Nodes, OutOfMemory, RankFailure, launch, short_word, start_method, untrained_note
+from .launch import Nodes, OutOfMemory, RankFailure, launch, short_word, shortfall, start_method, untrained_note
 from .models.configs import ArchConfig
 from .plan import Plan, VariantPlan, variant_job
 from .probe_log import ProbeLog
@@ -57,7 +57,7 @@ class Runner:
         self.plan, self.opts = plan, opts
         self.nodes = opts.nodes or Nodes(plan.procs_per_node)
         self.run_dir = opts.resume or new_run_dir(opts.out, str(plan.scenario.name), self.nodes.node_rank)
-        self.launches, self.short_of = 0, "memory"  # short_of: what the last failed probe ran out of
+        self.launches, self.short = 0, None  # short: the last failed probe's OutOfMemory (what ran out)
         self.probes: dict[str, ProbeLog] = {}  # per variant: the outcome of each batch or model-size probe
         self.writer = self.nodes.node_rank == 0  # corrected by the first launch: whoever gets global rank 0
         self.failures: list[RankFailure] = []  # variants whose ranks failed (not OOM): rows, then one error
@@ -133,16 +133,16 @@ class Runner:
             try:
                 self._launch(vp, arch, batch, "eval_probe" if eval_batch else "probe", eval_batch)
             except OutOfMemory as e:
-                self.short_of = e.resource  # "memory", or "disk space" (NVMe states that did not fit)
+                self.short = e  # out of memory, or of disk space (NVMe states that did not fit)
                 return False
             return True
 
         setup = {"ranks": self.plan.world_size, "simulated": self.plan.simulated, "nodes": self.plan.nnodes}
         log = self.probes.setdefault(vp.name, ProbeLog(self.run_dir, vp.name, setup, self.opts.resume))
-        self.short_of = "memory"
+        self.short = None
         fits, kept = log.probe(what, run)
         kept_note = " (kept from the run resumed)" if kept else ""
-        say(f"[{vp.name}] {what}: {'fits' if fits else 'out of ' + self.short_of}{kept_note}")
+        say(f"[{vp.name}] {what}: {'fits' if fits else shortfall(self.short)}{kept_note}")
         return fits
 
     def _train(self, vp: VariantPlan, arch: ArchConfig | None, batch: int,
@@ -179,7 +179,7 @@ class Runner:
                                           sc.model_search.values)
             if value is None:
                 least = min(sc.model_search.values)
-                return {**row, "status": "oom", "note": f"{short_word(self.short_of)} even at {key}={least}"}
+                return {**row, "status": "oom", "note": f"{short_word(self.short)} even at {key}={least}"}
             arch = sized(value)
             row["model_search"] = {key: value}
         batch, searched = vp.batch, False
@@ -190,7 +190,7 @@ class Runner:
             batch = largest_fitting(lambda b: self._fits(vp, arch, b), bs.start, bs.max, bs.multiple_of)
             searched = True
             if batch is None:
-                short = short_word(self.short_of, "OOM Error")
+                short = short_word(self.short, "OOM Error")
                 return {**row, "status": "oom", "note": f"{short} even at batch {sc.batch_search.start}"}
         eval_batch = None
         if sc.search_eval_batch and sc.eval_batch_size is None:  # the articles' "Eval Size Max"
@@ -198,7 +198,7 @@ class Runner:
             say(f"[{vp.name}] searching the largest eval batch per GPU after a step at batch {batch}")
             eval_batch = largest_fitting(lambda b: self._fits(vp, arch, batch, b), bs.start, bs.max, bs.multiple_of)
             if eval_batch is None:
-                short = f"{short_word(self.short_of)} in eval"
+                short = f"{short_word(self.short)} in eval"
                 return {**row, "status": "oom", "batch": batch, "note": f"{short} even at eval batch {bs.start}"}
         world = self.plan.world_size
         ranks = f"rank 0 of {world}, simulated" if self.plan.simulated else f"{world} rank(s)"
@@ -209,7 +209,7 @@ class Runner:
             try:
                 return self._train(vp, arch, b, eval_batch)
             except OutOfMemory as e:
-                say(f"[{vp.name}] training at batch {b}: out of {e.resource}")
+                say(f"[{vp.name}] training at batch {b}: {shortfall(e)}")
                 oom.append(e)
                 return None
 
