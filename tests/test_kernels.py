@@ -40,17 +40,15 @@ def _ordered(t: torch.Tensor) -> torch.Tensor:
 
 def assert_close_out(a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor, msg: str) -> None:
     """fp32: within 1e-6 of |b| + scale; 16-bit: within one ulp (the interpreter may round the cast differently).
-
     ``scale`` is the magnitude of the inputs: when p - update cancels, an FMA (torch's CPU kernels,
-    Triton on GPU) against separate roundings (the interpreter's numpy) differs by ulps of the inputs.
-    """
+    Triton on GPU) against separate roundings (the interpreter's numpy) differs by ulps of the inputs."""
     assert a.dtype == b.dtype, msg
     if a.dtype in HALF:
         ulps = (_ordered(a) - _ordered(b)).abs().max().item()
         assert ulps <= 1, f"{msg}: {ulps} ulp apart"
     else:
-        err = (a - b).abs() / (b.abs() + scale)
-        assert err.max().item() <= 1e-6, f"{msg}: relative error {err.max().item():.3g}"
+        err = ((a - b).abs() / (b.abs() + scale)).max().item()
+        assert err <= 1e-6, f"{msg}: relative error {err:.3g}"
 
 
 def _scalars(lr: float = 1e-3, step: float = 1.0, coef: float = 1.0, skip: int = 0) -> dict:
