@@ -202,8 +202,8 @@ def launch(
         rank_dir = _rank_log_dir(log_dir, run_id, failure.local_rank)
         tail = _failure_tail(rank_dir, failure)
         first = (message.strip().splitlines() or [f"exit code {failure.exitcode}"])[0]
-        text = message + tail
-        cls = OutOfDisk if _is_out_of_disk(text) else OutOfMemory if _is_oom(text, failure.exitcode) else RankFailure
+        seen = message + tail
+        cls = OutOfDisk if _is_out_of_disk(seen) else OutOfMemory if _is_oom(seen, failure.exitcode) else RankFailure
         text = f"{what} failed on rank {rank} (exit code {failure.exitcode}): {first}"
         if tail:
             text += f"\n--- last log lines of rank {rank} ({rank_dir or 'console'}) ---\n{tail}"
