@@ -106,6 +106,11 @@ def rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
+def local_world_size() -> int:
+    """Ranks on this host, as the launcher set LOCAL_WORLD_SIZE (1 when run alone): they share its memory and disk."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+
+
 def pick_device() -> torch.device:
     """The device this rank trains on: its local GPU if there is one, else the CPU."""
     if torch.cuda.is_available():

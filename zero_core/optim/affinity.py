@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from .. import comm
+
 ENV = "ZERO_CORE_PIN_THREADS"
 
 
@@ -63,7 +65,7 @@ def _wanted(offload: bool, local_world: int) -> bool:
 def pin_rank(offload: bool) -> list[int] | None:
     """Pin every thread of this process to its share of the host's cores and size torch's thread pool
     to match (OMP_NUM_THREADS, if set lower, still wins). Returns the CPUs, or None when not pinned."""
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    local_world = comm.local_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
     if not _wanted(offload, local_world) or not hasattr(os, "sched_setaffinity"):
         return None

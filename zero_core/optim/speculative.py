@@ -24,7 +24,6 @@ uploader gathers buckets in that order).
 
 from __future__ import annotations
 
-import os
 from typing import Callable
 
 import torch
@@ -70,9 +69,8 @@ class SpeculativeUpdates:
             self._allocate()
 
     def _allocate(self) -> None:
-        ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-        fit = elements_that_fit(self.budget, available_host_bytes(), ranks)
-        if fit < self.budget and int(os.environ.get("RANK", "0") or 0) == 0:
+        fit = elements_that_fit(self.budget, available_host_bytes(), comm.local_world_size())
+        if fit < self.budget and comm.rank() == 0:
             print(f"zero_core: overlap_host_update lowered to {fit:,} of {self.budget:,} elements: their copies need "
                   f"{BACKUP_BYTES_PER_ELEMENT} bytes each and the host has too little memory left", flush=True)
         self.budget = fit

@@ -89,7 +89,6 @@ def make_states(numel: int, device: torch.device, offload, aio, rank: int, names
         return TensorStates(numel, device, names)
     if kind == "cpu":
         return TensorStates(numel, torch.device("cpu"), names)
-    import os
 
     from .nvme_states import (
         NVME_CHUNK_NUMEL,
@@ -100,8 +99,7 @@ def make_states(numel: int, device: torch.device, offload, aio, rank: int, names
     )
 
     chunk = chunk_numel_from_env(NVME_CHUNK_NUMEL, "ZERO_CORE_NVME_CHUNK_NUMEL")
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-    _agree(check_path(offload.nvme_path, file_bytes(numel, chunk), local_world))
+    _agree(check_path(offload.nvme_path, file_bytes(numel, chunk), comm.local_world_size()))
     store, problem = None, None
     try:
         store = NvmeStates(numel, offload.nvme_path, rank, chunk=chunk, buffer_count=offload.buffer_count,

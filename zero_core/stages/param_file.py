@@ -17,6 +17,7 @@ import socket
 
 import torch
 
+from .. import comm
 from ..optim.nvme_states import check_path
 from ..optim.states import _agree
 
@@ -25,8 +26,8 @@ def param_file(numel: int, dtype: torch.dtype, folder: str, rank: int) -> torch.
     """A CPU tensor of `numel` elements of `dtype` backed by a new file in `folder` (zeros). Problems
     (missing or read-only folder, too little space) are raised on every rank as the same one line."""
     nbytes = numel * torch.empty((), dtype=dtype).element_size()
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-    _agree(check_path(folder, nbytes, local_world, section="offload_param", what_needs="parameter partitions"))
+    _agree(check_path(folder, nbytes, comm.local_world_size(), section="offload_param",
+                      what_needs="parameter partitions"))
     path = os.path.join(folder, f"zero_core-{socket.gethostname()}-pid{os.getpid()}-rank{rank}.params")
     problem, tensor = None, None
     try:
