@@ -47,9 +47,10 @@ def test_flat_collectives_write_this_ranks_share(monkeypatch):
         assert out.tolist() == [3.0, 4.0, 5.0]  # rank 1's slice of its own sum
         gathered = torch.full((12,), -1.0)
         comm.all_gather_flat(gathered, torch.tensor([7.0, 8.0, 9.0]))
-        assert gathered.tolist() == [7.0, 8.0, 9.0] * 4  # a fresh buffer: every slot finite, written whole
+        # a fresh buffer (stage 3): written whole, this rank's slot its shard and the others zeros
+        assert gathered.tolist() == [0.0] * 3 + [7.0, 8.0, 9.0] + [0.0] * 6
         comm.all_gather_flat_async(gathered, torch.tensor([1.0, 2.0, 3.0])).wait()
-        assert gathered.tolist() == [1.0, 2.0, 3.0] * 4
+        assert gathered.tolist() == [0.0] * 3 + [1.0, 2.0, 3.0] + [0.0] * 6
         in_place = torch.arange(12.0)  # stages 1-2: the shard is this rank's slot; the others keep their values
         comm.all_gather_flat(in_place, in_place[3:6])
         assert in_place.tolist() == list(range(12))
@@ -70,7 +71,7 @@ def test_the_engine_holds_one_quarter_of_the_states_and_trains(stage):
         shard = sim.layout.groups[-1].shard_numel
         sim.close()
     assert all(torch.isfinite(torch.tensor(losses)))
-    if stage < 3:  # stage 3's other slots hold copies of rank 0's shard: finite, but no model to train
+    if stage < 3:  # stage 3 reads the other ranks' shards as zeros: finite, but no model to train
         assert losses[-1] < losses[0]
     # rank 0 of 4 keeps a quarter of the fp32 master and Adam moments (up to the padding to 4 equal shards)
     assert held["optimizer_states"] * 4 == pytest.approx(alone["optimizer_states"], rel=0.05)

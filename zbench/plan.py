@@ -215,8 +215,8 @@ def build_plan(
             f"simulated: each variant runs as rank 0 of {simulate} in one process (torch's fake process group): "
             f"memory per rank and the batch that fits are a {simulate}-rank run's; nothing is communicated, so "
             "times are lower bounds, and losses and metrics are not a training result (no gradient is averaged; "
-            "at stage 3 and FSDP2 the other ranks' weight shards never arrive) and cover rank 0's share of the "
-            "eval rows"
+            "at stage 3 and FSDP2 the other ranks' weight shards never arrive; zero_core reads them as zeros) and "
+            "cover rank 0's share of the eval rows"
             + ("; no checkpoints are written (rank 0 alone cannot save an N-rank one)" if sc.checkpoint_every else "")
         )
     chosen = list(sc.variants)
