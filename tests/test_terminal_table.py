@@ -57,3 +57,16 @@ def test_free_text_stays_in_the_table_when_it_fits():
     assert fit(header, rows, [0, 1, 2, 3], 120) == ([0, 1, 2, 3], [])
     kept, legends = fit(header, rows, [0, 1, 2, 3], 20)  # the method leaves first, then the notes
     assert kept == [0, 2] and legends == ["Methods: ddp: DDP; zero2: ZeRO 2", "Notes: ddp: short"]
+
+
+def test_a_row_whose_steps_were_mostly_skipped_says_its_time_is_no_training_speed():
+    summary = json.loads(json.dumps(SUMMARY))
+    ddp = next(r for r in summary["variants"] if r["variant"] == "ddp")
+    ddp.update(skipped_steps=30, skipped_by_step=[0, 0, *range(1, 31)])
+    header, rows = table_rows(summary)
+    note = next(r for r in rows if r[0] == "ddp")[header.index("Notes")]
+    assert note == ("30 of 32 steps skipped (non-finite gradients): no update ran in them, so the step time is not "
+                    "a training speed")
+    ddp.update(skipped_steps=2, skipped_by_step=[1, 2, *[2] * 30])  # a loss scale settling: the usual note
+    header, rows = table_rows(summary)
+    assert next(r for r in rows if r[0] == "ddp")[header.index("Notes")] == "2 step(s) skipped (non-finite gradients)"

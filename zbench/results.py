@@ -39,6 +39,18 @@ def _num(x: Any, fmt: str) -> str:
     return format(x, fmt)
 
 
+def skipped_note(r: dict[str, Any]) -> str:
+    """The steps the loss scaler skipped (engines that count them: zero_core, DeepSpeed). A skipped step runs no
+    update, so where most steps were skipped the step time and tokens/s are not a training speed."""
+    skipped, steps = r.get("skipped_steps"), len(r.get("skipped_by_step") or [])
+    if not skipped:
+        return ""
+    if 2 * skipped > steps > 0:
+        return (f"{skipped} of {steps} steps skipped (non-finite gradients): no update ran in them, so the step time "
+                "is not a training speed")
+    return f"{skipped} step(s) skipped (non-finite gradients)"
+
+
 def table_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Header and cells of the printed table."""
     cols = task_columns(summary)
@@ -101,8 +113,7 @@ def table_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         if r.get("train_oom_batch"):
             notes = "; ".join(filter(None, [notes, f"batch {r['train_oom_batch']} fit the search's short probe "
                                                    "but ran out of memory over the epoch"]))
-        if r.get("skipped_steps"):  # engines that count them (zero_core, DeepSpeed): NaN/inf steps left out
-            notes = "; ".join(filter(None, [notes, f"{r['skipped_steps']} step(s) skipped (non-finite gradients)"]))
+        notes = "; ".join(filter(None, [notes, skipped_note(r)]))
         out.append(
             [
                 r["variant"],
