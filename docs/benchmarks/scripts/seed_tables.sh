@@ -2,7 +2,7 @@
 # The seed articles' tables as a user runs them: every shipped scenario that fits one GPU, as shipped (the
 # 2-GPU ones as rank 0 of 2 with --simulate-ranks 2), on ONE lent GPU, in parts that each fit a 10-minute call.
 # From the repo root:
-#   bash docs/benchmarks/scripts/seed_tables.sh PART      # PART: table2 ... extra mingpt-offload (below)
+#   bash docs/benchmarks/scripts/seed_tables.sh PART      # PART: table2 ... mingpt-nvme (below)
 # Each call stops itself before DEADLINE seconds (default 560) with SIGINT, which zbench turns into a clean stop
 # that keeps every finished variant; calling the same PART again resumes the unfinished run folder under
 # runs/seed/ (kept between calls while the machine stays warm, or carried to a fresh one: carry "runs/seed")
@@ -28,10 +28,11 @@
 #                memory (ratio 0.8, nvme_host_ratio 0.5): ~5 min per try
 #   mingpt-1gpu  mingpt_largest's n_layer search on the one GPU (--gpus 1), optimizer offload to host and NVMe
 #   extra        deberta_mrpc_dynamic, deberta_mrpc_compiled, mingpt_largest (--simulate-ranks 2): ~40 min, 4+ calls
-#   mingpt-offload  mingpt_largest's zero3-offload and zero3-offload-nvme rows alone (--simulate-ranks 2): each
-#                probe builds a 6-26 B candidate sharded on the host (minutes each); the NVMe row moves 24 bytes
-#                per parameter of rank 0's share through the disk every step; candidates too big for the disk
-#                are "out of disk space": several calls
+#   mingpt-host  mingpt_largest's zero3-offload row alone (--simulate-ranks 2): each probe builds a 6-26 B
+#                candidate sharded on the host (minutes each): ~15 min, so start it with detached.sh
+#   mingpt-nvme  its zero3-offload-nvme row: every step moves 24 bytes per parameter of rank 0's share through the
+#                disk (~33 s a step at 6.4 B); candidates too big for the disk are "out of disk space": ~25 min,
+#                detached.sh, with DEADLINE past the run (the 10-minute limit is the device call's, not the run's)
 # table2..table4 (the seed tables not yet run on a GPU) take about 6 calls; all parts about 14.
 set -uo pipefail
 source docs/benchmarks/scripts/gpu_env.sh > "$OUT/env.txt" 2>&1; cat "$OUT/env.txt"
@@ -39,7 +40,7 @@ python3 -c 'import importlib.metadata as m
 for p in ("transformers", "deepspeed", "wandb"):
     try: print(p, m.version(p))
     except m.PackageNotFoundError: print(p, "not installed")' | tee -a "$OUT/env.txt"
-part=${1:?name a part: table2 table2-1gpu table3 table4 table1 tiny engines gpt7b gpt12b mingpt-1gpu extra mingpt-offload}
+part=${1:?name a part: table2 table2-1gpu table3 table4 table1 tiny engines gpt7b gpt12b mingpt-1gpu extra mingpt-host mingpt-nvme}
 DEADLINE=${DEADLINE:-560}
 START=$SECONDS
 SEED=runs/seed
@@ -127,8 +128,9 @@ case "$part" in
   gpt12b) gpt12b || ok=1 ;;
   mingpt-1gpu) run mingpt_1gpu scenarios/mingpt_largest.yaml --gpus 1 --variants zero3-offload,zero3-offload-nvme \
                  || ok=1 ;;
-  mingpt-offload) run mingpt_offload scenarios/mingpt_largest.yaml --simulate-ranks 2 \
-                    --variants zero3-offload,zero3-offload-nvme || ok=1 ;;
+  mingpt-host) run mingpt_host scenarios/mingpt_largest.yaml --simulate-ranks 2 --variants zero3-offload || ok=1 ;;
+  mingpt-nvme) df -h /tmp; run mingpt_nvme scenarios/mingpt_largest.yaml --simulate-ranks 2 \
+                 --variants zero3-offload-nvme || ok=1 ;;
   extra) for s in deberta_mrpc_dynamic deberta_mrpc_compiled mingpt_largest; do
            run "$s" "scenarios/$s.yaml" --simulate-ranks 2 || { ok=1; break; }; done ;;
   *) echo "unknown part '$part'"; exit 2 ;;
