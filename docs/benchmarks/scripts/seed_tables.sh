@@ -28,6 +28,7 @@
 #                memory (ratio 0.8, nvme_host_ratio 0.5): ~5 min per try
 #   mingpt-1gpu  mingpt_largest's n_layer search on the one GPU (--gpus 1), optimizer offload to host and NVMe
 #   extra        deberta_mrpc_dynamic, deberta_mrpc_compiled, mingpt_largest (--simulate-ranks 2): ~40 min, 4+ calls
+#   mingpt-zero3 mingpt_largest's zero3 row alone (--simulate-ranks 2), GPU-resident: ~10 min
 #   mingpt-host  mingpt_largest's zero3-offload row alone (--simulate-ranks 2): each probe builds a 6-26 B
 #                candidate sharded on the host (minutes each): ~15 min, so start it with detached.sh
 #   mingpt-nvme  its zero3-offload-nvme row: every step moves 24 bytes per parameter of rank 0's share through the
@@ -40,7 +41,7 @@ python3 -c 'import importlib.metadata as m
 for p in ("transformers", "deepspeed", "wandb"):
     try: print(p, m.version(p))
     except m.PackageNotFoundError: print(p, "not installed")' | tee -a "$OUT/env.txt"
-part=${1:?name a part: table2 table2-1gpu table3 table4 table1 tiny engines gpt7b gpt12b mingpt-1gpu extra mingpt-host mingpt-nvme}
+part=${1:?name a part: table2 table2-1gpu table3 table4 table1 tiny engines gpt7b gpt12b mingpt-1gpu extra mingpt-zero3 mingpt-host mingpt-nvme}
 DEADLINE=${DEADLINE:-560}
 START=$SECONDS
 SEED=runs/seed
@@ -128,6 +129,7 @@ case "$part" in
   gpt12b) gpt12b || ok=1 ;;
   mingpt-1gpu) run mingpt_1gpu scenarios/mingpt_largest.yaml --gpus 1 --variants zero3-offload,zero3-offload-nvme \
                  || ok=1 ;;
+  mingpt-zero3) run mingpt_zero3 scenarios/mingpt_largest.yaml --simulate-ranks 2 --variants zero3 || ok=1 ;;
   mingpt-host) run mingpt_host scenarios/mingpt_largest.yaml --simulate-ranks 2 --variants zero3-offload || ok=1 ;;
   mingpt-nvme) df -h /tmp; run mingpt_nvme scenarios/mingpt_largest.yaml --simulate-ranks 2 \
                  --variants zero3-offload-nvme || ok=1 ;;
