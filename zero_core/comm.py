@@ -174,10 +174,11 @@ def _gather_own(full: torch.Tensor, shard: torch.Tensor) -> None:
     others zeros: the whole unit written, as a real all-gather writes it. Not copies of this shard: a copy
     lands one tensor's values in another's place (a LayerNorm's ones as a row of an MLP weight), and at
     n_embd 8192 that row adds ~5,000 to one feature per block: fp16 (at most 65,504) overflowed at 16 blocks."""
-    own = _own_slice(full.data)
-    if own.data_ptr() != shard.data_ptr():
-        full.data.zero_()
-        own.copy_(shard)
+    slots, me = full.data.view(world_size(), -1), rank()
+    if slots[me].data_ptr() != shard.data_ptr():
+        slots[:me].zero_()
+        slots[me + 1 :].zero_()
+        slots[me].copy_(shard)
 
 
 class PendingCollective:
