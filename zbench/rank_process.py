@@ -13,6 +13,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from zero_core import comm
+
 from .host_memory import peak_rss_bytes
 
 
@@ -20,9 +22,8 @@ def setup(comm_timeout_s: float | None = None, simulate: int | None = None) -> t
     """This rank's device and process group; `simulate` = N: rank 0 of N over torch's fake process group
     (no peers: collectives return at once; zero_core keeps its results finite, see zero_core/comm.py)."""
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     threads = os.environ.get("OMP_NUM_THREADS")  # set it when ranks of several "nodes" share one machine
-    torch.set_num_threads(int(threads) if threads else max(1, (os.cpu_count() or 1) // local_world))
+    torch.set_num_threads(int(threads) if threads else max(1, (os.cpu_count() or 1) // comm.local_world_size()))
     timeout = timedelta(seconds=comm_timeout_s) if comm_timeout_s else None  # None: torch's default
     if simulate:
         from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend

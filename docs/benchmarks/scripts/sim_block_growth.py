@@ -13,13 +13,12 @@ import torch.distributed as dist
 
 import zero_core
 from zbench.models.gpt import GPT, GPTConfig
+from zbench.rank_process import setup
 
 
 @contextlib.contextmanager
 def rank_0_of_2():
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    setup(simulate=2)  # as `zbench run --simulate-ranks 2` sets up each rank process
     try:
         yield
     finally:
