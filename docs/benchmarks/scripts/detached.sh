@@ -11,6 +11,7 @@
 set -uo pipefail
 action=${1:?start or wait}; name=${2:?a name for the run}; shift 2
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+[[ $name =~ ^[A-Za-z0-9_-]+$ ]] || { echo "the run's name '$name' must be letters, digits, _ or -"; exit 2; }
 home=/tmp/detached/$name
 case "$action" in
   start)
