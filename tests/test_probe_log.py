@@ -11,8 +11,8 @@ SETUP = {"ranks": 2, "simulated": False, "nodes": 1}
 
 def _ran(log: ProbeLog, what: str, outcome: bool) -> tuple[bool, bool, int]:
     calls = []
-    fits, kept = log.probe(what, lambda: calls.append(what) or outcome)
-    return fits, kept, len(calls)
+    short_of, kept = log.probe(what, lambda: calls.append(what) or (None if outcome else "out of memory"))
+    return short_of is None, kept, len(calls)
 
 
 def test_a_probe_runs_once_and_is_kept_for_a_resumed_run(tmp_path):
@@ -30,9 +30,20 @@ def test_a_probe_runs_once_and_is_kept_for_a_resumed_run(tmp_path):
 def test_another_setup_or_a_foreign_file_is_not_used(tmp_path):
     (tmp_path / "variants").mkdir()
     path = tmp_path / "variants" / "v.probes.json"
-    ProbeLog(str(tmp_path), "v", SETUP, resume=False).probe("batch 8", lambda: False)
+    ProbeLog(str(tmp_path), "v", SETUP, resume=False).probe("batch 8", lambda: "out of memory")
     simulated = ProbeLog(str(tmp_path), "v", {**SETUP, "simulated": True}, resume=True)
     assert _ran(simulated, "batch 8", True) == (True, False, 1)
     for text in ("not json", json.dumps([1]), json.dumps({"setup": SETUP, "fits": {"batch 8": "yes"}})):
         path.write_text(text)
         assert _ran(ProbeLog(str(tmp_path), "v", SETUP, resume=True), "batch 8", True) == (True, False, 1)
+
+
+def test_a_kept_probe_says_what_it_ran_out_of(tmp_path):
+    """An NVMe candidate too big for the disk is "out of disk space" when resumed too, not "out of memory"."""
+    (tmp_path / "variants").mkdir()
+    disk = "out of disk space (needs 72 GB under /tmp/zb_nvme, 68 GB free)"
+    ProbeLog(str(tmp_path), "v", SETUP, resume=False).probe("n_layer=15, batch 1", lambda: disk)
+    assert ProbeLog(str(tmp_path), "v", SETUP, resume=True).probe("n_layer=15, batch 1", lambda: None) == (disk, True)
+    path = tmp_path / "variants" / "v.probes.json"
+    path.write_text(json.dumps({"setup": SETUP, "fits": {"batch 8": False}}))  # written before reasons were kept
+    assert ProbeLog(str(tmp_path), "v", SETUP, resume=True).probe("batch 8", lambda: None) == ("did not fit", True)

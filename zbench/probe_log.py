@@ -1,10 +1,11 @@
 """The outcome of every batch or model-size probe, kept in the run folder so that `--resume` goes on with a
 search where it stopped instead of launching every probe again (a GPT-2 XL offload probe is a minute).
 
-variants/<name>.probes.json holds `{"setup": {...}, "fits": {"batch 48": true, ...}}`. The setup is what
-decides a probe's outcome besides the scenario file (which --resume already requires unchanged): ranks,
-simulated ranks, nodes. A file written under another setup, or not shaped like this, is not used: its probes
-run again, and the file is replaced by this run's.
+variants/<name>.probes.json holds `{"setup": {...}, "fits": {"batch 48": true, ...}, "why": {"batch 64":
+"out of memory"}}`: "why" says what a probe that did not fit ran out of (memory, or disk space for NVMe states).
+The setup is what decides a probe's outcome besides the scenario file (which --resume already requires
+unchanged): ranks, simulated ranks, nodes. A file written under another setup, or not shaped like this, is not
+used: its probes run again, and the file is replaced by this run's.
 """
 
 from __future__ import annotations
@@ -22,28 +23,36 @@ class ProbeLog:
     def __init__(self, run_dir: str, variant: str, setup: dict[str, Any], resume: bool) -> None:
         self.path = run_path(run_dir, "variants", f"{variant}.probes.json")
         self.setup = setup
-        self.fits = self._kept() if resume else {}
+        self.fits: dict[str, bool] = {}
+        self.why: dict[str, str] = {}
+        if resume:
+            self._keep()
 
-    def _kept(self) -> dict[str, bool]:
+    def _keep(self) -> None:
         if not os.path.isfile(self.path) or os.path.islink(self.path) or os.path.getsize(self.path) > MAX_PROBE_BYTES:
-            return {}
+            return
         try:
             with open(self.path, encoding="utf-8") as f:
                 data = json.load(f)
         except (OSError, UnicodeDecodeError, ValueError, RecursionError):
-            return {}
+            return
         if not isinstance(data, dict) or data.get("setup") != self.setup or not isinstance(data.get("fits"), dict):
-            return {}
-        return {k: v for k, v in data["fits"].items() if isinstance(k, str) and isinstance(v, bool)}
+            return
+        self.fits = {k: v for k, v in data["fits"].items() if isinstance(k, str) and isinstance(v, bool)}
+        why = data.get("why") if isinstance(data.get("why"), dict) else {}
+        self.why = {k: v for k, v in why.items() if self.fits.get(k) is False and isinstance(v, str) and len(v) < 500}
 
-    def probe(self, what: str, run: Callable[[], bool]) -> tuple[bool, bool]:
-        """(whether `what` fits, whether that was kept from an earlier run); runs and records it if not kept."""
+    def probe(self, what: str, run: Callable[[], str | None]) -> tuple[str | None, bool]:
+        """(None if `what` fits, else what it ran out of; whether that was kept from an earlier run). `run` launches
+        the probe and returns the same; it runs, and is recorded, only if not kept."""
         if what in self.fits:
-            return self.fits[what], True
-        fits = run()
-        self.record(what, fits)
-        return fits, False
+            return (None if self.fits[what] else self.why.get(what, "did not fit")), True
+        short_of = run()
+        self.record(what, short_of)
+        return short_of, False
 
-    def record(self, what: str, fits: bool) -> None:
-        self.fits[what] = fits
-        write_atomic(self.path, json.dumps({"setup": self.setup, "fits": self.fits}, indent=1))
+    def record(self, what: str, short_of: str | None) -> None:
+        self.fits[what] = short_of is None
+        if short_of is not None:
+            self.why[what] = short_of
+        write_atomic(self.path, json.dumps({"setup": self.setup, "fits": self.fits, "why": self.why}, indent=1))

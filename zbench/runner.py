@@ -129,21 +129,21 @@ class Runner:
             key = self.plan.scenario.model_search.key
             what = f"{key}={arch.config[key]}, {what}"
 
-        def run() -> bool:
+        def run() -> str | None:
             try:
                 self._launch(vp, arch, batch, "eval_probe" if eval_batch else "probe", eval_batch)
             except OutOfMemory as e:
                 self.short = e  # out of memory, or of disk space (NVMe states that did not fit)
-                return False
-            return True
+                return shortfall(e)
+            return None
 
         setup = {"ranks": self.plan.world_size, "simulated": self.plan.simulated, "nodes": self.plan.nnodes}
         log = self.probes.setdefault(vp.name, ProbeLog(self.run_dir, vp.name, setup, self.opts.resume))
         self.short = None
-        fits, kept = log.probe(what, run)
+        short_of, kept = log.probe(what, run)
         kept_note = " (kept from the run resumed)" if kept else ""
-        say(f"[{vp.name}] {what}: {'fits' if fits else shortfall(self.short)}{kept_note}")
-        return fits
+        say(f"[{vp.name}] {what}: {short_of or 'fits'}{kept_note}")
+        return short_of is None
 
     def _train(self, vp: VariantPlan, arch: ArchConfig | None, batch: int,
                eval_batch: int | None) -> dict[int, dict[str, Any]] | None:
@@ -152,13 +152,13 @@ class Runner:
         log = self.probes.get(vp.name)
         what = f"training at batch {batch}"
         if log is not None and log.fits.get(what) is False:
-            say(f"[{vp.name}] {what}: out of memory (kept from the run resumed)")
+            say(f"[{vp.name}] {what}: {log.why.get(what, 'did not fit')} (kept from the run resumed)")
             return None
         try:
             return self._launch(vp, arch, batch, "train", eval_batch)
-        except OutOfMemory:
+        except OutOfMemory as e:
             if log is not None:
-                log.record(what, False)
+                log.record(what, shortfall(e))
             raise
 
     # -- one variant ----------------------------------------------------------------------------
