@@ -70,3 +70,19 @@ def test_a_row_whose_steps_were_mostly_skipped_says_its_time_is_no_training_spee
     ddp.update(skipped_steps=2, skipped_by_step=[1, 2, *[2] * 30])  # a loss scale settling: the usual note
     header, rows = table_rows(summary)
     assert next(r for r in rows if r[0] == "ddp")[header.index("Notes")] == "2 step(s) skipped (non-finite gradients)"
+
+
+def test_a_one_row_table_too_wide_for_the_terminal_moves_columns_under_it_instead_of_cropping_them():
+    """One row has no column equal in every row to move to the caption: a long variant name and wide numbers
+    used to push the last columns (the memory, in a memory scenario) off the printed table."""
+    one = {**SUMMARY, "variants": [dict(SUMMARY["variants"][0], variant="zero3-offload-nvme-with-a-long-name",
+                                        step_ms=50035.9, train_s_per_epoch=1601.15, peak_cpu_gib=20.31)]}
+    out = io.StringIO()
+    print_table(one, stream=out, width=120)
+    lines = out.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= MAX_WIDTH
+    header, rows = table_rows(one)
+    text = " ".join(" ".join(lines).split())
+    for name, cell in zip(header, rows[0]):
+        if cell not in ("", "–"):
+            assert cell in text, (name, cell)  # in the table or on a line under it, whole

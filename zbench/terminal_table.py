@@ -66,16 +66,24 @@ def fit(header: list[str], rows: list[list[str]], varying: list[int], width: int
     """(the columns left in the table, the lines under it): free-text columns leave the table, in MOVABLE's
     order, while it is wider than `width`; each becomes one line naming each row's text (empty cells left out)."""
     varying, legends = list(varying), []
-    for name in MOVABLE:
-        if _needed(header, rows, varying) <= width:
-            break
-        if name not in header or header.index(name) not in varying:
-            continue
-        i = header.index(name)
+
+    def move(i: int) -> None:
         varying.remove(i)
         texts = [f"{r[0]}: {r[i]}" for r in rows if r[i] not in ("", "–")]
         if texts:
-            legends.append(f"{LEGEND.get(name, name)}: " + "; ".join(texts))
+            legends.append(f"{LEGEND.get(header[i], header[i])}: " + "; ".join(texts))
+
+    for name in MOVABLE:
+        if _needed(header, rows, varying) <= width:
+            break
+        if name in header and header.index(name) in varying:
+            move(header.index(name))
+    # still wider than the table may run (MAX_WIDTH, past a narrower terminal: see print_table), as one row with
+    # no column constant can be: rather than let rich crop the last columns, the other free text leaves, then
+    # the columns from the right, each as its own line
+    while _needed(header, rows, varying) > max(width, MAX_WIDTH) and len(varying) > 1:
+        free = [i for i in varying[1:] if _fixed_width(header[i], [r[i] for r in rows]) is None]
+        move(free[-1] if free else varying[-1])
     return varying, legends
 
 
