@@ -5,7 +5,8 @@
 #   bash docs/benchmarks/scripts/seed_tables.sh PART      # PART: table2 ... mingpt-nvme (below)
 # Each call stops itself before DEADLINE seconds (default 560) with SIGINT, which zbench turns into a clean stop
 # that keeps every finished variant; calling the same PART again resumes the unfinished run folder under
-# runs/seed/ (kept between calls while the machine stays warm, or carried to a fresh one: carry "runs/seed")
+# runs/seed/ (kept between calls while the machine stays warm, or carried to a fresh one: carry "runs/seed" on
+# that machine's FIRST call only, since carrying replaces the folder, under any run still writing to it)
 # and skips scenarios already done; a batch search goes on from its last probe (variants/*.probes.json). A part prints
 # "PART: done" once all its scenarios have results.json. Tables, results.json and stderr go to $OUT.
 #
