@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Two commits on ONE machine: the same scenario run from each commit's own source tree, alternating A B A B ...,
+# so that what drifts on the machine (host memory bandwidth, clocks, a neighbour) falls on both. Timings from
+# two machines do not separate code from machine.
+# Here, once per commit (.ab/ is git-ignored, so it travels only when carried):
+#   mkdir -p .ab/a && git archive COMMIT_A zbench zero_core checkpoints scenarios pyproject.toml | tar x -C .ab/a
+#   (the same for .ab/b), then a device call with carry [".whl", ".ab"] running, from the repo root:
+#   bash docs/benchmarks/scripts/commit_ab.sh SCENARIO ROUNDS .ab/a .ab/b [zbench run args...]
+# SCENARIO is a path inside each tree: each commit runs its own copy. gpt7b_offload is ~5 min a run on one
+# H100, so 2 rounds (4 runs) go through detached.sh. Each run's results.json lands in $OUT/ab/; the last lines
+# are one row per run (tree, round, step ms, TFLOP/s per GPU and the step-time breakdown).
+set -uo pipefail
+scenario=${1:?a scenario path inside each tree}; rounds=${2:?how many rounds}; a=${3:?tree A}; b=${4:?tree B}
+shift 4
+source docs/benchmarks/scripts/gpu_env.sh > "$OUT/env.txt" 2>&1; cat "$OUT/env.txt"
+site=""; [ -d /tmp/site ] && [ -d .whl ] && site=/tmp/site:
+mkdir -p "$OUT/ab"
+for tree in "$a" "$b"; do
+  [ -f "$tree/$scenario" ] && [ -d "$tree/zbench" ] || { echo "$tree has no zbench/ or no $scenario"; exit 2; }
+done
+for round in $(seq 1 "$rounds"); do
+  for tree in "$a" "$b"; do
+    name="$(basename "$tree")-$round"
+    runs=$(mktemp -d /tmp/ab_runs.XXXXXX)
+    echo "$name: zbench run $scenario $* (from $tree), $(date -u +%T)"
+    (cd "$tree" && PYTHONPATH="$site$PWD" python3 -c 'import zbench, zero_core; print("  imports", zbench.__file__, zero_core.__file__)')
+    (cd "$tree" && PYTHONPATH="$site$PWD" python3 -m zbench.cli run "$scenario" --out "$runs" --wandb off \
+      --no-progress "$@" > "$OUT/ab/$name.table.txt" 2> "$OUT/ab/$name.stderr.txt")
+    echo "$name: rc $?"
+    found=$(ls "$runs"/*/results.json 2>/dev/null | head -1)
+    [ -n "$found" ] && cp "$found" "$OUT/ab/$name.json"
+  done
+done
+python3 - "$OUT/ab" <<'EOF'
+import glob, json, os, sys
+def order(path):  # by round, then tree: the order they ran in
+    tree, _, run = os.path.basename(path)[:-5].rpartition("-")
+    return int(run), tree
+
+
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.json")), key=order):
+    for row in json.load(open(path))["variants"]:
+        if row.get("status") != "ok":
+            print(os.path.basename(path)[:-5], row["variant"], row.get("status"), row.get("note", ""))
+            continue
+        parts = {k: round(v, 1) for k, v in (row.get("breakdown") or {}).items() if v}
+        print(os.path.basename(path)[:-5], row["variant"], f"{row['step_ms']:.1f} ms",
+              f"{row.get('tflops_per_gpu') or 0:.1f} TFLOP/s", parts)
+EOF
