@@ -46,10 +46,15 @@ class ProbeLog:
         """(None if `what` fits, else what it ran out of; whether that was kept from an earlier run). `run` launches
         the probe and returns the same; it runs, and is recorded, only if not kept."""
         if what in self.fits:
-            return (None if self.fits[what] else self.why.get(what, "did not fit")), True
+            return self.kept_short_of(what), True
         short_of = run()
         self.record(what, short_of)
         return short_of, False
+
+    def kept_short_of(self, what: str) -> str | None:
+        """What a kept probe that did not fit ran out of ("did not fit" from a file written before reasons were
+        kept); None when it fit or was not kept."""
+        return None if self.fits.get(what, True) else self.why.get(what, "did not fit")
 
     def record(self, what: str, short_of: str | None) -> None:
         self.fits[what] = short_of is None

@@ -151,8 +151,8 @@ class Runner:
         each one, so --resume does not train that batch again)."""
         log = self.probes.get(vp.name)
         what = f"training at batch {batch}"
-        if log is not None and log.fits.get(what) is False:
-            say(f"[{vp.name}] {what}: {log.why.get(what, 'did not fit')} (kept from the run resumed)")
+        if log is not None and (kept := log.kept_short_of(what)):
+            say(f"[{vp.name}] {what}: {kept} (kept from the run resumed)")
             return None
         try:
             return self._launch(vp, arch, batch, "train", eval_batch)

@@ -33,6 +33,9 @@ for round in $(seq 1 "$rounds"); do
 done
 python3 - "$OUT/ab" <<'EOF'
 import glob, json, os, sys
+from zero_core.step_timer import format_breakdown
+
+
 def order(path):  # by round, then tree: the order they ran in
     tree, _, run = os.path.basename(path)[:-5].rpartition("-")
     return int(run), tree
@@ -43,7 +46,7 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.json")), key=order):
         if row.get("status") != "ok":
             print(os.path.basename(path)[:-5], row["variant"], row.get("status"), row.get("note", ""))
             continue
-        parts = {k: round(v, 1) for k, v in (row.get("breakdown") or {}).items() if v}
+        parts = format_breakdown(row["breakdown"]) if row.get("breakdown") else ""
         print(os.path.basename(path)[:-5], row["variant"], f"{row['step_ms']:.1f} ms",
               f"{row.get('tflops_per_gpu') or 0:.1f} TFLOP/s", parts)
 EOF
