@@ -186,14 +186,22 @@ def test_eval_batch_search_finds_the_largest_eval_batch(tmp_path):
     assert [r["eval_batch"] for r in rows] == [6, 6]
 
 
+NVME_SMALL_CHUNKS = {"ZERO_CORE_NVME_CHUNK_NUMEL": "1024"}  # the state file grows with the model, not in 16 Mi chunks
+
+
+def _disk_scenario(tmp_path) -> str:
+    """A model search (n_layer 1, 2) of one variant whose optimizer states go to NVMe."""
+    variant = {"name": "nvme", "engine": "zero", "stage": 2, "offload_optimizer": "nvme", "nvme_path": ".",
+               "batch_size": 2}
+    return tiny_scenario(tmp_path, "disk", [variant], samples=16, steps=1, lr=None,
+                         model_search={"key": "n_layer", "values": [1, 2]})
+
+
 def test_nvme_states_too_big_for_the_disk_are_a_size_that_does_not_fit(tmp_path):
     """A model search whose NVMe states outgrow the disk: the probe is "out of disk space", not a failed run, and
     the search settles on the largest size whose states fit (zero_core's own space check, free space injected)."""
-    variant = {"name": "nvme", "engine": "zero", "stage": 2, "offload_optimizer": "nvme", "nvme_path": ".",
-               "batch_size": 2}
-    scenario = tiny_scenario(tmp_path, "disk", [variant], samples=16, steps=1, lr=None,
-                             model_search={"key": "n_layer", "values": [1, 2]})
-    env = {"ZERO_CORE_NVME_CHUNK_NUMEL": "1024"}  # the state file grows with the model, not in 16 Mi chunks
+    scenario = _disk_scenario(tmp_path)
+    env = NVME_SMALL_CHUNKS
     none_fits = zbench("run", scenario, "--out", str(tmp_path / "a"), "--wandb", "off", env=env, faults="disk-free-1")
     assert none_fits.returncode == 0, none_fits.stderr[-3000:]
     said = re.search(r"\[nvme\] n_layer=1, batch 2: out of disk space \((.*)\)\n", none_fits.stderr)
@@ -208,3 +216,19 @@ def test_nvme_states_too_big_for_the_disk_are_a_size_that_does_not_fit(tmp_path)
     assert "[nvme] n_layer=2, batch 2: out of disk space" in one_fits.stderr
     row = table(one_fits.stdout)["nvme"]
     assert row["Notes"].startswith("n_layer=1") and row["Tokens/s"] != "–"
+
+
+def test_a_resumed_search_whose_kept_probes_ran_out_of_disk_names_disk(tmp_path):
+    """Every failing probe kept, none launched again: the row still names the disk, as the status lines do."""
+    scenario = _disk_scenario(tmp_path)
+    env = NVME_SMALL_CHUNKS
+    proc = zbench("run", scenario, "--out", str(tmp_path), "--wandb", "off", env=env, faults="disk-free-1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    folder = run_dir(proc.stdout)
+    os.remove(os.path.join(folder, "variants", "nvme.json"))  # as if interrupted after the search
+    # no fault now: a probe launched again would fit, so only kept outcomes can name the disk
+    again = zbench("run", scenario, "--resume", folder, "--wandb", "off", env=env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert re.search(r"\[nvme\] n_layer=1, batch 2: out of disk space \(.*\) \(kept from the run resumed\)\n",
+                     again.stderr)
+    assert table(again.stdout)["nvme"]["Notes"] == "Out of disk space even at n_layer=1"

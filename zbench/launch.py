@@ -150,9 +150,10 @@ def _is_oom(text: str, exitcode: int) -> bool:
     )  # SIGKILL: most often the kernel's OOM killer
 
 
-def short_word(short: OutOfMemory | None, oom: str = "OOM") -> str:
-    """How a results row names what a launch ran out of (None: a probe kept from the run resumed)."""
-    return oom if short is None or short.resource == "memory" else "Out of disk space"
+def short_word(resource: str | None, oom: str = "OOM") -> str:
+    """How a results row names what a launch ran out of, by its failure's `resource` (None: not known, as for a
+    probe kept from a run that predates keeping it)."""
+    return "Out of disk space" if resource == OutOfDisk.resource else oom
 
 
 def shortfall(short: OutOfMemory | None) -> str:
@@ -166,7 +167,7 @@ def untrained_note(last: OutOfMemory | None, batch: int) -> str:
     """A results row's note for a batch that did not train (`last`: its launch's failure, if not a kept one)."""
     if last is None:
         return f"OOM Error at batch {batch}"
-    short = short_word(last, "OOM Error")
+    short = short_word(last.resource, "OOM Error")
     killed = f" (rank {last.rank} was SIGKILLed: most often the out-of-memory killer)" if last.exitcode == -9 else ""
     return f"{short} at batch {batch}{killed}"
 

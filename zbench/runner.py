@@ -57,7 +57,7 @@ class Runner:
         self.plan, self.opts = plan, opts
         self.nodes = opts.nodes or Nodes(plan.procs_per_node)
         self.run_dir = opts.resume or new_run_dir(opts.out, str(plan.scenario.name), self.nodes.node_rank)
-        self.launches, self.short = 0, None  # short: the last failed probe's OutOfMemory (what ran out)
+        self.launches, self.short = 0, None  # short: what the last probe ran out of (OutOfMemory.resource)
         self.probes: dict[str, ProbeLog] = {}  # per variant: the outcome of each batch or model-size probe
         self.writer = self.nodes.node_rank == 0  # corrected by the first launch: whoever gets global rank 0
         self.failures: list[RankFailure] = []  # variants whose ranks failed (not OOM): rows, then one error
@@ -129,18 +129,16 @@ class Runner:
             key = self.plan.scenario.model_search.key
             what = f"{key}={arch.config[key]}, {what}"
 
-        def run() -> str | None:
+        def run() -> tuple[str, str] | None:
             try:
                 self._launch(vp, arch, batch, "eval_probe" if eval_batch else "probe", eval_batch)
-            except OutOfMemory as e:
-                self.short = e  # out of memory, or of disk space (NVMe states that did not fit)
-                return shortfall(e)
+            except OutOfMemory as e:  # out of memory, or of disk space (NVMe states that did not fit)
+                return shortfall(e), e.resource
             return None
 
         setup = {"ranks": self.plan.world_size, "simulated": self.plan.simulated, "nodes": self.plan.nnodes}
         log = self.probes.setdefault(vp.name, ProbeLog(self.run_dir, vp.name, setup, self.opts.resume))
-        self.short = None
-        short_of, kept = log.probe(what, run)
+        short_of, self.short, kept = log.probe(what, run)  # a kept probe's kind names the row as a fresh one's does
         kept_note = " (kept from the run resumed)" if kept else ""
         say(f"[{vp.name}] {what}: {short_of or 'fits'}{kept_note}")
         return short_of is None
@@ -158,7 +156,7 @@ class Runner:
             return self._launch(vp, arch, batch, "train", eval_batch)
         except OutOfMemory as e:
             if log is not None:
-                log.record(what, shortfall(e))
+                log.record(what, shortfall(e), e.resource)
             raise
 
     # -- one variant ----------------------------------------------------------------------------
