@@ -13,6 +13,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from .sliced_loss import sliced_cross_entropy, worth_slicing
+
 
 # Valid values of each GPTConfig field (inclusive; dropout is a probability below 1). Generous: GPT-3 175B
 # has 96 layers of width 12,288; the bounds only keep a typo from becoming an allocation of exabytes.
@@ -40,7 +42,7 @@ class GPTConfig:
 class LMOutput:
     """What `GPT.forward` returns: next-token logits and, given targets, the mean cross-entropy."""
 
-    logits: torch.Tensor
+    logits: torch.Tensor | None  # None when training computed the loss slice by slice (sliced_loss.py)
     loss: torch.Tensor | None = None
 
 
@@ -122,7 +124,12 @@ class GPT(nn.Module):
                 x = checkpoint(block, x, use_reentrant=False)
             else:
                 x = block(x)
-        logits = self.head(self.ln_f(x))
+        x = self.ln_f(x)
+        if targets is not None and self.training and torch.is_grad_enabled() and worth_slicing(
+            targets.numel(), self.cfg.vocab_size
+        ):  # training needs only the loss: the full logits are never materialised
+            return LMOutput(None, sliced_cross_entropy(self.head, x, targets))
+        logits = self.head(x)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))

@@ -6,17 +6,19 @@
 #   mkdir -p .ab/a && git archive COMMIT_A zbench zero_core checkpoints scenarios pyproject.toml | tar x -C .ab/a
 #   (the same for .ab/b), then a device call with carry [".whl", ".ab"] running, from the repo root:
 #   bash docs/benchmarks/scripts/commit_ab.sh SCENARIO ROUNDS .ab/a .ab/b [zbench run args...]
-# SCENARIO is a path inside each tree: each commit runs its own copy. gpt7b_offload is ~5 min a run on one
+# SCENARIO is a path from the repo root: both trees run that one file (and the configs beside it), so only the
+# code differs; a tree's own scenarios/ may hold other settings of its day. gpt7b_offload is ~5 min a run on one
 # H100, so 2 rounds (4 runs) go through detached.sh. Each run's results.json lands in $OUT/ab/; the last lines
 # are one row per run (tree, round, step ms, TFLOP/s per GPU and the step-time breakdown).
 set -uo pipefail
-scenario=${1:?a scenario path inside each tree}; rounds=${2:?how many rounds}; a=${3:?tree A}; b=${4:?tree B}
+scenario=$(realpath "${1:?a scenario path from the repo root}"); rounds=${2:?how many rounds}; a=${3:?tree A}; b=${4:?tree B}
 shift 4
 source docs/benchmarks/scripts/gpu_env.sh > "$OUT/env.txt" 2>&1; cat "$OUT/env.txt"
 site=""; [ -d /tmp/site ] && [ -d .whl ] && site=/tmp/site:
 mkdir -p "$OUT/ab"
+[ -f "$scenario" ] || { echo "no scenario $scenario"; exit 2; }
 for tree in "$a" "$b"; do
-  [ -f "$tree/$scenario" ] && [ -d "$tree/zbench" ] || { echo "$tree has no zbench/ or no $scenario"; exit 2; }
+  [ -d "$tree/zbench" ] || { echo "$tree has no zbench/"; exit 2; }
 done
 for round in $(seq 1 "$rounds"); do
   for tree in "$a" "$b"; do

@@ -51,7 +51,7 @@ PLANS = {
         10,
         [(1.0, 0.0, False), (1.0, 0.0, True), (0.5, 0.0, True), (0.25, 0.0, True), (0.25, 1.0, True)],
     ),
-    "gpt7b": ("gpt7b_offload.yaml", 32, [(0.8, 0.0, True), (0.7, 0.0, True), (0.8, 0.3, True)]),
+    "gpt7b": ("gpt7b_offload.yaml", 32, [(0.65, 0.5, True), (0.6, 0.5, True), (0.55, 0.5, True), (0.55, 0.6, True)]),
 }
 GPT7B_DS = {  # the scenario's zero_core variant as a DeepSpeed JSON, so DeepSpeed runs it too
     "bf16": {"enabled": True},
@@ -77,8 +77,9 @@ def variants_for(sc: dict, base_json: dict, folder: Path, plan: list[tuple[float
         share = ratio if isinstance(ratio, str) else f"{ratio:g}"  # "auto": the device share that fits the cap
         name = f"zero-ratio{share}-overlap{overlap:g}{'' if in_flight else '-in-step'}".replace(".", "p")
         (folder / f"{name}.json").write_text(json.dumps(cfg, indent=1))
-        stage = {"stage": engine["stage"]} if engine and "stage" in engine else {}
-        out.append({"name": name, "engine": "zero", "ds_config": f"{name}.json", **stage})
+        # the scenario variant's own keys (stage, offload devices) apply to its siblings too
+        kept = {k: engine[k] for k in ("stage", "offload_optimizer", "offload_param") if engine and k in engine}
+        out.append({"name": name, "engine": "zero", "ds_config": f"{name}.json", **kept})
     return out
 
 
