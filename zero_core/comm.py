@@ -21,6 +21,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
+from .host_pages import empty_host
 from .pinned import empty_pinned
 
 
@@ -216,10 +217,11 @@ def all_gather_flat_async(full: torch.Tensor, shard: torch.Tensor, what: str = "
 
 
 def host_buffer(numel: int, dtype: torch.dtype, pin: bool) -> torch.Tensor:
-    """A CPU buffer, page-locked when a GPU will copy to or from it (async copies need pinned memory)."""
+    """A zeroed CPU buffer, page-locked when a GPU will copy to or from it (async copies need pinned memory), on
+    2 MiB pages where the host grants them (host_pages.py)."""
     pinned = pin and torch.cuda.is_available()
     try:
-        return empty_pinned(numel, dtype).zero_() if pinned else torch.zeros(numel, dtype=dtype, pin_memory=False)
+        return (empty_pinned(numel, dtype) if pinned else empty_host(numel, dtype)).zero_()
     except RuntimeError as e:
         gib = numel * torch.empty((), dtype=dtype).element_size() / 2**30
         raise MemoryError(

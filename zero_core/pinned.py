@@ -13,6 +13,8 @@ import weakref
 
 import torch
 
+from .host_pages import empty_host
+
 REGISTER_MIN_BYTES = 64 << 20  # below this the power-of-two rounding costs little, and torch's cache helps
 
 
@@ -21,7 +23,7 @@ def empty_pinned(shape: int | tuple[int, ...] | torch.Size, dtype: torch.dtype) 
     size = torch.Size([shape]) if isinstance(shape, int) else torch.Size(shape)
     nbytes = size.numel() * dtype.itemsize
     if nbytes >= REGISTER_MIN_BYTES:
-        t = torch.empty(size, dtype=dtype)
+        t = empty_host(size.numel(), dtype).view(size)  # on 2 MiB pages where granted
         cudart = torch.cuda.cudart()
         if int(cudart.cudaHostRegister(t.data_ptr(), nbytes, 0)) == 0:
             # unlocked when the memory goes: the storage outlives every view of it, and its Python object

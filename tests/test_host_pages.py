@@ -1,0 +1,62 @@
+"""Large offload buffers on 2 MiB pages (zero_core/host_pages.py): aligned, marked before first touch, zeroed by
+comm.host_buffer, and ordinary buffers where the kernel offers no huge pages."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from zero_core import comm, host_pages
+
+LARGE = host_pages.ADVISE_MIN_BYTES // 4 + 1000  # fp32 elements: just over the threshold, not whole pages
+
+
+def _advised(monkeypatch) -> list[tuple[int, int, int]]:
+    calls: list[tuple[int, int, int]] = []
+    monkeypatch.setattr(host_pages, "_madvise", lambda addr, n, advice: calls.append((addr, n, advice)) or 0)
+    return calls
+
+
+def test_a_large_buffer_is_aligned_marked_for_huge_pages_and_zeroed(monkeypatch):
+    calls = _advised(monkeypatch)
+    buf = comm.host_buffer(LARGE, torch.float32, pin=False)
+    assert buf.numel() == LARGE and buf.dtype == torch.float32 and buf.is_contiguous()
+    assert buf.data_ptr() % host_pages.HUGE_PAGE == 0
+    assert calls == [(buf.data_ptr(), LARGE * 4 // host_pages.HUGE_PAGE * host_pages.HUGE_PAGE, 14)]
+    assert not buf.any()
+    buf[-1] = 3.0  # the whole requested length is usable
+    assert float(buf.sum()) == 3.0
+
+
+def test_small_buffers_are_not_marked(monkeypatch):
+    calls = _advised(monkeypatch)
+    assert comm.host_buffer(1000, torch.bfloat16, pin=False).shape == (1000,)
+    assert calls == []
+
+
+def test_without_madvise_the_buffer_is_an_ordinary_one(monkeypatch):
+    monkeypatch.setattr(host_pages, "_madvise", None)
+    buf = comm.host_buffer(LARGE, torch.bfloat16, pin=False)
+    assert buf.numel() == LARGE and not buf.any()
+
+
+def _anon_huge_kib(addr: int) -> int:
+    lines = Path("/proc/self/smaps").read_text().splitlines()
+    for i, line in enumerate(lines):
+        m = re.match(r"([0-9a-f]+)-([0-9a-f]+) ", line)
+        if m and int(m.group(1), 16) <= addr < int(m.group(2), 16):
+            for field in lines[i + 1 :]:
+                if field.startswith("AnonHugePages:"):
+                    return int(field.split()[1])
+    raise AssertionError(f"no mapping holds {addr:#x}")
+
+
+def test_the_kernel_backs_a_marked_buffer_with_huge_pages():
+    setting = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not setting.exists() or "[never]" in setting.read_text():
+        pytest.skip("this kernel offers no transparent huge pages")
+    buf = comm.host_buffer(LARGE, torch.float32, pin=False)
+    assert _anon_huge_kib(buf.data_ptr()) >= 2048
