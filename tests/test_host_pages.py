@@ -37,6 +37,14 @@ def test_small_buffers_are_not_marked(monkeypatch):
     assert calls == []
 
 
+@pytest.mark.parametrize("off", ["0", "off"])
+def test_the_environment_can_leave_buffers_on_default_pages(monkeypatch, off):
+    calls = _advised(monkeypatch)
+    monkeypatch.setenv("ZERO_CORE_HUGE_PAGES", off)
+    assert comm.host_buffer(LARGE, torch.float32, pin=False).numel() == LARGE
+    assert calls == []
+
+
 def test_without_madvise_the_buffer_is_an_ordinary_one(monkeypatch):
     monkeypatch.setattr(host_pages, "_madvise", None)
     buf = comm.host_buffer(LARGE, torch.bfloat16, pin=False)

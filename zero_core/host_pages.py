@@ -8,11 +8,15 @@ TLB entry per 4 KiB. On one H100 machine's host (16 cores), 2 MiB pages took a 1
 taken 3.9-4.3 s on 4 KiB pages on another machine of that kind
 (docs/benchmarks/2026-11-26_h100_gpt7b_huge_pages.md). Marking a buffer before its first touch is enough: the
 pages are taken at first touch. Where the kernel refuses (THP off, another OS), the buffer is an ordinary one.
+
+`ZERO_CORE_HUGE_PAGES=0` (or off/false/no) leaves every buffer on the kernel's default pages: for an A/B, or a
+host where compacting memory into 2 MiB pages at first touch stalls.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 
 import torch
@@ -20,6 +24,7 @@ import torch
 HUGE_PAGE = 2 << 20
 MADV_HUGEPAGE = 14  # <linux/mman.h>
 ADVISE_MIN_BYTES = 64 << 20  # smaller buffers gain little and would waste up to a page each on alignment
+ENV = "ZERO_CORE_HUGE_PAGES"
 
 
 def _libc_madvise():
@@ -46,7 +51,7 @@ def empty_host(numel: int, dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised 1-D CPU tensor; from ADVISE_MIN_BYTES on, 2 MiB-aligned and marked for 2 MiB pages
     before anything touches it."""
     nbytes = numel * dtype.itemsize
-    if nbytes < ADVISE_MIN_BYTES:
+    if nbytes < ADVISE_MIN_BYTES or os.environ.get(ENV, "").strip().lower() in ("0", "off", "false", "no"):
         return torch.empty(numel, dtype=dtype)
     raw = torch.empty(nbytes + HUGE_PAGE, dtype=torch.uint8)  # untouched: the allocator maps it lazily
     start = -raw.data_ptr() % HUGE_PAGE

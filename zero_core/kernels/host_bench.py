@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from ..host_pages import empty_host
 from .bench import _timer
 
 # far larger than any last-level cache, small enough for a laptop: 2.5e8 fp32 elements are 1 GB per buffer
@@ -24,8 +25,8 @@ _median_ms = _timer(torch.device("cpu"))
 
 
 def _copy_ms(numel: int) -> float:
-    src = torch.randn(numel)
-    dst = torch.empty_like(src)
+    src = empty_host(numel, torch.float32).normal_()  # the engine's kind of pages (host_pages.py)
+    dst = empty_host(numel, torch.float32)
     return _median_ms(lambda: dst.copy_(src))
 
 
@@ -46,7 +47,7 @@ def _host_adamw_ms(numel: int, dtype16: torch.dtype) -> float:
         shard_stats=False,
         comm_device=torch.device("cpu"),
     )
-    grad, out = torch.randn(numel).to(dtype16), torch.empty(numel, dtype=dtype16)
+    grad, out = torch.randn(numel).to(dtype16), empty_host(numel, dtype16)
     opt.begin_pass(torch.ones(1), accumulate=False, final=True)
     opt.receive(grad, 0)  # lands in staging; the statistics are taken once, outside the timing
     opt.end_pass()

@@ -2,6 +2,9 @@
 
     python docs/benchmarks/scripts/host_speculate_bench.py [--numel-mi 512] [--repeats 3]
 
+Its buffers are allocated as the engine's are (zero_core/host_pages.py: 2 MiB pages where the host grants them);
+ZERO_CORE_HUGE_PAGES=0 measures them on the kernel's default pages instead.
+
 Rates are G elements/s over one partition of fp32 master and moments and a bf16 gradient staging buffer:
   stream copy      one fp32 copy (GB/s read+written; the bandwidth the others share)
   plain            the step's AdamW: per 4 Mi chunk, the gradient rebuilt from staging, then fused AdamW in place
@@ -17,6 +20,8 @@ import argparse
 import time
 
 import torch
+
+from zero_core.host_pages import empty_host
 
 NAMES = ("master", "exp_avg", "exp_avg_sq")
 HYPER = dict(lr=1e-4, beta1=0.9, beta2=0.95, weight_decay=0.1, eps=1e-8, amsgrad=False, maximize=False,
@@ -37,9 +42,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args()
     n, chunk = a.numel_mi << 20, 4 << 20
-    states = {k: torch.rand(n) for k in NAMES}
-    other = {k: torch.empty(n) for k in NAMES}
-    staging = torch.randn(n).bfloat16()
+    # the engine's buffers: on 2 MiB pages unless ZERO_CORE_HUGE_PAGES=0 (zero_core/host_pages.py)
+    states = {k: empty_host(n, torch.float32).uniform_() for k in NAMES}
+    other = {k: empty_host(n, torch.float32) for k in NAMES}
+    staging = empty_host(n, torch.bfloat16).normal_()
     scratch = torch.empty(chunk)
     step = torch.tensor(1.0)
     print(f"threads {torch.get_num_threads()}, {a.numel_mi} Mi elements, torch {torch.__version__}")
