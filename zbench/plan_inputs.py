@@ -2,7 +2,8 @@
 
 Each check raises a one-line `ScenarioError` naming the problem and the fix: a pretrained path that is not a
 folder, an architecture that needs transformers when it is missing, a sequence longer than the model's positions,
-a vocabulary too small for the data, data files that do not exist or do not fit the task.
+a vocabulary too small for the data, data files that do not exist or do not fit the task, a GPT loss slice
+size (ZBENCH_LOSS_SLICE_BYTES) that is not a number of bytes.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import importlib.util
 import os
 
 from .models.configs import ArchConfig, load_arch
+from .models.sliced_loss import SLICE_BYTES, slice_bytes
 from .scenario import Scenario, ScenarioError
 
 
@@ -43,6 +45,11 @@ def check_model(sc: Scenario, base_dir: str) -> ArchConfig | None:
         raise ScenarioError(
             f"task '{sc.task}' needs a transformers model; zbench's GPT ('{arch.name}') does lm and classification"
         )
+    if arch.family == "gpt":
+        try:  # read again by each rank where it takes the loss: a bad value is told here, once, before any launch
+            slice_bytes()
+        except ValueError as e:
+            raise ScenarioError(f"{e}; unset it, or give a size such as {SLICE_BYTES}") from None
     if arch.max_positions and sc.seq_len > arch.max_positions:
         raise ScenarioError(
             f"seq_len {sc.seq_len} exceeds the {arch.max_positions} positions of '{arch.name}'; lower seq_len"

@@ -70,7 +70,7 @@ class ProbeLog:
         self.fits[what] = short_of is None
         if short_of is not None:
             self.why[what] = short_of
-        if short_of is not None and resource is not None:
-            self.resource[what] = resource
+            if resource is not None:
+                self.resource[what] = resource
         log = {"setup": self.setup, "fits": self.fits, "why": self.why, "resource": self.resource}
         write_atomic(self.path, json.dumps(log, indent=1))
