@@ -48,3 +48,26 @@ def test_pinning_switch_and_no_failure(monkeypatch):
     threads = torch.get_num_threads()
     assert affinity.pin_rank(offload=True) is None and torch.get_num_threads() == threads
     assert affinity.describe([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+
+
+@pytest.mark.parametrize("cores, on_gpu, omp, want", [
+    (16, True, "", 15),  # the training thread keeps one core: the host team takes the rest
+    (16, False, "", 16),  # CPU training or no offload: the whole pool
+    (1, True, "", 1),  # never an empty team
+    (16, True, "12", 12), (16, True, "32", 16), (8, True, " 4 ", 4),  # an explicit OMP_NUM_THREADS, within the cores
+    (16, True, "0", 15), (16, True, "many", 15),  # not a positive count: ignored
+])
+def test_team_size_leaves_the_training_thread_a_core_with_offload_on_a_gpu(cores, on_gpu, omp, want):
+    assert affinity.team_size(cores, on_gpu, omp) == want
+
+
+def test_size_team_sizes_torchs_pool_from_the_pinned_cores(monkeypatch):
+    before = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    try:
+        assert affinity.size_team([0, 1, 2], offload_on_gpu=True) == 2 and torch.get_num_threads() == 2
+        assert affinity.size_team([0, 1, 2], offload_on_gpu=False) == 3 and torch.get_num_threads() == 3
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        assert affinity.size_team(None, offload_on_gpu=False) == 1 and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -28,9 +28,11 @@ def test_elements_that_fit(wanted, available, ranks, expect):
     assert elements_that_fit(wanted, available, ranks) == expect
 
 
-def _train(fraction: float, clip: float, poison: bool = False) -> tuple[list[torch.Tensor], list, int]:
-    """Three steps of a 4,096-element host AdamW fed three shards per pass; the states, the ranges speculated in
-    each pass, and the skipped count (`poison`: an inf in the second step's gradient)."""
+def _train(fraction: float, clip: float, poison: bool = False,
+           scales: tuple[float, ...] = (1.0, 1.0, 1.0)) -> tuple[list[torch.Tensor], list, int]:
+    """len(scales) steps of a 4,096-element host AdamW fed three shards per pass, step i's gradient times
+    scales[i]; the states, the ranges speculated in each pass, and the skipped count (`poison`: an inf in the
+    second step's gradient)."""
     numel, sizes = 4096, (1024, 2048, 1024)
     states = TensorStates(numel, torch.device("cpu"))
     states.master.copy_(torch.randn(numel, generator=torch.Generator().manual_seed(3)))
@@ -39,8 +41,8 @@ def _train(fraction: float, clip: float, poison: bool = False) -> tuple[list[tor
                     shard_stats=False, comm_device=torch.device("cpu"))
     gen = torch.Generator().manual_seed(7)
     speculated = []
-    for step in range(3):
-        grads = torch.randn(numel, generator=gen)
+    for step, scale in enumerate(scales):
+        grads = torch.randn(numel, generator=gen) * scale
         if poison and step == 1:
             grads[5] = float("inf")
         opt.begin_pass(torch.ones(1), accumulate=False, final=True)
@@ -60,10 +62,12 @@ def _train(fraction: float, clip: float, poison: bool = False) -> tuple[list[tor
 def test_speculative_updates_run_during_backward_and_settle_exactly(clip, poison, fraction, speculated):
     """The host update of each final shard starts before the step; the step keeps it, or undoes and redoes it
     (clipping engaged), or undoes it (a non-finite gradient): the states equal the plain step's bitwise, whichever
-    shards were speculated (the backup holds them back to back)."""
+    shards were speculated (the backup holds them back to back). Once a step clipped, the next ones wait for the
+    step (their guess would fail again); a skipped step changes nothing of that."""
     plain, _, skipped = _train(0.0, clip, poison)
     overlapped, ranges, skipped_overlapped = _train(fraction, clip, poison)
-    assert ranges == [speculated] * 3  # the shards that fit in the fraction were updated before the step
+    # the shards that fit in the fraction were updated before the step
+    assert ranges == [speculated] + [[] if clip else speculated] * 2
     assert skipped == skipped_overlapped == int(poison)
     for a, b in zip(plain, overlapped):
         assert torch.equal(a, b)
@@ -76,7 +80,7 @@ def test_short_host_memory_lowers_the_overlap_and_stays_exact(monkeypatch, capsy
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     monkeypatch.setattr(speculative, "available_host_bytes", lambda: HOST_MARGIN_BYTES + ROW * room)
     lowered, ranges, _ = _train(0.8, clip)  # 0.8 of 4096 would speculate the first two shards (3,072 elements)
-    assert ranges == [expect] * 3
+    assert ranges == [expect] + [[] if clip else expect] * 2  # clipped: later steps wait for the step
     for a, b in zip(plain, lowered):
         assert torch.equal(a, b)
     said = [line for line in capsys.readouterr().out.splitlines() if "overlap_host_update lowered" in line]
@@ -89,3 +93,14 @@ def test_enough_host_memory_keeps_the_overlap(monkeypatch, capsys):
     _, ranges, _ = _train(0.8, 0.0)
     assert ranges == [[(0, 1024), (1024, 3072)]] * 3
     assert "lowered" not in capsys.readouterr().out
+
+
+def test_speculation_pauses_after_a_clipped_step_and_resumes_after_an_unclipped_one():
+    """Norms of about 6,400, 64 and 64 against a threshold of 1,000: the first step speculates and clips, the
+    second waits for the step (it would have kept the guess: unclipped), the third speculates again; all exact."""
+    scales = (100.0, 1.0, 1.0)
+    plain, _, _ = _train(0.0, 1000.0, scales=scales)
+    overlapped, ranges, _ = _train(0.6, 1000.0, scales=scales)
+    assert ranges == [[(0, 1024), (3072, 4096)], [], [(0, 1024), (3072, 4096)]]
+    for a, b in zip(plain, overlapped):
+        assert torch.equal(a, b)

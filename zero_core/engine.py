@@ -32,7 +32,7 @@ from .optim.facade import ZeroOptimizer
 from .optim.param_groups import plan_optimizer
 from .optim.affinity import describe as describe_cpus
 from .optim.affinity import ENV as PIN_ENV
-from .optim.affinity import pin_rank
+from .optim.affinity import pin_rank, size_team
 from .overflow_log import OverflowLog
 from .stages import make_stage
 from .stages.grad_buckets import GradReducer
@@ -100,11 +100,12 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
             print(f"zero_core: resolved config (world size {self.world_size}):\n{describe(self.config)}", flush=True)
 
     def _pin(self) -> list[int] | None:
-        """This rank's own cores with optimizer offload (None: not pinned)."""
+        """This rank's own cores with optimizer offload (None: not pinned), and its host threads."""
         cpus = pin_rank(self.offload_optimizer)
+        threads = size_team(cpus, self.offload_optimizer and self.device.type == "cuda")
         if cpus and self.rank == 0:
             print(f"zero_core: local rank 0 pinned to cpus {describe_cpus(cpus)}, "
-                  f"{torch.get_num_threads()} threads ({PIN_ENV}=0 turns this off)", flush=True)
+                  f"{threads} threads ({PIN_ENV}=0 turns this off)", flush=True)
         return cpus
 
     def _cast_frozen_and_buffers(self, model: torch.nn.Module, trainable: set[int]) -> None:

@@ -82,6 +82,7 @@ class HostAdamW(PartitionOptimizer):
         budget = int(overlap_fraction * n) if isinstance(states, TensorStates) else 0
         self.speculative = SpeculativeUpdates(states, budget)
         self._speculating = False
+        self._last_clipped = False  # the last applied step's clipping engaged: the next guess would fail too
         self.counts: Callable[[], torch.Tensor] = lambda: self.applied  # the updates applied so far (a composite's)
         self.run_update: Callable[[Callable[[], None]], None] = lambda update: update()  # here, by default
         self._spec_hyper: list[dict] | None = None
@@ -94,8 +95,10 @@ class HostAdamW(PartitionOptimizer):
         self._lazy_stats.zero_()
         self.lazy = final and not accumulate
         self._lazy_scale = float(scale[0])
-        # a host schedule (lr_at None) writes the lr only at the step: nothing can start before it
-        self._speculating = final and self.speculative.budget > 0 and self.lr_at is not None
+        # a host schedule (lr_at None) writes the lr only at the step: nothing can start before it. After a
+        # clipped step the norm is most likely above the threshold again, and an update started as unclipped
+        # would only be undone and redone (its cost twice over): the host update then waits for the step.
+        self._speculating = final and self.speculative.budget > 0 and self.lr_at is not None and not self._last_clipped
         self._spec_hyper = None
         if self._speculating:
             self.speculative.begin()
@@ -218,7 +221,8 @@ class HostAdamW(PartitionOptimizer):
         skip = int(self.overflow[0]) != 0
         done = self.speculative.settle(keep=not skip and c == 1.0)  # what backward already updated for good
         if skip:
-            return  # skipped: nothing changes, nothing to send
+            return  # skipped: nothing changes, nothing to send (and says nothing of the next norm)
+        self._last_clipped = c < 1.0
         assert out is None or isinstance(out, torch.Tensor), "the host update writes one flat 16-bit partition"
         hyper = self._hyper(self.lr, c)
         self.run_update(lambda: self._chunks(out, publish, done, hyper))

@@ -12,6 +12,9 @@ first. At the step:
     clipping engages (coef < 1)    restored, then updated with the coefficient with the rest
     otherwise                      kept; the step updates only what was not speculated
 
+After a step whose clip engaged, nothing is speculated until a step applies unclipped (host_adam.py): the
+guess would most likely fail again and cost its update twice.
+
 Each element sees exactly the update the non-overlapped step would give it (the fused kernel is
 element-wise, and ranges start at bucket-shard boundaries, multiples of the layout's alignment), so
 the result is bitwise the same. The copies cost 12 bytes of host memory per speculated element, which
