@@ -4,6 +4,8 @@ speculating pass, lowered with one line when MemAvailable is short)."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -50,6 +52,7 @@ def _train(fraction: float, clip: float, poison: bool = False,
         for n in sizes:
             opt.receive(grads[start : start + n], start)
             start += n
+        opt._folder.wait()  # backward outlasts the shards' updates (queued ones at its end are left to the step)
         opt.end_pass()
         speculated.append([r[:2] for r in opt.speculative.ranges])
         opt.step(torch.empty(numel, dtype=torch.bfloat16))
@@ -104,3 +107,36 @@ def test_speculation_pauses_after_a_clipped_step_and_resumes_after_an_unclipped_
     assert ranges == [[(0, 1024), (3072, 4096)], [], [(0, 1024), (3072, 4096)]]
     for a, b in zip(plain, overlapped):
         assert torch.equal(a, b)
+
+
+def test_shards_still_queued_when_backward_ends_are_left_to_the_step():
+    """The fold thread is busy while the three shards arrive; backward ends (end_pass) before it reaches them,
+    so none is speculated (the step updates them, in partition order) and the result is the plain step's."""
+    numel = 4096
+    plain = TensorStates(numel, torch.device("cpu"))
+    states = TensorStates(numel, torch.device("cpu"))
+    for st in (plain, states):
+        st.master.copy_(torch.randn(numel, generator=torch.Generator().manual_seed(3)))
+    grads = torch.randn(numel, generator=torch.Generator().manual_seed(7))
+    ranges = []
+    for st, fraction in ((plain, 0.0), (states, 1.0)):
+        opt = HostAdamW(st, comm_dtype=torch.float32, clip=0.0, overlap_fraction=fraction,
+                        groups=[Hyper(0.9, 0.95, 1e-8, 0.1)], decoupled=True, lr_at=lambda a: torch.full((1,), 1e-2),
+                        shard_stats=False, comm_device=torch.device("cpu"))
+        gate = threading.Event()
+        opt._folder.submit(None, gate.wait)  # the fold thread is held up
+        opt.begin_pass(torch.ones(1), accumulate=False, final=True)
+        for lo in (0, 1024, 3072):
+            opt.receive(grads[lo : lo + (2048 if lo == 1024 else 1024)], lo)
+        ending = threading.Thread(target=opt.end_pass)
+        ending.start()
+        while not opt._backward_ended:
+            pass
+        gate.set()
+        ending.join()
+        ranges.append(list(opt.speculative.ranges))
+        opt.step(torch.empty(numel, dtype=torch.bfloat16))
+        opt.close()
+    assert ranges == [[], []]
+    for name in ("master", "exp_avg", "exp_avg_sq"):
+        assert torch.equal(getattr(plain, name), getattr(states, name))

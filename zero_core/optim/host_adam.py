@@ -83,6 +83,7 @@ class HostAdamW(PartitionOptimizer):
         self.speculative = SpeculativeUpdates(states, budget)
         self._speculating = False
         self._last_clipped = False  # the last applied step's clipping engaged: the next guess would fail too
+        self._backward_ended = False
         self.counts: Callable[[], torch.Tensor] = lambda: self.applied  # the updates applied so far (a composite's)
         self.run_update: Callable[[Callable[[], None]], None] = lambda update: update()  # here, by default
         self._spec_hyper: list[dict] | None = None
@@ -99,7 +100,7 @@ class HostAdamW(PartitionOptimizer):
         # clipped step the norm is most likely above the threshold again, and an update started as unclipped
         # would only be undone and redone (its cost twice over): the host update then waits for the step.
         self._speculating = final and self.speculative.budget > 0 and self.lr_at is not None and not self._last_clipped
-        self._spec_hyper = None
+        self._spec_hyper, self._backward_ended = None, False
         if self._speculating:
             self.speculative.begin()
 
@@ -126,7 +127,9 @@ class HostAdamW(PartitionOptimizer):
             if not lazy:  # else the step rebuilds this shard's gradient from staging
                 with self.breakdown.host("host_fold"):
                     self.fold(offset, numel, scale, accumulate)
-            if speculate:  # the shard is final: update it now, undone at the step if it must be
+            # the shard is final: update it now, undone at the step if it must be; once backward has ended
+            # the step's own update (in partition order, overlapping the next forward) is the better place
+            if speculate and not self._backward_ended:
                 with self.breakdown.host("overlapped_cpu_adam"):
                     self.speculative.update(offset, offset + numel, self._speculative_adam)
 
@@ -144,6 +147,7 @@ class HostAdamW(PartitionOptimizer):
             self._adam_pieces(v, 0, self._runs_between(a, min(hi, a + self.chunk)), self._spec_hyper, self._spec_step)
 
     def end_pass(self) -> None:
+        self._backward_ended = True  # jobs still queued fold only: backward no longer hides their updates
         with self.breakdown.host("fold_wait"):
             self._folder.wait()
 

@@ -13,7 +13,9 @@ first. At the step:
     otherwise                      kept; the step updates only what was not speculated
 
 After a step whose clip engaged, nothing is speculated until a step applies unclipped (host_adam.py): the
-guess would most likely fail again and cost its update twice.
+guess would most likely fail again and cost its update twice. Shards whose turn on the fold thread comes after
+backward has ended are left to the step: nothing is left to hide their update behind, and the step's runs in
+partition order, overlapping the next forward.
 
 Each element sees exactly the update the non-overlapped step would give it (the fused kernel is
 element-wise, and ranges start at bucket-shard boundaries, multiples of the layout's alignment), so
