@@ -249,4 +249,5 @@ def variant_job(plan: Plan, vp: VariantPlan, arch: ArchConfig | None, batch: int
     return {"scenario": plan.scenario.model_dump(mode="json"), "base_dir": plan.base_dir,
             "arch": asdict(arch) if arch else None, "engine": vp.spec.engine, "ds": vp.ds_template,
             "batch": batch, "eval_batch": eval_batch, "mode": mode, "compile": plan.scenario.compile_backend(vp.spec),
+            "recompute": plan.scenario.recomputes(vp.spec),
             "simulate_world": plan.world_size if plan.simulated else None}

@@ -113,7 +113,7 @@ class Runner:
         job = {"scenario": sc.model_dump(mode="json"), "base_dir": self.plan.base_dir,
                "arch": asdict(self.plan.arch) if self.plan.arch else None, "engine": None, "ds": None,
                "batch": sc.batch_size, "mode": "floor", "world_size": self.plan.world_size,
-               "compile": sc.compile_backend()}
+               "compile": sc.compile_backend(), "recompute": sc.recomputes()}
         res = launch(run_job, json.dumps(job), Nodes(1), run_id="floor", log_dir=log_dir, index=self.launches,
                      what="the floor measurement", fork_ok=self.opts.fork_ok)
         self.launches += 1

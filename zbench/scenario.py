@@ -135,6 +135,7 @@ class VariantSpec(Strict):
     batch_size: Batch | None = None  # per GPU; overrides the scenario's
     model_overrides: dict[str, Any] = {}  # arch fields for this variant only (e.g. a wider minGPT for ZeRO-3)
     compile: Compile = None  # this variant's torch.compile; default: the scenario's
+    gradient_checkpointing: Flag | None = None  # this variant's recompute; default: the scenario's
 
     @model_validator(mode="after")
     def _engine_settings(self) -> "VariantSpec":
@@ -243,6 +244,11 @@ class Scenario(Strict):
         """The torch.compile backend for `variant` (the scenario's when it sets none), None for eager."""
         value = self.compile if variant is None or variant.compile is None else variant.compile
         return "inductor" if value is True else (value or None)
+
+    def recomputes(self, variant: VariantSpec | None = None) -> bool:
+        """Whether `variant`'s model recomputes each block in backward (the scenario's when it sets nothing)."""
+        own = None if variant is None else variant.gradient_checkpointing
+        return self.gradient_checkpointing if own is None else own
 
     @property
     def headline_metric(self) -> str:

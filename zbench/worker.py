@@ -77,7 +77,7 @@ def _run(job: dict[str, Any], device: torch.device, rank: int, world: int) -> di
         bundle = build_model(
             task=sc.task, arch=arch, pretrained=sc.model.pretrained, num_labels=sc.model.num_labels or 2
         )
-    if sc.gradient_checkpointing:
+    if job.get("recompute", sc.gradient_checkpointing):  # the variant's own setting, else the scenario's
         bundle.model.gradient_checkpointing_enable()
     if job.get("compile"):
         compile_blocks(bundle, job["compile"])

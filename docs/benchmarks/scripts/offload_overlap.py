@@ -37,13 +37,15 @@ import yaml
 ROOT = Path(__file__).resolve().parents[3]
 SCENARIOS = ROOT / "scenarios"
 # scenario -> (batch, the zero_core variants to add: (offload ratio or "auto", overlap_host_update,
-# overlap_weight_gather));
+# overlap_weight_gather[, gradient_checkpointing]));
 # (R, F, False) keeps the host update inside step() (the old path); True runs it on after step()
 PLANS = {
     "gpt2xl": (
         "gpt2xl_offload.yaml",
         16,
-        [(0.92, 0.5, True), (0.9, 0.75, True), (0.85, 0.5, True)],  # device shares within DeepSpeed's 8.1 GiB
+        # device shares within DeepSpeed's 8.1 GiB: its activations (about 5 GiB at batch 16) leave room for 8%
+        # of the states; recomputed blocks leave room for more
+        [(0.92, 0.5, True), (0.75, 0.5, True, True), (0.7, 0.5, True, True)],
     ),
     "longformer": (
         "longformer_feedback.yaml",
@@ -63,21 +65,24 @@ GPT7B_DS = {  # the scenario's zero_core variant as a DeepSpeed JSON, so DeepSpe
 }
 
 
-def variants_for(sc: dict, base_json: dict, folder: Path, plan: list[tuple[float | str, float, bool]]) -> list[dict]:
+def variants_for(sc: dict, base_json: dict, folder: Path, plan: list[tuple]) -> list[dict]:
     engine = next((v for v in sc["variants"] if v.get("engine") == "zero"), None)
     out = [v for v in sc["variants"] if v.get("engine") != "ddp"]
     if not any(v.get("engine") == "deepspeed" for v in out):
         (folder / "plain.json").write_text(json.dumps(base_json))
         out.append({"name": "ds-offload", "engine": "deepspeed", "ds_config": "plain.json"})
-    for ratio, overlap, in_flight in plan:
+    for ratio, overlap, in_flight, *recompute in plan:
         cfg = json.loads(json.dumps(base_json))
         cfg["zero_optimization"]["offload_optimizer"]["ratio"] = ratio
         cfg["zero_core"] = {"overlap_host_update": overlap, "overlap_weight_gather": in_flight}
         share = ratio if isinstance(ratio, str) else f"{ratio:g}"  # "auto": the device share that fits the cap
         name = f"zero-ratio{share}-overlap{overlap:g}{'' if in_flight else '-in-step'}".replace(".", "p")
+        name += "-recompute" if recompute and recompute[0] else ""
         (folder / f"{name}.json").write_text(json.dumps(cfg, indent=1))
         # the scenario variant's own keys (stage, offload devices) apply to its siblings too
         kept = {k: engine[k] for k in ("stage", "offload_optimizer", "offload_param") if engine and k in engine}
+        if recompute:
+            kept["gradient_checkpointing"] = bool(recompute[0])
         out.append({"name": name, "engine": "zero", "ds_config": f"{name}.json", **kept})
     return out
 
