@@ -64,10 +64,27 @@ def test_team_size_leaves_the_training_thread_a_core_with_offload_on_a_gpu(cores
 def test_size_team_sizes_torchs_pool_from_the_pinned_cores(monkeypatch):
     before = torch.get_num_threads()
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(affinity, "_sized", None)
     try:
         assert affinity.size_team([0, 1, 2], offload_on_gpu=True) == 2 and torch.get_num_threads() == 2
         assert affinity.size_team([0, 1, 2], offload_on_gpu=False) == 3 and torch.get_num_threads() == 3
         monkeypatch.setenv("OMP_NUM_THREADS", "1")
         assert affinity.size_team(None, offload_on_gpu=False) == 1 and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_second_engine_sizes_from_the_cores_not_from_the_first_ones_pool(monkeypatch):
+    """Unpinned, each engine of a process starts from the pool torch (or the user) chose: never one thread
+    fewer per engine."""
+    before = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(affinity, "_sized", None)
+    try:
+        torch.set_num_threads(4)
+        assert [affinity.size_team(None, offload_on_gpu=True) for _ in range(3)] == [3, 3, 3]
+        assert affinity.size_team(None, offload_on_gpu=False) == 4  # a CPU engine after them: the whole pool
+        torch.set_num_threads(2)  # the user's own choice since: it is the pool now
+        assert affinity.size_team(None, offload_on_gpu=True) == 1
     finally:
         torch.set_num_threads(before)

@@ -98,12 +98,19 @@ def team_size(cores: int, offload_on_gpu: bool, omp: str = "") -> int:
     return max(1, cores - 1) if offload_on_gpu else cores
 
 
+_sized: tuple[int, int] | None = None  # (cores, threads) of the last sizing, so a second engine starts from the cores
+
+
 def size_team(pinned: list[int] | None, offload_on_gpu: bool) -> int:
-    """Size torch's thread pool for this rank: its pinned cores, else the pool torch chose; see `team_size`."""
-    cores = len(pinned) if pinned else torch.get_num_threads()
+    """Size torch's thread pool for this rank: its pinned cores, else the pool torch (or the user) chose, not
+    the one an earlier engine of this process sized; see `team_size`."""
+    global _sized
+    current = torch.get_num_threads()
+    cores = len(pinned) if pinned else (_sized[0] if _sized and _sized[1] == current else current)
     threads = team_size(cores, offload_on_gpu, os.environ.get("OMP_NUM_THREADS", ""))
-    if threads != torch.get_num_threads():
+    if threads != current:
         torch.set_num_threads(threads)
+    _sized = (cores, threads)
     return threads
 
 
