@@ -16,10 +16,11 @@ host where compacting memory into 2 MiB pages at first touch stalls.
 from __future__ import annotations
 
 import ctypes
-import os
 import sys
 
 import torch
+
+from .env_switch import env_switch
 
 HUGE_PAGE = 2 << 20
 MADV_HUGEPAGE = 14  # <linux/mman.h>
@@ -51,7 +52,7 @@ def empty_host(numel: int, dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised 1-D CPU tensor; from ADVISE_MIN_BYTES on, 2 MiB-aligned and marked for 2 MiB pages
     before anything touches it."""
     nbytes = numel * dtype.itemsize
-    if nbytes < ADVISE_MIN_BYTES or os.environ.get(ENV, "").strip().lower() in ("0", "off", "false", "no"):
+    if nbytes < ADVISE_MIN_BYTES or env_switch(ENV) is False:
         return torch.empty(numel, dtype=dtype)
     raw = torch.empty(nbytes + HUGE_PAGE, dtype=torch.uint8)  # untouched: the allocator maps it lazily
     start = -raw.data_ptr() % HUGE_PAGE

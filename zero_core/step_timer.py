@@ -31,13 +31,14 @@ waits for the events it reads (a host sync); nothing else ever does.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
+
+from .env_switch import env_switch
 
 KEYS = (
     "step",
@@ -58,10 +59,10 @@ _Span = tuple[str, "torch.cuda.Event", "torch.cuda.Event"]
 
 
 def enabled_for(offload: bool) -> bool:
-    mode = os.environ.get("ZERO_CORE_BREAKDOWN", "auto").strip().lower()
-    if mode in ("0", "false", "off", "no"):
+    switch = env_switch("ZERO_CORE_BREAKDOWN")
+    if switch is False:
         return False
-    return offload or mode in ("1", "true", "on", "yes")
+    return offload or switch is True
 
 
 class StepBreakdown:

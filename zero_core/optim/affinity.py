@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from .. import comm
+from ..env_switch import env_switch
 
 ENV = "ZERO_CORE_PIN_THREADS"
 
@@ -56,10 +57,10 @@ def split_cpus(cpus: Iterable[int], local_rank: int, local_world: int,
 
 
 def _wanted(offload: bool, local_world: int) -> bool:
-    mode = os.environ.get(ENV, "auto").strip().lower()
-    if mode in ("0", "false", "off", "no") or local_world <= 1:
+    switch = env_switch(ENV)
+    if switch is False or local_world <= 1:
         return False
-    return mode in ("1", "true", "on", "yes") or offload
+    return switch is True or offload
 
 
 def pin_rank(offload: bool) -> list[int] | None:
