@@ -131,7 +131,7 @@ class HostAdamW(PartitionOptimizer):
             # the step's own update (in partition order, overlapping the next forward) is the better place
             if speculate and not self._backward_ended:
                 with self.breakdown.host("overlapped_cpu_adam"):
-                    self.speculative.update(offset, offset + numel, self._speculative_adam)
+                    self.speculative.update(offset, offset + numel, self._speculative_adam, self.chunk)
 
         return job
 
@@ -143,8 +143,7 @@ class HostAdamW(PartitionOptimizer):
             self._spec_step = (applied + 1).cpu()  # the step count the update will have
             self._spec_hyper = self._hyper(lr.cpu(), None)
         v = {n: getattr(self.states, n) for n in ("master", "exp_avg", "exp_avg_sq")}
-        for a in range(lo, hi, self.chunk):
-            self._adam_pieces(v, 0, self._runs_between(a, min(hi, a + self.chunk)), self._spec_hyper, self._spec_step)
+        self._adam_pieces(v, 0, self._runs_between(lo, hi), self._spec_hyper, self._spec_step)
 
     def end_pass(self) -> None:
         self._backward_ended = True  # jobs still queued fold only: backward no longer hides their updates

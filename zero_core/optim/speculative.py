@@ -5,7 +5,7 @@ In the pass that ends at the optimizer step, as soon as a bucket's gradient shar
 host memory, and folded under accumulation), the host folding thread updates that bucket's states, as
 if the step will apply unclipped: coefficient 1, this step's learning rate and step count. Whether
 that guess holds is known only once every shard of every rank is in (the global norm and the
-non-finite flag), so the pre-update master and moments of each speculated range are copied aside
+non-finite flag), so the pre-update master and moments of each speculated piece are copied aside
 first. At the step:
 
     non-finite gradients           every speculated range is restored: the step is skipped, as before
@@ -88,14 +88,18 @@ class SpeculativeUpdates:
         self._reserved += numel
         return True
 
-    def update(self, lo: int, hi: int, adam: Callable[[int, int], None]) -> None:
-        """Copy [lo, hi) of every state aside, then run `adam(lo, hi)` (coefficient 1) over it."""
+    def update(self, lo: int, hi: int, adam: Callable[[int, int], None], piece: int) -> None:
+        """Per `piece` elements of [lo, hi): copy every state aside, then run `adam(a, b)` (coefficient 1) over
+        them while they are still in cache (one pass over the whole range first would read the states twice
+        from memory)."""
         pos = self._used
-        for n in NAMES:
-            self._backup[n][pos : pos + hi - lo].copy_(getattr(self.states, n)[lo:hi])
+        for a in range(lo, hi, piece):
+            b = min(hi, a + piece)
+            for n in NAMES:
+                self._backup[n][pos + a - lo : pos + b - lo].copy_(getattr(self.states, n)[a:b])
+            adam(a, b)
         self._used += hi - lo
         self.ranges.append((lo, hi, pos))
-        adam(lo, hi)
 
     def settle(self, keep: bool) -> list[Range]:
         """The step's verdict: `keep` the speculated updates (returned, so the step skips them) or put the
