@@ -109,20 +109,28 @@ def test_speculation_pauses_after_a_clipped_step_and_resumes_after_an_unclipped_
         assert torch.equal(a, b)
 
 
+def _twin_states(numel: int) -> tuple[TensorStates, TensorStates, torch.Tensor]:
+    """Two equal host states (one for the plain step, one for the speculating) and one pass's gradient."""
+    twins = [TensorStates(numel, torch.device("cpu")) for _ in range(2)]
+    for st in twins:
+        st.master.copy_(torch.randn(numel, generator=torch.Generator().manual_seed(3)))
+    return twins[0], twins[1], torch.randn(numel, generator=torch.Generator().manual_seed(7))
+
+
+def _optimizer(states: TensorStates, fraction: float, clip: float) -> HostAdamW:
+    return HostAdamW(states, comm_dtype=torch.float32, clip=clip, overlap_fraction=fraction,
+                     groups=[Hyper(0.9, 0.95, 1e-8, 0.1)], decoupled=True, lr_at=lambda a: torch.full((1,), 1e-2),
+                     shard_stats=False, comm_device=torch.device("cpu"))
+
+
 def test_shards_still_queued_when_backward_ends_are_left_to_the_step():
     """The fold thread is busy while the three shards arrive; backward ends (end_pass) before it reaches them,
     so none is speculated (the step updates them, in partition order) and the result is the plain step's."""
     numel = 4096
-    plain = TensorStates(numel, torch.device("cpu"))
-    states = TensorStates(numel, torch.device("cpu"))
-    for st in (plain, states):
-        st.master.copy_(torch.randn(numel, generator=torch.Generator().manual_seed(3)))
-    grads = torch.randn(numel, generator=torch.Generator().manual_seed(7))
+    plain, states, grads = _twin_states(numel)
     ranges = []
     for st, fraction in ((plain, 0.0), (states, 1.0)):
-        opt = HostAdamW(st, comm_dtype=torch.float32, clip=0.0, overlap_fraction=fraction,
-                        groups=[Hyper(0.9, 0.95, 1e-8, 0.1)], decoupled=True, lr_at=lambda a: torch.full((1,), 1e-2),
-                        shard_stats=False, comm_device=torch.device("cpu"))
+        opt = _optimizer(st, fraction, 0.0)
         gate = threading.Event()
         opt._folder.submit(None, gate.wait)  # the fold thread is held up
         opt.begin_pass(torch.ones(1), accumulate=False, final=True)
@@ -138,5 +146,45 @@ def test_shards_still_queued_when_backward_ends_are_left_to_the_step():
         opt.step(torch.empty(numel, dtype=torch.bfloat16))
         opt.close()
     assert ranges == [[], []]
+    for name in ("master", "exp_avg", "exp_avg_sq"):
+        assert torch.equal(getattr(plain, name), getattr(states, name))
+
+
+@pytest.mark.parametrize("clip", [0.0, 1e-3])  # kept, or restored and redone with the coefficient
+def test_a_shard_being_updated_when_backward_ends_stops_at_its_next_piece(monkeypatch, clip):
+    """Backward ends while the fold thread is on the first 1,024-element piece of a 4,096-element shard: that
+    piece stays speculated, the other three are left to the step, and the result is still the plain step's."""
+    monkeypatch.setenv("ZERO_CORE_HOST_CHUNK_NUMEL", "1024")
+    numel = 4096
+    plain, states, grads = _twin_states(numel)
+    ranges, pieces = [], []
+    for st, fraction in ((plain, 0.0), (states, 1.0)):
+        opt = _optimizer(st, fraction, clip)
+        adam, ending = opt._speculative_adam, []
+
+        def first_piece_then_backward_ends(lo, hi, opt=opt, adam=adam, ending=ending):
+            pieces.append((lo, hi))
+            adam(lo, hi)
+            training = threading.Thread(target=opt.end_pass)  # the training thread's end_pass, during this job
+            training.start()
+            ending.append(training)
+            while not opt._backward_ended:
+                pass
+
+        opt._speculative_adam = first_piece_then_backward_ends
+        for _ in range(2):  # the second pass speculates only if the first step applied unclipped
+            opt.begin_pass(torch.ones(1), accumulate=False, final=True)
+            opt.receive(grads, 0)
+            if opt._speculating:  # the job ends the pass itself, after its first piece
+                while not ending:
+                    pass
+                ending.pop().join()
+            else:
+                opt.end_pass()
+            ranges.append(list(opt.speculative.ranges))
+            opt.step(torch.empty(numel, dtype=torch.bfloat16))
+        opt.close()
+    assert pieces == ([(0, 1024)] if clip else [(0, 1024), (0, 1024)])
+    assert ranges == [[], [], [(0, 1024, 0)], [] if clip else [(0, 1024, 0)]]
     for name in ("master", "exp_avg", "exp_avg_sq"):
         assert torch.equal(getattr(plain, name), getattr(states, name))

@@ -131,7 +131,9 @@ class HostAdamW(PartitionOptimizer):
             # the step's own update (in partition order, overlapping the next forward) is the better place
             if speculate and not self._backward_ended:
                 with self.breakdown.host("overlapped_cpu_adam"):
-                    self.speculative.update(offset, offset + numel, self._speculative_adam, self.chunk)
+                    self.speculative.update(
+                        offset, offset + numel, self._speculative_adam, self.chunk, lambda: self._backward_ended
+                    )
 
         return job
 

@@ -15,7 +15,8 @@ first. At the step:
 After a step whose clip engaged, nothing is speculated until a step applies unclipped (host_adam.py): the
 guess would most likely fail again and cost its update twice. Shards whose turn on the fold thread comes after
 backward has ended are left to the step: nothing is left to hide their update behind, and the step's runs in
-partition order, overlapping the next forward.
+partition order, overlapping the next forward; a shard being updated when backward ends stops at its next
+piece.
 
 Each element sees exactly the update the non-overlapped step would give it (the fused kernel is
 element-wise, and ranges start at bucket-shard boundaries, multiples of the layout's alignment), so
@@ -88,18 +89,23 @@ class SpeculativeUpdates:
         self._reserved += numel
         return True
 
-    def update(self, lo: int, hi: int, adam: Callable[[int, int], None], piece: int) -> None:
+    def update(self, lo: int, hi: int, adam: Callable[[int, int], None], piece: int,
+               stop: Callable[[], bool] = lambda: False) -> None:
         """Per `piece` elements of [lo, hi): copy every state aside, then run `adam(a, b)` (coefficient 1) over
         them while they are still in cache (one pass over the whole range first would read the states twice
-        from memory)."""
-        pos = self._used
+        from memory). Once `stop()` says so, the pieces not yet begun are left to the step (`piece` is a
+        multiple of the alignment, so the range speculated still ends on an aligned element)."""
+        pos, end = self._used, lo
         for a in range(lo, hi, piece):
-            b = min(hi, a + piece)
+            if stop():
+                break
+            end = min(hi, a + piece)
             for n in NAMES:
-                self._backup[n][pos + a - lo : pos + b - lo].copy_(getattr(self.states, n)[a:b])
-            adam(a, b)
-        self._used += hi - lo
-        self.ranges.append((lo, hi, pos))
+                self._backup[n][pos + a - lo : pos + end - lo].copy_(getattr(self.states, n)[a:end])
+            adam(a, end)
+        if end > lo:
+            self._used += end - lo
+            self.ranges.append((lo, end, pos))
 
     def settle(self, keep: bool) -> list[Range]:
         """The step's verdict: `keep` the speculated updates (returned, so the step skips them) or put the
