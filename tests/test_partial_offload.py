@@ -158,7 +158,8 @@ def test_auto_ratio_moves_what_fits_after_the_first_step_and_trains_the_same(roo
 
 @pytest.mark.parametrize("value, ok", [(0.0, True), (0.5, True), (1, True), (1.5, False), ("yes", False)])
 def test_overlap_host_update_is_validated(value, ok):
-    cfg = {"train_micro_batch_size_per_gpu": 1, "zero_core": {"overlap_host_update": value}}
+    cfg = {"train_micro_batch_size_per_gpu": 1, "zero_core": {"overlap_host_update": value},
+           "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
     if ok:
         assert load_config(cfg, 1).zero_core.overlap_host_update == value
         return
@@ -179,3 +180,16 @@ def test_breakdown_shows_gpu_adam_and_overlapped_cpu_adam():
     assert b["gpu_adam"] > 0 and b["overlapped_cpu_adam"] > 0 and b["cpu_adam"] == 0
     line = format_breakdown(b)
     assert "gpu adam" in line and "overlapped cpu adam" in line
+
+
+@pytest.mark.parametrize("offload", [None, {"device": "none"}, {"device": "nvme", "nvme_path": "/tmp"}])
+def test_overlap_host_update_without_host_states_is_refused(offload):
+    """Nothing in host memory to update during backward: one line naming both keys, not a silent no-op."""
+    zero = {"stage": 2, **({"offload_optimizer": offload} if offload else {})}
+    cfg = {"train_micro_batch_size_per_gpu": 1, "zero_core": {"overlap_host_update": 0.5}, "zero_optimization": zero}
+    with pytest.raises(ConfigError) as e:
+        load_config(cfg, 1)
+    msg = str(e.value)
+    assert "zero_core.overlap_host_update=0.5" in msg and "set the device to 'cpu'" in msg and "\n" not in msg
+    cfg["zero_core"]["overlap_host_update"] = 0.0  # off: nothing to contradict
+    assert load_config(cfg, 1).zero_core.overlap_host_update == 0.0

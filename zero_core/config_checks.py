@@ -14,7 +14,8 @@ _Z = "zero_optimization."
 
 
 def contradictions(cfg: ZeroConfig) -> list[Problem]:
-    return [*_precision_and_optimizer(cfg), *_scheduler(cfg), *_offload(cfg), *_delayed_update(cfg), *_aio(cfg)]
+    checks = (_precision_and_optimizer, _scheduler, _offload, _overlap, _delayed_update, _aio)
+    return [problem for check in checks for problem in check(cfg)]
 
 
 def _precision_and_optimizer(cfg: ZeroConfig) -> Iterator[Problem]:
@@ -103,6 +104,19 @@ def _offload(cfg: ZeroConfig) -> Iterator[Problem]:
             (_Z + "offload_optimizer.buffer_count",),
             f"zero_optimization.offload_optimizer.buffer_count={off.buffer_count} is too small for NVMe "
             "offload: one chunk is updated while the next is read; set 2 or more (4 is the default)",
+        )
+
+
+def _overlap(cfg: ZeroConfig) -> Iterator[Problem]:
+    """The host update during backward works on states in host memory; elsewhere it would silently do nothing."""
+    fraction, off = cfg.zero_core.overlap_host_update, cfg.zero_optimization.offload_optimizer
+    device = off.device if off is not None else "none"
+    if fraction > 0 and device != "cpu":
+        yield Problem(
+            ("zero_core.overlap_host_update", _Z + "offload_optimizer.device"),
+            f"zero_core.overlap_host_update={fraction:g} updates optimizer states in host memory during backward, "
+            f"but offload_optimizer.device is '{device}' (no states there to update); set the device to 'cpu' or "
+            "drop the key",
         )
 
 
