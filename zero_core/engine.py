@@ -198,7 +198,10 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
             group["lr"] = lr
 
     def _drain_updates(self) -> None:
-        """zero_core.offload_delayed_update: apply and send the update still running on the host."""
+        """Before the states are read or replaced: host updates speculated during this pass's backward are put
+        back (the step redoes them), and a delayed update (zero_core.offload_delayed_update) still running on
+        the host is applied and sent."""
+        self.optimizer.undo_speculation()
         if getattr(self.optimizer, "pending", False):
             s = self.strategy
             s.begin_update()

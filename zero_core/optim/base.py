@@ -131,6 +131,10 @@ class PartitionOptimizer(ABC):
         """Host updates: let `launch` run the chunked update (the stage's thread); False where it cannot."""
         return False
 
+    def undo_speculation(self) -> None:
+        """Host updates started during backward (speculative.py): put the states back as they were before the
+        pass, so that they can be read or replaced between backward and step; the step then updates them all."""
+
     def device_state_numel(self) -> int:
         """Partition elements whose fp32 states live on the device (memory reports)."""
         return 0 if self.on_host else self.states.numel

@@ -246,6 +246,10 @@ class HostAdamW(PartitionOptimizer):
                         publish(a, b)
         self.breakdown.add("nvme_wait", getattr(self.states, "wait_seconds", 0.0) - waited)
 
+    def undo_speculation(self) -> None:
+        self._folder.wait()  # a shard still being updated (end_pass has normally waited already)
+        self.speculative.settle(keep=False)
+
     def run_host_update_with(self, launch: Callable[[Callable[[], None]], None]) -> bool:
         """Let the stage run the chunked update (e.g. on its own thread, stages/host_step_overlap.py)."""
         self.run_update, self.adam_key = launch, "overlapped_cpu_adam"

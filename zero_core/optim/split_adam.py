@@ -133,6 +133,9 @@ class SplitAdamW(PartitionOptimizer):
         shifted = None if publish is None else (lambda a, b: publish(a + self.split, b + self.split))
         host._update(host_coef, None if out is None else out[self.split :], shifted)
 
+    def undo_speculation(self) -> None:
+        self.host_opt.undo_speculation()
+
     def live_gradient_bytes(self) -> int:
         return self.device_opt.live_gradient_bytes() + self.host_opt.live_gradient_bytes()
 
