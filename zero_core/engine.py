@@ -5,8 +5,7 @@ It is a facade over three pieces that each own one decision:
   weights live and how updated weights reach the model;
 - the optimizer (optim/): where the fp32 master and moments live (device, host memory, NVMe) and the
   update that goes with them;
-- the gradient reducer (stages/grad_buckets.py): hooks that bucket gradients and hand each reduced
-  bucket to the optimizer.
+- the gradient reducer (stages/grad_buckets.py): hooks that bucket gradients, reduced, for the optimizer.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from .deferred.shards import materialise_whole, shard_into
 from .engine_api import DeepSpeedEngineAPI
 from .gathered import register as register_parameters
 from .loss_scaler import LossScaler
-from .host_schedules import make_schedules
+from .host_schedules import GroupLrs, LrWrites, make_schedules
 from .optim import make_optimizer, offloads_optimizer
 from .optim.facade import ZeroOptimizer
 from .optim.param_groups import plan_optimizer
@@ -49,8 +48,7 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         self.device = comm.pick_device()
         comm.ensure_process_group(self.device)
         self.world_size, self.rank = comm.world_size(), comm.rank()
-        self.config: ZeroConfig = load_config(config, self.world_size, auto=auto)
-        cfg = self.config
+        self.config: ZeroConfig = (cfg := load_config(config, self.world_size, auto=auto))
         self._announce()
         self.stage, self.dtype = cfg.stage, cfg.dtype
         self.global_step = self.micro_steps = 0
@@ -72,6 +70,8 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         self.host_schedule, self.lr_scheduler = make_schedules(cfg, plan, lr_scheduler, self.client_optimizer, self)
         if self.host_schedule is not None:
             self.optimizer.lr_at = None  # the host schedule writes each update's lrs
+        no_schedule = self.host_schedule is None and self.lr_scheduler is None
+        self._lr_writes = LrWrites(self.client_optimizer) if no_schedule else None  # until the loop sets an lr
         if deferred:  # each rank computes every weight once, in construction order, and keeps its shards
             shard_into(model, self.layout, self.params, self.rank, self.device, self.dtype, self.optimizer.states)
             self.strategy.flatten_from_masters(self.optimizer.states)
@@ -156,6 +156,9 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         boundary = self.is_gradient_accumulation_boundary()
         self.micro_steps += 1
         if boundary:
+            if self._lr_writes is not None and self._lr_writes.written():  # the loop set an lr: read it from now on
+                self.optimizer.undo_speculation()  # updates started during backward used the config's lr
+                self.optimizer.lr_at, self.host_schedule, self._lr_writes = None, GroupLrs(self.client_optimizer), None
             if self.host_schedule is not None:
                 self._apply_host_schedule()
             s = self.strategy
@@ -198,9 +201,8 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
             group["lr"] = lr
 
     def _drain_updates(self) -> None:
-        """Before the states are read or replaced: host updates speculated during this pass's backward are put
-        back (the step redoes them), and a delayed update (zero_core.offload_delayed_update) still running on
-        the host is applied and sent."""
+        """Before states are read or replaced: undo host updates speculated in this backward (the step redoes
+        them); apply and send a delayed update (zero_core.offload_delayed_update) still running on the host."""
         self.optimizer.undo_speculation()
         if getattr(self.optimizer, "pending", False):
             s = self.strategy

@@ -13,6 +13,8 @@ from typing import Any, Iterator
 
 import torch
 
+from .host_schedules import GroupLrs
+
 
 class DeepSpeedEngineAPI:
     """Mixed into `zero_core.Engine`."""
@@ -44,6 +46,8 @@ class DeepSpeedEngineAPI:
     def get_lr(self) -> list[float]:
         """The lr of every group for the next update, as DeepSpeed reports it once its scheduler has stepped
         (a host sync)."""
+        if self._lr_writes is not None and self._lr_writes.written():  # the loop set it: the next step reads it
+            return GroupLrs(self.client_optimizer).values(0)[0]
         if self.host_schedule is not None:
             return [float(x) for x in self.host_schedule.values(self.applied_steps())[0]]
         return [float(x) for x in self.optimizer.lr_at(self.optimizer.applied).tolist()]

@@ -163,6 +163,34 @@ class StepFunction(HostSchedule):
         return [float(lr)] * self.groups, None
 
 
+class GroupLrs(HostSchedule):
+    """The lrs (and beta1) a training loop writes into the optimizer's groups itself, with no scheduler
+    (`for g in optimizer.param_groups: g["lr"] = lr`), read at each update as DeepSpeed's optimizer reads them."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+
+    def values(self, applied: int) -> tuple[list[float], list[float] | None]:
+        groups = self.optimizer.param_groups
+        for i, g in enumerate(groups):
+            lr = g["lr"]
+            if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr < 0:
+                raise ValueError(f"optimizer.param_groups[{i}]['lr'] is {lr!r}; set a finite lr >= 0")
+        betas = [float(g["betas"][0]) for g in groups] if all("betas" in g for g in groups) else None
+        return [float(g["lr"]) for g in groups], betas
+
+
+class LrWrites:
+    """Watches a run without any scheduler: until its loop writes a group's lr, the config's lr holds (on the
+    device, and host updates may start during backward); `written()` says when it has."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer, self.initial = optimizer, [g["lr"] for g in optimizer.param_groups]
+
+    def written(self) -> bool:
+        return any(g["lr"] != lr for g, lr in zip(self.optimizer.param_groups, self.initial))
+
+
 def make_schedules(
     cfg: Any, plan: Any, lr_scheduler: Any, optimizer: torch.optim.Optimizer, engine: Any
 ) -> tuple[HostSchedule | None, Any]:

@@ -1,0 +1,79 @@
+"""A training loop without a scheduler that sets the lr itself (`for g in optimizer.param_groups: g["lr"] = lr`,
+as nanoGPT and many DeepSpeed scripts do) has it applied from the next step on, as DeepSpeed's optimizer does;
+host updates started during backward with the old lr are redone exactly."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from parity_workers import ds_config, make_batches, make_model
+
+from zero_core import deepspeed
+
+STEPS = 4
+
+
+def cosine(step: int) -> float:
+    return 2e-3 * 0.5 * (1 + math.cos(math.pi * step / STEPS))  # from twice the config's lr (1e-3) down
+
+
+def _train(offload: bool, overlap: float = 0.0, write=None, scheduler=None, steps: int = STEPS) -> tuple:
+    """`steps` steps; `write(optimizer, step)` runs between backward and step. The state, and get_lr() before each
+    step."""
+    extra = {"offload_optimizer": {"device": "cpu"}} if offload else {}
+    cfg = ds_config(2, "fp32", 2, clip=1.0, **extra)
+    cfg["zero_core"] = {"overlap_host_update": overlap} if offload else {}
+    model = make_model()
+    engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg,
+                                                   lr_scheduler=scheduler)
+    lrs = []
+    for step, (x, y) in enumerate(make_batches(STEPS, 2)[:steps]):
+        engine.backward(engine(x, y).loss)
+        if write is not None:
+            write(optimizer, step)
+        lrs.append(engine.get_lr()[0])
+        engine.step()
+    state = engine.full_state_dict()
+    engine.close()
+    return state, lrs
+
+
+def _set(optimizer, step: int) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = cosine(step)
+
+
+@pytest.mark.parametrize("offload, overlap", [(False, 0.0), (True, 0.0), (True, 1.0)])
+def test_lrs_written_by_the_loop_equal_the_same_schedule_passed_to_initialize(offload, overlap):
+    written, written_lrs = _train(offload, overlap, write=_set)
+    scheduled, scheduled_lrs = _train(offload, 0.0, scheduler=cosine)  # `lambda step: lr`, DeepSpeed's form
+    assert written_lrs == scheduled_lrs == [cosine(s) for s in range(STEPS)]
+    for k, v in scheduled.items():
+        assert torch.equal(written[k], v), k
+    untouched, _ = _train(offload, overlap)  # and the writes did change the training
+    assert any(not torch.equal(untouched[k], v) for k, v in written.items())
+
+
+def test_an_lr_of_zero_written_after_the_first_step_freezes_the_weights():
+    def zero_after_first(optimizer, step):
+        if step >= 1:
+            for group in optimizer.param_groups:
+                group["lr"] = 0.0
+
+    frozen, lrs = _train(True, 1.0, write=zero_after_first)
+    one_step, _ = _train(True, 1.0, steps=1)
+    assert lrs[1:] == [0.0] * (STEPS - 1)
+    for k, v in one_step.items():  # AdamW at lr 0 moves nothing, weight decay included
+        assert torch.equal(frozen[k], v), k
+
+
+@pytest.mark.parametrize("value", [float("nan"), -1.0, "fast"])
+def test_a_bad_lr_written_is_one_line_naming_the_group(value):
+    def bad(optimizer, step):
+        optimizer.param_groups[0]["lr"] = value
+
+    with pytest.raises(ValueError) as e:
+        _train(False, write=bad)
+    assert "param_groups[0]['lr']" in str(e.value) and "\n" not in str(e.value)
