@@ -6,7 +6,7 @@ no launcher. Every collective takes tensors already on the right device and retu
 Each collective takes `what` (e.g. "all-gather of stage-3 unit 3"): when the backend reports that a
 peer never joined (gloo: "Timed out waiting ...ms") or went away ("Connection closed by peer"), the
 error becomes one `CollectiveError` line naming this rank, that collective and the fix, instead of
-the backend's text or a silent hang. The timeout itself is the process group's (`set_timeout`).
+the backend's text or a silent hang. The timeout itself is the process group's (`set_timeout`, comm_errors.py).
 On GPUs NCCL's watchdog enforces the same timeout and stops the process with its own report.
 """
 
@@ -15,12 +15,16 @@ from __future__ import annotations
 import os
 import time
 from contextlib import contextmanager
-from datetime import timedelta
 from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
 
+from .comm_errors import CollectiveError
+from .comm_errors import CollectiveTimeout as CollectiveTimeout  # re-exported: callers catch comm.CollectiveTimeout
+from .comm_errors import named as _named
+from .comm_errors import set_timeout as set_timeout  # re-exported: the engine sets comm_timeout_s through comm
+from .comm_errors import translate
 from .host_pages import empty_host
 from .pinned import empty_pinned
 
@@ -39,64 +43,6 @@ def ensure_process_group(device: torch.device) -> None:
     dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
 
 
-class CollectiveError(RuntimeError):
-    """A collective failed because another rank stopped, crashed or hung; str(e) is one line."""
-
-
-class CollectiveTimeout(CollectiveError):
-    """A collective waited longer than the process group's timeout for a peer rank."""
-
-
-_TIMEOUT_HINT = "raise the collective timeout (comm_timeout_s) only if a step legitimately takes that long"
-
-
-def set_timeout(seconds: float) -> None:
-    """Make every later collective of the default group give up after `seconds` (gloo and NCCL)."""
-    if not dist.is_initialized():
-        return
-    from torch.distributed import distributed_c10d as c10d
-
-    setter = getattr(c10d, "_set_pg_timeout", None)
-    if setter is None:  # torch < 2.3: the timeout is fixed when the group is created
-        raise ValueError(
-            "zero_core.comm_timeout_s needs torch >= 2.3 here (the process group already exists); "
-            "pass timeout= to init_process_group instead, or upgrade torch"
-        )
-    setter(timedelta(seconds=seconds))
-
-
-def _translate(e: RuntimeError, what: str, waited: float) -> RuntimeError:
-    """The backend's error as one line naming the rank and the collective (others unchanged)."""
-    text = str(e)
-    lowered = text.lower()
-    who = f"rank {rank()}: {what}"
-    if "timed out" in lowered or "timeout" in lowered:
-        return CollectiveTimeout(
-            f"{who} timed out after {waited:.1f} s (a peer rank stopped or hung); check the other "
-            f"ranks' logs for the first error; {_TIMEOUT_HINT}"
-        )
-    if "closed by peer" in lowered or "reset by peer" in lowered or "broken pipe" in lowered:
-        return CollectiveError(
-            f"{who} failed after {waited:.1f} s: a peer rank closed its connection (it crashed or was "
-            "killed); its own log names the cause; resume from the last checkpoint once it is fixed"
-        )
-    return e
-
-
-@contextmanager
-def _named(what: str) -> Iterator[None]:
-    start = time.monotonic()
-    try:
-        yield
-    except RuntimeError as e:
-        if isinstance(e, CollectiveError):
-            raise
-        err = _translate(e, what, time.monotonic() - start)
-        if err is e:
-            raise
-        raise err from e
-
-
 def world_size() -> int:
     """Data-parallel world size (1 without a process group)."""
     return dist.get_world_size() if dist.is_initialized() else 1
@@ -107,6 +53,11 @@ def rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
+def local_rank() -> int:
+    """This process's rank on its host, as the launcher set LOCAL_RANK (0 when run alone)."""
+    return int(os.environ.get("LOCAL_RANK", "0") or 0)
+
+
 def local_world_size() -> int:
     """Ranks on this host, as the launcher set LOCAL_WORLD_SIZE (1 when run alone): they share its memory and disk."""
     return int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
@@ -115,7 +66,7 @@ def local_world_size() -> int:
 def pick_device() -> torch.device:
     """The device this rank trains on: its local GPU if there is one, else the CPU."""
     if torch.cuda.is_available():
-        index = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+        index = local_rank() % torch.cuda.device_count()
         torch.cuda.set_device(index)
         return torch.device("cuda", index)
     return torch.device("cpu")
@@ -196,7 +147,7 @@ class PendingCollective:
         try:
             self.work.wait()
         except RuntimeError as e:
-            err = e if isinstance(e, CollectiveError) else _translate(e, self.what, time.monotonic() - start)
+            err = e if isinstance(e, CollectiveError) else translate(e, self.what, time.monotonic() - start)
             if err is e:
                 raise
             raise err from e

@@ -13,6 +13,7 @@ from typing import Any, Iterator
 
 import torch
 
+from . import comm
 from .host_schedules import GroupLrs
 
 
@@ -30,6 +31,47 @@ class DeepSpeedEngineAPI:
 
     def zero_optimization_stage(self) -> int:
         return self.stage
+
+    @property
+    def local_rank(self) -> int:
+        """This process's rank on its node (the launcher's LOCAL_RANK; 0 without a launcher)."""
+        return comm.local_rank()
+
+    @property
+    def global_rank(self) -> int:
+        return self.rank
+
+    @property
+    def dp_world_size(self) -> int:
+        """Data-parallel ranks: all of them (zero_core has no model parallelism)."""
+        return self.world_size
+
+    def fp16_enabled(self) -> bool:
+        return self.dtype == torch.float16
+
+    def bfloat16_enabled(self) -> bool:
+        return self.dtype == torch.bfloat16
+
+    def gradient_clipping(self) -> float:
+        return float(self.config.gradient_clipping)
+
+    @property
+    def communication_data_type(self) -> torch.dtype:
+        return self.config.comm_dtype
+
+    def steps_per_print(self) -> int | None:
+        return self.config.steps_per_print
+
+    def wall_clock_breakdown(self) -> bool:
+        return bool(self.config.wall_clock_breakdown)
+
+    def get_batch_info(self) -> tuple[int, int, int]:
+        """(train batch size, micro batch per GPU, accumulation steps), as DeepSpeed returns them."""
+        return self.train_batch_size(), self.train_micro_batch_size_per_gpu(), self.gradient_accumulation_steps()
+
+    def destroy(self) -> None:
+        """DeepSpeed's name for releasing the engine: `close()`."""
+        self.close()
 
     def zero_optimization(self) -> bool:
         return self.stage > 0

@@ -7,7 +7,8 @@ Trainer and Lightning call, on zero_core's engine, so an existing DeepSpeed scri
     engine.save_checkpoint(dir, tag, client_state); path, client_state = engine.load_checkpoint(dir, tag)
 
 `deepspeed.zero.Init()`, `deepspeed.zero.GatheredParameters(...)`, `deepspeed.checkpointing.checkpoint(...)`,
-`deepspeed.init_distributed()` and `deepspeed.add_config_arguments(parser)` are here too. What DeepSpeed has
+`deepspeed.init_distributed()`, `deepspeed.add_config_arguments(parser)`, `deepspeed.comm`,
+`deepspeed.accelerator.get_accelerator()` and `deepspeed.ops.adam` are here too. What DeepSpeed has
 and zero_core does not (pipeline and model parallelism, MoE, its own ops) is refused in one line naming the call.
 """
 
@@ -18,13 +19,14 @@ import os
 from typing import Any
 
 import torch
-import torch.distributed as comm
+import torch.distributed as dist
 
 from .. import comm as zero_comm
 from ..engine import Engine
-from . import checkpointing, zero
+from . import accelerator, checkpointing, comm, ops, zero
 
-__all__ = ["initialize", "init_distributed", "add_config_arguments", "zero", "checkpointing", "comm", "DeepSpeedEngine"]
+__all__ = ["initialize", "init_distributed", "add_config_arguments", "zero", "checkpointing", "comm", "accelerator",
+           "ops", "DeepSpeedEngine"]
 DeepSpeedEngine = Engine
 
 
@@ -67,7 +69,7 @@ def init_distributed(dist_backend: str | None = None, auto_mpi_discovery: bool =
                      dist_init_required: bool | None = None, config: Any = None, rank: int = -1,
                      world_size: int = -1) -> None:
     """Create the default process group from the launcher's environment (a world of one without a launcher)."""
-    if comm.is_initialized():
+    if dist.is_initialized():
         return
     if "WORLD_SIZE" not in os.environ and world_size in (-1, 1):
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
@@ -77,7 +79,7 @@ def init_distributed(dist_backend: str | None = None, auto_mpi_discovery: bool =
     kwargs: dict[str, Any] = {"timeout": timeout} if timeout is not None else {}
     if rank >= 0 and world_size > 0:
         kwargs.update(rank=rank, world_size=world_size)
-    comm.init_process_group(backend, init_method=init_method, **kwargs)
+    dist.init_process_group(backend, init_method=init_method, **kwargs)
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -67,7 +67,7 @@ def pin_rank(offload: bool) -> list[int] | None:
     """Pin every thread of this process to its share of the host's cores (`size_team` then sizes torch's
     thread pool to match). Returns the CPUs, or None when not pinned."""
     local_world = comm.local_world_size()
-    local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
+    local_rank = comm.local_rank()
     if not _wanted(offload, local_world) or not hasattr(os, "sched_setaffinity"):
         return None
     try:

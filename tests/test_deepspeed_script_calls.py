@@ -1,0 +1,92 @@
+"""The calls DeepSpeed's example scripts make around the training loop, on `zero_core.deepspeed`: the engine's
+rank, precision and batch queries, `deepspeed.comm` in a single process (no process group, as zero_core makes
+none there), `deepspeed.accelerator.get_accelerator()`, and `deepspeed.ops.adam`'s optimizers, which train as
+the torch AdamW/Adam they stand for."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from parity_workers import ds_config, make_batches, make_model
+
+import zero_core.deepspeed as deepspeed
+from zero_core.deepspeed.ops.adam import DeepSpeedCPUAdam, FusedAdam
+
+
+def _engine(dtype: str = "bf16", optimizer=None, **zero):
+    cfg = ds_config(2, dtype, 2, gas=2, clip=0.5, **zero)
+    model = make_model()
+    if callable(optimizer):
+        optimizer = optimizer(model.parameters())
+        cfg.pop("optimizer")
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg,
+                                      optimizer=optimizer)
+    return engine
+
+
+def test_engine_queries_answer_as_deepspeed_does(monkeypatch):
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    engine = _engine()
+    assert (engine.local_rank, engine.global_rank, engine.dp_world_size) == (0, 0, 1)
+    assert engine.bfloat16_enabled() and not engine.fp16_enabled()
+    assert engine.gradient_clipping() == 0.5
+    assert engine.get_batch_info() == (4, 2, 2)
+    assert engine.communication_data_type == torch.bfloat16
+    assert engine.steps_per_print() is None and engine.wall_clock_breakdown() is False
+    closed = []
+    close = engine.close
+    monkeypatch.setattr(engine, "close", lambda: closed.append(close()))
+    engine.destroy()  # DeepSpeed's name for releasing it
+    assert closed == [None]
+
+
+def test_deepspeed_comm_answers_for_a_world_of_one():
+    import zero_core.deepspeed.comm as dist
+
+    assert not dist.is_initialized()
+    assert (dist.get_rank(), dist.get_world_size(), dist.get_local_rank()) == (0, 1, 0)
+    t = torch.tensor([3.0, 4.0])
+    dist.all_reduce(t)
+    dist.broadcast(t, 0)
+    dist.barrier()
+    out = [torch.zeros(2)]
+    dist.all_gather(out, t)
+    assert torch.equal(t, torch.tensor([3.0, 4.0])) and torch.equal(out[0], t)
+    assert dist.ReduceOp.SUM == torch.distributed.ReduceOp.SUM  # the rest is torch.distributed's
+
+
+def test_get_accelerator_names_this_machines_device():
+    acc = deepspeed.accelerator.get_accelerator()
+    want = "cuda" if torch.cuda.is_available() else "cpu"
+    assert acc.device_name() == want and acc.communication_backend_name() == ("nccl" if want == "cuda" else "gloo")
+    assert torch.zeros(1, device=acc.current_device_name()).device.type == want
+
+
+@pytest.mark.parametrize("make, torch_kind, offload", [
+    (lambda p: FusedAdam(p, lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1), torch.optim.AdamW, None),
+    (lambda p: FusedAdam(p, lr=1e-3, adam_w_mode=False, weight_decay=0.1), torch.optim.Adam, None),
+    (lambda p: DeepSpeedCPUAdam(p, lr=1e-3, weight_decay=0.1), torch.optim.AdamW, {"device": "cpu"}),
+])
+def test_deepspeed_adam_classes_train_as_the_torch_optimizer_they_stand_for(make, torch_kind, offload):
+    zero = {"offload_optimizer": offload} if offload else {}
+    made = make(make_model().parameters())
+    assert type(made) is torch_kind
+    kw = {k: made.defaults[k] for k in ("lr", "betas", "eps", "weight_decay")}
+    states = []
+    for build in (make, lambda p: torch_kind(p, **kw)):
+        engine = _engine("fp32", build, **zero)
+        for x, y in make_batches(4, 2):
+            engine.backward(engine(x, y).loss)
+            engine.step()
+        states.append(engine.full_state_dict())
+        engine.close()
+    assert all(torch.equal(states[0][k], v) for k, v in states[1].items())
+    untrained = make_model().state_dict()
+    assert any(not torch.equal(untrained[k], v) for k, v in states[0].items())
+
+
+@pytest.mark.parametrize("kw, word", [({"amsgrad": True}, "amsgrad"), ({"bias_correction": False}, "bias_correction")])
+def test_what_the_kernels_do_not_compute_is_refused_in_one_line(kw, word):
+    with pytest.raises(ValueError) as e:
+        FusedAdam(make_model().parameters(), **kw)
+    assert word in str(e.value) and "\n" not in str(e.value)
