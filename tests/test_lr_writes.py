@@ -19,7 +19,8 @@ def cosine(step: int) -> float:
     return 2e-3 * 0.5 * (1 + math.cos(math.pi * step / STEPS))  # from twice the config's lr (1e-3) down
 
 
-def _train(offload: bool, overlap: float = 0.0, write=None, scheduler=None, steps: int = STEPS) -> tuple:
+def _train(offload: bool, overlap: float = 0.0, write=None, scheduler=None, steps: int = STEPS,
+           engine_groups: bool = False) -> tuple:
     """`steps` steps; `write(optimizer, step)` runs between backward and step. The state, and get_lr() before each
     step."""
     extra = {"offload_optimizer": {"device": "cpu"}} if offload else {}
@@ -31,6 +32,9 @@ def _train(offload: bool, overlap: float = 0.0, write=None, scheduler=None, step
     lrs = []
     for step, (x, y) in enumerate(make_batches(STEPS, 2)[:steps]):
         engine.backward(engine(x, y).loss)
+        if engine_groups:  # set through engine.optimizer instead of the returned optimizer
+            assert engine.optimizer.param_groups is optimizer.param_groups
+            _set(engine.optimizer, step)
         if write is not None:
             write(optimizer, step)
         lrs.append(engine.get_lr()[0])
@@ -77,3 +81,14 @@ def test_a_bad_lr_written_is_one_line_naming_the_group(value):
     with pytest.raises(ValueError) as e:
         _train(False, write=bad)
     assert "param_groups[0]['lr']" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_engine_optimizer_param_groups_are_the_handed_back_optimizers(offload):
+    """DeepSpeed scripts log and set `engine.optimizer.param_groups[0]["lr"]`: the same groups as the
+    optimizer initialize returned, so a write there applies too."""
+    through_engine, lrs = _train(offload, write=lambda optimizer, step: None, engine_groups=True)
+    through_returned, _ = _train(offload, write=_set)
+    assert lrs == [cosine(s) for s in range(STEPS)]
+    for k, v in through_returned.items():
+        assert torch.equal(through_engine[k], v), k

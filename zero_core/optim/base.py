@@ -45,6 +45,14 @@ class PartitionOptimizer(ABC):
     set of hyper-parameters per optimizer group: `runs[i]` cuts segment i into (lo, hi, group) runs."""
 
     on_host: bool = False  # states and update on the host (the engine then uploads the 16-bit output)
+    facade: torch.optim.Optimizer | None = None  # the optimizer initialize handed back (optim/facade.py)
+
+    @property
+    def param_groups(self) -> list[dict]:
+        """The handed-back optimizer's groups, for scripts that read or set `engine.optimizer.param_groups`."""
+        if self.facade is None:
+            raise AttributeError("param_groups: this optimizer is not attached to an engine")
+        return self.facade.param_groups
 
     def __init__(
         self,

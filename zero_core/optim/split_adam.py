@@ -72,7 +72,7 @@ class SplitAdamW(PartitionOptimizer):
 
     def take_over(self, old: SplitAdamW) -> None:
         """Continue `old`'s run (ratio "auto" re-split it): its counters, schedule and device output."""
-        for name in ("applied", "skipped", "grad_norm", "overflow", "lr", "lr_at"):
+        for name in ("applied", "skipped", "grad_norm", "overflow", "lr", "lr_at", "facade"):
             setattr(self, name, getattr(old, name))
         if old._bound is not None:
             self.bind_device_output(old._bound)
