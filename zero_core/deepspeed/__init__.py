@@ -8,7 +8,8 @@ Trainer and Lightning call, on zero_core's engine, so an existing DeepSpeed scri
 
 `deepspeed.zero.Init()`, `deepspeed.zero.GatheredParameters(...)`, `deepspeed.checkpointing.checkpoint(...)`,
 `deepspeed.init_distributed()`, `deepspeed.add_config_arguments(parser)`, `deepspeed.comm`,
-`deepspeed.accelerator.get_accelerator()` and `deepspeed.ops.adam` are here too. What DeepSpeed has
+`deepspeed.accelerator.get_accelerator()`, `deepspeed.ops.adam` and `deepspeed.utils.zero_to_fp32` are here
+too. What DeepSpeed has
 and zero_core does not (pipeline and model parallelism, MoE, its own ops) is refused in one line naming the call.
 """
 
@@ -23,10 +24,10 @@ import torch.distributed as dist
 
 from .. import comm as zero_comm
 from ..engine import Engine
-from . import accelerator, checkpointing, comm, ops, zero
+from . import accelerator, checkpointing, comm, ops, utils, zero
 
 __all__ = ["initialize", "init_distributed", "add_config_arguments", "zero", "checkpointing", "comm", "accelerator",
-           "ops", "DeepSpeedEngine"]
+           "ops", "utils", "DeepSpeedEngine"]
 DeepSpeedEngine = Engine
 
 

@@ -1,0 +1,66 @@
+"""`zero_core.deepspeed.utils.zero_to_fp32` as scripts call DeepSpeed's after training: on real DeepSpeed 0.19.8
+checkpoints (tests/fixtures/deepspeed/, with DeepSpeed's own zero_to_fp32 output beside each) and on zero_core's
+own, with the same readers as `zbench convert`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from parity_workers import ds_config, make_batches, make_model
+from safetensors.torch import load_file
+
+import zero_core.deepspeed as deepspeed
+from checkpoints.source import CheckpointError
+from zero_core.deepspeed.utils.zero_to_fp32 import (
+    convert_zero_checkpoint_to_fp32_state_dict,
+    get_fp32_state_dict_from_zero_checkpoint,
+    load_state_dict_from_zero_checkpoint,
+)
+
+DS = Path(__file__).parent / "fixtures" / "deepspeed"
+
+
+@pytest.mark.parametrize("case", ["1_2_bf16", "2_3_fp32", "3_2_bf16", "3_3_fp32"])  # stage_ranks_dtype
+def test_deepspeed_checkpoints_give_deepspeeds_own_fp32_weights(case):
+    want = load_file(DS / case / "expected_fp32.safetensors")
+    got = get_fp32_state_dict_from_zero_checkpoint(DS / case)  # the parent: `latest` names the tag
+    for name, tensor in want.items():
+        assert got[name].dtype == torch.float32 and torch.equal(got[name], tensor), name
+    assert set(want) <= set(got)
+
+
+def test_zero_core_checkpoints_round_trip_and_load_into_a_model(tmp_path):
+    cfg = ds_config(3, "bf16", 2)
+    model = make_model()
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    for x, y in make_batches(2, 2):
+        engine.backward(engine(x, y).loss)
+        engine.step()
+    engine.save_checkpoint(tmp_path / "ckpt")
+    trained = engine.full_state_dict()
+    engine.close()
+    got = get_fp32_state_dict_from_zero_checkpoint(tmp_path / "ckpt")
+    assert got.keys() == trained.keys() and all(torch.equal(got[k], v) for k, v in trained.items())
+    fresh = load_state_dict_from_zero_checkpoint(make_model(), tmp_path / "ckpt")
+    for name, p in fresh.state_dict().items():
+        assert torch.equal(p, trained[name].to(p.dtype)), name
+    files = convert_zero_checkpoint_to_fp32_state_dict(tmp_path / "ckpt", tmp_path / "out")
+    written = {k: v for f in files if f.suffix == ".safetensors" for k, v in load_file(f).items()}
+    assert all(torch.equal(written[k], trained[k]) for k in written) and written
+
+
+@pytest.mark.parametrize("kw, word", [({"safe_serialization": False}, "safe_serialization"),
+                                      ({"exclude_frozen_parameters": True}, "exclude_frozen_parameters")])
+def test_what_it_does_not_write_is_one_line(tmp_path, kw, word):
+    with pytest.raises(CheckpointError) as e:
+        convert_zero_checkpoint_to_fp32_state_dict(DS / "1_2_bf16", tmp_path / "out", **kw)
+    assert word in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_folder_without_a_checkpoint_is_one_line(tmp_path):
+    with pytest.raises(CheckpointError) as e:
+        get_fp32_state_dict_from_zero_checkpoint(tmp_path)
+    assert "\n" not in str(e.value)
