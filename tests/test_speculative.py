@@ -9,6 +9,7 @@ import threading
 import pytest
 import torch
 from parity_workers import ds_config, make_batches, make_model
+from safetensors.torch import load_file
 
 import zero_core
 from zero_core.optim import HostAdamW, Hyper, speculative
@@ -205,8 +206,10 @@ def _between_backward_and_step(overlap: float, folder) -> tuple[dict, dict, dict
     x, y = batches[2]
     engine.backward(engine(x, y).loss)
     speculated = list(engine.optimizer.speculative.ranges)
+    engine.save_16bit_model(folder / "weights")  # first: each of these must see the pre-step states by itself
     engine.save_checkpoint(folder)
-    before = engine.full_state_dict()
+    before = {**engine.full_state_dict(), **{f"16bit.{k}": v for k, v in
+                                             load_file(folder / "weights" / "model.safetensors").items()}}
     engine.step()
     after = engine.full_state_dict()
     engine.close()
@@ -218,8 +221,9 @@ def _between_backward_and_step(overlap: float, folder) -> tuple[dict, dict, dict
 
 
 def test_states_read_between_backward_and_step_are_the_pre_step_ones(tmp_path):
-    """A checkpoint or full_state_dict taken after a backward whose host updates were speculated holds the states
-    before the step, as without speculation; the step then still gives the plain result."""
+    """A checkpoint, full_state_dict or save_16bit_model taken after a backward whose host updates were
+    speculated holds the states before the step, as without speculation; the step then still gives the plain
+    result."""
     plain = _between_backward_and_step(0.0, tmp_path / "plain")
     overlapped = _between_backward_and_step(1.0, tmp_path / "overlapped")
     assert plain[3] == [] and overlapped[3]  # the second run did update during that backward

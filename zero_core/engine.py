@@ -277,7 +277,6 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         """Collective: the full fp32 state dict on CPU on every rank, keys as in `module.state_dict()`."""
         from .model_export import full_state_dict
 
-        self._drain_updates()
         return full_state_dict(self)
 
     @property

@@ -36,6 +36,7 @@ def full_state_dict(engine: "Engine", dtype: torch.dtype | None = None, keep: bo
     """Every state-dict entry on the CPU, keys as `module.state_dict()`: trainable ones from the masters (in
     `dtype`, else fp32), frozen parameters and buffers as the module holds them (floating ones in `dtype`, else
     fp32). `keep=False` takes part in the collectives and returns {} (ranks that write nothing)."""
+    engine._drain_updates()  # the masters as of the last step: no update in flight, none speculated
     engine.wait_for_weights()
     by_param = {pid: (t.to(dtype) if dtype else t).cpu().clone() for pid, t in _gathered(engine) if keep}
     if not keep:
