@@ -90,3 +90,31 @@ def test_what_the_kernels_do_not_compute_is_refused_in_one_line(kw, word):
     with pytest.raises(ValueError) as e:
         FusedAdam(make_model().parameters(), **kw)
     assert word in str(e.value) and "\n" not in str(e.value)
+
+
+def _accumulated(stage: int, manual: bool, offload: bool) -> dict:
+    """3 windows of 3 micro-batches: step() after each micro-batch (the config counts), or DeepSpeed's manual
+    form, the boundary set before each backward and step() once per window (Accelerate's DeepSpeed wrapper)."""
+    zero = {"offload_optimizer": {"device": "cpu"}} if offload else {}
+    cfg = ds_config(stage, "fp32", 1, gas=3, clip=1.0, **zero)
+    cfg["zero_core"] = {"overlap_host_update": 1.0} if offload else {}
+    model = make_model()
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    for i, (x, y) in enumerate(make_batches(9, 1)):
+        last = i % 3 == 2
+        if manual:
+            engine.set_gradient_accumulation_boundary(last)
+        assert engine.is_gradient_accumulation_boundary() == last
+        engine.backward(engine(x, y).loss)
+        if last or not manual:
+            engine.step()
+    state = engine.full_state_dict()
+    engine.close()
+    return state
+
+
+@pytest.mark.parametrize("stage, offload", [(1, False), (2, False), (3, False), (2, True)])
+def test_manual_accumulation_boundaries_equal_the_counted_ones(stage, offload):
+    counted, manual = _accumulated(stage, False, offload), _accumulated(stage, True, offload)
+    assert all(torch.equal(manual[k], v) for k, v in counted.items())
+    assert any(not torch.equal(counted[k], v) for k, v in make_model().state_dict().items())

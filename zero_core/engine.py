@@ -52,6 +52,7 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         self._announce()
         self.stage, self.dtype = cfg.stage, cfg.dtype
         self.global_step = self.micro_steps = 0
+        self._boundary_set, self._window_passes = None, 0  # set_gradient_accumulation_boundary; backwards since a step
         deferred = is_deferred(model)  # built inside zero_core.init_context, or on the meta device
         if deferred and self.stage != 3:  # stages 0-2 hold every weight anyway
             materialise_whole(model)
@@ -126,10 +127,6 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         self.breakdown.forward_started()
         return self.module(*args, **kwargs)
 
-    def is_gradient_accumulation_boundary(self) -> bool:
-        """True when the next `step()` applies an update."""
-        return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
-
     def backward(self, loss: torch.Tensor, scale_wrt_gas: bool = True) -> None:
         """Backward of `loss` scaled by the loss scale and 1/accumulation steps; reduces gradients.
         `scale_wrt_gas=False` (DeepSpeed's flag) leaves out 1/accumulation steps, for a loss its caller
@@ -138,7 +135,8 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         boundary = self.is_gradient_accumulation_boundary()
         every = self.strategy.reduces_every_micro_step
         gas = self.gradient_accumulation_steps()
-        window_pos = self.micro_steps % gas
+        window_pos = self.micro_steps % gas if self._boundary_set is None else self._window_passes
+        self._window_passes += 1
         self.reducer.begin(reduce_now=every or boundary, accumulate=every and window_pos > 0,
                            scale=self.scaler.inv_scale / self.world_size, final=boundary)
         (loss * (self.scaler.scale.squeeze() / (gas if scale_wrt_gas else 1))).backward()
@@ -156,6 +154,7 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         boundary = self.is_gradient_accumulation_boundary()
         self.micro_steps += 1
         if boundary:
+            self._window_passes = 0
             if self._lr_writes is not None and self._lr_writes.written():  # the loop set an lr: read it from now on
                 self.optimizer.undo_speculation()  # updates started during backward used the config's lr
                 self.optimizer.lr_at, self.host_schedule, self._lr_writes = None, GroupLrs(self.client_optimizer), None

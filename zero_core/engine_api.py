@@ -29,6 +29,18 @@ class DeepSpeedEngineAPI:
     def gradient_accumulation_steps(self) -> int:
         return int(self.config.gradient_accumulation_steps)
 
+    def is_gradient_accumulation_boundary(self) -> bool:
+        """True when the next `step()` applies an update: at every `gradient_accumulation_steps`-th micro-step,
+        or as `set_gradient_accumulation_boundary` last said."""
+        if self._boundary_set is not None:
+            return self._boundary_set
+        return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
+
+    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
+        """DeepSpeed's manual accumulation: before each backward the caller says whether it ends the window, and
+        calls `step()` once after the last one (Accelerate's DeepSpeed wrapper does so). It holds from then on."""
+        self._boundary_set = bool(is_boundary)
+
     def zero_optimization_stage(self) -> int:
         return self.stage
 
