@@ -118,3 +118,41 @@ def test_manual_accumulation_boundaries_equal_the_counted_ones(stage, offload):
     counted, manual = _accumulated(stage, False, offload), _accumulated(stage, True, offload)
     assert all(torch.equal(manual[k], v) for k, v in counted.items())
     assert any(not torch.equal(counted[k], v) for k, v in make_model().state_dict().items())
+
+
+def test_retain_graph_lets_a_second_backward_reuse_the_graph():
+    """engine.backward(loss, retain_graph=True), DeepSpeed's second argument: the same loss twice in a window
+    of 2 equals computing it twice."""
+    states = []
+    for reuse in (True, False):
+        cfg = ds_config(2, "fp32", 2, gas=2)
+        model = make_model()
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+        x, y = make_batches(1, 2)[0]
+        loss = engine(x, y).loss
+        engine.backward(loss, retain_graph=True)
+        engine.step()
+        engine.backward(loss if reuse else engine(x, y).loss)
+        engine.step()
+        states.append(engine.full_state_dict())
+        engine.close()
+    assert all(torch.equal(states[0][k], v) for k, v in states[1].items())
+
+
+def test_deepspeeds_other_arguments_are_taken_or_refused_in_one_line(tmp_path):
+    engine = _engine("fp32")
+    x, y = make_batches(1, 2)[0]
+    engine.backward(engine(x, y).loss)
+    engine.step(lr_kwargs=None)
+    engine.save_checkpoint(tmp_path, exclude_frozen_parameters=False)
+    refused = [
+        lambda: engine.step(lr_kwargs={"increment": 1}),
+        lambda: engine.save_checkpoint(tmp_path / "other", exclude_frozen_parameters=True),
+        lambda: engine.load_checkpoint(tmp_path, custom_load_fn=lambda **kw: None),
+    ]
+    for call in refused:
+        with pytest.raises(NotImplementedError) as e:
+            call()
+        assert "is not supported by zero_core" in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "other").exists()  # refused before anything was written
+    engine.close()

@@ -10,8 +10,6 @@ It is a facade over three pieces that each own one decision:
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -127,10 +125,10 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         self.breakdown.forward_started()
         return self.module(*args, **kwargs)
 
-    def backward(self, loss: torch.Tensor, scale_wrt_gas: bool = True) -> None:
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> None:
         """Backward of `loss` scaled by the loss scale and 1/accumulation steps; reduces gradients.
         `scale_wrt_gas=False` (DeepSpeed's flag) leaves out 1/accumulation steps, for a loss its caller
-        already normalised over the accumulated batch (Hugging Face Trainer's)."""
+        already normalised over the accumulated batch (Hugging Face Trainer's); `retain_graph` as torch's."""
         self.wait_for_weights()  # buckets no module's forward read (unused parameters)
         boundary = self.is_gradient_accumulation_boundary()
         every = self.strategy.reduces_every_micro_step
@@ -139,18 +137,21 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         self._window_passes += 1
         self.reducer.begin(reduce_now=every or boundary, accumulate=every and window_pos > 0,
                            scale=self.scaler.inv_scale / self.world_size, final=boundary)
-        (loss * (self.scaler.scale.squeeze() / (gas if scale_wrt_gas else 1))).backward()
+        (loss * (self.scaler.scale.squeeze() / (gas if scale_wrt_gas else 1))).backward(retain_graph=retain_graph)
         self.breakdown.backward_done()
         self.reducer.finish()
         self.strategy.after_backward()
 
-    def step(self) -> None:
+    def step(self, lr_kwargs: dict | None = None) -> None:
         """At an accumulation boundary: clip, update, refresh the working weights; otherwise only count.
 
         A step whose gradients are not finite (on any rank) changes nothing and is counted in
         `skipped_steps`; with zero_core.max_consecutive_nonfinite = N, the N-th such step in a row
         raises NonFiniteError (on CUDA possibly one step later: the check never stalls the device).
         """
+        if lr_kwargs:
+            raise NotImplementedError("engine.step(lr_kwargs=...) is not supported by zero_core; its schedules take no "
+                                      "arguments at the step (set the lr in the scheduler or the optimizer's groups)")
         boundary = self.is_gradient_accumulation_boundary()
         self.micro_steps += 1
         if boundary:
@@ -220,48 +221,7 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         with torch.no_grad():
             self.strategy.reload(self.optimizer.states)
 
-    # -- state ------------------------------------------------------------------------------------
-    def save_checkpoint(self, save_dir: str | os.PathLike, tag: str | None = None,
-                        client_state: dict[str, Any] | None = None, save_latest: bool = True,
-                        keep_last: int | None = None, async_save: bool | None = None) -> Path:
-        """Collective: every rank writes its own partition; committed atomically; `latest` moves last
-        (unless `save_latest=False`). `client_state` (JSON-serialisable: data position, epoch, ...) comes back
-        from `load_checkpoint`. `keep_last=k` prunes older complete checkpoints, never the newest.
-        `async_save` (default: the config's zero_core.async_checkpoint): return once the state is copied to
-        host buffers; the write and commit go on in the background (`wait_for_checkpoint()`)."""
-        from .checkpointing import save
-
-        self._drain_updates()
-        self.wait_for_weights()
-        if async_save is None:
-            async_save = self.config.zero_core.async_checkpoint
-        return save(self, save_dir, tag, client_state, keep_last, move_latest=save_latest, async_save=bool(async_save))
-
-    def wait_for_checkpoint(self) -> Path | None:
-        """Collective: wait for the async save in flight to be committed; its folder (None if there was none).
-        Raises the save's one-line CheckpointError if it failed (the previous checkpoint is then untouched)."""
-        from .checkpoint_async import saver_of
-
-        return saver_of(self).wait()
-
-    def load_checkpoint(self, load_dir: str | os.PathLike, tag: str | None = None, load_module_strict: bool = True,
-                        load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
-                        load_module_only: bool = False) -> tuple[Path, dict[str, Any]]:
-        """Collective: load any zbench checkpoint (any world size, any stage) into this engine; returns
-        (the checkpoint folder, client_state), as DeepSpeed does. `load_module_only` (or
-        `load_optimizer_states=False`) keeps this engine's optimizer states, step and schedule."""
-        from .checkpointing import load
-
-        self._drain_updates()  # a delayed update must not write the states while they are loaded
-        if not load_module_strict:
-            raise NotImplementedError("engine.load_checkpoint(load_module_strict=False) is not supported by zero_core; "
-                                      "load a checkpoint of this model")
-        self.wait_for_weights()
-        self.wait_for_checkpoint()
-        weights_only = load_module_only or not load_optimizer_states
-        schedule = load_lr_scheduler_states and not weights_only
-        return load(self, load_dir, tag, weights_only=weights_only, schedule=schedule)
-
+    # -- state (save_checkpoint / load_checkpoint: engine_api.py) --------------------------------
     def memory_bytes(self) -> dict[str, int]:
         """Bytes this rank's engine holds now, by kind and where: what the memory tables are made of."""
         stored = [b for b in self.strategy.full if b.untyped_storage().size() > 0]  # stage 3 frees ungathered units

@@ -142,6 +142,51 @@ class DeepSpeedEngineAPI:
         dtypes = {n: t.dtype for n, t in self.module.state_dict(keep_vars=True).items()}
         return {n: t.to(dtypes[n]) for n, t in self.full_state_dict().items()}
 
+    def save_checkpoint(self, save_dir: str | os.PathLike, tag: str | None = None,
+                        client_state: dict[str, Any] | None = None, save_latest: bool = True,
+                        keep_last: int | None = None, async_save: bool | None = None,
+                        exclude_frozen_parameters: bool = False) -> Path:
+        """Collective: every rank writes its own partition; committed atomically; `latest` moves last
+        (unless `save_latest=False`). `client_state` (JSON-serialisable: data position, epoch, ...) comes back
+        from `load_checkpoint`. `keep_last=k` prunes older complete checkpoints, never the newest.
+        `async_save` (default: the config's zero_core.async_checkpoint): return once the state is copied to
+        host buffers; the write and commit go on in the background (`wait_for_checkpoint()`)."""
+        from .checkpointing import save
+
+        if exclude_frozen_parameters:
+            self._refuse("save_checkpoint(exclude_frozen_parameters=True)", "checkpoints hold every parameter")
+        self._drain_updates()
+        self.wait_for_weights()
+        if async_save is None:
+            async_save = self.config.zero_core.async_checkpoint
+        return save(self, save_dir, tag, client_state, keep_last, move_latest=save_latest, async_save=bool(async_save))
+
+    def wait_for_checkpoint(self) -> Path | None:
+        """Collective: wait for the async save in flight to be committed; its folder (None if there was none).
+        Raises the save's one-line CheckpointError if it failed (the previous checkpoint is then untouched)."""
+        from .checkpoint_async import saver_of
+
+        return saver_of(self).wait()
+
+    def load_checkpoint(self, load_dir: str | os.PathLike, tag: str | None = None, load_module_strict: bool = True,
+                        load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
+                        load_module_only: bool = False, custom_load_fn: Any = None) -> tuple[Path, dict[str, Any]]:
+        """Collective: load any zbench checkpoint (any world size, any stage) into this engine; returns
+        (the checkpoint folder, client_state), as DeepSpeed does. `load_module_only` (or
+        `load_optimizer_states=False`) keeps this engine's optimizer states, step and schedule."""
+        from .checkpointing import load
+
+        self._drain_updates()  # a delayed update must not write the states while they are loaded
+        if not load_module_strict:
+            self._refuse("load_checkpoint(load_module_strict=False)", "load a checkpoint of this model")
+        if custom_load_fn is not None:
+            self._refuse("load_checkpoint(custom_load_fn=...)", "zbench's reader loads every checkpoint it accepts")
+        self.wait_for_weights()
+        self.wait_for_checkpoint()
+        weights_only = load_module_only or not load_optimizer_states
+        schedule = load_lr_scheduler_states and not weights_only
+        return load(self, load_dir, tag, weights_only=weights_only, schedule=schedule)
+
     def _refuse(self, call: str, instead: str) -> None:
         raise NotImplementedError(f"engine.{call} is not supported by zero_core; {instead}")
 
