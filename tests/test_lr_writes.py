@@ -92,3 +92,10 @@ def test_engine_optimizer_param_groups_are_the_handed_back_optimizers(offload):
     assert lrs == [cosine(s) for s in range(STEPS)]
     for k, v in through_returned.items():
         assert torch.equal(through_engine[k], v), k
+
+
+def test_get_lr_without_a_schedule_is_the_configs_lr_exactly():
+    model = make_model()
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config(2, "bf16", 2))
+    assert engine.get_lr() == [1e-3]  # as DeepSpeed reports it: the group's float, not a float32 copy
+    engine.close()

@@ -100,7 +100,7 @@ class DeepSpeedEngineAPI:
     def get_lr(self) -> list[float]:
         """The lr of every group for the next update, as DeepSpeed reports it once its scheduler has stepped
         (a host sync)."""
-        if self._lr_writes is not None and self._lr_writes.written():  # the loop set it: the next step reads it
+        if self._lr_writes is not None:  # no schedule: the groups' lrs, the config's until the loop sets one
             return GroupLrs(self.client_optimizer).values(0)[0]
         if self.host_schedule is not None:
             return [float(x) for x in self.host_schedule.values(self.applied_steps())[0]]
