@@ -156,3 +156,29 @@ def test_deepspeeds_other_arguments_are_taken_or_refused_in_one_line(tmp_path):
         assert "is not supported by zero_core" in str(e.value) and "\n" not in str(e.value)
     assert not (tmp_path / "other").exists()  # refused before anything was written
     engine.close()
+
+
+@pytest.mark.parametrize("initialized, rank, ranks, logged", [
+    (False, 0, None, "[Rank -1] hi"),  # no process group: always
+    (True, 1, None, None),  # a group and no ranks: silent, as DeepSpeed
+    (True, 1, [0], None),
+    (True, 1, [0, 1], "[Rank 1] hi"),
+    (True, 3, [-1], "[Rank 3] hi"),  # every rank
+])
+def test_log_dist_logs_where_deepspeed_does(monkeypatch, capsys, initialized, rank, ranks, logged):
+    from zero_core.deepspeed.utils import logging as ds_logging
+
+    monkeypatch.setattr(ds_logging.dist, "is_initialized", lambda: initialized)
+    monkeypatch.setattr(ds_logging.dist, "get_rank", lambda: rank)
+    deepspeed.utils.print_dist("hi", ranks=ranks)
+    assert capsys.readouterr().out.strip() == (logged or "")
+
+
+def test_see_memory_usage_reports_only_when_forced_and_repeating_loader_restarts(capsys):
+    deepspeed.runtime.utils.see_memory_usage("quiet")
+    assert capsys.readouterr().out == ""
+    deepspeed.runtime.utils.see_memory_usage("after init", force=True)
+    out = capsys.readouterr().out
+    assert out.startswith("after init\n") and "CPU Virtual Memory: used = " in out
+    loader = deepspeed.utils.RepeatingLoader(torch.utils.data.DataLoader(list(range(3)), batch_size=2))
+    assert [next(loader).tolist() for _ in range(4)] == [[0, 1], [2], [0, 1], [2]]
