@@ -182,3 +182,11 @@ def test_see_memory_usage_reports_only_when_forced_and_repeating_loader_restarts
     assert out.startswith("after init\n") and "CPU Virtual Memory: used = " in out
     loader = deepspeed.utils.RepeatingLoader(torch.utils.data.DataLoader(list(range(3)), batch_size=2))
     assert [next(loader).tolist() for _ in range(4)] == [[0, 1], [2], [0, 1], [2]]
+
+
+@pytest.mark.parametrize("name", ["init_inference", "pipe", "PipelineModule", "moe"])
+def test_deepspeeds_out_of_scope_names_say_so_in_one_line(name):
+    with pytest.raises(AttributeError) as e:
+        getattr(deepspeed, name)
+    assert f"deepspeed.{name} is not provided by zero_core" in str(e.value) and "\n" not in str(e.value)
+    assert not hasattr(deepspeed, "no_such_thing")  # anything else: a plain AttributeError

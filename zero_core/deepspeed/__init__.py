@@ -31,6 +31,23 @@ __all__ = ["initialize", "init_distributed", "add_config_arguments", "zero", "ch
 DeepSpeedEngine = Engine
 
 
+_ONLY_DATA_PARALLEL = "zero_core trains data-parallel with ZeRO sharding only"
+_NOT_PROVIDED = {  # DeepSpeed's names for what is out of zero_core's scope, and what to do instead
+    "init_inference": "DeepSpeed's inference engine is not part of zero_core; load the trained weights "
+                      "(utils.zero_to_fp32) into the model and run it",
+    "pipe": f"pipeline parallelism is not supported; {_ONLY_DATA_PARALLEL}",
+    "PipelineModule": f"pipeline parallelism is not supported; {_ONLY_DATA_PARALLEL}",
+    "moe": "mixture-of-experts layers are not provided by zero_core; use the model's own",
+    "sequence": f"sequence parallelism is not supported; {_ONLY_DATA_PARALLEL}",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _NOT_PROVIDED:
+        raise AttributeError(f"deepspeed.{name} is not provided by zero_core: {_NOT_PROVIDED[name]}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def _config_from(args: Any, config: Any, config_params: Any) -> Any:
     if config is not None and config_params is not None:
         raise ValueError("initialize got both config and config_params; pass one")
