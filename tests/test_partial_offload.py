@@ -141,6 +141,7 @@ def test_auto_ratio_moves_what_fits_after_the_first_step_and_trains_the_same(roo
         if probe is not None:
             engine.optimizer.auto.probe = probe
         _train(engine, 4)
+        assert engine.optimizer.param_groups is engine.client_optimizer.param_groups  # kept across the re-split
         out = engine.full_state_dict(), getattr(engine.optimizer, "split", 0), engine.optimizer.states.numel
         engine.close()
         return out
