@@ -20,11 +20,11 @@ def cosine(step: int) -> float:
 
 
 def _train(offload: bool, overlap: float = 0.0, write=None, scheduler=None, steps: int = STEPS,
-           engine_groups: bool = False) -> tuple:
+           engine_groups: bool = False, clip: float = 1.0, speculated: list | None = None) -> tuple:
     """`steps` steps; `write(optimizer, step)` runs between backward and step. The state, and get_lr() before each
-    step."""
+    step; `speculated` collects how many ranges each backward updated ahead of its step."""
     extra = {"offload_optimizer": {"device": "cpu"}} if offload else {}
-    cfg = ds_config(2, "fp32", 2, clip=1.0, **extra)
+    cfg = ds_config(2, "fp32", 2, clip=clip, **extra)
     cfg["zero_core"] = {"overlap_host_update": overlap} if offload else {}
     model = make_model()
     engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg,
@@ -32,6 +32,8 @@ def _train(offload: bool, overlap: float = 0.0, write=None, scheduler=None, step
     lrs = []
     for step, (x, y) in enumerate(make_batches(STEPS, 2)[:steps]):
         engine.backward(engine(x, y).loss)
+        if speculated is not None:
+            speculated.append(len(engine.optimizer.speculative.ranges))
         if engine_groups:  # set through engine.optimizer instead of the returned optimizer
             assert engine.optimizer.param_groups is optimizer.param_groups
             _set(engine.optimizer, step)
@@ -99,3 +101,14 @@ def test_get_lr_without_a_schedule_is_the_configs_lr_exactly():
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config(2, "bf16", 2))
     assert engine.get_lr() == [1e-3]  # as DeepSpeed reports it: the group's float, not a float32 copy
     engine.close()
+
+
+def test_updates_speculated_at_the_old_lr_are_redone_at_the_written_one():
+    """Without clipping every backward's host updates are kept at the step, unless the loop set another lr
+    between backward and step: those are redone at the new lr, so the run equals the schedule passed in."""
+    speculated = []
+    written, _ = _train(True, 1.0, write=_set, clip=0.0, speculated=speculated)
+    scheduled, _ = _train(True, 0.0, scheduler=cosine, clip=0.0)
+    assert speculated[0] > 0  # the first backward ran at the config's lr, before the loop's first write
+    for k, v in scheduled.items():
+        assert torch.equal(written[k], v), k

@@ -157,7 +157,6 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         if boundary:
             self._window_passes = 0
             if self._lr_writes is not None and self._lr_writes.written():  # the loop set an lr: read it from now on
-                self.optimizer.undo_speculation()  # updates started during backward used the config's lr
                 self.optimizer.lr_at, self.host_schedule, self._lr_writes = None, GroupLrs(self.client_optimizer), None
             if self.host_schedule is not None:
                 self._apply_host_schedule()

@@ -224,13 +224,20 @@ class HostAdamW(PartitionOptimizer):
     ) -> None:  # buckets are gathered through `publish`
         c = float(coef[0])
         skip = int(self.overflow[0]) != 0
-        done = self.speculative.settle(keep=not skip and c == 1.0)  # what backward already updated for good
-        if skip:
+        hyper = None if skip else self._hyper(self.lr, c)
+        # what backward already updated for good: unclipped, and at this step's lr (a training loop may set the lr
+        # between backward and step)
+        keep = hyper is not None and c == 1.0 and self._speculated_at(hyper)
+        done = self.speculative.settle(keep=keep)
+        if hyper is None:
             return  # skipped: nothing changes, nothing to send (and says nothing of the next norm)
         self._last_clipped = c < 1.0
         assert out is None or isinstance(out, torch.Tensor), "the host update writes one flat 16-bit partition"
-        hyper = self._hyper(self.lr, c)
         self.run_update(lambda: self._chunks(out, publish, done, hyper))
+
+    def _speculated_at(self, hyper: list[dict]) -> bool:
+        """Whether this pass's speculated updates (if any) used the lrs of `hyper`."""
+        return self._spec_hyper is None or [h["lr"] for h in self._spec_hyper] == [h["lr"] for h in hyper]
 
     def _chunks(self, out: Output, publish: Publish | None, done: list[tuple[int, int]], hyper: list[dict]) -> None:
         """The chunked update, in partition order (on the training thread, or the stage's update thread)."""
