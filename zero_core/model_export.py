@@ -18,16 +18,27 @@ if TYPE_CHECKING:
     from .engine import Engine
 
 
+def settled(engine: "Engine") -> None:
+    """The states as of the last step: no update in flight, none speculated, every weight gather done."""
+    engine._drain_updates()
+    engine.wait_for_weights()
+
+
+def gathered_group(engine: "Engine", g: Any, name: str = "master") -> torch.Tensor:
+    """Optimizer state `name` of layout group `g`, whole (collective: every rank gathers the same group)."""
+    shard = engine.optimizer.states.read(name, g.partition_offset, g.partition_offset + g.shard_numel)
+    if engine.layout.world_size == 1:
+        return shard
+    full = torch.empty(g.padded_numel, dtype=torch.float32, device=engine.device)
+    label = "fp32 weights" if name == "master" else name
+    comm.all_gather_flat(full, shard.to(engine.device), what=f"all-gather of {label} (group {g.index})")
+    return full
+
+
 def _gathered(engine: "Engine") -> Iterator[tuple[int, torch.Tensor]]:
-    """(id of a trainable parameter, its full fp32 value on the device), group by group (collective)."""
-    layout = engine.layout
-    for g in layout.groups:
-        shard = engine.optimizer.states.read("master", g.partition_offset, g.partition_offset + g.shard_numel)
-        if layout.world_size > 1:
-            full = torch.empty(g.padded_numel, dtype=torch.float32, device=engine.device)
-            comm.all_gather_flat(full, shard.to(engine.device), what=f"all-gather of fp32 weights (group {g.index})")
-        else:
-            full = shard
+    """(id of a trainable parameter, its full fp32 value), group by group (collective)."""
+    for g in engine.layout.groups:
+        full = gathered_group(engine, g)
         for s in g.slots:
             yield id(engine.params[s.index]), full[s.offset : s.offset + s.numel].view(s.shape)
 
@@ -36,8 +47,7 @@ def full_state_dict(engine: "Engine", dtype: torch.dtype | None = None, keep: bo
     """Every state-dict entry on the CPU, keys as `module.state_dict()`: trainable ones from the masters (in
     `dtype`, else fp32), frozen parameters and buffers as the module holds them (floating ones in `dtype`, else
     fp32). `keep=False` takes part in the collectives and returns {} (ranks that write nothing)."""
-    engine._drain_updates()  # the masters as of the last step: no update in flight, none speculated
-    engine.wait_for_weights()
+    settled(engine)
     by_param = {pid: (t.to(dtype) if dtype else t).cpu().clone() for pid, t in _gathered(engine) if keep}
     if not keep:
         return {}

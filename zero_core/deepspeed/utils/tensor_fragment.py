@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from ... import comm
 from ...gathered import _OWNER
+from ...model_export import gathered_group, settled
 
 
 def _full_state(param: torch.Tensor, name: str) -> torch.Tensor | None:
@@ -23,14 +23,8 @@ def _full_state(param: torch.Tensor, name: str) -> torch.Tensor | None:
     if name not in getattr(states, "names", ("master", "exp_avg", "exp_avg_sq")):
         raise ValueError(f"the optimizer keeps no {name!r} state (it keeps {', '.join(states.names)}); ask for one "
                          "of those")
-    engine.wait_for_weights()
-    engine.optimizer.undo_speculation()  # between backward and step: the states before the step
-    shard = states.read(name, group.partition_offset, group.partition_offset + group.shard_numel)
-    if engine.layout.world_size > 1:
-        full = torch.empty(group.padded_numel, dtype=torch.float32, device=engine.device)
-        comm.all_gather_flat(full, shard.to(engine.device), what=f"all-gather of {name} (group {group.index})")
-    else:
-        full = shard.to(engine.device)
+    settled(engine)  # between backward and step, or with a delayed update running: the last step's states
+    full = gathered_group(engine, group, name).to(engine.device)
     return full[slot.offset : slot.offset + slot.numel].view(slot.shape).clone()
 
 
