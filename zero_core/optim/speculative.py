@@ -35,6 +35,7 @@ from typing import Callable
 import torch
 
 from .. import comm
+from ..meminfo import meminfo_bytes
 from .nvme_states import ALIGN
 from .states import NAMES
 
@@ -45,11 +46,7 @@ HOST_MARGIN_BYTES = 4 << 30  # left free: page cache, pinned-buffer churn and th
 
 def available_host_bytes() -> int | None:
     """MemAvailable of /proc/meminfo (None where it cannot be read)."""
-    try:
-        with open("/proc/meminfo") as f:
-            return next((int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")), None)
-    except OSError:
-        return None
+    return meminfo_bytes().get("MemAvailable")
 
 
 def elements_that_fit(wanted: int, available: int | None, ranks_on_node: int) -> int:

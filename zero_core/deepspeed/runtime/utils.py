@@ -9,16 +9,14 @@ import gc
 import torch
 import torch.distributed as dist
 
+from ...meminfo import meminfo_bytes
+
 GiB = 1024**3
 
 
 def _host_used() -> tuple[float, float]:
-    """(GiB used, percent used) of the host's memory, from /proc/meminfo (MemTotal - MemAvailable)."""
-    fields = {}
-    with open("/proc/meminfo") as f:
-        for line in f:
-            name, _, rest = line.partition(":")
-            fields[name] = int(rest.split()[0]) * 1024  # kB
+    """(GiB used, percent used) of the host's memory: MemTotal - MemAvailable."""
+    fields = meminfo_bytes()
     used = fields["MemTotal"] - fields["MemAvailable"]
     return used / GiB, 100 * used / fields["MemTotal"]
 
@@ -36,5 +34,5 @@ def see_memory_usage(message: str, force: bool = False) -> None:
     try:
         used, percent = _host_used()
         print(f"CPU Virtual Memory: used = {used:.2f} GB, percent = {percent:.1f}%", flush=True)
-    except (OSError, KeyError, ValueError):
+    except KeyError:  # no /proc/meminfo
         print("CPU Virtual Memory: not readable on this host", flush=True)
