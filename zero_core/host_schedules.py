@@ -148,6 +148,11 @@ def _plain(value: Any, depth: int = 0) -> bool:
     return False
 
 
+def is_lr(value: Any) -> bool:
+    """A finite number >= 0 (a bool is not one)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
 class StepFunction(HostSchedule):
     """`fn(step) -> lr` for every group, `step` counting the updates applied before this one."""
 
@@ -158,7 +163,7 @@ class StepFunction(HostSchedule):
         lr = self.fn(applied)
         if isinstance(lr, torch.Tensor):
             lr = float(lr)
-        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr < 0:
+        if not is_lr(lr):
             raise ValueError(f"lr_scheduler({applied}) returned {lr!r}; it must return a finite lr >= 0")
         return [float(lr)] * self.groups, None
 
@@ -172,10 +177,9 @@ class GroupLrs(HostSchedule):
 
     def values(self, applied: int) -> tuple[list[float], list[float] | None]:
         groups = self.optimizer.param_groups
-        for i, g in enumerate(groups):
-            lr = g["lr"]
-            if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr < 0:
-                raise ValueError(f"optimizer.param_groups[{i}]['lr'] is {lr!r}; set a finite lr >= 0")
+        bad = next((i for i, g in enumerate(groups) if not is_lr(g["lr"])), None)
+        if bad is not None:
+            raise ValueError(f"optimizer.param_groups[{bad}]['lr'] is {groups[bad]['lr']!r}; set a finite lr >= 0")
         betas = [float(g["betas"][0]) for g in groups] if all("betas" in g for g in groups) else None
         return [float(g["lr"]) for g in groups], betas
 
