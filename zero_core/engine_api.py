@@ -176,11 +176,11 @@ class DeepSpeedEngineAPI:
         `load_optimizer_states=False`) keeps this engine's optimizer states, step and schedule."""
         from .checkpointing import load
 
-        self._drain_updates()  # a delayed update must not write the states while they are loaded
         if not load_module_strict:
             self._refuse("load_checkpoint(load_module_strict=False)", "load a checkpoint of this model")
         if custom_load_fn is not None:
             self._refuse("load_checkpoint(custom_load_fn=...)", "zbench's reader loads every checkpoint it accepts")
+        self._drain_updates()  # a delayed update must not write the states while they are loaded
         self.wait_for_weights()
         self.wait_for_checkpoint()
         weights_only = load_module_only or not load_optimizer_states
