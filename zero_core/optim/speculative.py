@@ -10,6 +10,7 @@ first. At the step:
 
     non-finite gradients           every speculated range is restored: the step is skipped, as before
     clipping engages (coef < 1)    restored, then updated with the coefficient with the rest
+    the step's lr is another one   restored, then updated at that lr (a loop set it after backward)
     otherwise                      kept; the step updates only what was not speculated
 
 After a step whose clip engaged, nothing is speculated until a step applies unclipped (host_adam.py): the
