@@ -190,3 +190,15 @@ def test_deepspeeds_out_of_scope_names_say_so_in_one_line(name):
         getattr(deepspeed, name)
     assert f"deepspeed.{name} is not provided by zero_core" in str(e.value) and "\n" not in str(e.value)
     assert not hasattr(deepspeed, "no_such_thing")  # anything else: a plain AttributeError
+
+
+def test_a_moment_the_client_optimizer_does_not_keep_is_one_line():
+    from zero_core.deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+    engine = _engine("fp32", lambda p: torch.optim.SGD(p, lr=0.1))
+    param = next(p for p in engine.module.parameters() if p.requires_grad)
+    assert safe_get_full_fp32_param(param).shape == param.shape
+    with pytest.raises(ValueError) as e:
+        safe_get_full_optimizer_state(param, "exp_avg")
+    assert "keeps no 'exp_avg' state" in str(e.value) and "\n" not in str(e.value)
+    engine.close()

@@ -64,3 +64,9 @@ def test_a_folder_without_a_checkpoint_is_one_line(tmp_path):
     with pytest.raises(CheckpointError) as e:
         get_fp32_state_dict_from_zero_checkpoint(tmp_path)
     assert "\n" not in str(e.value)
+
+
+def test_lazy_mode_is_refused_in_one_line():
+    with pytest.raises(CheckpointError) as e:
+        get_fp32_state_dict_from_zero_checkpoint(DS / "1_2_bf16", lazy_mode=True)
+    assert "lazy_mode" in str(e.value) and "zbench convert" in str(e.value) and "\n" not in str(e.value)
