@@ -46,7 +46,7 @@ PLANS = {
         # device shares within DeepSpeed's 8.1 GiB: 0.92 fits (7.79 GiB), 0.9 does not (8.19), and recomputed
         # blocks made no room (0.75: 9.63 GiB; 2026-11-26_h100_offload_speculation.md); the whole host share
         # offered to backward, as the 7 B GPT runs fastest
-        [(0.92, 0.5, True), (0.92, 1.0, True), (0.95, 1.0, True)],
+        [(0.92, 0.5, True), (0.92, 1.0, True), (0.95, 1.0, True), ("auto", 1.0, True)],
     ),
     "longformer": (
         "longformer_feedback.yaml",
@@ -55,7 +55,7 @@ PLANS = {
     ),
     # the shipped share (0.55) with more of the host share offered to backward: what backward has not reached
     # when it ends is left to the step, so a larger fraction costs backup memory, not a longer step
-    "gpt7b": ("gpt7b_offload.yaml", 32, [(0.55, 0.6, True), (0.55, 0.8, True), (0.55, 1.0, True)]),
+    "gpt7b": ("gpt7b_offload.yaml", 32, [(0.55, 0.6, True), (0.55, 0.8, True), (0.55, 1.0, True), ("auto", 1.0, True)]),
 }
 GPT7B_DS = {  # the scenario's zero_core variant as a DeepSpeed JSON, so DeepSpeed runs it too
     "bf16": {"enabled": True},
