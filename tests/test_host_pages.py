@@ -51,13 +51,14 @@ def test_without_madvise_the_buffer_is_an_ordinary_one(monkeypatch):
     assert buf.numel() == LARGE and not buf.any()
 
 
-def _anon_huge_kib(addr: int) -> int:
+def _mapping_kib(addr: int, field_name: str = "AnonHugePages") -> int:
+    """A field of /proc/self/smaps for the mapping that holds `addr` (kB)."""
     lines = Path("/proc/self/smaps").read_text().splitlines()
     for i, line in enumerate(lines):
         m = re.match(r"([0-9a-f]+)-([0-9a-f]+) ", line)
         if m and int(m.group(1), 16) <= addr < int(m.group(2), 16):
             for field in lines[i + 1 :]:
-                if field.startswith("AnonHugePages:"):
+                if field.startswith(f"{field_name}:"):
                     return int(field.split()[1])
     raise AssertionError(f"no mapping holds {addr:#x}")
 
@@ -67,4 +68,25 @@ def test_the_kernel_backs_a_marked_buffer_with_huge_pages():
     if not setting.exists() or "[never]" in setting.read_text():
         pytest.skip("this kernel offers no transparent huge pages")
     buf = comm.host_buffer(LARGE, torch.float32, pin=False)
-    assert _anon_huge_kib(buf.data_ptr()) >= 2048
+    assert _mapping_kib(buf.data_ptr()) >= 2048
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads the process's memory map")
+def test_released_pages_leave_the_process_and_the_rest_of_the_buffer_is_kept():
+    """The front half of a touched 128 MiB buffer goes back to the kernel (the mapping's resident size falls by
+    it) and reads as zeros; the back half keeps its values."""
+    numel = 32 << 20  # fp32: 128 MiB
+    buf = comm.host_buffer(numel, torch.float32, pin=False)
+    buf.fill_(2.5)
+    before = _mapping_kib(buf.data_ptr(), "Rss")
+    released = host_pages.release_pages(buf[: numel // 2])
+    assert released >= (numel // 2) * 4 - 2 * host_pages.PAGE  # whole pages only: at most one partial page each end
+    assert before - _mapping_kib(buf.data_ptr(), "Rss") >= released // 1024 - 4
+    assert not buf[host_pages.PAGE : numel // 2 - host_pages.PAGE].any()
+    assert bool((buf[numel // 2 :] == 2.5).all())
+
+
+def test_nothing_is_released_without_madvise(monkeypatch):
+    monkeypatch.setattr(host_pages, "_madvise", None)
+    buf = torch.ones(1 << 20)
+    assert host_pages.release_pages(buf) == 0 and bool((buf == 1).all())

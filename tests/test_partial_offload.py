@@ -157,6 +157,60 @@ def test_auto_ratio_moves_what_fits_after_the_first_step_and_trains_the_same(roo
         assert torch.equal(auto_state[k], v), k
 
 
+@pytest.mark.parametrize("ratio, noted", [(0.999, True), (0.5, False), (1.0, False)])
+def test_a_ratio_that_leaves_the_device_share_empty_says_so(capsys, ratio, noted):
+    engine = zero_core.initialize(make_model(), ds_config(2, "fp32", 2, reduce_bucket_size=300,
+                                                          offload_optimizer={"device": "cpu", "ratio": ratio}))
+    split = getattr(engine.optimizer, "split", 0)
+    engine.close()
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "keeps no optimizer states" in ln]
+    assert (split == 0) == (ratio > 0.99) and len(lines) == int(noted)
+    if noted:  # the largest ratio it names does keep the first bucket
+        most = float(lines[0].split("a ratio of at most ")[1].split()[0])
+        engine = zero_core.initialize(make_model(), ds_config(2, "fp32", 2, reduce_bucket_size=300,
+                                                              offload_optimizer={"device": "cpu", "ratio": most}))
+        assert engine.optimizer.split > 0
+        engine.close()
+
+
+def test_auto_ratio_gives_the_host_back_what_the_moved_states_held():
+    """With host updates during backward, the first step's speculative copies are freed when the states move,
+    the new host share lands its gradients in the old pinned staging's tail (nothing new is allocated
+    beside a host the first step filled), the new share makes copies of its own, and the run equals full offload."""
+    import weakref
+
+    from zero_core.optim.auto_ratio import DEVICE_BYTES_PER_ELEMENT, MARGIN
+
+    def run(ratio, probe=None):
+        cfg = ds_config(2, "fp32", 2, reduce_bucket_size=300, offload_optimizer={"device": "cpu", "ratio": ratio})
+        cfg["zero_core"] = {"overlap_host_update": 1.0}
+        engine = zero_core.initialize(make_model(), cfg)
+        first, seen = engine.optimizer, {}
+        if probe is not None:
+            first.auto.probe = probe
+        for step, (x, y) in enumerate(make_batches(4, 2)):
+            engine.backward(engine(x, y).loss)
+            if step == 0 and probe is not None:
+                seen["backup"] = weakref.ref(first.host_opt.speculative._backup["master"])
+                seen["staging"] = first.host_opt.staging.data_ptr()
+            engine.step()
+        out = engine.full_state_dict(), engine.optimizer, first, seen
+        engine.close()
+        return out
+
+    peak = 10**6
+    probe = FakeProbe(int((peak + 6000 * DEVICE_BYTES_PER_ELEMENT) / (1 - MARGIN)) + 1, peak)
+    auto_state, opt, first, seen = run("auto", probe)
+    assert isinstance(opt, SplitAdamW) and opt.split > 0 and opt is not first
+    assert opt.host_opt.speculative._backup  # the new host share has copies of its own, made after the move
+    assert seen["backup"]() is None and first.host_opt.speculative.budget == 0  # the old copies are gone
+    itemsize = opt.host_opt.staging.element_size()
+    assert opt.host_opt.staging.data_ptr() == seen["staging"] + opt.split * itemsize
+    full_state, _, _, _ = run(1.0)
+    for k, v in full_state.items():
+        assert torch.equal(auto_state[k], v), k
+
+
 @pytest.mark.parametrize("value, ok", [(0.0, True), (0.5, True), (1, True), (1.5, False), ("yes", False)])
 def test_overlap_host_update_is_validated(value, ok):
     cfg = {"train_micro_batch_size_per_gpu": 1, "zero_core": {"overlap_host_update": value},

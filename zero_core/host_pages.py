@@ -24,6 +24,8 @@ from .env_switch import env_switch
 
 HUGE_PAGE = 2 << 20
 MADV_HUGEPAGE = 14  # <linux/mman.h>
+MADV_DONTNEED = 4
+PAGE = 4096
 ADVISE_MIN_BYTES = 64 << 20  # smaller buffers gain little and would waste up to a page each on alignment
 ENV = "ZERO_CORE_HUGE_PAGES"
 
@@ -59,3 +61,16 @@ def empty_host(numel: int, dtype: torch.dtype) -> torch.Tensor:
     region = raw[start : start + nbytes]
     advise_huge_pages(region.data_ptr(), nbytes // HUGE_PAGE * HUGE_PAGE)  # whole pages; the tail stays small
     return region.view(dtype)
+
+
+def release_pages(t: torch.Tensor) -> int:
+    """Give the host pages wholly inside CPU tensor `t` back to the kernel (madvise(MADV_DONTNEED)); the bytes
+    released. For memory that will not be read again while its allocation lives on, such as the front of a
+    buffer whose tail is still in use: released pages read as zeros if touched. 0 where the kernel has no such
+    call, or refuses (page-locked memory)."""
+    assert t.device.type == "cpu" and t.is_contiguous()
+    start = -(-t.data_ptr() // PAGE) * PAGE
+    end = (t.data_ptr() + t.numel() * t.element_size()) // PAGE * PAGE
+    if _madvise is None or end <= start or _madvise(start, end - start, MADV_DONTNEED) != 0:
+        return 0
+    return end - start

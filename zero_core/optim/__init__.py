@@ -15,6 +15,7 @@ import torch
 
 from ..config_models import AioConfig, ZeroConfig
 from ..lr_schedules import make_lr_schedule
+from ..host_pages import release_pages
 from ..step_timer import StepBreakdown
 from ..config_errors import ConfigError
 from .base import Hyper, PartitionOptimizer
@@ -24,7 +25,7 @@ from .device_adam import DeviceAdamW
 from .host_adam import HostAdamW
 from .param_groups import OptimizerPlan, segment_runs
 from .auto_ratio import AutoOffload, probe_for
-from .split_adam import SplitAdamW, device_segment_count
+from .split_adam import SplitAdamW, device_segment_count, empty_share_note
 from .split_states import SplitStates
 from .states import NAMES, TensorStates, make_states
 
@@ -75,6 +76,9 @@ def make_optimizer(
     )
     aio = cfg.aio or zero.aio or AioConfig()
     on_device = device_segment_count(runs, offload_ratio(cfg)) if offloads_optimizer(cfg) else 0
+    note = empty_share_note(runs, offload_ratio(cfg)) if offloads_optimizer(cfg) else None
+    if note and rank == 0:
+        print(note, flush=True)
     if on_device or (offloads_optimizer(cfg) and zero.offload_optimizer.ratio == "auto"):
         return _split(layout.partition_numel, runs, on_device, cfg, device, rank, aio, breakdown, kw)
     if client:  # never offloaded (refused above): the fp32 master on the device, the client keeps its own state
@@ -135,7 +139,8 @@ def _split(
 
 
 def _assemble(
-    states: SplitStates, runs, on_device: int, cfg: ZeroConfig, breakdown: StepBreakdown, kw: dict
+    states: SplitStates, runs, on_device: int, cfg: ZeroConfig, breakdown: StepBreakdown, kw: dict,
+    staging: torch.Tensor | None = None,
 ) -> SplitAdamW:
     split = states.split
     host_runs = [[(lo - split, hi - split, g) for lo, hi, g in seg] for seg in runs[on_device:]]
@@ -145,17 +150,30 @@ def _assemble(
         comm_dtype=cfg.comm_dtype,
         breakdown=breakdown,
         overlap_fraction=cfg.zero_core.overlap_host_update,
+        staging=staging,
         **{**kw, "runs": host_runs},
     )
     return SplitAdamW(states, device_opt, host_opt, **kw)
 
 
 def _moved(old: SplitAdamW, on_device: int, runs, cfg: ZeroConfig, breakdown: StepBreakdown, kw: dict) -> SplitAdamW:
-    """`old` (everything offloaded, in host memory) with its first `on_device` segments' states moved to the device."""
+    """`old` (everything offloaded, in host memory) with its first `on_device` segments' states moved to the device.
+
+    The host gets back what the moved states held, before the new optimizer takes anything: the moved front
+    of each state buffer is released to the kernel, the old speculative copies and fp32 gradients are freed,
+    and the new host share lands its gradients in the old pinned staging's tail. (A run whose host memory the
+    first step filled is otherwise killed here, allocating beside what it no longer needs.)"""
     split, host = runs[on_device][0][0], old.states.host_part
+    assert old.split == 0, "only a fully offloaded optimizer is re-split"
     device_part = TensorStates(split, old.states.device)
     for name in NAMES:
         getattr(device_part, name).copy_(getattr(host, name)[:split])
-    new = _assemble(SplitStates(device_part, host.part(split, host.numel)), runs, on_device, cfg, breakdown, kw)
+        release_pages(getattr(host, name)[:split])
+    old_host = old.host_opt
+    old_host.speculative.release()
+    old_host.grad = None
+    staging = old_host.staging[split:]
+    new = _assemble(SplitStates(device_part, host.part(split, host.numel)), runs, on_device, cfg, breakdown, kw,
+                    staging=staging)
     new.take_over(old)
     return new

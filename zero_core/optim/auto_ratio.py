@@ -6,7 +6,8 @@ the peak device memory of forward, backward and the update is known; what is lef
 limit (its memory, or the per-process fraction a memory cap set, e.g. zbench's `gpu_memory_cap_gib`),
 less a safety margin, holds the device share: 12 bytes of fp32 master and moments per element, plus 4
 bytes of fp32 gradient held from a bucket's reduction to the step. The leading buckets that fit move to
-the device once, in partition order (forward order), and stay there.
+the device once, in partition order (forward order), and stay there; the host gives back the memory their
+states held (optim/__init__.py's `_moved`).
 
 The probe is injectable: a CPU run has no device memory to measure (`NoDeviceProbe` keeps everything
 offloaded), and tests drive the rule with a fake one.

@@ -58,6 +58,7 @@ class HostAdamW(PartitionOptimizer):
         comm_dtype: torch.dtype,
         breakdown: StepBreakdown | None = None,
         overlap_fraction: float = 0.0,
+        staging: torch.Tensor | None = None,
         **kw,
     ) -> None:
         super().__init__(states, **kw)
@@ -68,7 +69,9 @@ class HostAdamW(PartitionOptimizer):
         self.chunk = chunk_numel_from_env(HOST_CHUNK_NUMEL, "ZERO_CORE_HOST_CHUNK_NUMEL")
         assert self.chunk % ALIGN == 0
         n = states.numel
-        self.staging = comm.host_buffer(n, comm_dtype, pin=True)  # reduced shards land here (D2H target)
+        # reduced shards land here (D2H target); given: the tail of a replaced optimizer's (ratio "auto")
+        self.staging = comm.host_buffer(n, comm_dtype, pin=True) if staging is None else staging
+        assert self.staging.numel() == n and self.staging.dtype == comm_dtype
         self.grad: torch.Tensor | None = None  # fp32 host gradients, allocated by the first fold that keeps them
         self.breakdown = breakdown or StepBreakdown(torch.device("cpu"), enabled=False)
         self._step_scratch = torch.empty(min(n, self.chunk), dtype=torch.float32)

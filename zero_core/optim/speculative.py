@@ -80,6 +80,11 @@ class SpeculativeUpdates:
         self.budget = fit
         self._backup = {n: comm.host_buffer(fit, torch.float32, pin=False) for n in NAMES} if fit else {}
 
+    def release(self) -> None:
+        """Free the copies and speculate no more (the optimizer is being replaced, ratio "auto")."""
+        assert not self.ranges, "speculated ranges left unsettled"
+        self._backup, self.budget = {}, 0
+
     def reserve(self, numel: int) -> bool:
         """Room for `numel` more elements in the copies (taken now, in submission order)?"""
         if self._reserved + numel > self.budget:
