@@ -202,3 +202,41 @@ def test_a_moment_the_client_optimizer_does_not_keep_is_one_line():
         safe_get_full_optimizer_state(param, "exp_avg")
     assert "keeps no 'exp_avg' state" in str(e.value) and "\n" not in str(e.value)
     engine.close()
+
+
+def test_offload_loss_scale_and_loader_queries_answer_as_deepspeed_does():
+    engine = _engine("fp16", offload_optimizer={"device": "cpu"})
+    assert engine.dynamic_loss_scale()  # fp16 without a fixed loss_scale
+    assert engine.zero_offload_optimizer().device == "cpu" and engine.zero_offload_param() is None
+    assert engine.get_mom() == [(0.9, 0.95)] * len(engine.client_optimizer.param_groups)
+    assert engine.training_dataloader is None
+    engine.empty_partition_cache()  # nothing cached between passes: a no-op that scripts may call
+    with pytest.raises(NotImplementedError, match="set_train_micro_batch_size"):
+        engine.set_train_micro_batch_size(4)
+    engine.close()
+    assert not _engine("bf16").dynamic_loss_scale()
+    data = torch.utils.data.TensorDataset(torch.randn(8, 4))
+    engine, _, loader, _ = deepspeed.initialize(model=make_model(), config=ds_config(2, "fp32", 2), training_data=data)
+    assert engine.training_dataloader is loader and len(loader) == 4
+    engine.close()
+
+
+def test_get_mom_follows_a_schedule_that_cycles_momentum():
+    """beta1 of the next update under OneCycle, as DeepSpeed 0.19.8 recorded it; SGD reports its momentum."""
+    import json
+    from pathlib import Path
+
+    data = json.loads((Path(__file__).parent / "fixtures" / "deepspeed_lr" / "schedules.json").read_text())
+    case = next(c for c in data["cases"] if c["type"] == "OneCycle")
+    cfg = ds_config(2, "fp32", 2)
+    cfg["scheduler"] = {"type": "OneCycle", "params": case["params"]}
+    model = make_model()
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    for n, (x, y) in enumerate(make_batches(4, 2)):
+        assert [m[0] for m in engine.get_mom()] == [case["updates"][n]["beta1"][0]], n
+        engine.backward(engine(x, y).loss)
+        engine.step()
+    engine.close()
+    sgd = _engine("fp32", optimizer=lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.7))
+    assert sgd.get_mom() == [0.7]
+    sgd.close()

@@ -20,6 +20,8 @@ from .host_schedules import GroupLrs
 class DeepSpeedEngineAPI:
     """Mixed into `zero_core.Engine`."""
 
+    training_dataloader: Any = None  # deepspeed.initialize(training_data=...) sets the loader it built
+
     def train_batch_size(self) -> int:
         return int(self.config.train_batch_size)
 
@@ -105,6 +107,33 @@ class DeepSpeedEngineAPI:
         if self.host_schedule is not None:
             return [float(x) for x in self.host_schedule.values(self.applied_steps())[0]]
         return [float(x) for x in self.optimizer.lr_at(self.optimizer.applied).tolist()]
+
+    def get_mom(self) -> list:
+        """Each group's momentum as DeepSpeed reports it: SGD's `momentum`, else Adam's (beta1, beta2) as the next
+        update uses them (a schedule that cycles momentum moves beta1)."""
+        groups = self.client_optimizer.param_groups
+        if "betas" not in groups[0] and "momentum" in groups[0]:
+            return [g["momentum"] for g in groups]
+        hyper = getattr(self.optimizer, "groups", None)
+        if not hyper or len(hyper) != len(groups):
+            return [tuple(g["betas"]) for g in groups]
+        beta1 = self.host_schedule.values(self.applied_steps())[1] if self.host_schedule is not None else None
+        return [(b1, h.beta2) for b1, h in zip(beta1 or [h.beta1 for h in hyper], hyper)]
+
+    def dynamic_loss_scale(self) -> bool:
+        """fp16 with a loss scale that adapts (the config's `fp16.loss_scale` 0)."""
+        return bool(self.scaler.dynamic)
+
+    def zero_offload_optimizer(self) -> Any:
+        """The config's `zero_optimization.offload_optimizer` section (None without optimizer offload)."""
+        return self.config.zero_optimization.offload_optimizer
+
+    def zero_offload_param(self) -> Any:
+        """The config's `zero_optimization.offload_param` section (None without parameter offload)."""
+        return self.config.zero_optimization.offload_param
+
+    def empty_partition_cache(self) -> None:
+        """Nothing is cached to release: stage 3 frees each gathered unit after its forward and its backward."""
 
     def get_global_grad_norm(self) -> float:
         """The global gradient norm of the last step, before clipping (a host sync)."""
@@ -192,6 +221,9 @@ class DeepSpeedEngineAPI:
 
     def set_train_batch_size(self, *_: Any) -> None:
         self._refuse("set_train_batch_size()", "set the batch sizes in the config")
+
+    def set_train_micro_batch_size(self, *_: Any) -> None:
+        self._refuse("set_train_micro_batch_size()", "set the batch sizes in the config")
 
     def train_batch(self, *_: Any, **__: Any) -> None:
         self._refuse("train_batch() (pipeline parallelism)", "call forward, backward and step")
