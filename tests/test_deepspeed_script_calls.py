@@ -240,3 +240,6 @@ def test_get_mom_follows_a_schedule_that_cycles_momentum():
     sgd = _engine("fp32", optimizer=lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.7))
     assert sgd.get_mom() == [0.7]
     sgd.close()
+    adagrad = _engine("fp32", optimizer=lambda params: torch.optim.Adagrad(params, lr=0.1))
+    assert adagrad.get_mom() == [0.0]  # no momentum: DeepSpeed reports 0.0
+    adagrad.close()

@@ -15,6 +15,7 @@ import torch
 
 from . import comm
 from .host_schedules import GroupLrs
+from .optim.facade import ZeroOptimizer
 
 
 class DeepSpeedEngineAPI:
@@ -112,11 +113,10 @@ class DeepSpeedEngineAPI:
         """Each group's momentum as DeepSpeed reports it: SGD's `momentum`, else Adam's (beta1, beta2) as the next
         update uses them (a schedule that cycles momentum moves beta1)."""
         groups = self.client_optimizer.param_groups
-        if "betas" not in groups[0] and "momentum" in groups[0]:
-            return [g["momentum"] for g in groups]
-        hyper = getattr(self.optimizer, "groups", None)
-        if not hyper or len(hyper) != len(groups):
-            return [tuple(g["betas"]) for g in groups]
+        if not isinstance(self.client_optimizer, ZeroOptimizer):  # the caller's optimizer: its own groups' values
+            key = "momentum" if type(self.client_optimizer).__name__ in ("SGD", "RMSprop") else "betas"
+            return [g.get(key, 0.0) for g in groups]
+        hyper = self.optimizer.groups
         beta1 = self.host_schedule.values(self.applied_steps())[1] if self.host_schedule is not None else None
         return [(b1, h.beta2) for b1, h in zip(beta1 or [h.beta1 for h in hyper], hyper)]
 
