@@ -15,6 +15,7 @@ import torch
 
 from . import comm
 from .host_schedules import GroupLrs
+from .model_export import save_model_weights, settled
 from .optim.facade import ZeroOptimizer
 
 
@@ -159,8 +160,6 @@ class DeepSpeedEngineAPI:
         """Collective: the current weights in the working precision as safetensors in `save_dir`, at every stage
         (gathered from the fp32 masters), plus `config.json` when the module has a Hugging Face config.
         Tied weights are stored once, under their first name, as `save_pretrained` does."""
-        from .model_export import save_model_weights
-
         save_model_weights(self, Path(save_dir), save_filename, exclude_frozen_parameters)
         return True
 
@@ -184,8 +183,7 @@ class DeepSpeedEngineAPI:
 
         if exclude_frozen_parameters:
             self._refuse("save_checkpoint(exclude_frozen_parameters=True)", "checkpoints hold every parameter")
-        self._drain_updates()
-        self.wait_for_weights()
+        settled(self)  # the states as of the last step
         if async_save is None:
             async_save = self.config.zero_core.async_checkpoint
         return save(self, save_dir, tag, client_state, keep_last, move_latest=save_latest, async_save=bool(async_save))
@@ -209,8 +207,7 @@ class DeepSpeedEngineAPI:
             self._refuse("load_checkpoint(load_module_strict=False)", "load a checkpoint of this model")
         if custom_load_fn is not None:
             self._refuse("load_checkpoint(custom_load_fn=...)", "zbench's reader loads every checkpoint it accepts")
-        self._drain_updates()  # a delayed update must not write the states while they are loaded
-        self.wait_for_weights()
+        settled(self)  # a delayed update must not write the states while they are loaded
         self.wait_for_checkpoint()
         weights_only = load_module_only or not load_optimizer_states
         schedule = load_lr_scheduler_states and not weights_only

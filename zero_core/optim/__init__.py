@@ -75,10 +75,10 @@ def make_optimizer(
         comm_device=device,
     )
     aio = cfg.aio or zero.aio or AioConfig()
-    on_device = device_segment_count(runs, offload_ratio(cfg)) if offloads_optimizer(cfg) else 0
-    note = empty_share_note(runs, offload_ratio(cfg)) if offloads_optimizer(cfg) else None
-    if note and rank == 0:
-        print(note, flush=True)
+    ratio = offload_ratio(cfg)
+    on_device = device_segment_count(runs, ratio) if offloads_optimizer(cfg) else 0
+    if offloads_optimizer(cfg) and not on_device and ratio < 1.0 and len(runs) > 1 and rank == 0:
+        print(empty_share_note(runs, ratio), flush=True)
     if on_device or (offloads_optimizer(cfg) and zero.offload_optimizer.ratio == "auto"):
         return _split(layout.partition_numel, runs, on_device, cfg, device, rank, aio, breakdown, kw)
     if client:  # never offloaded (refused above): the fp32 master on the device, the client keeps its own state

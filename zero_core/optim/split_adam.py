@@ -41,13 +41,10 @@ def device_segment_count(runs: list[list[Run]], ratio: float) -> int:
     return min(count, max(len(runs) - 1, 0))
 
 
-def empty_share_note(runs: list[list[Run]], ratio: float) -> str | None:
-    """One line for a ratio below 1 that leaves the device share empty (None when it does not): what the user
-    asked for silently became full offload otherwise."""
-    total = runs[-1][-1][1] if runs else 0
-    if ratio >= 1.0 or len(runs) < 2 or device_segment_count(runs, ratio) > 0:
-        return None
-    first = runs[0][-1][1]
+def empty_share_note(runs: list[list[Run]], ratio: float) -> str:
+    """One line for a ratio below 1 whose device share `device_segment_count` left empty (with several segments):
+    what the user asked for silently became full offload otherwise."""
+    total, first = runs[-1][-1][1], runs[0][-1][1]
     most = math.floor((1.0 - first / total) * 1000) / 1000
     return (f"zero_core: offload_optimizer.ratio {ratio:g} keeps no optimizer states on the device: the first bucket "
             f"({first:,} elements) is {first / total:.1%} of the partition, more than the {1 - ratio:.1%} asked for; "
