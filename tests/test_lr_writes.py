@@ -103,7 +103,7 @@ def test_get_lr_without_a_schedule_is_the_configs_lr_exactly():
     engine.close()
 
 
-def test_updates_speculated_at_the_old_lr_are_redone_at_the_written_one():
+def test_updates_speculated_at_the_old_lr_are_redone_at_the_written_one(backward_outlasts_host_folds):
     """Without clipping every backward's host updates are kept at the step, unless the loop set another lr
     between backward and step: those are redone at the new lr, so the run equals the schedule passed in."""
     speculated = []

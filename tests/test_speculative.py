@@ -220,7 +220,7 @@ def _between_backward_and_step(overlap: float, folder) -> tuple[dict, dict, dict
     return before, after, loaded, speculated
 
 
-def test_states_read_between_backward_and_step_are_the_pre_step_ones(tmp_path):
+def test_states_read_between_backward_and_step_are_the_pre_step_ones(tmp_path, backward_outlasts_host_folds):
     """A checkpoint, full_state_dict or save_16bit_model taken after a backward whose host updates were
     speculated holds the states before the step, as without speculation; the step then still gives the plain
     result."""
