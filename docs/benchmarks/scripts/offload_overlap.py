@@ -43,11 +43,13 @@ PLANS = {
     "gpt2xl": (
         "gpt2xl_offload.yaml",
         16,
-        # device shares within DeepSpeed's 8.1 GiB: 0.92 fits (7.79 GiB), 0.9 does not (8.19), and recomputed
-        # blocks made no room (0.75: 9.63 GiB; 2026-11-26_h100_offload_speculation.md); the whole host share
-        # offered to backward, as the 7 B GPT runs fastest (0.95 keeps nothing on the device: its 5% is less than
-        # the first bucket, the token embedding); "auto": the share that fits the 24 GiB cap
-        [(0.92, 0.5, True), (0.92, 1.0, True), ("auto", 1.0, True)],
+        # device shares within DeepSpeed's 8.1 GiB: 0.92 fits (7.79 GiB), 0.9 does not (8.19); with recomputed
+        # blocks 0.82 fits (8.09) and 0.8 does not (8.60), but runs slower than 0.92 without
+        # (2026-11-26_h100_gpt2xl_recompute_shares.md); the whole host share offered to backward, as the 7 B GPT
+        # runs fastest (0.95 keeps nothing on the device: its 5% is less than the first bucket, the token
+        # embedding); "auto": the share that fits the 24 GiB cap
+        [(0.92, 0.5, True), (0.92, 1.0, True), ("auto", 1.0, True),
+         (0.8, 1.0, True, True), (0.82, 1.0, True, True), (0.85, 1.0, True, True)],
     ),
     "longformer": (
         "longformer_feedback.yaml",
