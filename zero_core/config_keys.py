@@ -28,17 +28,18 @@ def _supported(*paths: str) -> list[Key]:
 
 _Z = "zero_optimization."
 _WARMUP = ("warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "last_batch_iteration")
-_SCHEDULER_ORDER = {  # the parameters each DeepSpeed scheduler takes (deepspeed/runtime/lr_schedules.py)
+# the parameters each DeepSpeed scheduler takes, in its constructor's order (deepspeed/runtime/lr_schedules.py)
+SCHEDULER_ARGUMENTS = {
     "WarmupLR": _WARMUP,
-    "WarmupDecayLR": (*_WARMUP, "total_num_steps"),
+    "WarmupDecayLR": ("total_num_steps", *_WARMUP),
     "WarmupCosineLR": ("total_num_steps", "warmup_min_ratio", "warmup_num_steps", "cos_min_ratio", "warmup_type",
                        "last_batch_iteration"),
     "OneCycle": ("cycle_min_lr", "cycle_max_lr", "decay_lr_rate", "cycle_first_step_size", "cycle_second_step_size",
                  "cycle_first_stair_count", "cycle_second_stair_count", "decay_step_size", "cycle_momentum",
                  "cycle_min_mom", "cycle_max_mom", "decay_mom_rate", "last_batch_iteration"),
 }
-SCHEDULER_KEYS = {kind: frozenset(keys) for kind, keys in _SCHEDULER_ORDER.items()}
-_SCHEDULER = tuple(dict.fromkeys(k for keys in _SCHEDULER_ORDER.values() for k in keys))  # every one, once
+SCHEDULER_KEYS = {kind: frozenset(keys) for kind, keys in SCHEDULER_ARGUMENTS.items()}
+_SCHEDULER = tuple(dict.fromkeys(k for keys in SCHEDULER_ARGUMENTS.values() for k in keys))  # every one, once
 _LOGGING = "the engine logs nothing of its own"
 _NVME_PARAM = "NVMe parameter offload maps the whole partition file; the kernel pages it in and out"
 _LIBAIO = "a libaio setting; zero_core's NVMe I/O runs on a thread pool"

@@ -49,7 +49,7 @@ class SchedulerParams(Section):
     """Every DeepSpeed scheduler's parameters in one section; which apply depends on `type` (SCHEDULER_KEYS)."""
 
     warmup_min_lr: Annotated[float, number(0.0)] = 0.0
-    warmup_max_lr: Annotated[float, number(0.0)] = 0.001
+    warmup_max_lr: Annotated[float | None, number(0.0, optional=True)] = None  # WarmupLR: the groups' lrs; DecayLR 1e-3
     warmup_num_steps: Annotated[int, integer(0, counts=True)] = 1000
     warmup_type: Annotated[str, choice({"log": "log", "linear": "linear"})] = "log"
     total_num_steps: Annotated[int | None, integer(1, counts=True, optional=True)] = None

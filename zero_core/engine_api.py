@@ -108,7 +108,7 @@ class DeepSpeedEngineAPI:
             return GroupLrs(self.client_optimizer).values(0)[0]
         if self.host_schedule is not None:
             return [float(x) for x in self.host_schedule.values(self.applied_steps())[0]]
-        return [float(x) for x in self.optimizer.lr_at(self.optimizer.applied).tolist()]
+        return self.optimizer.lr_at(self.optimizer.applied, torch.float64).tolist()  # DeepSpeed's Python floats
 
     def get_mom(self) -> list:
         """Each group's momentum as DeepSpeed reports it: SGD's `momentum`, else Adam's (beta1, beta2) as the next

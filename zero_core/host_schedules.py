@@ -89,7 +89,8 @@ class OneCycle(HostSchedule):
 
 
 class TorchScheduler(HostSchedule):
-    """The caller's torch LRScheduler, stepped once per applied update; its optimizer's groups are read."""
+    """The caller's scheduler (torch's, or deepspeed.runtime.lr_schedules'), stepped once per applied update; its
+    optimizer's groups are read."""
 
     def __init__(self, scheduler: Any) -> None:
         self.scheduler, self.stepped = scheduler, 0
@@ -215,17 +216,17 @@ def make_schedules(
             ), EngineScheduler(engine)
         return None, EngineScheduler(engine)
     made = lr_scheduler
-    if not isinstance(made, torch.optim.lr_scheduler.LRScheduler) and callable(made):
+    if not _is_scheduler(made) and callable(made):
         try:  # DeepSpeed's form: a callable that builds a scheduler on the optimizer
             made = lr_scheduler(optimizer)
         except Exception:
             made = None
-        if not isinstance(made, torch.optim.lr_scheduler.LRScheduler):
+        if not _is_scheduler(made):
             return StepFunction(lr_scheduler, len(plan.groups)), None
-    if not isinstance(made, torch.optim.lr_scheduler.LRScheduler):
+    if not _is_scheduler(made):
         raise ConfigError(
-            f"lr_scheduler must be a torch LRScheduler, a callable building one from the optimizer, or "
-            f"`lambda step: lr`; got {type(lr_scheduler).__name__}"
+            f"lr_scheduler must be a torch LRScheduler, one of deepspeed.runtime.lr_schedules', a callable building "
+            f"one from the optimizer, or `lambda step: lr`; got {type(lr_scheduler).__name__}"
         )
     if made.optimizer is not optimizer:
         raise ConfigError(
@@ -233,3 +234,12 @@ def make_schedules(
             "that optimizer (or pass `lambda opt: Scheduler(opt, ...)`)"
         )
     return TorchScheduler(made), made
+
+
+def _is_scheduler(obj: Any) -> bool:
+    """A torch LRScheduler, or one shaped as DeepSpeed's (deepspeed.runtime.lr_schedules): bound to an optimizer,
+    stepped, saved and loaded."""
+    if isinstance(obj, torch.optim.lr_scheduler.LRScheduler):
+        return True
+    bound = hasattr(getattr(obj, "optimizer", None), "param_groups")
+    return bound and all(callable(getattr(obj, name, None)) for name in ("step", "state_dict", "load_state_dict"))

@@ -10,7 +10,8 @@ it = n - 2 (clamped at 0) and the very first update uses what the scheduler wrot
 construction: WarmupLR/DecayLR warmup_min_lr, WarmupCosineLR 0 (it has "not started"). A resume value of
 last_batch_iteration >= 0 starts at it = last_batch_iteration + n - 1 with the groups' own lr first.
   - WarmupLR (W = max(2, warmup_num_steps)): min + (max - min) * gamma, gamma = log(it + 1) / log(W)
-    ("log") or it / W ("linear") while it < W, else 1; min/max are the config's, the same for every group.
+    ("log") or it / W ("linear") while it < W, else 1; min/max are the config's, the same for every group
+    (without warmup_max_lr: each group's own lr for WarmupLR, 1e-3 for WarmupDecayLR, DeepSpeed 0.19.8's defaults).
   - WarmupDecayLR: after warm-up gamma = max(0, (T - it) / max(1, T - W)), T = total_num_steps.
   - WarmupCosineLR: each group's own lr times a ratio: during warm-up min_ratio + (1 - min_ratio) * gamma,
     then max(0, cos_min + (1 - cos_min) * (1 + cos(pi * min(1, (it - W + 1) / max(1, T - W)))) / 2).
@@ -28,6 +29,7 @@ from typing import Callable
 import torch
 
 from .config_models import ZeroConfig
+from .config_optimizer_models import SchedulerConfig
 
 LrSchedule = Callable[[torch.Tensor], torch.Tensor]
 DEVICE_SCHEDULES = ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR")
@@ -35,10 +37,17 @@ DEVICE_SCHEDULES = ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR")
 
 def make_lr_schedule(cfg: ZeroConfig, group_lrs: list[float] | None = None) -> LrSchedule:
     """applied -> lr per group (float32, shape [groups]); `group_lrs` are the groups' own lrs."""
-    lrs = torch.tensor(group_lrs if group_lrs is not None else [cfg.optimizer.params.lr], dtype=torch.float64)
-    sched = cfg.scheduler
+    return lr_schedule_of(cfg.scheduler, group_lrs if group_lrs is not None else [cfg.optimizer.params.lr])
+
+
+def lr_schedule_of(
+    sched: SchedulerConfig | None, group_lrs: list[float], dtype: torch.dtype = torch.float32
+) -> LrSchedule:
+    """The same, from a scheduler section alone (a scheduler a script builds on its optimizer, too), in `dtype`
+    (or the `out` dtype of a call: float64 gives the Python floats DeepSpeed reports)."""
+    lrs = torch.tensor(group_lrs, dtype=torch.float64)
     if sched is None or sched.type not in DEVICE_SCHEDULES:  # constant (host schedules write lr themselves)
-        return lambda applied: lrs.to(applied.device, torch.float32).expand(len(lrs)).clone()
+        return lambda applied, out=dtype: lrs.to(applied.device, out).expand(len(lrs)).clone()
     p = sched.params
     warmup = max(2, p.warmup_num_steps)  # DeepSpeed clamps it so log(W) > 0
     inv_log = 1.0 / math.log(warmup)
@@ -64,20 +73,24 @@ def make_lr_schedule(cfg: ZeroConfig, group_lrs: list[float] | None = None) -> L
     else:
         decay = sched.type == "WarmupDecayLR"
         decay_len = float(max(1, total - warmup))
-        min_lr, delta = p.warmup_min_lr, p.warmup_max_lr - p.warmup_min_lr
+        # without warmup_max_lr, WarmupLR warms up to each group's own lr and WarmupDecayLR to 1e-3 (DeepSpeed's
+        # defaults); delta in float64 before the ramp, as DeepSpeed's Python floats
+        top = p.warmup_max_lr if p.warmup_max_lr is not None else (1e-3 if decay else None)
+        min_lr = p.warmup_min_lr
+        delta = (lrs if top is None else torch.full_like(lrs, top)) - min_lr
 
         def factor(it: torch.Tensor, lr0: torch.Tensor) -> torch.Tensor:
             after = ((total - it) / decay_len).clamp(min=0.0) if decay else torch.ones_like(it)
-            return (min_lr + delta * torch.where(it < warmup, gamma_ramp(it), after)).expand_as(lr0)
+            return min_lr + delta.to(it.device) * torch.where(it < warmup, gamma_ramp(it), after)
 
         first = torch.full_like(lrs, min_lr)
     if offset != -1:
         first = lrs.clone()  # a resumed scheduler writes nothing at construction: the groups' own lr
 
-    def lr_at(applied: torch.Tensor) -> torch.Tensor:
+    def lr_at(applied: torch.Tensor, out: torch.dtype = dtype) -> torch.Tensor:
         n = applied.to(torch.float64).reshape(1)
         it = (n + offset).clamp(min=0.0)  # iteration the scheduler is at when update n runs (n >= 1)
         lr0 = lrs.to(n.device)
-        return torch.where(n < 0.5, first.to(n.device), factor(it, lr0)).to(torch.float32)
+        return torch.where(n < 0.5, first.to(n.device), factor(it, lr0)).to(out)
 
     return lr_at

@@ -1,0 +1,144 @@
+"""`deepspeed.runtime.lr_schedules`: DeepSpeed's schedulers, built on an optimizer by the script itself.
+
+    scheduler = WarmupDecayLR(optimizer, total_num_steps=1000, warmup_max_lr=3e-4, warmup_num_steps=100)
+    engine, optimizer, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer,
+                                                           lr_scheduler=scheduler, config=...)
+
+Each takes DeepSpeed's arguments (positional in DeepSpeed's order, or by name), checked as the config's
+`scheduler` section is, and evaluates the same formulas as the config's schedules (zero_core/lr_schedules.py,
+host_schedules.py): `step()` writes the lr of the next update (and OneCycle's beta1) into the optimizer's groups,
+`state_dict()` is `{"last_batch_iteration": ...}`. Passed to `initialize`, the engine steps it after each applied
+update, as DeepSpeed does. LRRangeTest is refused: zero_core does not implement it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from pydantic import ValidationError
+
+from ...config_errors import ConfigError, from_validation_error
+from ...config_keys import SCHEDULER_ARGUMENTS
+from ...config_optimizer_models import SchedulerConfig
+from ...host_schedules import OneCycle as _HostOneCycle
+from ...lr_schedules import lr_schedule_of
+
+WARMUP_LOG_RATE, WARMUP_LINEAR_RATE = "log", "linear"
+LR_RANGE_TEST, ONE_CYCLE, WARMUP_LR = "LRRangeTest", "OneCycle", "WarmupLR"
+WARMUP_DECAY_LR, WARMUP_COSINE_LR = "WarmupDecayLR", "WarmupCosineLR"
+VALID_LR_SCHEDULES = [LR_RANGE_TEST, ONE_CYCLE, WARMUP_LR, WARMUP_DECAY_LR, WARMUP_COSINE_LR]
+_REQUIRED = {WARMUP_DECAY_LR: ("total_num_steps",), WARMUP_COSINE_LR: ("total_num_steps",),
+             ONE_CYCLE: ("cycle_min_lr", "cycle_max_lr")}
+
+
+def _torch_optimizer(optimizer: Any) -> torch.optim.Optimizer:
+    """The optimizer, or the torch one a wrapper holds as `.optimizer` (as DeepSpeed accepts)."""
+    for candidate in (optimizer, getattr(optimizer, "optimizer", None)):
+        if isinstance(candidate, torch.optim.Optimizer):
+            return candidate
+    raise TypeError(f"{type(optimizer).__name__} is not a torch.optim.Optimizer; build the scheduler on one")
+
+
+class _Schedule:
+    kind = ""
+
+    def __init__(self, optimizer: Any, *args: Any, **kwargs: Any) -> None:
+        self.optimizer = _torch_optimizer(optimizer)
+        order = SCHEDULER_ARGUMENTS[self.kind]
+        if len(args) > len(order):
+            raise TypeError(f"{self.kind}() takes {len(order)} arguments after the optimizer, got {len(args)}")
+        given = dict(zip(order, args))
+        for name, value in kwargs.items():
+            if name not in order:
+                raise TypeError(f"{self.kind}() got an unexpected argument '{name}'; its arguments: {', '.join(order)}")
+            if name in given:
+                raise TypeError(f"{self.kind}() got two values for '{name}'")
+            given[name] = value
+        missing = [k for k in _REQUIRED.get(self.kind, ()) if given.get(k) is None]
+        if missing:
+            raise TypeError(f"{self.kind}() needs {' and '.join(missing)}")
+        try:
+            self.config = SchedulerConfig.model_validate({"type": self.kind, "params": given})
+        except ValidationError as err:
+            raise ConfigError(f"{self.kind}: {from_validation_error(err, SchedulerConfig)}") from None
+        self.start = self.last_batch_iteration = self.config.params.last_batch_iteration
+        self.own_lrs = [float(g["lr"]) for g in self.optimizer.param_groups]
+        self._last_lr: list[float] | None = None
+        self._write()  # the values of the first update (the groups' own lr when resuming)
+
+    def _values(self, updates: int) -> tuple[list[float], list[float] | None]:
+        """(lr per group, beta1 per group or None) after `updates` steps from construction."""
+        raise NotImplementedError
+
+    def _write(self) -> None:
+        lrs, beta1 = self._values(self.last_batch_iteration - self.start)
+        for group, lr, b1 in zip(self.optimizer.param_groups, lrs, beta1 or [None] * len(lrs)):
+            group["lr"] = lr
+            if b1 is not None and "betas" in group:
+                group["betas"] = (b1, group["betas"][1])
+            elif b1 is not None and "momentum" in group:
+                group["momentum"] = b1
+        self._last_lr = list(lrs)
+
+    def step(self, last_batch_iteration: int | None = None) -> None:
+        """Move to the next iteration (or the one given) and write its lr into the groups."""
+        given = last_batch_iteration
+        self.last_batch_iteration = self.last_batch_iteration + 1 if given is None else given
+        self._write()
+
+    def get_lr(self) -> list[float]:
+        return self._values(self.last_batch_iteration - self.start)[0]
+
+    def get_last_lr(self) -> list[float]:
+        if self._last_lr is None:
+            raise RuntimeError(f"{self.kind}.get_last_lr(): call step() first")
+        return self._last_lr
+
+    def state_dict(self) -> dict[str, int]:
+        return {"last_batch_iteration": self.last_batch_iteration}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A saved iteration; the groups get its lr (a resumed optimizer's groups may hold another)."""
+        it = state.get("last_batch_iteration") if isinstance(state, dict) else None
+        if isinstance(it, bool) or not isinstance(it, int) or it < -1:
+            raise ValueError(f"{self.kind}.load_state_dict: last_batch_iteration must be an integer >= -1, got {it!r}")
+        self.last_batch_iteration = it
+        self._write()
+
+
+class _DeviceFormula(_Schedule):
+    """WarmupLR, WarmupDecayLR, WarmupCosineLR: the config's device formulas, evaluated on the host."""
+
+    def _values(self, updates: int) -> tuple[list[float], list[float] | None]:
+        if not hasattr(self, "_lr_at"):
+            self._lr_at = lr_schedule_of(self.config, self.own_lrs, torch.float64)  # Python floats, as DeepSpeed
+        return self._lr_at(torch.tensor(float(max(updates, 0)))).tolist(), None
+
+
+class WarmupLR(_DeviceFormula):
+    kind = WARMUP_LR
+
+
+class WarmupDecayLR(_DeviceFormula):
+    kind = WARMUP_DECAY_LR
+
+
+class WarmupCosineLR(_DeviceFormula):
+    kind = WARMUP_COSINE_LR
+
+
+class OneCycle(_Schedule):
+    kind = ONE_CYCLE
+
+    def _values(self, updates: int) -> tuple[list[float], list[float] | None]:
+        if not hasattr(self, "_host"):
+            own_beta1 = [g["betas"][0] if "betas" in g else g.get("momentum", 0.0) for g in self.optimizer.param_groups]
+            self._host = _HostOneCycle(self.config.params, self.own_lrs, own_beta1)
+        return self._host.values(max(updates, 0))
+
+
+class LRRangeTest:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise ValueError("LRRangeTest is not supported by zero_core; use WarmupLR, WarmupDecayLR, WarmupCosineLR or "
+                         "OneCycle, or a torch LRScheduler")
