@@ -33,6 +33,12 @@ def test_engine_queries_answer_as_deepspeed_does(monkeypatch):
     assert engine.get_batch_info() == (4, 2, 2)
     assert engine.communication_data_type == torch.bfloat16
     assert engine.steps_per_print() is None and engine.wall_clock_breakdown() is False
+    from packaging.version import Version
+
+    from zero_core.deepspeed.runtime.engine import DeepSpeedEngine
+
+    assert isinstance(engine, DeepSpeedEngine) and isinstance(engine, deepspeed.DeepSpeedEngine)
+    assert Version(deepspeed.__version__) >= Version("0.19.8")  # as scripts that gate on a release compare it
     closed = []
     close = engine.close
     monkeypatch.setattr(engine, "close", lambda: closed.append(close()))

@@ -29,6 +29,8 @@ from . import accelerator, checkpointing, comm, ops, runtime, utils, zero
 __all__ = ["initialize", "init_distributed", "add_config_arguments", "zero", "checkpointing", "comm", "accelerator",
            "ops", "runtime", "utils", "DeepSpeedEngine"]
 DeepSpeedEngine = Engine
+# the DeepSpeed release whose API this follows (scripts compare against it); the local label says it is zero_core
+__version__ = "0.19.8+zero_core"
 
 
 _ONLY_DATA_PARALLEL = "zero_core trains data-parallel with ZeRO sharding only"
