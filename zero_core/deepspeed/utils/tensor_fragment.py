@@ -1,9 +1,16 @@
 """`deepspeed.utils.safe_get_full_fp32_param(param)` and `safe_get_full_optimizer_state(param, key)`: one
-parameter's whole fp32 master or Adam moment ("exp_avg", "exp_avg_sq"), from the engine that trains it.
-Collective, as in DeepSpeed: every rank calls it for the same parameter (its group is all-gathered). A
-parameter no zero_core engine trains gives None, as DeepSpeed's does for one it does not partition."""
+parameter's whole fp32 master or Adam moment ("exp_avg", "exp_avg_sq"), from the engine that trains it; and
+`safe_set_full_fp32_param(param, value)` / `safe_set_full_optimizer_state(param, value, key)`, which write it.
+Collective, as in DeepSpeed: every rank calls them for the same parameter (a read all-gathers its group; a write
+takes the whole value on every rank and keeps this rank's share). A parameter no zero_core engine trains reads
+as None, as DeepSpeed's does for one it does not partition, and is not written.
+
+As in DeepSpeed, a write changes the fp32 state only: the 16-bit weights the forward uses follow at the next
+step, which updates from the written master. With NVMe offload a write streams the whole state file once."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -11,21 +18,53 @@ from ...gathered import _OWNER
 from ...model_export import gathered_group, settled
 
 
-def _full_state(param: torch.Tensor, name: str) -> torch.Tensor | None:
+def _slot_of(param: torch.Tensor, name: str) -> tuple[Any, Any, Any] | None:
+    """(engine, layout group, slot) of a parameter an engine trains, with `name` among its states; else None."""
     engine = _OWNER.get(id(param))
     if engine is None:
         return None
     found = next(((g, s) for g in engine.layout.groups for s in g.slots if engine.params[s.index] is param), None)
     if found is None:  # frozen: it has no master or moments
         return None
-    group, slot = found
     states = engine.optimizer.states
     if name not in getattr(states, "names", ("master", "exp_avg", "exp_avg_sq")):
         raise ValueError(f"the optimizer keeps no {name!r} state (it keeps {', '.join(states.names)}); ask for one "
                          "of those")
+    return engine, *found
+
+
+def _full_state(param: torch.Tensor, name: str) -> torch.Tensor | None:
+    found = _slot_of(param, name)
+    if found is None:
+        return None
+    engine, group, slot = found
     settled(engine)  # between backward and step, or with a delayed update running: the last step's states
     full = gathered_group(engine, group, name).to(engine.device)
     return full[slot.offset : slot.offset + slot.numel].view(slot.shape).clone()
+
+
+def _set_full_state(param: torch.Tensor, value: Any, name: str, call: str) -> None:
+    found = _slot_of(param, name)
+    if found is None:
+        return
+    engine, group, slot = found
+    value = torch.as_tensor(value)
+    if tuple(value.shape) != tuple(slot.shape) or value.is_complex():
+        raise ValueError(f"{call}: the value is a {value.dtype} of shape {tuple(value.shape)}, the parameter a real "
+                         f"{tuple(slot.shape)}; pass the whole parameter's value")
+    flat = value.detach().reshape(-1)
+    settled(engine)
+    rank = engine.rank if engine.layout.world_size > 1 else 0
+    shard_lo, shard_hi = engine.layout.shard_range(group.index, rank)  # this rank's share of the group's elements
+    lo, hi = max(shard_lo, slot.offset), min(shard_hi, slot.offset + slot.numel)
+    if lo >= hi:
+        return
+    start = group.partition_offset + lo - shard_lo  # where they sit in this rank's partition
+    end = start + hi - lo
+    for a, b, views in engine.optimizer.states.stream((name,), write_back=True):
+        s, e = max(a, start), min(b, end)
+        if s < e:
+            views[name][s - a : e - a].copy_(flat[s - start + lo - slot.offset : e - start + lo - slot.offset])
 
 
 def safe_get_full_fp32_param(param: torch.Tensor) -> torch.Tensor | None:
@@ -33,7 +72,19 @@ def safe_get_full_fp32_param(param: torch.Tensor) -> torch.Tensor | None:
 
 
 def safe_get_full_optimizer_state(param: torch.Tensor, optim_state_key: str) -> torch.Tensor | None:
-    if optim_state_key not in ("exp_avg", "exp_avg_sq"):
-        raise ValueError(f"optimizer state {optim_state_key!r} is not kept by zero_core's Adam; ask for 'exp_avg' "
-                         "or 'exp_avg_sq'")
+    _check_moment(optim_state_key)
     return _full_state(param, optim_state_key)
+
+
+def safe_set_full_fp32_param(param: torch.Tensor, value: torch.Tensor) -> None:
+    _set_full_state(param, value, "master", "safe_set_full_fp32_param")
+
+
+def safe_set_full_optimizer_state(param: torch.Tensor, value: torch.Tensor, optim_state_key: str) -> None:
+    _check_moment(optim_state_key)
+    _set_full_state(param, value, optim_state_key, "safe_set_full_optimizer_state")
+
+
+def _check_moment(key: str) -> None:
+    if key not in ("exp_avg", "exp_avg_sq"):
+        raise ValueError(f"optimizer state {key!r} is not kept by zero_core's Adam; ask for 'exp_avg' or 'exp_avg_sq'")
