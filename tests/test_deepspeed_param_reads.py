@@ -103,3 +103,60 @@ def test_written_states_are_read_back_and_the_next_step_trains_from_them(stage, 
     assert "shape" in got["bad_shape"] and "\n" not in got["bad_shape"]
     # the write changed the fp32 master only; the step after it (lr 0) put that master into the forward's weights
     assert torch.equal(got["forward_weight"], value.to(torch.bfloat16).float())
+
+
+def _grads(rank: int, world: int, stage: int, offload: dict | None, gas: int) -> dict:
+    """A step, then a window of `gas` micro-steps: safe_get_full_grad of every parameter after its last backward,
+    against torch autograd of the same weights on every rank's micro-batches (the mean loss of the window)."""
+    import zero_core.deepspeed as deepspeed
+    from zero_core.deepspeed.utils import safe_get_full_grad
+
+    cfg = ds_config(stage, "fp32", 1, gas=gas, clip=1e-3, **({"offload_optimizer": offload} if offload else {}))
+    model = make_model()
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    batches = make_batches(2 * gas, world)
+    for x, y in batches[:gas]:
+        engine.backward(engine(x[rank : rank + 1], y[rank : rank + 1]).loss)
+        engine.step()
+    reference = make_model()
+    reference.load_state_dict(engine.full_state_dict())
+    out = {}
+    for i, (x, y) in enumerate(batches[gas:]):
+        engine.backward(engine(x[rank : rank + 1], y[rank : rank + 1]).loss)
+        reference(x, y).loss.backward()  # every rank's sample: the mean over ranks
+        if i < gas - 1:
+            try:
+                safe_get_full_grad(model.blocks[1].attn.qkv.weight)
+            except ValueError as e:
+                out["mid_window"] = str(e)
+            engine.step()
+    names = dict(model.named_parameters())
+    out["got"] = {n: safe_get_full_grad(p) for n, p in names.items()}
+    out["want"] = {n: p.grad / gas if p.grad is not None else None for n, p in reference.named_parameters()}
+    stranger = torch.nn.Parameter(torch.zeros(2))
+    stranger.grad = torch.ones(2)
+    out["stranger"] = safe_get_full_grad(stranger)
+    engine.step()
+    try:
+        safe_get_full_grad(model.blocks[1].attn.qkv.weight)
+    except ValueError as e:
+        out["after_step"] = str(e)
+    engine.close()
+    return out
+
+
+@pytest.mark.parametrize(
+    "stage, offload, gas",
+    [(1, None, 1), (2, {"device": "cpu"}, 1), (2, {"device": "cpu"}, 2), (3, None, 2), (3, {"device": "cpu"}, 1),
+     (2, {"device": "cpu", "ratio": 0.5}, 1)],
+)
+def test_full_gradient_is_the_windows_mean_gradient_before_clipping(stage, offload, gas):
+    got = run_ranks(_grads, 2, stage, offload, gas)
+    frozen = "blocks.0.ln1.bias"
+    assert got["got"][frozen] is None and torch.equal(got["stranger"], torch.ones(2))
+    for name, want in got["want"].items():
+        if name != frozen:
+            assert torch.allclose(got["got"][name].cpu(), want, rtol=1e-4, atol=1e-7), name
+    assert float(sum(g.norm() ** 2 for g in got["want"].values() if g is not None)) > 1e-6  # clipping would engage
+    for key in ("after_step",) + (("mid_window",) if gas > 1 else ()):
+        assert "before step()" in got[key] and "\n" not in got[key]

@@ -51,6 +51,7 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         self.stage, self.dtype = cfg.stage, cfg.dtype
         self.global_step = self.micro_steps = 0
         self._boundary_set, self._window_passes = None, 0  # set_gradient_accumulation_boundary; backwards since a step
+        self.gradients_ready = False  # a window's last backward has run and its step has not (safe_get_full_grad)
         deferred = is_deferred(model)  # built inside zero_core.init_context, or on the meta device
         if deferred and self.stage != 3:  # stages 0-2 hold every weight anyway
             materialise_whole(model)
@@ -141,6 +142,7 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         self.breakdown.backward_done()
         self.reducer.finish()
         self.strategy.after_backward()
+        self.gradients_ready = boundary
 
     def step(self, lr_kwargs: dict | None = None) -> None:
         """At an accumulation boundary: clip, update, refresh the working weights; otherwise only count.
@@ -155,7 +157,7 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         boundary = self.is_gradient_accumulation_boundary()
         self.micro_steps += 1
         if boundary:
-            self._window_passes = 0
+            self._window_passes, self.gradients_ready = 0, False
             if self._lr_writes is not None and self._lr_writes.written():  # the loop set an lr: read it from now on
                 self.optimizer.lr_at, self.host_schedule, self._lr_writes = None, GroupLrs(self.client_optimizer), None
             if self.host_schedule is not None:

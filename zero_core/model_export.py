@@ -25,8 +25,11 @@ def settled(engine: "Engine") -> None:
 
 
 def gathered_group(engine: "Engine", g: Any, name: str = "master") -> torch.Tensor:
-    """Optimizer state `name` of layout group `g`, whole (collective: every rank gathers the same group)."""
-    shard = engine.optimizer.states.read(name, g.partition_offset, g.partition_offset + g.shard_numel)
+    """Optimizer state `name` (or "gradient", the fp32 gradient the step will take) of layout group `g`, whole
+    (collective: every rank gathers the same group)."""
+    lo, hi = g.partition_offset, g.partition_offset + g.shard_numel
+    opt = engine.optimizer
+    shard = opt.gradient_of(lo, hi) if name == "gradient" else opt.states.read(name, lo, hi)
     if engine.layout.world_size == 1:
         return shard
     full = torch.empty(g.padded_numel, dtype=torch.float32, device=engine.device)

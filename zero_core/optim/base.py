@@ -143,6 +143,11 @@ class PartitionOptimizer(ABC):
         """Host updates started during backward (speculative.py): put the states back as they were before the
         pass, so that they can be read or replaced between backward and step; the step then updates them all."""
 
+    def gradient_of(self, lo: int, hi: int) -> torch.Tensor:
+        """The fp32 gradient of partition elements [lo, hi) as the step will take it, before clipping (read between
+        the backward that ends an accumulation window and step(), safe_get_full_grad)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no gradient to read")
+
     def device_state_numel(self) -> int:
         """Partition elements whose fp32 states live on the device (memory reports)."""
         return 0 if self.on_host else self.states.numel

@@ -51,6 +51,11 @@ class DeviceAdamW(PartitionOptimizer):
         part = self._parts.get(start)
         return part if part is not None else torch.zeros(numel, dtype=torch.float32, device=self.sumsq.device)
 
+    def gradient_of(self, lo: int, hi: int) -> torch.Tensor:
+        pieces = [self.gradient(start, n)[max(lo, start) - start : min(hi, start + n) - start]
+                  for start, n in self.segments if start < hi and start + n > lo]
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+
     def _update(
         self, coef: torch.Tensor, out: Output, publish: Publish | None, after_segment: Callable[[int], None] | None
     ) -> None:

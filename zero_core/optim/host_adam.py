@@ -184,6 +184,13 @@ class HostAdamW(PartitionOptimizer):
         host_kernels.scaled_copy(self.staging[a:b], g, self._lazy_scale)
         return g
 
+    def gradient_of(self, lo: int, hi: int) -> torch.Tensor:
+        if not self.lazy:
+            return self.grad[lo:hi] if self.grad is not None else torch.zeros(hi - lo, dtype=torch.float32)
+        out = torch.empty(hi - lo, dtype=torch.float32)
+        host_kernels.scaled_copy(self.staging[lo:hi], out, self._lazy_scale)
+        return out
+
     # -- the update --------------------------------------------------------------------------------
     def _hyper(self, lr: torch.Tensor, coef: float | None) -> list[dict]:
         """The fused kernel's arguments per optimizer group (`coef` None or 1: unclipped)."""

@@ -144,6 +144,12 @@ class SplitAdamW(PartitionOptimizer):
         shifted = None if publish is None else (lambda a, b: publish(a + self.split, b + self.split))
         host._update(host_coef, None if out is None else out[self.split :], shifted)
 
+    def gradient_of(self, lo: int, hi: int) -> torch.Tensor:
+        s = self.split
+        device = [self.device_opt.gradient_of(lo, min(hi, s)).cpu()] if lo < s else []
+        host = [self.host_opt.gradient_of(max(lo, s) - s, hi - s)] if hi > s else []
+        return torch.cat(device + host)
+
     def undo_speculation(self) -> None:
         self.host_opt.undo_speculation()
 

@@ -1,6 +1,7 @@
-"""`deepspeed.utils.safe_get_full_fp32_param(param)` and `safe_get_full_optimizer_state(param, key)`: one
-parameter's whole fp32 master or Adam moment ("exp_avg", "exp_avg_sq"), from the engine that trains it; and
-`safe_set_full_fp32_param(param, value)` / `safe_set_full_optimizer_state(param, value, key)`, which write it.
+"""`deepspeed.utils.safe_get_full_fp32_param(param)`, `safe_get_full_optimizer_state(param, key)` and
+`safe_get_full_grad(param)`: one parameter's whole fp32 master, Adam moment ("exp_avg", "exp_avg_sq") or gradient,
+from the engine that trains it; and `safe_set_full_fp32_param(param, value)` /
+`safe_set_full_optimizer_state(param, value, key)`, which write the first two.
 Collective, as in DeepSpeed: every rank calls them for the same parameter (a read all-gathers its group; a write
 takes the whole value on every rank and keeps this rank's share). A parameter no zero_core engine trains reads
 as None, as DeepSpeed's does for one it does not partition, and is not written.
@@ -65,6 +66,24 @@ def _set_full_state(param: torch.Tensor, value: Any, name: str, call: str) -> No
         s, e = max(a, start), min(b, end)
         if s < e:
             views[name][s - a : e - a].copy_(flat[s - start + lo - slot.offset : e - start + lo - slot.offset])
+
+
+def safe_get_full_grad(param: torch.Tensor) -> torch.Tensor | None:
+    """The whole fp32 gradient the next step takes (averaged over ranks and accumulation steps, before clipping;
+    under fp16, divided by the loss scale), between the backward that ends an accumulation window and step(). A
+    parameter no engine trains gives its own `.grad`, as DeepSpeed's does."""
+    engine = _OWNER.get(id(param))
+    if engine is None:
+        return param.grad
+    found = _slot_of(param, "master")
+    if found is None:
+        return None
+    if not engine.gradients_ready:
+        raise ValueError("safe_get_full_grad: gradients are readable after the backward that ends an accumulation "
+                         "window and before step(); call it there")
+    _, group, slot = found
+    full = gathered_group(engine, group, "gradient").to(engine.device)
+    return full[slot.offset : slot.offset + slot.numel].view(slot.shape).clone()
 
 
 def safe_get_full_fp32_param(param: torch.Tensor) -> torch.Tensor | None:
