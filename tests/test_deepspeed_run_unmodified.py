@@ -71,6 +71,7 @@ def _run(cmd: list[str], tmp_path, out: str) -> dict:
     return json.loads((tmp_path / out).read_text())
 
 
+@pytest.mark.slow  # two fresh interpreters: outside the fast tier
 def test_an_unmodified_script_trains_as_the_one_importing_zero_core(tmp_path):
     unmodified = _write(tmp_path, UNMODIFIED, "train")
     explicit = _write(tmp_path, EXPLICIT, "train_explicit")
