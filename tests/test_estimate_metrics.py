@@ -7,7 +7,8 @@ import math
 import pytest
 
 from helpers import cli, one_line_error
-from zbench import estimate, metrics
+from zbench import metrics
+from zero_core import memory_estimate as estimate
 from zbench.search import largest_fitting, largest_fitting_value, train_stepping_down
 
 GIB = 2**30
@@ -17,7 +18,7 @@ GPT2_XL_LARGEST = 50257 * 1600  # the token embedding (tied head counted once)
 
 def test_zero2_bytes_by_hand():
     p = 1_000_000_000
-    assert estimate.zero2_bytes(p, 2, 1, cpu_offload=False) == (12 * p, 12 * p)  # cpu 4*2*1.5 p; gpu 4p + 16p/2
+    assert estimate.zero2_bytes(p, 2, 1, cpu_offload=False) == (12 * p, 11 * p)  # cpu 4*2*1.5 p; gpu 2p + 18p/2
     assert estimate.zero2_bytes(p, 2, 1, cpu_offload=True) == (24 * p, 2 * p)  # cpu max(8, 16)*1.5 p; gpu 2p
     assert estimate.zero2_bytes(p, 8, 2, cpu_offload=True) == (96 * p, 2 * p)  # max(4*16, 16) * 1.5 = 96
 
@@ -138,3 +139,46 @@ def test_nvme_rows_count_zero_cores_buffers_and_the_disk():
     assert rows[0].gpu_bytes == estimate.zero2_bytes(p, 2, 1, cpu_offload=True)[1]  # as CPU offload on the GPU
     table = estimate.format_table(estimate.estimate(p, 10_000_000, 2, 1), p, 10_000_000, 2, 1)
     assert f"| {disk / GIB:.2f} | offload_param=none, offload_optimizer=nvme |" in table
+
+
+# DeepSpeed 0.19.8's own printout (DS_ACCELERATOR=cpu) of estimate_zero3/zero2_model_states_mem_needs_all_cold for
+# GPT-2 XL's counts on 2 GPUs: (per CPU GB, per GPU GB) of each options row, in its order
+DEEPSPEED_ZERO3 = [(39.17, 0.30), (39.17, 0.30), (34.82, 1.75), (34.82, 1.75), (0.90, 13.36), (17.41, 13.36)]
+DEEPSPEED_ZERO2 = [(34.82, 2.90), (17.41, 15.96)]
+
+
+def _printed_rows(out: str) -> list[tuple[float, float, str]]:
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| 2 ") or line.startswith("| 3 ")]
+    return [(float(cpu), float(gpu), opts.strip()) for _, cpu, gpu, _, opts in rows]
+
+
+def test_deepspeeds_estimators_print_deepspeeds_numbers(capsys):
+    from zero_core.deepspeed.runtime.zero import stage3, stage_1_and_2
+
+    stage3.estimate_zero3_model_states_mem_needs_all_cold(GPT2_XL, GPT2_XL_LARGEST, num_gpus_per_node=2)
+    rows = _printed_rows(capsys.readouterr().out)
+    assert [(c, g) for c, g, o in rows if "nvme" not in o] == DEEPSPEED_ZERO3
+    stage_1_and_2.estimate_zero2_model_states_mem_needs_all_cold(GPT2_XL, num_gpus_per_node=2)
+    rows = _printed_rows(capsys.readouterr().out)
+    assert [(c, g) for c, g, o in rows if "nvme" not in o] == DEEPSPEED_ZERO2
+    assert stage_1_and_2.estimate_zero2_model_states_mem_needs(GPT2_XL, 2, cpu_offload=False) == (
+        int(GPT2_XL * 4 * 2 * 1.5), 2 * GPT2_XL + int(18 * GPT2_XL / 2))
+
+
+def test_all_live_counts_tied_weights_once_and_the_largest_module(capsys):
+    from parity_workers import make_model
+
+    from zero_core.deepspeed.runtime.zero.estimators import model_counts
+    from zero_core.deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs_all_live
+
+    model = make_model()
+    total, largest = model_counts(model)
+    assert total == sum(p.numel() for p in model.parameters())  # the tied head is one parameter
+    fc = model.blocks[0].mlp.fc  # the widest Linear: its weight and bias are the most one module holds itself
+    assert largest == fc.weight.numel() + fc.bias.numel() > model.wte.weight.numel()
+    estimate_zero3_model_states_mem_needs_all_live(model, num_gpus_per_node=4, additional_buffer_factor=1.0)
+    rows = _printed_rows(capsys.readouterr().out)
+    want = estimate.zero3_bytes(total, largest, 4, 1, True, True, True, buffer_factor=1.0)
+    assert rows[0][:2] == (round(want[0] / GIB, 2), round(want[1] / GIB, 2))
+    with pytest.raises(ValueError, match="num_gpus_per_node must be a whole number >= 1"):
+        estimate_zero3_model_states_mem_needs_all_live(model, num_gpus_per_node=0)

@@ -145,7 +145,7 @@ def test_nvme_offload_variant_runs_and_leaves_no_state_files(tmp_path):
     assert row["Loss parity vs DDP"].endswith(" ok"), row
     assert swap.is_dir()
     assert list(swap.rglob("*")) == [] or all(p.is_dir() for p in swap.rglob("*"))  # state files are unlinked
-    from zbench import estimate
+    from zero_core import memory_estimate as estimate
 
     rows = {r["variant"]: r for r in json.load(open(os.path.join(run_dir(proc.stdout), "results.json")))["variants"]}
     offloaded = rows["zero2-nvme"]

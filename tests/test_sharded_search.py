@@ -8,7 +8,7 @@ import os
 import torch
 
 from helpers import REPO, table, tiny_scenario, zbench
-from zbench import estimate as est
+from zero_core import memory_estimate as est
 from zbench.host_memory import rss_bytes
 from zbench.models.configs import load_arch
 from zbench.models.factory import build_model

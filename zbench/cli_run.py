@@ -232,7 +232,7 @@ def estimate(model: str, gpus: int, nodes: int, run_dir: str | None) -> None:
     """Memory per GPU and per CPU for each ZeRO stage and offload choice (DeepSpeed's estimator)."""
     from zero_core import ConfigError
 
-    from . import estimate as est
+    from zero_core import memory_estimate as est
     from .run_summary import NotARunFolder, load_summary
 
     try:

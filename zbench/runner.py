@@ -17,7 +17,9 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from . import __version__, estimate
+from zero_core import memory_estimate as estimate
+
+from . import __version__
 from .interrupt import raise_if_dropped
 from .launch import Nodes, OutOfMemory, RankFailure, launch, short_word, shortfall, start_method, untrained_note
 from .models.configs import ArchConfig

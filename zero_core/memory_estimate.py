@@ -1,12 +1,14 @@
 """Memory for model states per GPU and per CPU, per ZeRO stage and offload choice.
 
-The formulas are DeepSpeed's estimators (deepspeed/runtime/zero/stage_1_and_2.py
-`estimate_zero2_model_states_mem_needs`, stage3.py `estimate_zero3_model_states_mem_needs`), which
-count parameters, gradients and Adam states with mixed precision (2 + 2 + 12 bytes per parameter,
-plus 4 bytes of fp32 gradients), and a 1.5x buffer factor on the CPU side. DeepSpeed uses the stage-2
-numbers for stage 1. Stage 0 (DDP-like) keeps everything on every GPU: the stage-2 numbers for one GPU.
-DeepSpeed's estimators have no NVMe rows: those (`offload_optimizer=nvme`) count zero_core's own
-buffers (`nvme_bytes`), and add the disk each rank needs. Activations and the CUDA context come on top.
+The formulas are DeepSpeed 0.19.8's estimators (deepspeed/runtime/zero/stage_1_and_2.py
+`estimate_zero2_model_states_mem_needs`, stage3.py `estimate_zero3_model_states_mem_needs`), which count parameters,
+gradients and Adam states with mixed precision (2 + 2 + 12 bytes per parameter, plus 4 bytes of fp32 gradients), and
+a 1.5x buffer factor on the CPU side. DeepSpeed uses the stage-2 numbers for stage 1. `zbench estimate` prints them,
+and `zero_core.deepspeed.runtime.zero` answers DeepSpeed's
+`estimate_zero2/3_model_states_mem_needs_all_live/_all_cold` with them. Stage 0 (DDP-like) keeps everything on every
+GPU: the stage-2 numbers for one GPU. DeepSpeed's estimators have no NVMe rows: those (`offload_optimizer=nvme`)
+count zero_core's own buffers (`nvme_bytes`), and add the disk each rank needs. Activations and the CUDA context
+come on top.
 """
 
 from __future__ import annotations
@@ -31,15 +33,17 @@ class EstimateRow:
     disk_bytes: int = 0  # per GPU (rank): NVMe offload's state file
 
 
-def zero2_bytes(total: int, gpus_per_node: int, nodes: int, cpu_offload: bool) -> tuple[int, int]:
-    """(cpu, gpu) bytes per process for stages 1 and 2."""
+def zero2_bytes(total: int, gpus_per_node: int, nodes: int, cpu_offload: bool,
+                buffer_factor: float = BUFFER_FACTOR) -> tuple[int, int]:
+    """(cpu, gpu) bytes per process for stages 1 and 2: without offload every GPU holds the 16-bit weights and its
+    share of 16-bit and fp32 gradients, fp32 weights and both moments (2 + 18 / GPUs bytes per parameter)."""
     total_gpus = gpus_per_node * nodes
     if cpu_offload:
         gpu = 2 * total
-        cpu = total * max(4 * total_gpus, 16) * BUFFER_FACTOR
+        cpu = total * max(4 * total_gpus, 16) * buffer_factor
     else:
-        gpu = 4 * total + int(16 * total / total_gpus)
-        cpu = total * 4 * gpus_per_node * BUFFER_FACTOR
+        gpu = 2 * total + int(18 * total / total_gpus)
+        cpu = total * 4 * gpus_per_node * buffer_factor
     return int(cpu), int(gpu)
 
 
@@ -63,6 +67,7 @@ def zero3_bytes(
     offload_optimizer: bool,
     offload_param: bool,
     zero_init: bool,
+    buffer_factor: float = BUFFER_FACTOR,
 ) -> tuple[int, int]:
     """(cpu, gpu) bytes per process for stage 3."""
     total_gpus = gpus_per_node * nodes
@@ -72,32 +77,33 @@ def zero3_bytes(
         factor = 18 if offload_param else 16
         gpu = largest_bytes if offload_param else largest_bytes + int(2 * total / total_gpus)
         if zero_init:
-            cpu = total * factor * per_node * BUFFER_FACTOR
+            cpu = total * factor * per_node * buffer_factor
         else:
-            cpu = total * max(4 * gpus_per_node, factor * per_node) * BUFFER_FACTOR
+            cpu = total * max(4 * gpus_per_node, factor * per_node) * buffer_factor
     else:
         gpu = largest_bytes + int(18 * total / total_gpus)
-        cpu = largest * 4 * gpus_per_node * BUFFER_FACTOR if zero_init else total * 4 * gpus_per_node * BUFFER_FACTOR
+        cpu = largest * 4 * gpus_per_node * buffer_factor if zero_init else total * 4 * gpus_per_node * buffer_factor
     return int(cpu), int(gpu)
 
 
-def estimate(total: int, largest: int, gpus_per_node: int = 1, nodes: int = 1) -> list[EstimateRow]:
+def estimate(total: int, largest: int, gpus_per_node: int = 1, nodes: int = 1,
+             buffer_factor: float = BUFFER_FACTOR) -> list[EstimateRow]:
     """Every stage and offload choice, as DeepSpeed's `*_all_live` estimators list them."""
     rows = []
-    gpu = zero2_bytes(total, 1, 1, cpu_offload=False)[1]  # nothing sharded: one GPU's worth on each
-    cpu = zero2_bytes(total, gpus_per_node, nodes, cpu_offload=False)[0]
+    gpu = zero2_bytes(total, 1, 1, False, buffer_factor)[1]  # nothing sharded: one GPU's worth on each
+    cpu = zero2_bytes(total, gpus_per_node, nodes, False, buffer_factor)[0]
     rows.append(EstimateRow(0, "none", "none", None, cpu, gpu))
     host, disk = nvme_bytes(total, gpus_per_node, nodes)
     for stage in (1, 2):
         for offload in (True, False):
-            cpu, gpu = zero2_bytes(total, gpus_per_node, nodes, offload)
+            cpu, gpu = zero2_bytes(total, gpus_per_node, nodes, offload, buffer_factor)
             rows.append(EstimateRow(stage, "none", "cpu" if offload else "none", None, cpu, gpu))
         rows.append(
             EstimateRow(stage, "none", "nvme", None, host, zero2_bytes(total, gpus_per_node, nodes, True)[1], disk)
         )
     for off_param, off_opt in ((True, True), (False, True), (False, False)):
         for zero_init in (True, False):
-            cpu, gpu = zero3_bytes(total, largest, gpus_per_node, nodes, off_opt, off_param, zero_init)
+            cpu, gpu = zero3_bytes(total, largest, gpus_per_node, nodes, off_opt, off_param, zero_init, buffer_factor)
             rows.append(
                 EstimateRow(3, "cpu" if off_param else "none", "cpu" if off_opt else "none", zero_init, cpu, gpu)
             )
@@ -131,7 +137,8 @@ def format_table(rows: list[EstimateRow], total: int, largest: int, gpus_per_nod
         "Estimated memory needed for params, optim states and gradients for a:",
         f"HW: Setup with {nodes} node{'s' if nodes > 1 else ''}, "
         f"{gpus_per_node} GPU{'s' if gpus_per_node > 1 else ''} per node.",
-        f"SW: Model with {total / 1e6:.0f}M total params, {largest / 1e6:.0f}M largest layer params.",
+        f"SW: Model with {total / 1e6:.0f}M total params"
+        + (f", {largest / 1e6:.0f}M largest layer params." if largest else "."),
         "",
         "| stage | per CPU (GiB) | per GPU (GiB) | disk per GPU (GiB) | options |",
         "|---|---|---|---|---|",
