@@ -249,3 +249,20 @@ def test_get_mom_follows_a_schedule_that_cycles_momentum():
     adagrad = _engine("fp32", optimizer=lambda params: torch.optim.Adagrad(params, lr=0.1))
     assert adagrad.get_mom() == [0.0]  # no momentum: DeepSpeed reports 0.0
     adagrad.close()
+
+
+def test_a_hard_coded_nccl_backend_runs_on_gloo_without_a_gpu():
+    import os
+    import subprocess
+    import sys
+
+    from helpers import REPO
+
+    code = ("import torch.distributed as dist, zero_core.deepspeed as deepspeed\n"
+            "deepspeed.init_distributed(dist_backend='nccl')\nprint('backend', dist.get_backend())")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**env, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["zero_core: init_distributed(dist_backend='nccl') without a CUDA device uses "
+                                        "gloo", "backend gloo"]

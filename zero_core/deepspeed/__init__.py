@@ -97,6 +97,10 @@ def init_distributed(dist_backend: str | None = None, auto_mpi_discovery: bool =
                           MASTER_PORT=str(distributed_port))
     device = zero_comm.pick_device()
     backend = dist_backend or ("nccl" if device.type == "cuda" else "gloo")
+    if backend == "nccl" and device.type != "cuda":  # a GPU script's hard-coded backend, run on CPUs
+        if os.environ.get("RANK", "0") == "0":
+            print("zero_core: init_distributed(dist_backend='nccl') without a CUDA device uses gloo", flush=True)
+        backend = "gloo"
     kwargs: dict[str, Any] = {"timeout": timeout} if timeout is not None else {}
     if rank >= 0 and world_size > 0:
         kwargs.update(rank=rank, world_size=world_size)
