@@ -46,6 +46,25 @@ def test_engine_queries_answer_as_deepspeed_does(monkeypatch):
     assert closed == [None]
 
 
+@pytest.mark.parametrize("stage, offload", [(1, None), (2, "cpu"), (3, None)])
+def test_config_queries_answer_from_the_config(stage, offload):
+    extra = {"offload_optimizer": {"device": offload}} if offload else {}
+    cfg = ds_config(stage, "bf16", 2, **extra)
+    cfg.update(gradient_predivide_factor=2.0, prescale_gradients=True, checkpoint={"tag_validation": "Fail"})
+    cfg["zero_optimization"].update(overlap_comm=True, reduce_scatter=False)
+    model = make_model()
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    assert engine.zero_cpu_offload() == (offload == "cpu")
+    assert engine.zero_optimization_partition_gradients() == (stage >= 2)
+    assert engine.zero_optimization_partition_weights() == (stage == 3)
+    assert engine.zero_overlap_comm() and not engine.zero_reduce_scatter()
+    assert engine.gradient_predivide_factor() == 2.0 and not engine.postscale_gradients()
+    assert engine.checkpoint_tag_validation_enabled() and engine.checkpoint_tag_validation_fail()
+    assert not (engine.amp_enabled() or engine.sparse_gradients_enabled() or engine.elasticity_enabled())
+    assert (engine.mp_world_size, engine.seq_dp_world_size, engine.data_parallel_group) == (1, 1, None)
+    engine.close()
+
+
 def test_deepspeed_comm_answers_for_a_world_of_one():
     import zero_core.deepspeed.comm as dist
 

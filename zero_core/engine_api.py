@@ -133,6 +133,59 @@ class DeepSpeedEngineAPI:
         """The config's `zero_optimization.offload_param` section (None without parameter offload)."""
         return self.config.zero_optimization.offload_param
 
+    def zero_cpu_offload(self) -> bool:
+        off = self.zero_offload_optimizer()
+        return off is not None and off.device == "cpu"
+
+    def zero_optimization_partition_gradients(self) -> bool:
+        return self.stage >= 2
+
+    def zero_optimization_partition_weights(self) -> bool:
+        return self.stage == 3
+
+    def zero_reduce_scatter(self) -> bool:
+        return bool(self.config.zero_optimization.reduce_scatter)
+
+    def zero_overlap_comm(self) -> bool:
+        return bool(self.config.zero_optimization.overlap_comm)
+
+    def gradient_predivide_factor(self) -> float:
+        return float(self.config.gradient_predivide_factor)
+
+    def postscale_gradients(self) -> bool:
+        return not self.config.prescale_gradients
+
+    def dump_state(self) -> bool:
+        return bool(self.config.dump_state)
+
+    def checkpoint_tag_validation_enabled(self) -> bool:
+        return self.config.checkpoint.tag_validation != "Ignore"
+
+    def checkpoint_tag_validation_fail(self) -> bool:
+        return self.config.checkpoint.tag_validation == "Fail"
+
+    def amp_enabled(self) -> bool:
+        return False  # the config's `amp` section is refused: fp16 / bf16 instead
+
+    def sparse_gradients_enabled(self) -> bool:
+        return False  # refused too: gradients are always dense
+
+    def elasticity_enabled(self) -> bool:
+        return False  # refused too: batch sizes are set explicitly
+
+    @property
+    def mp_world_size(self) -> int:
+        return 1  # no model parallelism
+
+    @property
+    def seq_dp_world_size(self) -> int:
+        return self.world_size
+
+    @property
+    def data_parallel_group(self) -> Any:
+        """Every rank's group (torch's default group; None in a single process without one)."""
+        return torch.distributed.group.WORLD if torch.distributed.is_initialized() else None
+
     def empty_partition_cache(self) -> None:
         """Nothing is cached to release: stage 3 frees each gathered unit after its forward and its backward."""
 
