@@ -124,6 +124,14 @@ def _resolve(root: Path, tag: str | None, kind: str | None, follow_symlinks: boo
     return folder, found
 
 
+def kind_at(path: str | os.PathLike, tag: str | None = None) -> str | None:
+    """The kind of checkpoint at `path` (and `tag`), or None where none is found (never raises)."""
+    try:
+        return _resolve(Path(path), tag, None, False)[1]
+    except (CheckpointError, OSError):
+        return None
+
+
 # the model's folder inside a save that also holds optimizer and RNG files: HF Trainer / Accelerate FSDP
 # (`checkpoint-N/pytorch_model_fsdp_0/` beside `optimizer_0/`)
 MODEL_FOLDERS = ("pytorch_model_fsdp_0",)

@@ -285,3 +285,19 @@ def test_a_hard_coded_nccl_backend_runs_on_gloo_without_a_gpu():
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines() == ["zero_core: init_distributed(dist_backend='nccl') without a CUDA device uses "
                                         "gloo", "backend gloo"]
+
+
+@pytest.mark.parametrize("folder, kind", [("deepspeed/2_2_fp32", "deepspeed"), ("dcp/plain", "dcp")])
+def test_load_checkpoint_of_another_tools_checkpoint_says_how_to_start_from_it(folder, kind):
+    from checkpoints.source import CheckpointError
+    from helpers import FIXTURES
+
+    engine = _engine()
+    before = engine.full_state_dict()
+    with pytest.raises(CheckpointError) as e:
+        engine.load_checkpoint(FIXTURES / folder)
+    message = str(e.value)
+    assert f"holds a {kind} checkpoint" in message and "load_state_dict_from_zero_checkpoint" in message
+    assert "\n" not in message
+    assert all(torch.equal(v, engine.full_state_dict()[k]) for k, v in before.items())  # nothing was changed
+    engine.close()

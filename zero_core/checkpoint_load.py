@@ -19,6 +19,7 @@ import torch
 
 from checkpoints import manifest as mf
 from checkpoints import zbench_format as fmt
+from checkpoints.detect import kind_at
 from checkpoints.source import CheckpointError
 from checkpoints.verified_read import read_verified
 from checkpoints.zbench_source import FragmentReader, read_frozen
@@ -119,7 +120,17 @@ def load(
 ) -> tuple[Path, dict[str, Any]]:
     """Collective. Loads weights, optimizer state and counters into this engine (`weights_only`: the fp32
     weights alone, the optimizer untouched); returns (the checkpoint folder, client_state)."""
-    folder = fmt.resolve(load_dir, tag)
+    try:
+        folder = fmt.resolve(load_dir, tag)
+    except CheckpointError:
+        other = kind_at(load_dir, tag)
+        if other in (None, "zbench"):
+            raise
+        raise CheckpointError(
+            f"{load_dir} holds a {other} checkpoint; load_checkpoint resumes zbench checkpoints only: start from its "
+            "weights with deepspeed.utils.zero_to_fp32.load_state_dict_from_zero_checkpoint(model, dir) before "
+            "initialize (its optimizer states do not carry over)"
+        ) from None
     manifest = mf.read(folder)
     current = param_entries(engine)
     _check_model(folder, manifest, current)
