@@ -301,3 +301,21 @@ def test_load_checkpoint_of_another_tools_checkpoint_says_how_to_start_from_it(f
     assert "\n" not in message
     assert all(torch.equal(v, engine.full_state_dict()[k]) for k, v in before.items())  # nothing was changed
     engine.close()
+
+
+def test_the_config_comes_from_deepspeeds_arguments_under_either_name(tmp_path):
+    import argparse
+    import json
+
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(ds_config(1, "fp32", 2)))
+    parser = deepspeed.add_config_arguments(argparse.ArgumentParser())
+    for flags in (["--deepspeed", "--deepspeed_config", str(path)], ["--deepscale", "--deepscale_config", str(path)]):
+        model = make_model()
+        engine, *_ = deepspeed.initialize(args=parser.parse_args(flags), model=model,
+                                          model_parameters=model.parameters())
+        assert engine.train_micro_batch_size_per_gpu() == 2 and engine.zero_optimization_stage() == 1
+        engine.close()
+    both = parser.parse_args(["--deepspeed_config", str(path), "--deepscale_config", str(path)])
+    with pytest.raises(ValueError, match="pass one"):
+        deepspeed.initialize(args=both, model=make_model(), model_parameters=None)

@@ -55,6 +55,10 @@ def _config_from(args: Any, config: Any, config_params: Any) -> Any:
         raise ValueError("initialize got both config and config_params; pass one")
     config = config if config is not None else config_params
     from_args = getattr(args, "deepspeed_config", None) if args is not None else None
+    old_name = getattr(args, "deepscale_config", None) if args is not None else None  # DeepSpeed's former flag
+    if old_name is not None and from_args is not None:
+        raise ValueError("args has both --deepscale_config and --deepspeed_config; pass one (--deepspeed_config)")
+    from_args = from_args if from_args is not None else old_name
     if config is not None and from_args is not None:
         raise ValueError("initialize got a config and args.deepspeed_config; pass one")
     config = config if config is not None else from_args
@@ -108,8 +112,11 @@ def init_distributed(dist_backend: str | None = None, auto_mpi_discovery: bool =
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """DeepSpeed's command-line arguments: --deepspeed and --deepspeed_config."""
+    """DeepSpeed's command-line arguments: --deepspeed and --deepspeed_config (and their former names --deepscale,
+    --deepscale_config, which older scripts pass)."""
     group = parser.add_argument_group("DeepSpeed", "DeepSpeed configurations")
     group.add_argument("--deepspeed", default=False, action="store_true", help="Enable DeepSpeed (zero_core)")
     group.add_argument("--deepspeed_config", default=None, type=str, help="DeepSpeed json configuration file.")
+    group.add_argument("--deepscale", default=False, action="store_true", help="Former name of --deepspeed")
+    group.add_argument("--deepscale_config", default=None, type=str, help="Former name of --deepspeed_config")
     return parser
