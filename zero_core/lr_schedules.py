@@ -46,8 +46,16 @@ def lr_schedule_of(
     """The same, from a scheduler section alone (a scheduler a script builds on its optimizer, too), in `dtype`
     (or the `out` dtype of a call: float64 gives the Python floats DeepSpeed reports)."""
     lrs = torch.tensor(group_lrs, dtype=torch.float64)
+    on_device: dict[torch.device, tuple[torch.Tensor, ...]] = {}  # the constants below, copied to a device once
+
+    def constants(device: torch.device) -> tuple[torch.Tensor, ...]:
+        if device not in on_device:
+            on_device[device] = tuple(t.to(device) for t in (lrs, first, delta))
+        return on_device[device]
+
     if sched is None or sched.type not in DEVICE_SCHEDULES:  # constant (host schedules write lr themselves)
-        return lambda applied, out=dtype: lrs.to(applied.device, out).expand(len(lrs)).clone()
+        first = delta = lrs
+        return lambda applied, out=dtype: constants(applied.device)[0].to(out).expand(len(lrs)).clone()
     p = sched.params
     warmup = max(2, p.warmup_num_steps)  # DeepSpeed clamps it so log(W) > 0
     inv_log = 1.0 / math.log(warmup)
@@ -61,7 +69,7 @@ def lr_schedule_of(
     if sched.type == "WarmupCosineLR":
         decay_len = float(max(1, total - warmup))
 
-        def factor(it: torch.Tensor, lr0: torch.Tensor) -> torch.Tensor:
+        def factor(it: torch.Tensor, lr0: torch.Tensor, _: torch.Tensor) -> torch.Tensor:
             ramp = p.warmup_min_ratio + gamma_ramp(it) * (1.0 - p.warmup_min_ratio)
             progress = ((it - warmup + 1.0) / decay_len).clamp(max=1.0)
             cosine = (p.cos_min_ratio + (1.0 - p.cos_min_ratio) * (1.0 + torch.cos(math.pi * progress)) / 2).clamp(
@@ -70,6 +78,7 @@ def lr_schedule_of(
             return lr0 * torch.where(it < warmup, ramp, cosine)
 
         first = torch.zeros_like(lrs)  # "not started": DeepSpeed writes 0 into every group
+        delta = lrs  # unused
     else:
         decay = sched.type == "WarmupDecayLR"
         decay_len = float(max(1, total - warmup))
@@ -79,9 +88,9 @@ def lr_schedule_of(
         min_lr = p.warmup_min_lr
         delta = (lrs if top is None else torch.full_like(lrs, top)) - min_lr
 
-        def factor(it: torch.Tensor, lr0: torch.Tensor) -> torch.Tensor:
+        def factor(it: torch.Tensor, lr0: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
             after = ((total - it) / decay_len).clamp(min=0.0) if decay else torch.ones_like(it)
-            return min_lr + delta.to(it.device) * torch.where(it < warmup, gamma_ramp(it), after)
+            return min_lr + delta * torch.where(it < warmup, gamma_ramp(it), after)
 
         first = torch.full_like(lrs, min_lr)
     if offset != -1:
@@ -90,7 +99,7 @@ def lr_schedule_of(
     def lr_at(applied: torch.Tensor, out: torch.dtype = dtype) -> torch.Tensor:
         n = applied.to(torch.float64).reshape(1)
         it = (n + offset).clamp(min=0.0)  # iteration the scheduler is at when update n runs (n >= 1)
-        lr0 = lrs.to(n.device)
-        return torch.where(n < 0.5, first.to(n.device), factor(it, lr0)).to(out)
+        lr0, first_lrs, delta_lrs = constants(n.device)
+        return torch.where(n < 0.5, first_lrs, factor(it, lr0, delta_lrs)).to(out)
 
     return lr_at
