@@ -93,6 +93,7 @@ def test_an_unmodified_script_under_torchrun(tmp_path):
     assert aliased == direct and len(aliased["losses"]) == 6
 
 
+@pytest.mark.slow  # fresh interpreters: outside the fast tier
 @pytest.mark.parametrize("line, words", [
     ("from deepspeed.moe.layer import MoE", "deepspeed.moe is not provided by zero_core"),
     ("from deepspeed.ops.lamb import FusedLamb", "deepspeed.ops.lamb is not provided by zero_core"),
@@ -105,6 +106,7 @@ def test_what_zero_core_does_not_provide_is_refused_on_import(tmp_path, line, wo
     assert done.returncode == 1 and f"ModuleNotFoundError: {words}" in done.stderr
 
 
+@pytest.mark.slow
 def test_a_missing_script_is_one_error_line(tmp_path):
     done = subprocess.run([sys.executable, "-m", "zero_core.deepspeed", str(tmp_path / "nope.py")],
                           capture_output=True, text=True, env=_env(), timeout=120)

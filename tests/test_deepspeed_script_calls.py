@@ -270,6 +270,7 @@ def test_get_mom_follows_a_schedule_that_cycles_momentum():
     adagrad.close()
 
 
+@pytest.mark.slow  # a fresh interpreter (the process group is global): outside the fast tier
 def test_a_hard_coded_nccl_backend_runs_on_gloo_without_a_gpu():
     import os
     import subprocess
