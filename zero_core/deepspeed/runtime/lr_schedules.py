@@ -61,7 +61,8 @@ class _Schedule:
         try:
             self.config = SchedulerConfig.model_validate({"type": self.kind, "params": given})
         except ValidationError as err:
-            raise ConfigError(f"{self.kind}: {from_validation_error(err, SchedulerConfig)}") from None
+            problem = str(from_validation_error(err, SchedulerConfig)).removeprefix("params.")  # an argument here
+            raise ConfigError(f"{self.kind}: {problem}") from None
         self.start = self.last_batch_iteration = self.config.params.last_batch_iteration
         self.own_lrs = [float(g["lr"]) for g in self.optimizer.param_groups]
         self._last_lr: list[float] | None = None
