@@ -21,6 +21,14 @@ from .paths import inside
 from .source import CheckpointError, ParamInfo
 
 
+DEEPSPEED_KEYS = {
+    "module", "buffer_names", "optimizer", "param_shapes", "frozen_param_shapes", "shared_params",
+    "frozen_param_fragments", "lr_scheduler", "data_sampler", "random_ltd", "sparse_tensor_module_names",
+    "skipped_steps", "global_steps", "global_samples", "dp_world_size", "mp_world_size", "ds_config", "ds_version",
+    "checkpoint_parallel_dimensions", "csr_tensor_module_names",
+}
+
+
 def _dtype_name(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
@@ -66,6 +74,10 @@ class ModelStates:
                     "copy it from the run that saved this checkpoint"
                 )
         self.step: int | None = state.get("global_steps")
+        self.skipped: int = int(state.get("skipped_steps") or 0)
+        self.lr_scheduler = state.get("lr_scheduler")
+        # what the run's save_checkpoint(client_state=...) added: every key DeepSpeed does not write itself
+        self.client_state = {k: v for k, v in state.items() if k not in DEEPSPEED_KEYS}
         self.ds_version: str | None = state.get("ds_version")
         config = state.get("ds_config") if isinstance(state.get("ds_config"), dict) else {}
         self.precision = (

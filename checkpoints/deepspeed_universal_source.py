@@ -91,6 +91,22 @@ class UniversalSource:
             )
         return self._files.tensor(path, t).float().reshape(info.shape)
 
+    def load_state(self, name: str, key: str) -> torch.Tensor:
+        """Adam's `key` ("exp_avg" or "exp_avg_sq") of trainable parameter `name`, full, fp32, on the CPU."""
+        path = self.state_path(name, key)
+        if not path.is_file():
+            raise CheckpointError(f"missing file {path}; the universal checkpoint has no optimizer states for "
+                                  f"{name}: run ds_to_universal.py again")
+        t = _param_of(self._files.get(path), path)
+        shape = self._by_name[name].shape
+        if t.numel() != math.prod(shape):
+            raise CheckpointError(f"{path} holds {t.numel()} elements but {name} has shape {shape}; the folder mixes "
+                                  "files from different conversions")
+        return self._files.tensor(path, t).float().reshape(shape)
+
+    def state_path(self, name: str, key: str) -> Path:
+        return self._inside(f"zero/{name}/{key}.pt", f"{key} file")
+
     def summary(self) -> SourceSummary:
         """Kind, the source run's step, stage and world size (when its model states are present), sizes."""
         m = self.model

@@ -124,10 +124,10 @@ def _resolve(root: Path, tag: str | None, kind: str | None, follow_symlinks: boo
     return folder, found
 
 
-def kind_at(path: str | os.PathLike, tag: str | None = None) -> str | None:
-    """The kind of checkpoint at `path` (and `tag`), or None where none is found (never raises)."""
+def locate(path: str | os.PathLike, tag: str | None = None) -> tuple[Path, str] | None:
+    """(the checkpoint folder, its kind) at `path` (and `tag`), or None where none is found (never raises)."""
     try:
-        return _resolve(Path(path), tag, None, False)[1]
+        return _resolve(Path(path), tag, None, False)
     except (CheckpointError, OSError):
         return None
 

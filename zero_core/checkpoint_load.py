@@ -19,7 +19,7 @@ import torch
 
 from checkpoints import manifest as mf
 from checkpoints import zbench_format as fmt
-from checkpoints.detect import kind_at
+from checkpoints.detect import locate
 from checkpoints.source import CheckpointError
 from checkpoints.verified_read import read_verified
 from checkpoints.zbench_source import FragmentReader, read_frozen
@@ -76,7 +76,7 @@ def _fragment_pieces(mine: list, names: list[str], lo: int, hi: int):
             yield name, a, b, f.param_start + a - f.partition_offset
 
 
-def _read_fragments(reader: Any, mine: list, names: list[str], lo: int, into: dict[str, torch.Tensor]) -> None:
+def read_fragments(reader: Any, mine: list, names: list[str], lo: int, into: dict[str, torch.Tensor]) -> None:
     """Fill `into[key]` (holding partition elements [lo, lo + numel)) from the checkpoint's fragments."""
     hi = lo + next(iter(into.values())).numel() if into else lo
     for name, a, b, start in _fragment_pieces(mine, names, lo, hi):
@@ -123,13 +123,18 @@ def load(
     try:
         folder = fmt.resolve(load_dir, tag)
     except CheckpointError:
-        other = kind_at(load_dir, tag)
-        if other in (None, "zbench"):
+        found = locate(load_dir, tag)
+        if found is None or found[1] == "zbench":
             raise
+        if found[1] == "deepspeed-universal":
+            from .checkpoint_universal import load_universal
+
+            return load_universal(engine, found[0], weights_only, schedule)
         raise CheckpointError(
-            f"{load_dir} holds a {other} checkpoint; load_checkpoint resumes zbench checkpoints only: start from its "
-            "weights with deepspeed.utils.zero_to_fp32.load_state_dict_from_zero_checkpoint(model, dir) before "
-            "initialize (its optimizer states do not carry over)"
+            f"{load_dir} holds a {found[1]} checkpoint; load_checkpoint resumes zbench and DeepSpeed universal "
+            "checkpoints: convert a DeepSpeed one with DeepSpeed's ds_to_universal.py to carry its optimizer states "
+            "over, or start from its weights with deepspeed.utils.zero_to_fp32.load_state_dict_from_zero_checkpoint"
+            "(model, dir) before initialize"
         ) from None
     manifest = mf.read(folder)
     current = param_entries(engine)
@@ -165,9 +170,9 @@ def load(
                 )
             else:
                 for lo, hi, views in opt.states.stream():  # NVMe chunk by chunk (written back)
-                    _read_fragments(reader, mine, names, lo, {k: views[k] for k in into_states})
+                    read_fragments(reader, mine, names, lo, {k: views[k] for k in into_states})
                 if arrays:
-                    _read_fragments(reader, mine, names, 0, arrays)
+                    read_fragments(reader, mine, names, 0, arrays)
             if client and saved_states:
                 opt.load_state_arrays(arrays, manifest["optimizer"].get("client_scalars", {}))
         finally:

@@ -1,0 +1,104 @@
+"""`engine.load_checkpoint` of a DeepSpeed universal checkpoint (tests/fixtures/deepspeed_universal/3_2_fp32: ZeRO-3
+on 2 ranks, converted by DeepSpeed 0.19.8's ds_to_universal.py): zero_core resumes it at any stage and on any number
+of ranks, and trains on exactly as DeepSpeed itself does from it (`continued.safetensors`, recorded by
+tests/fixtures/make_deepspeed_fixtures.py --continue-universal)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+import torch
+from dist_harness import run_ranks
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from helpers import FIXTURES
+
+UNIVERSAL = FIXTURES / "deepspeed_universal" / "3_2_fp32"
+_spec = importlib.util.spec_from_file_location("ds_fixtures", FIXTURES / "make_deepspeed_fixtures.py")
+ds_fixtures = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ds_fixtures)
+
+
+def _engine(stage: int, offload: bool = False, micro: int = 2, model=None):
+    import zero_core.deepspeed as deepspeed
+
+    torch.manual_seed(0)
+    model = model or ds_fixtures.Tiny()
+    model.norm.weight.requires_grad_(False)
+    zero = {"stage": stage, **({"offload_optimizer": {"device": "cpu"}} if offload else {})}
+    cfg = {"train_micro_batch_size_per_gpu": micro, "zero_optimization": zero,
+           "optimizer": {"type": "AdamW", "params": {"lr": 0.05, "weight_decay": 0.01}}}
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
+                                      config=cfg)
+    return engine
+
+
+def _resume_and_train(rank: int, world: int, stage: int, offload: bool) -> dict:
+    """Resume, then DeepSpeed's continuation batches, each split over the ranks."""
+    engine = _engine(stage, offload, micro=2 // world)
+    folder, client = engine.load_checkpoint(UNIVERSAL)
+    out = {"steps": engine.global_steps, "folder": str(folder), "client": client, "losses": []}
+    gen = torch.Generator().manual_seed(ds_fixtures.CONTINUE_SEED)
+    for _ in range(ds_fixtures.CONTINUE_STEPS):
+        batch = torch.randint(0, 11, (2, 5), generator=gen)
+        loss = engine(batch[rank * 2 // world : (rank + 1) * 2 // world])
+        engine.backward(loss)
+        engine.step()
+        out["losses"].append(float(loss.detach()))
+    out["state"], out["after"] = engine.full_state_dict(), engine.global_steps
+    engine.close()
+    return out
+
+
+def _deepspeeds() -> tuple[dict, list[float]]:
+    path = UNIVERSAL / "continued.safetensors"
+    with safe_open(str(path), "pt") as f:
+        losses = json.loads(f.metadata()["losses"])
+    return load_file(str(path)), losses
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_a_universal_checkpoint_resumes_and_trains_on_as_deepspeed_does(stage):
+    got = _resume_and_train(0, 1, stage, False)
+    want, losses = _deepspeeds()
+    assert got["steps"] == 2 and got["after"] == 4 and got["folder"].endswith("global_step2_universal")
+    assert got["losses"] == pytest.approx(losses, rel=1e-6)
+    for name, w in want.items():
+        assert torch.allclose(got["state"][name], w, rtol=0, atol=1e-6), name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage, offload", [(2, True), (3, False)])
+def test_on_two_ranks(stage, offload):
+    got = run_ranks(_resume_and_train, 2, stage, offload)
+    want, _ = _deepspeeds()
+    for name, w in want.items():
+        assert torch.allclose(got["state"][name], w, rtol=0, atol=1e-6), name
+
+
+def test_weights_only_takes_the_fp32_weights_and_keeps_the_counters():
+    engine = _engine(2)
+    engine.load_checkpoint(UNIVERSAL, load_module_only=True)
+    state = engine.full_state_dict()
+    engine.close()
+    assert engine.global_steps == 0
+    fp32 = torch.load(UNIVERSAL / "global_step2_universal" / "zero" / "lin1.weight" / "fp32.pt", weights_only=True)
+    fp32 = fp32["param"] if isinstance(fp32, dict) else fp32
+    assert torch.equal(state["lin1.weight"], fp32.reshape(state["lin1.weight"].shape))
+
+
+def test_another_model_is_refused_before_anything_changes():
+    from checkpoints.source import CheckpointError
+
+    model = ds_fixtures.Tiny()
+    model.lin1 = torch.nn.Linear(7, 13, bias=False)  # lin1.bias is missing
+    engine = _engine(2, model=model)
+    before = engine.full_state_dict()
+    with pytest.raises(CheckpointError) as e:
+        engine.load_checkpoint(UNIVERSAL)
+    assert "does not hold this model" in str(e.value) and "\n" not in str(e.value)
+    assert all(torch.equal(v, engine.full_state_dict()[k]) for k, v in before.items())
+    engine.close()

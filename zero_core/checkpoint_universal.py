@@ -1,0 +1,98 @@
+"""Resume a DeepSpeed universal checkpoint (the output of DeepSpeed's `ds_to_universal.py`) in zero_core: the fp32
+weights, Adam's moments and the step counters, on any number of ranks and at any stage, as DeepSpeed's own
+`load_universal` does.
+
+Each rank reads, for every parameter it holds a fragment of, the whole `fp32.pt`, `exp_avg.pt` and `exp_avg_sq.pt`
+(one parameter at a time: memory stays near the largest one) and keeps its fragment. Names and shapes are checked,
+and every file this rank needs is found, before anything changes. The config's schedule goes on from the applied
+update count; a passed scheduler takes the saved scheduler state. Not carried over: the RNG states, and under fp16
+the loss scale (it starts from the config's).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from checkpoints.deepspeed_universal_source import UniversalSource
+from checkpoints.source import CheckpointError
+
+from .checkpoint_load import read_fragments
+from .optim.client_optimizer import ClientOptimizer
+from .optim.states import NAMES, TensorStates
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+
+class _Reader:
+    """`read_into(piece, name, key, start)` over the universal files, the last tensor of each key kept."""
+
+    def __init__(self, source: UniversalSource) -> None:
+        self.source = source
+        self._last: dict[str, tuple[str, torch.Tensor]] = {}
+
+    def read_into(self, piece: torch.Tensor, name: str, key: str, start: int) -> None:
+        kept = self._last.get(key)
+        if kept is None or kept[0] != name:
+            full = self.source.load(name) if key == "master" else self.source.load_state(name, key)
+            kept = self._last[key] = (name, full.reshape(-1))
+        piece.copy_(kept[1][start : start + piece.numel()])
+
+
+def load_universal(engine: "Engine", folder: Path, weights_only: bool, schedule: bool) -> tuple[Path, dict[str, Any]]:
+    """Collective (each rank reads its own fragments). Returns (the folder, the run's client_state)."""
+    source = UniversalSource(folder)
+    if source.model is None:
+        raise CheckpointError(f"{folder} has no model-states files beside zero/; copy them from the run that saved it")
+    infos = {i.name: i for i in source.params()}
+    rank = engine.rank if engine.layout.world_size > 1 else 0
+    mine = engine.layout.fragments(rank)
+    names = [engine.layout.slots[f.param_index].name for f in mine]
+    for slot in engine.layout.slots:
+        info = infos.get(slot.name)
+        if info is None or info.tied_to or math.prod(info.shape) != slot.numel:
+            found = "not in it" if info is None else f"{'tied' if info.tied_to else 'shape'} {info.shape}"
+            raise CheckpointError(f"{folder} does not hold this model: {slot.name} {tuple(slot.shape)} is {found}; "
+                                  "load the checkpoint of this model")
+    ours = {slot.name for slot in engine.layout.slots}
+    extra = next((n for n in source.model.trainable if n not in ours), None)
+    if extra is not None:
+        raise CheckpointError(f"{folder} does not hold this model: it trains {extra}, which this model does not; "
+                              "load the checkpoint of this model")
+    opt = engine.optimizer
+    keys = ("master",) if weights_only or isinstance(opt, ClientOptimizer) else NAMES
+    for name in dict.fromkeys(names):  # every file this rank reads is there before anything changes
+        for key in keys[1:]:
+            if not source.state_path(name, key).is_file():
+                raise CheckpointError(f"missing file {source.state_path(name, key)}; load with "
+                                      "load_optimizer_states=False, or run ds_to_universal.py again")
+    frozen = [n for n, i in infos.items() if n not in source.model.trainable and not i.tied_to]
+    state = engine.module.state_dict(keep_vars=True)
+    frozen_values = {n: source.load(n) for n in frozen if n in state}
+    reader = _Reader(source)
+    with torch.no_grad():
+        if isinstance(opt.states, TensorStates):
+            read_fragments(reader, mine, names, 0, {k: getattr(opt.states, k) for k in keys})
+        else:
+            for lo, _, views in opt.states.stream():  # NVMe chunk by chunk (written back)
+                read_fragments(reader, mine, names, lo, {k: views[k] for k in keys})
+        for name, t in frozen_values.items():
+            state[name].data.copy_(t)
+        engine.refresh_working_weights()
+        model = source.model
+        if not weights_only:
+            steps = int(model.step or 0)
+            opt.applied.fill_(steps - model.skipped)
+            opt.skipped.fill_(model.skipped)
+            engine.global_step, engine.micro_steps = steps, steps * engine.gradient_accumulation_steps()
+            saved = model.lr_scheduler
+            if schedule and engine.host_schedule is not None and isinstance(saved, dict):
+                try:
+                    engine.host_schedule.load_state_dict({"scheduler": saved, "stepped": steps - model.skipped})
+                except ValueError as e:
+                    raise CheckpointError(f"{folder}: {e}; pass load_lr_scheduler_states=False") from None
+    return folder, dict(model.client_state)
