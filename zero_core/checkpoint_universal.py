@@ -5,7 +5,7 @@ weights, Adam's moments and the step counters, on any number of ranks and at any
 Each rank reads, for every parameter it holds a fragment of, the whole `fp32.pt`, `exp_avg.pt` and `exp_avg_sq.pt`
 (one parameter at a time: memory stays near the largest one) and keeps its fragment. Names and shapes are checked,
 and every file this rank needs is found, before anything changes. The config's schedule goes on from the applied
-update count; a passed scheduler takes the saved scheduler state. Not carried over: the RNG states, and under fp16
+update count; a passed scheduler is given the saved scheduler state (when the run saved one). Not carried over: the RNG states, and under fp16
 the loss scale (it starts from the config's).
 """
 
