@@ -22,13 +22,15 @@ ds_fixtures = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(ds_fixtures)
 
 
-def _engine(stage: int, offload: bool = False, micro: int = 2, model=None):
+def _engine(stage: int, offload: bool | str = False, micro: int = 2, model=None):
+    """`offload`: True for host memory, or a folder for NVMe-backed states."""
     import zero_core.deepspeed as deepspeed
 
     torch.manual_seed(0)
     model = model or ds_fixtures.Tiny()
     model.norm.weight.requires_grad_(False)
-    zero = {"stage": stage, **({"offload_optimizer": {"device": "cpu"}} if offload else {})}
+    where = {"device": "nvme", "nvme_path": offload} if isinstance(offload, str) else {"device": "cpu"}
+    zero = {"stage": stage, **({"offload_optimizer": where} if offload else {})}
     cfg = {"train_micro_batch_size_per_gpu": micro, "zero_optimization": zero,
            "optimizer": {"type": "AdamW", "params": {"lr": 0.05, "weight_decay": 0.01}}}
     engine, *_ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
@@ -36,7 +38,7 @@ def _engine(stage: int, offload: bool = False, micro: int = 2, model=None):
     return engine
 
 
-def _resume_and_train(rank: int, world: int, stage: int, offload: bool) -> dict:
+def _resume_and_train(rank: int, world: int, stage: int, offload: bool | str) -> dict:
     """Resume, then DeepSpeed's continuation batches, each split over the ranks."""
     engine = _engine(stage, offload, micro=2 // world)
     folder, client = engine.load_checkpoint(UNIVERSAL)
@@ -60,9 +62,9 @@ def _deepspeeds() -> tuple[dict, list[float]]:
     return load_file(str(path)), losses
 
 
-@pytest.mark.parametrize("stage", [1, 2, 3])
-def test_a_universal_checkpoint_resumes_and_trains_on_as_deepspeed_does(stage):
-    got = _resume_and_train(0, 1, stage, False)
+@pytest.mark.parametrize("stage, offload", [(1, False), (2, False), (3, False), (3, "nvme")])
+def test_a_universal_checkpoint_resumes_and_trains_on_as_deepspeed_does(stage, offload, tmp_path):
+    got = _resume_and_train(0, 1, stage, str(tmp_path) if offload == "nvme" else False)
     want, losses = _deepspeeds()
     assert got["steps"] == 2 and got["after"] == 4 and got["folder"].endswith("global_step2_universal")
     assert got["losses"] == pytest.approx(losses, rel=1e-6)
