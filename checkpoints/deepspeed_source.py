@@ -127,19 +127,49 @@ class DeepSpeedSource:
             return self.load(info.tied_to)
         if name not in self.model.trainable:
             return self.model.load_untrained(name, info.shape)
+        return self._gather(name, None)
+
+    def load_state(self, name: str, key: str) -> torch.Tensor:
+        """Adam's `key` ("exp_avg" or "exp_avg_sq") of trainable parameter `name`, full, fp32, on the CPU: the
+        moments lie in each rank's optimizer state exactly as its fp32 partitions do."""
+        return self._gather(name, key)
+
+    def check_states(self, keys: tuple[str, ...]) -> None:
+        """Every rank's optimizer file holds `keys` for each of its partitions (else one CheckpointError line)."""
+        for rank in range(self.world_size):
+            for key in keys:
+                self._partitions(rank, key)
+
+    def _gather(self, name: str, key: str | None) -> torch.Tensor:
+        info = self._by_name[name]
         out = torch.empty(math.prod(info.shape), dtype=torch.float32)
         pos = 0
         for p in self._pieces[name]:
             for lo in range(0, p.numel, _CHUNK):
                 n = min(_CHUNK, p.numel - lo)
-                self._copy(p.rank, p.start + lo, out[pos : pos + n])
+                self._copy(p.rank, p.start + lo, out[pos : pos + n], key)
                 pos += n
         return out.view(info.shape)
 
-    def _copy(self, rank: int, start: int, dst: torch.Tensor) -> None:
+    def _partitions(self, rank: int, key: str | None) -> list[torch.Tensor]:
+        """Rank `rank`'s fp32 partitions (`key` None) or its Adam `key` of each, in group order."""
+        saved = self._files.get(self.optim_files[rank])["optimizer_state_dict"]
+        groups = saved[self._group_key]
+        if key is None:
+            return groups
+        inner = saved.get("base_optimizer_state" if self.stage < 3 else "optimizer_state_dict")
+        state = inner.get("state") if isinstance(inner, dict) else None
+        moments = [state.get(g, {}).get(key) if isinstance(state, dict) else None for g in range(len(groups))]
+        for g, (m, t) in enumerate(zip(moments, groups)):
+            if not isinstance(m, torch.Tensor) or m.numel() != t.numel():
+                raise CheckpointError(f"{self.optim_files[rank]} holds no {key} for group {g} (an optimizer other "
+                                      "than Adam?); load its weights alone")
+        return moments
+
+    def _copy(self, rank: int, start: int, dst: torch.Tensor, key: str | None = None) -> None:
         """Fill `dst` from rank `rank`'s partitions laid end to end, from `start` (may cross param groups)."""
         path = self.optim_files[rank]
-        groups = self._files.get(path)["optimizer_state_dict"][self._group_key]
+        groups = self._partitions(rank, key)
         pos = 0
         for t in groups:
             n = t.numel()

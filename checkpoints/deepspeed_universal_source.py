@@ -107,6 +107,14 @@ class UniversalSource:
     def state_path(self, name: str, key: str) -> Path:
         return self._inside(f"zero/{name}/{key}.pt", f"{key} file")
 
+    def check_states(self, keys: tuple[str, ...]) -> None:
+        """Every trainable parameter has its `keys` files (else one CheckpointError line)."""
+        for name in self.model.trainable if self.model else (i.name for i in self._infos):
+            for key in keys:
+                if not self.state_path(name, key).is_file():
+                    raise CheckpointError(f"missing file {self.state_path(name, key)}; load with "
+                                          "load_optimizer_states=False, or run ds_to_universal.py again")
+
     def summary(self) -> SourceSummary:
         """Kind, the source run's step, stage and world size (when its model states are present), sizes."""
         m = self.model

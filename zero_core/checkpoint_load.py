@@ -126,15 +126,14 @@ def load(
         found = locate(load_dir, tag)
         if found is None or found[1] == "zbench":
             raise
-        if found[1] == "deepspeed-universal":
-            from .checkpoint_universal import load_universal
+        if found[1] in ("deepspeed", "deepspeed-universal"):
+            from .checkpoint_deepspeed import load_deepspeed
 
-            return load_universal(engine, found[0], weights_only, schedule)
+            return load_deepspeed(engine, found[0], found[1], weights_only, schedule)
         raise CheckpointError(
-            f"{load_dir} holds a {found[1]} checkpoint; load_checkpoint resumes zbench and DeepSpeed universal "
-            "checkpoints: convert a DeepSpeed one with DeepSpeed's ds_to_universal.py to carry its optimizer states "
-            "over, or start from its weights with deepspeed.utils.zero_to_fp32.load_state_dict_from_zero_checkpoint"
-            "(model, dir) before initialize"
+            f"{load_dir} holds a {found[1]} checkpoint; load_checkpoint resumes zbench and DeepSpeed checkpoints: "
+            "start from its weights with deepspeed.utils.zero_to_fp32.load_state_dict_from_zero_checkpoint(model, "
+            "dir) before initialize"
         ) from None
     manifest = mf.read(folder)
     current = param_entries(engine)

@@ -1,7 +1,8 @@
-"""`engine.load_checkpoint` of a DeepSpeed universal checkpoint (tests/fixtures/deepspeed_universal/3_2_fp32: ZeRO-3
-on 2 ranks, converted by DeepSpeed 0.19.8's ds_to_universal.py): zero_core resumes it at any stage and on any number
-of ranks, and trains on exactly as DeepSpeed itself does from it (`continued.safetensors`, recorded by
-tests/fixtures/make_deepspeed_fixtures.py --continue-universal)."""
+"""`engine.load_checkpoint` of DeepSpeed 0.19.8 checkpoints: ZeRO-1/2/3 ones saved on 2 ranks (tests/fixtures/deepspeed)
+and a universal one (tests/fixtures/deepspeed_universal/3_2_fp32, ZeRO-3 on 2 ranks through ds_to_universal.py).
+zero_core resumes each at any stage and on any number of ranks, and trains on as DeepSpeed itself does from it
+(`continued.safetensors` beside each, recorded by tests/fixtures/make_deepspeed_fixtures.py --continue-zero /
+--continue-universal: the same batches, split over DeepSpeed's ranks)."""
 
 from __future__ import annotations
 
@@ -17,12 +18,14 @@ from safetensors.torch import load_file
 from helpers import FIXTURES
 
 UNIVERSAL = FIXTURES / "deepspeed_universal" / "3_2_fp32"
+ZERO = {stage: FIXTURES / "deepspeed" / f"{stage}_2_fp32" for stage in (1, 2, 3)}
+GLOBAL_BATCH = {UNIVERSAL: 2}  # DeepSpeed's continuation: 1 rank x 2 for the universal one, else 2 ranks x 2
 _spec = importlib.util.spec_from_file_location("ds_fixtures", FIXTURES / "make_deepspeed_fixtures.py")
 ds_fixtures = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(ds_fixtures)
 
 
-def _engine(stage: int, offload: bool | str = False, micro: int = 2, model=None):
+def _engine(stage: int, offload: bool | str = False, micro: int = 2, model=None, bf16: bool = False):
     """`offload`: True for host memory, or a folder for NVMe-backed states."""
     import zero_core.deepspeed as deepspeed
 
@@ -32,21 +35,22 @@ def _engine(stage: int, offload: bool | str = False, micro: int = 2, model=None)
     where = {"device": "nvme", "nvme_path": offload} if isinstance(offload, str) else {"device": "cpu"}
     zero = {"stage": stage, **({"offload_optimizer": where} if offload else {})}
     cfg = {"train_micro_batch_size_per_gpu": micro, "zero_optimization": zero,
-           "optimizer": {"type": "AdamW", "params": {"lr": 0.05, "weight_decay": 0.01}}}
+           "optimizer": {"type": "AdamW", "params": {"lr": 0.05, "weight_decay": 0.01}}, "bf16": {"enabled": bf16}}
     engine, *_ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
                                       config=cfg)
     return engine
 
 
-def _resume_and_train(rank: int, world: int, stage: int, offload: bool | str) -> dict:
-    """Resume, then DeepSpeed's continuation batches, each split over the ranks."""
-    engine = _engine(stage, offload, micro=2 // world)
-    folder, client = engine.load_checkpoint(UNIVERSAL)
+def _resume_and_train(rank: int, world: int, stage: int, offload: bool | str, source=UNIVERSAL) -> dict:
+    """Resume `source`, then DeepSpeed's continuation batches, each split over the ranks."""
+    size = GLOBAL_BATCH.get(source, 4)
+    engine = _engine(stage, offload, micro=size // world)
+    folder, client = engine.load_checkpoint(source)
     out = {"steps": engine.global_steps, "folder": str(folder), "client": client, "losses": []}
     gen = torch.Generator().manual_seed(ds_fixtures.CONTINUE_SEED)
     for _ in range(ds_fixtures.CONTINUE_STEPS):
-        batch = torch.randint(0, 11, (2, 5), generator=gen)
-        loss = engine(batch[rank * 2 // world : (rank + 1) * 2 // world])
+        batch = torch.randint(0, 11, (size, 5), generator=gen)
+        loss = engine(batch[rank * size // world : (rank + 1) * size // world])
         engine.backward(loss)
         engine.step()
         out["losses"].append(float(loss.detach()))
@@ -55,8 +59,8 @@ def _resume_and_train(rank: int, world: int, stage: int, offload: bool | str) ->
     return out
 
 
-def _deepspeeds() -> tuple[dict, list[float]]:
-    path = UNIVERSAL / "continued.safetensors"
+def _deepspeeds(source=UNIVERSAL) -> tuple[dict, list[float]]:
+    path = source / "continued.safetensors"
     with safe_open(str(path), "pt") as f:
         losses = json.loads(f.metadata()["losses"])
     return load_file(str(path)), losses
@@ -72,11 +76,22 @@ def test_a_universal_checkpoint_resumes_and_trains_on_as_deepspeed_does(stage, o
         assert torch.allclose(got["state"][name], w, rtol=0, atol=1e-6), name
 
 
+@pytest.mark.parametrize("saved, stage", [(1, 3), (2, 2), (3, 1)])
+def test_a_zero_checkpoint_resumes_at_another_stage_and_trains_on_as_deepspeed_does(saved, stage):
+    got = _resume_and_train(0, 1, stage, False, ZERO[saved])
+    want, losses = _deepspeeds(ZERO[saved])
+    assert got["steps"] == 2 and got["after"] == 4 and got["folder"].endswith("global_step2")
+    assert got["losses"] == pytest.approx(losses, rel=1e-6)
+    for name, w in want.items():
+        assert torch.allclose(got["state"][name], w, rtol=0, atol=1e-6), name
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("stage, offload", [(2, True), (3, False)])
-def test_on_two_ranks(stage, offload):
-    got = run_ranks(_resume_and_train, 2, stage, offload)
-    want, _ = _deepspeeds()
+@pytest.mark.parametrize("source, stage, offload", [(UNIVERSAL, 2, True), (UNIVERSAL, 3, False), (ZERO[2], 3, True),
+                                                    (ZERO[3], 2, False)])
+def test_on_two_ranks(source, stage, offload):
+    got = run_ranks(_resume_and_train, 2, stage, offload, source)
+    want, _ = _deepspeeds(source)
     for name, w in want.items():
         assert torch.allclose(got["state"][name], w, rtol=0, atol=1e-6), name
 
@@ -103,4 +118,22 @@ def test_another_model_is_refused_before_anything_changes():
         engine.load_checkpoint(UNIVERSAL)
     assert "does not hold this model" in str(e.value) and "\n" not in str(e.value)
     assert all(torch.equal(v, engine.full_state_dict()[k]) for k, v in before.items())
+    engine.close()
+
+
+@pytest.mark.parametrize("saved", ["1_2_bf16", "3_2_bf16"])
+def test_a_bf16_runs_masters_and_moments_are_taken(saved):
+    """The fp32 masters equal DeepSpeed's own consolidation of the checkpoint (expected_fp32.safetensors), and the
+    moments are the run's (non-zero after its 2 steps), in a bf16 engine."""
+    from zero_core.deepspeed.utils import safe_get_full_optimizer_state
+
+    folder = FIXTURES / "deepspeed" / saved
+    engine = _engine(2, bf16=True)
+    engine.load_checkpoint(folder)
+    state = engine.full_state_dict()
+    want = load_file(str(folder / "expected_fp32.safetensors"))
+    for name in ("emb.weight", "lin1.weight", "lin2.bias"):
+        assert torch.equal(state[name], want[name]), name
+        assert float(safe_get_full_optimizer_state(engine.module.get_parameter(name), "exp_avg_sq").sum()) > 0
+    assert engine.global_steps == 2
     engine.close()

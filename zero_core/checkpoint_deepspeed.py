@@ -1,12 +1,13 @@
-"""Resume a DeepSpeed universal checkpoint (the output of DeepSpeed's `ds_to_universal.py`) in zero_core: the fp32
-weights, Adam's moments and the step counters, on any number of ranks and at any stage, as DeepSpeed's own
-`load_universal` does.
+"""Resume a DeepSpeed checkpoint in zero_core, ZeRO-1/2/3 or universal (the output of `ds_to_universal.py`): the fp32
+weights, Adam's moments and the step counters, on any number of ranks and at any stage (as DeepSpeed's own
+`load_universal` does for universal ones).
 
-Each rank reads, for every parameter it holds a fragment of, the whole `fp32.pt`, `exp_avg.pt` and `exp_avg_sq.pt`
-(one parameter at a time: memory stays near the largest one) and keeps its fragment. Names and shapes are checked,
-and every file this rank needs is found, before anything changes. The config's schedule goes on from the applied
-update count; a passed scheduler is given the saved scheduler state (when the run saved one). Not carried over: the RNG states, and under fp16
-the loss scale (it starts from the config's).
+Each rank reads, for every parameter it holds a fragment of, its whole fp32 weights, `exp_avg` and `exp_avg_sq`
+through the checkpoint's source (checkpoints/deepspeed_source.py, deepspeed_universal_source.py: one parameter at a
+time, so memory stays near the largest one) and keeps its fragment. Names and shapes are checked, and every file
+this rank needs is found, before anything changes. The config's schedule goes on from the applied update count; a
+passed scheduler is given the saved scheduler state (when the run saved one). Not carried over: the RNG states, and
+under fp16 the loss scale (it starts from the config's).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from checkpoints.deepspeed_source import DeepSpeedSource
 from checkpoints.deepspeed_universal_source import UniversalSource
 from checkpoints.source import CheckpointError
 
@@ -29,9 +31,9 @@ if TYPE_CHECKING:
 
 
 class _Reader:
-    """`read_into(piece, name, key, start)` over the universal files, the last tensor of each key kept."""
+    """`read_into(piece, name, key, start)` over a source's tensors, the last one of each key kept."""
 
-    def __init__(self, source: UniversalSource) -> None:
+    def __init__(self, source: DeepSpeedSource | UniversalSource) -> None:
         self.source = source
         self._last: dict[str, tuple[str, torch.Tensor]] = {}
 
@@ -43,9 +45,10 @@ class _Reader:
         piece.copy_(kept[1][start : start + piece.numel()])
 
 
-def load_universal(engine: "Engine", folder: Path, weights_only: bool, schedule: bool) -> tuple[Path, dict[str, Any]]:
+def load_deepspeed(engine: "Engine", folder: Path, kind: str, weights_only: bool,
+                   schedule: bool) -> tuple[Path, dict[str, Any]]:
     """Collective (each rank reads its own fragments). Returns (the folder, the run's client_state)."""
-    source = UniversalSource(folder)
+    source = UniversalSource(folder) if kind == "deepspeed-universal" else DeepSpeedSource(folder)
     if source.model is None:
         raise CheckpointError(f"{folder} has no model-states files beside zero/; copy them from the run that saved it")
     infos = {i.name: i for i in source.params()}
@@ -65,11 +68,7 @@ def load_universal(engine: "Engine", folder: Path, weights_only: bool, schedule:
                               "load the checkpoint of this model")
     opt = engine.optimizer
     keys = ("master",) if weights_only or isinstance(opt, ClientOptimizer) else NAMES
-    for name in dict.fromkeys(names):  # every file this rank reads is there before anything changes
-        for key in keys[1:]:
-            if not source.state_path(name, key).is_file():
-                raise CheckpointError(f"missing file {source.state_path(name, key)}; load with "
-                                      "load_optimizer_states=False, or run ds_to_universal.py again")
+    source.check_states(keys[1:])  # the moments are all there before anything changes
     frozen = [n for n, i in infos.items() if n not in source.model.trainable and not i.tied_to]
     state = engine.module.state_dict(keep_vars=True)
     frozen_values = {n: source.load(n) for n in frozen if n in state}
