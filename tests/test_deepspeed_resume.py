@@ -137,3 +137,19 @@ def test_a_bf16_runs_masters_and_moments_are_taken(saved):
         assert float(safe_get_full_optimizer_state(engine.module.get_parameter(name), "exp_avg_sq").sum()) > 0
     assert engine.global_steps == 2
     engine.close()
+
+
+def test_a_corrupted_rank_file_is_one_line(tmp_path):
+    import shutil
+
+    from checkpoint_helpers import flip_tensor_byte
+    from checkpoints.source import CheckpointError
+
+    copy = tmp_path / "2_2_fp32"
+    shutil.copytree(ZERO[2], copy)
+    flip_tensor_byte(copy / "global_step2" / "zero_pp_rank_1_mp_rank_00_optim_states.pt")
+    engine = _engine(2)
+    with pytest.raises(CheckpointError) as e:
+        engine.load_checkpoint(copy)
+    assert "zero_pp_rank_1_mp_rank_00_optim_states.pt is corrupt" in str(e.value) and "\n" not in str(e.value)
+    engine.close()

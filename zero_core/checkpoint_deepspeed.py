@@ -79,6 +79,10 @@ def load_deepspeed(engine: "Engine", folder: Path, kind: str, weights_only: bool
         else:
             for lo, _, views in opt.states.stream():  # NVMe chunk by chunk (written back)
                 read_fragments(reader, mine, names, lo, {k: views[k] for k in keys})
+        problems = source.read_problems()  # CRCs of every record read (torch.save's zip records carry them)
+        if problems:
+            raise CheckpointError(f"{problems[0]}; this engine's states were partly overwritten by the load: load a "
+                                  "sound checkpoint before training on")
         for name, t in frozen_values.items():
             state[name].data.copy_(t)
         engine.refresh_working_weights()
