@@ -107,20 +107,6 @@ def test_weights_only_takes_the_fp32_weights_and_keeps_the_counters():
     assert torch.equal(state["lin1.weight"], fp32.reshape(state["lin1.weight"].shape))
 
 
-def test_another_model_is_refused_before_anything_changes():
-    from checkpoints.source import CheckpointError
-
-    model = ds_fixtures.Tiny()
-    model.lin1 = torch.nn.Linear(7, 13, bias=False)  # lin1.bias is missing
-    engine = _engine(2, model=model)
-    before = engine.full_state_dict()
-    with pytest.raises(CheckpointError) as e:
-        engine.load_checkpoint(UNIVERSAL)
-    assert "does not hold this model" in str(e.value) and "\n" not in str(e.value)
-    assert all(torch.equal(v, engine.full_state_dict()[k]) for k, v in before.items())
-    engine.close()
-
-
 @pytest.mark.parametrize("saved", ["1_2_bf16", "3_2_bf16"])
 def test_a_bf16_runs_masters_and_moments_are_taken(saved):
     """The fp32 masters equal DeepSpeed's own consolidation of the checkpoint (expected_fp32.safetensors), and the
@@ -152,4 +138,23 @@ def test_a_corrupted_rank_file_is_one_line(tmp_path):
     with pytest.raises(CheckpointError) as e:
         engine.load_checkpoint(copy)
     assert "zero_pp_rank_1_mp_rank_00_optim_states.pt is corrupt" in str(e.value) and "\n" not in str(e.value)
+    engine.close()
+
+
+@pytest.mark.parametrize("folder, words", [
+    ("dcp/plain", ["holds a dcp checkpoint", "load_state_dict_from_zero_checkpoint"]),
+    ("deepspeed/2_2_fp32", ["does not hold this model", "lin1.bias"]),  # DeepSpeed's, of another model
+])
+def test_another_tools_or_models_checkpoint_is_one_line_and_changes_nothing(folder, words):
+    from checkpoints.source import CheckpointError
+
+    model = ds_fixtures.Tiny()
+    model.lin1 = torch.nn.Linear(7, 13, bias=False)  # lin1.bias is missing
+    engine = _engine(2, model=model)
+    before = engine.full_state_dict()
+    with pytest.raises(CheckpointError) as e:
+        engine.load_checkpoint(FIXTURES / folder)
+    message = str(e.value)
+    assert all(w in message for w in words) and "\n" not in message
+    assert all(torch.equal(v, engine.full_state_dict()[k]) for k, v in before.items())  # nothing was changed
     engine.close()

@@ -1,0 +1,64 @@
+"""The calls a DeepSpeed script makes to set itself up, on `zero_core.deepspeed`: its command-line arguments under
+either name, the process group (a GPU script's hard-coded nccl on CPUs), and the engine's config queries."""
+
+from __future__ import annotations
+
+import pytest
+from parity_workers import ds_config, make_model
+
+import zero_core.deepspeed as deepspeed
+
+
+@pytest.mark.parametrize("stage, offload", [(1, None), (2, "cpu"), (3, None)])
+def test_config_queries_answer_from_the_config(stage, offload):
+    extra = {"offload_optimizer": {"device": offload}} if offload else {}
+    cfg = ds_config(stage, "bf16", 2, **extra)
+    cfg.update(gradient_predivide_factor=2.0, prescale_gradients=True, checkpoint={"tag_validation": "Fail"})
+    cfg["zero_optimization"].update(overlap_comm=True, reduce_scatter=False)
+    model = make_model()
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    assert engine.zero_cpu_offload() == (offload == "cpu")
+    assert engine.zero_optimization_partition_gradients() == (stage >= 2)
+    assert engine.zero_optimization_partition_weights() == (stage == 3)
+    assert engine.zero_overlap_comm() and not engine.zero_reduce_scatter()
+    assert engine.gradient_predivide_factor() == 2.0 and not engine.postscale_gradients()
+    assert engine.checkpoint_tag_validation_enabled() and engine.checkpoint_tag_validation_fail()
+    assert not (engine.amp_enabled() or engine.sparse_gradients_enabled() or engine.elasticity_enabled())
+    assert (engine.mp_world_size, engine.seq_dp_world_size, engine.data_parallel_group) == (1, 1, None)
+    engine.close()
+
+
+@pytest.mark.slow  # a fresh interpreter (the process group is global): outside the fast tier
+def test_a_hard_coded_nccl_backend_runs_on_gloo_without_a_gpu():
+    import os
+    import subprocess
+    import sys
+
+    from helpers import REPO
+
+    code = ("import torch.distributed as dist, zero_core.deepspeed as deepspeed\n"
+            "deepspeed.init_distributed(dist_backend='nccl')\nprint('backend', dist.get_backend())")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**env, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["zero_core: init_distributed(dist_backend='nccl') without a CUDA device uses "
+                                        "gloo", "backend gloo"]
+
+
+def test_the_config_comes_from_deepspeeds_arguments_under_either_name(tmp_path):
+    import argparse
+    import json
+
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(ds_config(1, "fp32", 2)))
+    parser = deepspeed.add_config_arguments(argparse.ArgumentParser())
+    for flags in (["--deepspeed", "--deepspeed_config", str(path)], ["--deepscale", "--deepscale_config", str(path)]):
+        model = make_model()
+        engine, *_ = deepspeed.initialize(args=parser.parse_args(flags), model=model,
+                                          model_parameters=model.parameters())
+        assert engine.train_micro_batch_size_per_gpu() == 2 and engine.zero_optimization_stage() == 1
+        engine.close()
+    both = parser.parse_args(["--deepspeed_config", str(path), "--deepscale_config", str(path)])
+    with pytest.raises(ValueError, match="pass one"):
+        deepspeed.initialize(args=both, model=make_model(), model_parameters=None)
