@@ -22,7 +22,7 @@ from checkpoints.deepspeed_source import DeepSpeedSource
 from checkpoints.deepspeed_universal_source import UniversalSource
 from checkpoints.source import CheckpointError
 
-from .checkpoint_load import read_fragments
+from .checkpoint_load import read_fragments, restore_counters
 from .optim.client_optimizer import ClientOptimizer
 from .optim.states import NAMES, TensorStates
 
@@ -86,16 +86,11 @@ def load_deepspeed(engine: "Engine", folder: Path, kind: str, weights_only: bool
         for name, t in frozen_values.items():
             state[name].data.copy_(t)
         engine.refresh_working_weights()
-        model = source.model
-        if not weights_only:
-            steps = int(model.step or 0)
-            opt.applied.fill_(steps - model.skipped)
-            opt.skipped.fill_(model.skipped)
-            engine.global_step, engine.micro_steps = steps, steps * engine.gradient_accumulation_steps()
-            saved = model.lr_scheduler
-            if schedule and engine.host_schedule is not None and isinstance(saved, dict):
-                try:
-                    engine.host_schedule.load_state_dict({"scheduler": saved, "stepped": steps - model.skipped})
-                except ValueError as e:
-                    raise CheckpointError(f"{folder}: {e}; pass load_lr_scheduler_states=False") from None
+    model = source.model
+    if not weights_only:
+        steps = int(model.step or 0)
+        applied = steps - model.skipped
+        saved = {"scheduler": model.lr_scheduler, "stepped": applied} if isinstance(model.lr_scheduler, dict) else None
+        restore_counters(engine, folder, applied, model.skipped, steps, steps * engine.gradient_accumulation_steps(),
+                         saved if schedule else None)
     return folder, dict(model.client_state)

@@ -111,6 +111,22 @@ def _read_in_one_pass(
             ) from None
 
 
+def restore_counters(engine: "Engine", folder: Path, applied: int, skipped: int, step: int, micro_steps: int,
+                     scheduler: Any) -> None:
+    """The update counts a checkpoint saved, and its scheduler state (None: the schedule follows the counts)."""
+    engine.optimizer.applied.fill_(applied)
+    engine.optimizer.skipped.fill_(skipped)
+    engine.global_step, engine.micro_steps = step, micro_steps
+    if scheduler and engine.host_schedule is not None:
+        try:
+            engine.host_schedule.load_state_dict(scheduler)
+        except ValueError as e:
+            raise CheckpointError(
+                f"{folder}: {e}; build the same scheduler as the run that saved it, or pass "
+                "load_lr_scheduler_states=False"
+            ) from None
+
+
 def load(
     engine: "Engine",
     load_dir: str | os.PathLike,
@@ -183,19 +199,9 @@ def load(
         if weights_only:
             return folder, manifest["client_state"]
         o = manifest["optimizer"]
-        opt.applied.fill_(o["applied"])
-        opt.skipped.fill_(o["skipped"])
         engine.scaler.load_state_dict(manifest["loss_scaler"])
-    engine.global_step = manifest["step"]
-    engine.micro_steps = manifest["micro_steps"]
-    if schedule and engine.host_schedule is not None and manifest.get("scheduler"):
-        try:
-            engine.host_schedule.load_state_dict(manifest["scheduler"])
-        except ValueError as e:
-            raise CheckpointError(
-                f"{folder}: {e}; build the same scheduler as the run that saved it, or pass "
-                "load_lr_scheduler_states=False"
-            ) from None
+    restore_counters(engine, folder, o["applied"], o["skipped"], manifest["step"], manifest["micro_steps"],
+                     manifest.get("scheduler") if schedule else None)
     if restore is not None:
         restore(engine.device)
     return folder, manifest["client_state"]

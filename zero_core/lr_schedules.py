@@ -48,13 +48,13 @@ def lr_schedule_of(
     lrs = torch.tensor(group_lrs, dtype=torch.float64)
     on_device: dict[torch.device, tuple[torch.Tensor, ...]] = {}  # the constants below, copied to a device once
 
-    def constants(device: torch.device) -> tuple[torch.Tensor, ...]:
+    def constants(device: torch.device) -> tuple[torch.Tensor | None, ...]:
         if device not in on_device:
-            on_device[device] = tuple(t.to(device) for t in (lrs, first, delta))
+            on_device[device] = tuple(None if t is None else t.to(device) for t in (lrs, first, delta))
         return on_device[device]
 
     if sched is None or sched.type not in DEVICE_SCHEDULES:  # constant (host schedules write lr themselves)
-        first = delta = lrs
+        first = delta = None
         return lambda applied, out=dtype: constants(applied.device)[0].to(out).expand(len(lrs)).clone()
     p = sched.params
     warmup = max(2, p.warmup_num_steps)  # DeepSpeed clamps it so log(W) > 0
@@ -69,7 +69,7 @@ def lr_schedule_of(
     if sched.type == "WarmupCosineLR":
         decay_len = float(max(1, total - warmup))
 
-        def factor(it: torch.Tensor, lr0: torch.Tensor, _: torch.Tensor) -> torch.Tensor:
+        def factor(it: torch.Tensor, lr0: torch.Tensor, _: None) -> torch.Tensor:
             ramp = p.warmup_min_ratio + gamma_ramp(it) * (1.0 - p.warmup_min_ratio)
             progress = ((it - warmup + 1.0) / decay_len).clamp(max=1.0)
             cosine = (p.cos_min_ratio + (1.0 - p.cos_min_ratio) * (1.0 + torch.cos(math.pi * progress)) / 2).clamp(
@@ -78,7 +78,7 @@ def lr_schedule_of(
             return lr0 * torch.where(it < warmup, ramp, cosine)
 
         first = torch.zeros_like(lrs)  # "not started": DeepSpeed writes 0 into every group
-        delta = lrs  # unused
+        delta = None  # a ratio of each group's own lr, no warm-up span
     else:
         decay = sched.type == "WarmupDecayLR"
         decay_len = float(max(1, total - warmup))

@@ -34,7 +34,7 @@ __version__ = "0.19.8+zero_core"
 
 
 _ONLY_DATA_PARALLEL = "zero_core trains data-parallel with ZeRO sharding only"
-_NOT_PROVIDED = {  # DeepSpeed's names for what is out of zero_core's scope, and what to do instead
+NOT_PROVIDED = {  # DeepSpeed's names for what is out of zero_core's scope, and what to do instead
     "init_inference": "DeepSpeed's inference engine is not part of zero_core; load the trained weights "
                       "(utils.zero_to_fp32) into the model and run it",
     "pipe": f"pipeline parallelism is not supported; {_ONLY_DATA_PARALLEL}",
@@ -45,8 +45,8 @@ _NOT_PROVIDED = {  # DeepSpeed's names for what is out of zero_core's scope, and
 
 
 def __getattr__(name: str) -> Any:
-    if name in _NOT_PROVIDED:
-        raise AttributeError(f"deepspeed.{name} is not provided by zero_core: {_NOT_PROVIDED[name]}")
+    if name in NOT_PROVIDED:
+        raise AttributeError(f"deepspeed.{name} is not provided by zero_core: {NOT_PROVIDED[name]}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -10,7 +10,7 @@ import importlib.util
 import sys
 from types import ModuleType
 
-from . import _NOT_PROVIDED
+from . import NOT_PROVIDED
 
 
 class _DeepSpeedAlias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -21,8 +21,8 @@ class _DeepSpeedAlias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         top = spec.name.split(".")[1] if "." in spec.name else None
-        if top in _NOT_PROVIDED:
-            raise ModuleNotFoundError(f"{spec.name} is not provided by zero_core: {_NOT_PROVIDED[top]}", name=spec.name)
+        if top in NOT_PROVIDED:
+            raise ModuleNotFoundError(f"{spec.name} is not provided by zero_core: {NOT_PROVIDED[top]}", name=spec.name)
         try:
             return importlib.import_module(f"zero_core.{spec.name}")
         except ModuleNotFoundError as e:

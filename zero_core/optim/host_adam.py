@@ -176,20 +176,20 @@ class HostAdamW(PartitionOptimizer):
         host = torch.cat([self.sumsq, self.nonfinite.float()])
         return host.to(self._lazy_stats.device) + self._lazy_stats
 
-    def _grad(self, a: int, b: int) -> torch.Tensor:
+    def _grad(self, a: int, b: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """fp32 gradient of [a, b): a view of the folded partition, or rebuilt from staging into `out` (lazy;
+        default: the step's chunk scratch)."""
         if not self.lazy:
             assert self.grad is not None
             return self.grad[a:b]
-        g = self._step_scratch[: b - a]
+        g = self._step_scratch[: b - a] if out is None else out
         host_kernels.scaled_copy(self.staging[a:b], g, self._lazy_scale)
         return g
 
     def gradient_of(self, lo: int, hi: int) -> torch.Tensor:
-        if not self.lazy:
-            return self.grad[lo:hi] if self.grad is not None else torch.zeros(hi - lo, dtype=torch.float32)
-        out = torch.empty(hi - lo, dtype=torch.float32)
-        host_kernels.scaled_copy(self.staging[lo:hi], out, self._lazy_scale)
-        return out
+        if not self.lazy and self.grad is None:  # nothing folded yet
+            return torch.zeros(hi - lo, dtype=torch.float32)
+        return self._grad(lo, hi, torch.empty(hi - lo, dtype=torch.float32))
 
     # -- the update --------------------------------------------------------------------------------
     def _hyper(self, lr: torch.Tensor, coef: float | None) -> list[dict]:

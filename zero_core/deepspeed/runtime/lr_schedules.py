@@ -66,7 +66,12 @@ class _Schedule:
         self.start = self.last_batch_iteration = self.config.params.last_batch_iteration
         self.own_lrs = [float(g["lr"]) for g in self.optimizer.param_groups]
         self._last_lr: list[float] | None = None
+        self._prepare()
         self._write()  # the values of the first update (the groups' own lr when resuming)
+
+    def _prepare(self) -> None:
+        """Build the formula from the checked arguments and the groups' own lrs (and beta1)."""
+        raise NotImplementedError
 
     def _values(self, updates: int) -> tuple[list[float], list[float] | None]:
         """(lr per group, beta1 per group or None) after `updates` steps from construction."""
@@ -111,9 +116,10 @@ class _Schedule:
 class _DeviceFormula(_Schedule):
     """WarmupLR, WarmupDecayLR, WarmupCosineLR: the config's device formulas, evaluated on the host."""
 
+    def _prepare(self) -> None:
+        self._lr_at = lr_schedule_of(self.config, self.own_lrs, torch.float64)  # Python floats, as DeepSpeed
+
     def _values(self, updates: int) -> tuple[list[float], list[float] | None]:
-        if not hasattr(self, "_lr_at"):
-            self._lr_at = lr_schedule_of(self.config, self.own_lrs, torch.float64)  # Python floats, as DeepSpeed
         return self._lr_at(torch.tensor(float(max(updates, 0)))).tolist(), None
 
 
@@ -132,10 +138,11 @@ class WarmupCosineLR(_DeviceFormula):
 class OneCycle(_Schedule):
     kind = ONE_CYCLE
 
+    def _prepare(self) -> None:
+        own_beta1 = [g["betas"][0] if "betas" in g else g.get("momentum", 0.0) for g in self.optimizer.param_groups]
+        self._host = _HostOneCycle(self.config.params, self.own_lrs, own_beta1)
+
     def _values(self, updates: int) -> tuple[list[float], list[float] | None]:
-        if not hasattr(self, "_host"):
-            own_beta1 = [g["betas"][0] if "betas" in g else g.get("momentum", 0.0) for g in self.optimizer.param_groups]
-            self._host = _HostOneCycle(self.config.params, self.own_lrs, own_beta1)
         return self._host.values(max(updates, 0))
 
 
