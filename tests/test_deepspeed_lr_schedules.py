@@ -67,6 +67,8 @@ def test_warmup_lr_without_a_maximum_warms_up_to_each_groups_own_lr():
         (lambda o: lr_schedules.WarmupLR(o, 0.0, 1e-3, 10, "log", -1, 5), TypeError, "takes 5 arguments"),
         (lambda o: lr_schedules.WarmupLR(object()), TypeError, "not a torch.optim.Optimizer"),
         (lambda o: lr_schedules.LRRangeTest(o), ValueError, "LRRangeTest is not supported"),
+        (lambda o: lr_schedules.WarmupLR(o).load_state_dict({"last_batch_iteration": "x"}), ValueError,
+         "last_batch_iteration must be an integer >= -1"),
     ],
 )
 def test_bad_arguments_are_one_line(build, error, words):

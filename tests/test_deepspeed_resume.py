@@ -158,3 +158,28 @@ def test_another_tools_or_models_checkpoint_is_one_line_and_changes_nothing(fold
     assert all(w in message for w in words) and "\n" not in message
     assert all(torch.equal(v, engine.full_state_dict()[k]) for k, v in before.items())  # nothing was changed
     engine.close()
+
+
+def test_a_universal_checkpoint_missing_a_moment_is_one_line_and_changes_nothing(tmp_path):
+    import shutil
+
+    from checkpoints.source import CheckpointError
+
+    copy = tmp_path / "3_2_fp32"
+    shutil.copytree(UNIVERSAL, copy)
+    (copy / "global_step2_universal" / "zero" / "lin2.bias" / "exp_avg_sq.pt").unlink()
+    engine = _engine(2)
+    before = engine.full_state_dict()
+    with pytest.raises(CheckpointError) as e:
+        engine.load_checkpoint(copy)
+    message = str(e.value)
+    assert "lin2.bias/exp_avg_sq.pt" in message and "load_optimizer_states=False" in message and "\n" not in message
+    assert all(torch.equal(v, engine.full_state_dict()[k]) for k, v in before.items())
+    engine.load_checkpoint(copy, load_optimizer_states=False)  # the fix the line names
+    assert torch.equal(engine.full_state_dict()["lin2.bias"], _deepspeeds_weights_at_save("lin2.bias"))
+    engine.close()
+
+
+def _deepspeeds_weights_at_save(name: str) -> torch.Tensor:
+    t = torch.load(UNIVERSAL / "global_step2_universal" / "zero" / name / "fp32.pt", weights_only=True)
+    return (t["param"] if isinstance(t, dict) else t).float()
