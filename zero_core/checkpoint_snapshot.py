@@ -19,6 +19,7 @@ import torch
 
 from checkpoints import manifest as mf
 
+from . import worker_threads
 from .optim.client_optimizer import ClientOptimizer
 from .optim.states import NAMES, TensorStates
 from .pinned import empty_pinned
@@ -57,8 +58,7 @@ class HostBuffers:
                 except RuntimeError:
                     return
 
-        self._reserving = threading.Thread(target=make, name="zero_core-checkpoint-buffers", daemon=True)
-        self._reserving.start()
+        self._reserving = worker_threads.start(make, "zero_core-checkpoint-buffers")
 
     def _ready(self) -> None:
         if self._reserving is not None:

@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from .. import comm
+from .. import comm, worker_threads
 from .base import Output, Publish
 from .host_adam import HostAdamW
 
@@ -66,8 +66,7 @@ class DelayedHostAdamW(HostAdamW):
                 self._error = e
 
         self._pending = True
-        self._thread = threading.Thread(target=run, name="zero_core-delayed-update", daemon=True)
-        self._thread.start()
+        self._thread = worker_threads.start(run, "zero_core-delayed-update")
 
     def run_host_update_with(self, launch: Callable[[Callable[[], None]], None]) -> bool:
         return False  # the update already runs on its own thread, a step late

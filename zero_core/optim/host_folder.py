@@ -10,18 +10,18 @@ gradient accumulation there is nothing to fold (host_adam.py): a job then only m
 from __future__ import annotations
 
 import queue
-import threading
 from typing import Callable
 
 import torch
+
+from .. import worker_threads
 
 
 class HostFolder:
     def __init__(self) -> None:
         self._jobs: queue.Queue[tuple[torch.cuda.Event | None, Callable[[], None]] | None] = queue.Queue()
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="zero_core-host-folder", daemon=True)
-        self._thread.start()
+        self._thread = worker_threads.start(self._run, "zero_core-host-folder", stop=lambda: self._jobs.put(None))
 
     def _run(self) -> None:
         while True:

@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from .. import worker_threads
 from ..step_timer import StepBreakdown
 
 
@@ -76,8 +77,7 @@ class HostStepInFlight:
                     self._published = max(self.bucket_ends, default=0)
                     self._cond.notify_all()
 
-        self._thread = threading.Thread(target=run, name="zero_core-host-step", daemon=True)
-        self._thread.start()
+        self._thread = worker_threads.start(run, "zero_core-host-step")
 
     def end_step(self) -> None:
         """After the optimizer's step (or a reload): if it launched no update (a skipped step), nothing is
