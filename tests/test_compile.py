@@ -96,6 +96,8 @@ def test_scenario_compiles_every_variant_unless_one_says_otherwise(tmp_path):
     summary = json.loads(next(out.glob("*/results.json")).read_text())
     graphs = {r["variant"]: r["compiled_graphs"] for r in summary["variants"]}
     assert graphs["ddp"] > 0 and graphs["zero2"] > 0 and graphs["zero2-eager"] == 0
+    # no timing_skip_steps: the caption says the compiled rows' step time includes compiling
+    assert "compiled rows' tokens/s and step time include compiling" in " ".join(proc.stdout.split())
 
 
 def test_an_eager_scenario_has_no_compile_column(tmp_path):
@@ -104,6 +106,7 @@ def test_an_eager_scenario_has_no_compile_column(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     row = table(proc.stdout)["ddp"]  # table.md, every column
     assert "torch.compile" not in proc.stdout and "torch.compile" not in row and "Batch size (max)" in row
+    assert "include compiling" not in " ".join(proc.stdout.split())
 
 
 def test_an_unknown_backend_is_one_line_naming_the_choices(tmp_path):

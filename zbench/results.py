@@ -169,6 +169,8 @@ def caption(summary: dict[str, Any]) -> str:
     skip = (summary.get("scenario_config") or {}).get("timing_skip_steps")
     if skip:
         text += f"; tokens/s, step time and TFLOP/s leave out the first {skip} optimizer steps"
+    elif any(r.get("compiled") for r in summary["variants"]):  # a cold compile takes tens of seconds
+        text += "; the compiled rows' tokens/s and step time include compiling (timing_skip_steps leaves it out)"
     return text
 
 

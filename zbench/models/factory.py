@@ -90,11 +90,17 @@ _HF_AUTO = {
 
 
 def _hf_blocks(model: nn.Module) -> list[nn.Module]:
+    """The repeated layers: children of an nn.ModuleList that are, or hold, a module transformers keeps whole
+    (`_no_split_modules`), innermost first. That list may name a part of a layer (Longformer names its
+    self-attention); the block is the whole layer, so compiling or sharding it takes the layer at once."""
     names = set(getattr(model, "_no_split_modules", None) or [])
-    found = [m for m in model.modules() if type(m).__name__ in names]
-    if found:
-        return found
-    return [child for m in model.modules() if isinstance(m, nn.ModuleList) for child in m]
+    listed = [child for m in model.modules() if isinstance(m, nn.ModuleList) for child in m]
+    if names:
+        holders = [c for c in listed if any(type(m).__name__ in names for m in c.modules())]
+        ids = {id(c) for c in holders}
+        inner = [c for c in holders if sum(id(m) in ids for m in c.modules()) == 1]  # holds no other holder
+        return inner or [m for m in model.modules() if type(m).__name__ in names]
+    return listed
 
 
 def build_model(*, task: str, arch: ArchConfig | None, pretrained: str | None, num_labels: int = 2) -> ModelBundle:
