@@ -31,7 +31,9 @@ def test_every_variant_config_is_filled_for_every_engine(path):
     for v in sc.variants:
         template = ds_config.template(sc, v, os.path.dirname(path))
         filled = ds_config.finalize(template, sc=sc, batch=4, world_size=2, total_steps=40, hidden=64)
-        assert list(_autos(filled)) == [], (v.name, list(_autos(filled)))
+        # the offload ratio's "auto" is zero_core's own, chosen by the engine after a measured first step
+        unfilled = [p for p in _autos(filled) if p != "zero_optimization.offload_optimizer.ratio"]
+        assert unfilled == [], (v.name, unfilled)
         load_config(filled, 2)  # zero_core reads every engine's dict; ddp and fsdp2 take their optimizer from it
         params = (filled.get("scheduler") or {}).get("params") or {}
         if "warmup_num_steps" in params:
