@@ -63,12 +63,23 @@ class Samples(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": self.labels[i]}
 
 
-def recording(base: type, config_schedule: bool = False) -> type:
+def recording(base: type, config_schedule: bool = False, config_optimizer: bool = False) -> type:
     """`base` with a sequential data order and recorded losses; with `config_schedule` (the DDP reference of a
-    config with a "scheduler" section) the seed configs' WarmupLR as its torch schedule."""
+    config with a "scheduler" section) the seed configs' WarmupLR as its torch schedule; with `config_optimizer`
+    (of a config with an "optimizer" section) AdamW over every trainable parameter in one group, weight decay
+    on all, as transformers hands them to DeepSpeed."""
 
     class Recording(base):
         losses: list[float]
+
+        def create_optimizer(self, model=None):
+            if not config_optimizer or self.optimizer is not None:
+                return super().create_optimizer(model)
+            a = self.args
+            params = [p for p in (model or self.model).parameters() if p.requires_grad]
+            self.optimizer = torch.optim.AdamW(params, lr=a.learning_rate, betas=(a.adam_beta1, a.adam_beta2),
+                                               eps=a.adam_epsilon, weight_decay=a.weight_decay)
+            return self.optimizer
 
         def create_scheduler(self, num_training_steps, optimizer=None):
             if not config_schedule or self.lr_scheduler is not None:
@@ -153,11 +164,11 @@ def run(
     from zero_core.integrations.transformers import TrainingArguments, ZeroTrainer
 
     model = tiny_model(kind)
-    uses_config_schedule = seed_config is not None and "scheduler" in json.loads((SEEDS / seed_config).read_text())
+    config = json.loads((SEEDS / seed_config).read_text()) if seed_config is not None else {}
     if mode == "zero":
         trainer_cls, args = recording(ZeroTrainer), arguments(TrainingArguments, out, world, seed_config, **extra)
     else:
-        trainer_cls = recording(transformers.Trainer, config_schedule=uses_config_schedule)
+        trainer_cls = recording(transformers.Trainer, "scheduler" in config, "optimizer" in config)
         args = arguments(transformers.TrainingArguments, out, world, None, **extra)
     trainer = trainer_cls(
         model=model, args=args, train_dataset=Samples(kind, SAMPLES, 1), eval_dataset=Samples(kind, 8, 2)

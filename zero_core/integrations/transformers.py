@@ -7,8 +7,10 @@
 `TrainingArguments` keeps the `deepspeed=` config as `zero_config` and hides it from transformers and
 Accelerate, which would start DeepSpeed. `ZeroTrainer` (also exported as `Trainer`) builds zero_core's engine
 where Trainer builds DeepSpeed's, in `_prepare_for_training`: "auto" is filled as Trainer fills it
-(config_auto.py); Trainer's decay / no-decay groups and its scheduler are used unless the config names its
-own. Everything else is Trainer's loop: accumulation, eval, logging, callbacks, checkpoint rotation.
+(config_auto.py). A config that names an optimizer gets every trainable parameter in one group, as Trainer hands
+them to DeepSpeed (its weight decay applies to biases and norms too); without one, Trainer's own optimizer and
+decay / no-decay groups are used, and Trainer's scheduler unless the config names one. Everything else is
+Trainer's loop: accumulation, eval, logging, callbacks, checkpoint rotation.
 Checkpoints are zbench's, inside `checkpoint-N/` (any world size or stage resumes them), beside a
 `save_pretrained` folder of the full fp32 weights.
 """
@@ -130,20 +132,12 @@ class ZeroTrainer(transformers.Trainer):
 
     def _optimizer_plan(self, raw: dict, max_steps: int) -> tuple[Any, Any, Any]:
         """(optimizer, parameter groups, scheduler) for the engine: the optimizer passed to Trainer, else the
-        config's over Trainer's decay / no-decay groups, else Trainer's own; the scheduler passed, else the
-        config's (None here), else Trainer's built on the engine's optimizer."""
+        config's over every trainable parameter (transformers' deepspeed_init passes DeepSpeed that one group),
+        else Trainer's own; the scheduler passed, else the config's (None here), else Trainer's built on the
+        engine's optimizer."""
         optimizer, groups = self.optimizer, None
         if optimizer is None and "optimizer" in raw:
-            decay = set(self.get_decay_parameter_names(self.model))
-            named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
-            groups = [
-                g
-                for g in (
-                    {"params": [p for n, p in named if n in decay]},
-                    {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0},
-                )
-                if g["params"]
-            ]
+            groups = [p for p in self.model.parameters() if p.requires_grad]
         elif optimizer is None:
             optimizer = self.create_optimizer()
         scheduler = self.lr_scheduler

@@ -1,0 +1,58 @@
+"""ZeroTrainer resumes a checkpoint-N that Hugging Face's Trainer wrote with real DeepSpeed (0.19.8, 2 CPU ranks,
+tests/fixtures/make_hf_trainer_fixtures.py): the same script with one changed import continues the same losses
+and ends on DeepSpeed's weights, on the run's 2 ranks and on 1 rank at another stage."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+import trainer_workers as tw  # noqa: E402
+from dist_harness import run_ranks  # noqa: E402
+
+FIXTURES = Path(__file__).parent / "fixtures"
+sys.path.insert(0, str(FIXTURES))
+from make_hf_trainer_fixtures import STEPS, ds_config  # noqa: E402
+
+pytestmark = pytest.mark.slow  # spawned ranks: outside the fast tier (-m 'not slow')
+
+
+def _resume(tmp_path: Path, fixture_stage: int, world: int, stage: int) -> tuple[dict, dict]:
+    fixture = FIXTURES / "hf_trainer_deepspeed" / str(fixture_stage)
+    checkpoint = tmp_path / "checkpoint-3"
+    shutil.copytree(fixture / "checkpoint-3", checkpoint)
+    extra = {"deepspeed": ds_config(stage), "max_steps": STEPS, "save_strategy": "no", "eval_strategy": "no"}
+    got = run_ranks(tw.run, world, "zero", "gpt2", None, str(tmp_path / "out"), extra, str(checkpoint))
+    return got, json.loads((fixture / "expected.json").read_text())
+
+
+def _weights_match(got: dict, fixture_stage: int, atol: float) -> None:
+    from safetensors.torch import load_file
+
+    final = load_file(str(FIXTURES / "hf_trainer_deepspeed" / str(fixture_stage) / "expected_final.safetensors"))
+    assert set(final) == set(got) - {"lm_head.weight"}  # the tied head is stored once
+    for name, value in final.items():
+        assert (got[name] - value).abs().max() <= atol, name
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_the_run_continues_on_its_own_ranks_and_stage(tmp_path, stage):
+    got, expected = _resume(tmp_path, stage, 2, stage)
+    done = expected["saved_after_micro_steps"]
+    assert len(got["losses"]) == len(expected["losses"]) - done  # Trainer skipped the batches already trained on
+    assert got["losses"] == pytest.approx(expected["losses"][done:], rel=1e-5)
+    _weights_match(got["weights"], stage, 1e-4)  # after 5 Adam updates at lr 1e-2
+
+
+def test_the_run_continues_on_one_rank_at_another_stage(tmp_path):
+    got, expected = _resume(tmp_path, 3, 1, 1)  # the same global batches: tw's data order is sequential
+    done = expected["saved_after_micro_steps"]
+    assert got["losses"] == pytest.approx(expected["losses"][done:], rel=1e-5)
+    _weights_match(got["weights"], 3, 1e-4)
