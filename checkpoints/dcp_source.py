@@ -10,8 +10,10 @@ default FileSystemWriter. Which entries are model parameters:
     optimizer state are not parameters and are skipped.
 Names lose torch.compile's `_orig_mod.` and Lightning's `_forward_module.` segments, so they load
 strictly into the user's model. Tied parameters are stored once per name by DCP, so each name is read on its own.
-No process group is needed: each `load(name)` asks `dcp.load` for that one key, which reads only the byte
-ranges of its chunks. `.metadata` is a pickle: dcp_metadata.py unpickles it with an allowlist of DCP's own
+No process group is needed: each `load(name)` asks `dcp.load` (local, `no_dist`, also where the caller has a
+process group) for that one key, which reads only the byte ranges of its chunks. The optimizer's per-parameter
+states (`optim.state.<name>.exp_avg`, ...) are found by name for a resume (zero_core/checkpoint_dcp.py).
+`.metadata` is a pickle: dcp_metadata.py unpickles it with an allowlist of DCP's own
 metadata classes, so a crafted file cannot run code, then checks the types of the fields we use.
 It names the chunk files: each must lie inside the folder (checkpoints.paths), and DCP's reader is
 given only those checked paths, so a crafted `.metadata` cannot make us read a file elsewhere.
@@ -74,12 +76,29 @@ def model_keys(tensors: dict[str, Any], paths: dict[str, Any], key: str | None) 
     }
 
 
+# an optimizer's per-parameter state as get_state_dict / Accelerate save it: `optim.state.<fqn>.exp_avg`,
+# `optimizer.state.<fqn>.step`, `<app>.optim.state.<fqn>.exp_avg_sq`
+_STATE = re.compile(r"^(?:(?:.+\.)?(?:optim|optimizer))\.state\.(?P<fqn>.+)\.(?P<what>exp_avg|exp_avg_sq|step)$")
+
+
+def state_keys(keys: Any) -> dict[str, dict[str, str]]:
+    """parameter name -> {"exp_avg" / "exp_avg_sq" / "step": DCP key} of the optimizer states among `keys`."""
+    found: dict[str, dict[str, str]] = {}
+    for k in keys:
+        m = _STATE.match(k)
+        if m:
+            found.setdefault(user_name(m["fqn"]), {})[m["what"]] = k
+    return found
+
+
 class DcpSource:
     """The logical per-parameter view of a torch.distributed.checkpoint folder."""
 
     kind = "dcp"
 
-    def __init__(self, folder: Path, follow_symlinks: bool = False, key: str | None = None) -> None:
+    def __init__(self, folder: Path, follow_symlinks: bool = False, key: str | None = None,
+                 states_only: bool = False) -> None:
+        """`states_only`: a folder of optimizer states alone (Accelerate's `optimizer_0/`), no model tensors."""
         from torch.distributed.checkpoint import FileSystemReader
         from torch.distributed.checkpoint.filesystem import FileSystem
         from torch.distributed.checkpoint.metadata import StorageMeta, TensorStorageMetadata
@@ -113,8 +132,9 @@ class DcpSource:
         self._reader = _Reader(str(self.folder))
         self._reader.fs = _CheckedFiles()
         tensors = {k: v for k, v in md.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)}
-        self._keys = model_keys(tensors, getattr(md, "planner_data", None) or {}, key)  # parameter name -> DCP key
-        if not self._keys:
+        self._keys = {} if states_only else model_keys(tensors, getattr(md, "planner_data", None) or {}, key)
+        self._states = state_keys(tensors)
+        if not self._keys and not states_only:
             where = f"under --key {key!r}" if key else "under 'model.', '<app>.model.' or at the top level"
             firsts = ", ".join(sorted({k.split(".")[0] for k in tensors})[:5])
             raise CheckpointError(
@@ -136,17 +156,22 @@ class DcpSource:
         return list(self._infos)
 
     def _read(self, key: str) -> torch.Tensor:
+        return self._read_many([key])[key]
+
+    def _read_many(self, keys: list[str]) -> dict[str, torch.Tensor]:
+        """Whole tensors `keys`, in one DCP load."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
 
-        md = self._tensors[key]
         try:
-            out = torch.empty(tuple(md.size), dtype=md.properties.dtype)
+            out = {k: torch.empty(tuple(self._tensors[k].size), dtype=self._tensors[k].properties.dtype) for k in keys}
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # "no process group: loading in a single process" is what we want
-                dcp.load({key: out}, storage_reader=self._reader)
+                dcp.load(out, storage_reader=self._reader, no_dist=True)  # local, also beside a process group
         except (Exception, CheckpointException) as e:  # DCP wraps per-rank failures in CheckpointException
-            items = [i for idx, i in self.metadata.storage_data.items() if idx.fqn == key]
+            key = keys[0] if len(keys) == 1 else f"{len(keys)} tensors"
+            wanted = set(keys)
+            items = [i for idx, i in self.metadata.storage_data.items() if idx.fqn in wanted]
             problems = self._check(items) or [
                 f"a file of {', '.join(sorted({i.relative_path for i in items}))} is unreadable"
             ]
@@ -161,6 +186,28 @@ class DcpSource:
         """The full tensor `name` on the CPU, fp32 if it is floating point."""
         t = self._read(self._keys[name])
         return t.float() if t.is_floating_point() else t
+
+    def states(self) -> dict[str, dict[str, str]]:
+        """parameter name -> its optimizer-state DCP keys (empty: the folder holds no optimizer states)."""
+        return self._states
+
+    def load_state(self, name: str, key: str) -> torch.Tensor:
+        """The full fp32 optimizer state `key` ("exp_avg", "exp_avg_sq") of parameter `name`."""
+        return self._read(self._states[name][key]).float()
+
+    def check_states(self, names: list[str], keys: tuple[str, ...]) -> None:
+        """Every state `keys` of every parameter `names` is in the folder, or one line naming the first missing."""
+        for name in names:
+            missing = next((k for k in keys if k not in self._states.get(name, {})), None)
+            if missing is not None:
+                raise CheckpointError(f"{self.folder} holds no optimizer {missing} of {name}; pass "
+                                      "load_optimizer_states=False to load the weights alone")
+
+    def saved_step(self) -> int | None:
+        """The optimizer's step count (the largest per-parameter `step`), None without one."""
+        steps = [k["step"] for k in self._states.values() if "step" in k]
+        steps = [k for k in steps if math.prod(self._tensors[k].size) == 1]  # a scalar (not a fused optimizer's)
+        return max(int(t.item()) for t in self._read_many(steps).values()) if steps else None
 
     def summary(self) -> SourceSummary:
         """Kind, step (from the optimizer state when saved), number of writing ranks, dtypes, size."""

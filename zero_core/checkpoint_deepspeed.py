@@ -51,6 +51,14 @@ def load_deepspeed(engine: "Engine", folder: Path, kind: str, weights_only: bool
     source = UniversalSource(folder) if kind == "deepspeed-universal" else DeepSpeedSource(folder)
     if source.model is None:
         raise CheckpointError(f"{folder} has no model-states files beside zero/; copy them from the run that saved it")
+    return load_foreign(engine, folder, source, weights_only, schedule)
+
+
+def load_foreign(engine: "Engine", folder: Path, source: Any, weights_only: bool,
+                 schedule: bool) -> tuple[Path, dict[str, Any]]:
+    """Load another tool's checkpoint through `source`: its `params()`, `load(name)`, `load_state(name, key)`,
+    `check_states(keys)`, `read_problems()` and `model` (the run's trainable names, step, skipped count, scheduler
+    state and client_state), as DeepSpeedSource has them (checkpoint_dcp.py adapts a DCP folder)."""
     infos = {i.name: i for i in source.params()}
     rank = engine.rank if engine.layout.world_size > 1 else 0
     mine = engine.layout.fragments(rank)
@@ -71,7 +79,8 @@ def load_deepspeed(engine: "Engine", folder: Path, kind: str, weights_only: bool
     source.check_states(keys[1:])  # the moments are all there before anything changes
     frozen = [n for n, i in infos.items() if n not in source.model.trainable and not i.tied_to]
     state = engine.module.state_dict(keep_vars=True)
-    frozen_values = {n: source.load(n) for n in frozen if n in state}
+    trained = {id(p) for p in engine.module.parameters() if p.requires_grad}  # a tied name of one is not frozen
+    frozen_values = {n: source.load(n) for n in frozen if n in state and id(state[n]) not in trained}
     reader = _Reader(source)
     with torch.no_grad():
         if isinstance(opt.states, TensorStates):

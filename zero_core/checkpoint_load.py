@@ -146,8 +146,12 @@ def load(
             from .checkpoint_deepspeed import load_deepspeed
 
             return load_deepspeed(engine, found[0], found[1], weights_only, schedule)
+        if found[1] == "dcp":
+            from .checkpoint_dcp import load_dcp
+
+            return load_dcp(engine, found[0], weights_only, schedule)
         raise CheckpointError(
-            f"{load_dir} holds a {found[1]} checkpoint; load_checkpoint resumes zbench and DeepSpeed checkpoints: "
+            f"{load_dir} holds a {found[1]} checkpoint; load_checkpoint resumes zbench, DeepSpeed and DCP checkpoints: "
             "start from its weights with deepspeed.utils.zero_to_fp32.load_state_dict_from_zero_checkpoint(model, "
             "dir) before initialize"
         ) from None
