@@ -166,6 +166,16 @@ class DeepSpeedSource:
                                       "than Adam?); load its weights alone")
         return moments
 
+    def loss_scaler(self) -> dict[str, float] | None:
+        """The dynamic fp16 loss scaler's counters (DeepSpeed's attribute names) as rank 0 saved them; None for a
+        run without one (bf16, fp32, a static scale)."""
+        scaler = self._files.get(self.optim_files[0])["optimizer_state_dict"].get("loss_scaler")
+        state = getattr(scaler, "__dict__", {})
+        keys = ("cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis")
+        if state.get("dynamic") is not True or not all(isinstance(state.get(k), (int, float)) for k in keys):
+            return None
+        return {k: state[k] for k in keys}
+
     def _copy(self, rank: int, start: int, dst: torch.Tensor, key: str | None = None) -> None:
         """Fill `dst` from rank `rank`'s partitions laid end to end, from `start` (may cross param groups)."""
         path = self.optim_files[rank]

@@ -1,12 +1,16 @@
-"""The device-tensor loss scaler against a plain-Python model of DeepSpeed's DynamicLossScaler."""
+"""The device-tensor loss scaler against DeepSpeed 0.19.8's own DynamicLossScaler (recorded sequences,
+tests/fixtures/deepspeed_loss_scale) and a plain-Python model of its rules."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers import FIXTURES
 from zero_core.config import load_config
 from zero_core.loss_scaler import LossScaler
 
@@ -41,11 +45,23 @@ class DeepSpeedOracle:
         else:
             if self.consecutive:
                 self.hyst = self.delayed
-            if (self.cur_iter - self.last_overflow) % self.window == 0:
+            stable = self.cur_iter - self.last_overflow - 1
+            if stable > 0 and stable % self.window == 0:
                 if not self.consecutive:
                     self.hyst = self.delayed
                 self.scale *= 2
         self.cur_iter += 1
+
+
+def test_matches_deepspeeds_recorded_scaler():
+    cases = json.loads((FIXTURES / "deepspeed_loss_scale" / "sequences.json").read_text())["cases"]
+    assert len(cases) == 21 and any(c["overflows"].count(True) > 2 for c in cases)
+    for case in cases:
+        s = scaler(**case["fp16"])
+        for overflow, (scale, hysteresis, cur_iter, last_overflow) in zip(case["overflows"], case["after"]):
+            s.update(torch.tensor([overflow]))
+            got = [float(s.scale), int(s.cur_hysteresis), int(s.cur_iter), int(s.last_overflow_iter)]
+            assert got == [scale, hysteresis, cur_iter, last_overflow], case["fp16"]
 
 
 def run(s: LossScaler, overflows: list[bool]) -> list[float]:
@@ -109,10 +125,10 @@ def test_consecutive_hysteresis_refills_on_any_good_step():
 
 def test_growth_after_window_good_steps():
     s = scaler(initial_scale_power=4, loss_scale_window=3, hysteresis=1)
-    assert run(s, [False] * 7) == [16.0, 16.0, 32.0, 32.0, 32.0, 64.0, 64.0]
+    assert run(s, [False] * 7) == [16.0, 16.0, 16.0, 32.0, 32.0, 32.0, 64.0]
     s = scaler(initial_scale_power=4, loss_scale_window=3, hysteresis=1)
-    # after an overflow, the window counts from it: growth on the 3rd good step after it
-    assert run(s, [True, False, False, False]) == [8.0, 8.0, 8.0, 16.0]
+    # after an overflow, the window counts from it: growth on the 4th good step after it
+    assert run(s, [True, False, False, False, False]) == [8.0, 8.0, 8.0, 8.0, 16.0]
 
 
 def test_min_loss_scale_floor_and_counter():

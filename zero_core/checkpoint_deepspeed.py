@@ -6,8 +6,8 @@ Each rank reads, for every parameter it holds a fragment of, its whole fp32 weig
 through the checkpoint's source (checkpoints/deepspeed_source.py, deepspeed_universal_source.py: one parameter at a
 time, so memory stays near the largest one) and keeps its fragment. Names and shapes are checked, and every file
 this rank needs is found, before anything changes. The config's schedule goes on from the applied update count; a
-passed scheduler is given the saved scheduler state (when the run saved one). Not carried over: the RNG states, and
-under fp16 the loss scale (it starts from the config's).
+passed scheduler is given the saved scheduler state (when the run saved one); an fp16 run's dynamic loss scale goes
+on from its saved scale, iteration, last overflow and hysteresis. Not carried over: the RNG states.
 """
 
 from __future__ import annotations
@@ -102,4 +102,7 @@ def load_foreign(engine: "Engine", folder: Path, source: Any, weights_only: bool
         saved = {"scheduler": model.lr_scheduler, "stepped": applied} if isinstance(model.lr_scheduler, dict) else None
         restore_counters(engine, folder, applied, model.skipped, steps, steps * engine.gradient_accumulation_steps(),
                          saved if schedule else None)
+        scaler = source.loss_scaler() if hasattr(source, "loss_scaler") else None
+        if scaler is not None and engine.scaler.dynamic:  # an fp16 run's scale and its window go on where they were
+            engine.scaler.load_state_dict(scaler)
     return folder, dict(model.client_state)

@@ -6,8 +6,9 @@ step for step, with scale_factor 2 and the config's fp16 keys:
 - overflow: if hysteresis == 1 or cur_hysteresis == 1 the scale halves, floored at min_loss_scale, and
   cur_hysteresis is NOT refilled; otherwise only cur_hysteresis -= 1. Either way last_overflow_iter = cur_iter.
 - no overflow: with consecutive_hysteresis, cur_hysteresis is refilled first. Then, if
-  (cur_iter - last_overflow_iter) % loss_scale_window == 0, the scale doubles (no upper bound) and,
-  without consecutive_hysteresis, cur_hysteresis is refilled.
+  cur_iter - last_overflow_iter - 1 is positive and a multiple of loss_scale_window, the scale doubles (no
+  upper bound) and, without consecutive_hysteresis, cur_hysteresis is refilled. (DeepSpeed 0.19.8; releases
+  before its `stable_interval` grew one step earlier.)
 - cur_iter += 1 on every call.
 DeepSpeed calls it once per optimizer step (at the accumulation boundary), overflow or not.
 One difference: when an overflow would push the scale below min_loss_scale, newer DeepSpeed raises
@@ -69,7 +70,8 @@ class LossScaler:
         hyst_over = torch.where(shift, hyst, hyst - 1)
         # good-step branch
         hyst_good = torch.full_like(hyst, self.hysteresis) if self.consecutive_hysteresis else hyst
-        grow = torch.remainder(self.cur_iter - self.last_overflow_iter, self.window) == 0
+        stable = self.cur_iter - self.last_overflow_iter - 1  # good steps since the last overflow, before this one
+        grow = (stable > 0) & (torch.remainder(stable, self.window) == 0)
         scale_good = torch.where(grow, scale * _FACTOR, scale)
         if not self.consecutive_hysteresis:
             hyst_good = torch.where(grow, torch.full_like(hyst, self.hysteresis), hyst_good)
