@@ -24,35 +24,38 @@ from make_hf_trainer_fixtures import STEPS, ds_config  # noqa: E402
 pytestmark = pytest.mark.slow  # spawned ranks: outside the fast tier (-m 'not slow')
 
 
-def _resume(tmp_path: Path, fixture_stage: int, world: int, stage: int) -> tuple[dict, dict]:
-    fixture = FIXTURES / "hf_trainer_deepspeed" / str(fixture_stage)
+def _resume(tmp_path: Path, fixture: str, world: int, stage: int) -> tuple[dict, dict]:
+    folder = FIXTURES / "hf_trainer_deepspeed" / fixture
+    expected = json.loads((folder / "expected.json").read_text())
     checkpoint = tmp_path / "checkpoint-3"
-    shutil.copytree(fixture / "checkpoint-3", checkpoint)
-    extra = {"deepspeed": ds_config(stage), "max_steps": STEPS, "save_strategy": "no", "eval_strategy": "no"}
+    shutil.copytree(folder / "checkpoint-3", checkpoint)
+    config = ds_config(stage, expected.get("trainer_schedule", False))
+    extra = {"deepspeed": config, "max_steps": STEPS, "save_strategy": "no", "eval_strategy": "no"}
     got = run_ranks(tw.run, world, "zero", "gpt2", None, str(tmp_path / "out"), extra, str(checkpoint))
-    return got, json.loads((fixture / "expected.json").read_text())
+    return got, expected
 
 
-def _weights_match(got: dict, fixture_stage: int, atol: float) -> None:
+def _weights_match(got: dict, fixture: str, atol: float) -> None:
     from safetensors.torch import load_file
 
-    final = load_file(str(FIXTURES / "hf_trainer_deepspeed" / str(fixture_stage) / "expected_final.safetensors"))
+    final = load_file(str(FIXTURES / "hf_trainer_deepspeed" / fixture / "expected_final.safetensors"))
     assert set(final) == set(got) - {"lm_head.weight"}  # the tied head is stored once
     for name, value in final.items():
         assert (got[name] - value).abs().max() <= atol, name
 
 
-@pytest.mark.parametrize("stage", [2, 3])
-def test_the_run_continues_on_its_own_ranks_and_stage(tmp_path, stage):
-    got, expected = _resume(tmp_path, stage, 2, stage)
+@pytest.mark.parametrize("fixture, stage", [("2", 2), ("3", 3), ("2_trainer_schedule", 2)])
+def test_the_run_continues_on_its_own_ranks_and_stage(tmp_path, fixture, stage):
+    """"2_trainer_schedule": Trainer's own linear schedule, saved by DeepSpeed as a torch LambdaLR's state."""
+    got, expected = _resume(tmp_path, fixture, 2, stage)
     done = expected["saved_after_micro_steps"]
     assert len(got["losses"]) == len(expected["losses"]) - done  # Trainer skipped the batches already trained on
     assert got["losses"] == pytest.approx(expected["losses"][done:], rel=1e-5)
-    _weights_match(got["weights"], stage, 1e-4)  # after 5 Adam updates at lr 1e-2
+    _weights_match(got["weights"], fixture, 1e-4)  # after 5 Adam updates at lr 1e-2
 
 
 def test_the_run_continues_on_one_rank_at_another_stage(tmp_path):
-    got, expected = _resume(tmp_path, 3, 1, 1)  # the same global batches: tw's data order is sequential
+    got, expected = _resume(tmp_path, "3", 1, 1)  # the same global batches: tw's data order is sequential
     done = expected["saved_after_micro_steps"]
     assert got["losses"] == pytest.approx(expected["losses"][done:], rel=1e-5)
-    _weights_match(got["weights"], 3, 1e-4)
+    _weights_match(got["weights"], "3", 1e-4)
