@@ -1,11 +1,13 @@
-"""Checkpoints of Lightning's ModelParallelStrategy (FSDP2) and of an HF Trainer / Accelerate FSDP save, made by the
-real tools on the CPU (tests/fixtures/make_lightning_fixtures.py, make_accelerate_fixtures.py), convert to names
-that load strictly into the user's model; the Trainer's checkpoint-N/ folder needs no --tag."""
+"""Checkpoints of Lightning's ModelParallelStrategy (FSDP2) and DeepSpeedStrategy (ZeRO-2 and ZeRO-3), and of an HF
+Trainer / Accelerate FSDP save, made by the real tools on the CPU (tests/fixtures/make_lightning_fixtures.py,
+make_lightning_deepspeed_fixtures.py, make_accelerate_fixtures.py), convert to names that load strictly into the
+user's model (a tied alias stored once); the Trainer's checkpoint-N/ folder needs no --tag."""
 
 from __future__ import annotations
 
 import sys
 
+import pytest
 import torch
 from safetensors.torch import load_file
 from torch import nn
@@ -39,6 +41,18 @@ def test_lightning_model_parallel_checkpoint_loads_strictly_into_the_lightning_m
     module.load_state_dict(state, strict=True)
     expected = load_file(folder / "expected_full.safetensors")
     assert expected.keys() == module.state_dict().keys()
+    assert all(torch.equal(module.state_dict()[k], v) for k, v in expected.items())
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_lightning_deepspeed_checkpoint_loads_strictly_into_the_lightning_module(tmp_path, stage):
+    folder = FIXTURES / "lightning_deepspeed" / str(stage)
+    state = _convert(folder / "epoch=0-step=2.ckpt", tmp_path / "out")  # names without `_forward_module.`
+    module = LightningLike()
+    missing, unexpected = module.load_state_dict(state, strict=False)
+    assert unexpected == [] and missing == ["model.head.weight"]  # the tied head, stored once (as safetensors does)
+    expected = load_file(folder / "expected_full.safetensors")  # DeepSpeed's own consolidation
+    assert state.keys() == expected.keys()
     assert all(torch.equal(module.state_dict()[k], v) for k, v in expected.items())
 
 
