@@ -79,3 +79,29 @@ def resume_alone(rank: int, world: int, stage: int, folder: str) -> dict:
 
     return fit(ZeroStrategy(stage=stage, process_group_backend="gloo"), world, 4, ckpt_path=f"{folder}/zero.ckpt",
                micro=MICRO * 2)
+
+
+def resume_deepspeed(rank: int, world: int, folder: str, stage: int) -> dict:
+    """ZeroStrategy at `stage` resumes the Lightning DeepSpeedStrategy checkpoint in `folder` (ckpt_path=) and trains on
+    to step 4, as tests/fixtures/make_lightning_deepspeed_fixtures.py had Lightning do; the trained weights."""
+    import sys
+    from pathlib import Path
+
+    import lightning as L
+
+    from zero_core.integrations.lightning import ZeroStrategy
+
+    sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+    from make_lightning_deepspeed_fixtures import CKPT
+    from make_lightning_fixtures import tiny_lightning_module
+
+    data = torch.utils.data.TensorDataset(torch.randint(0, 11, (8, 5), generator=torch.Generator().manual_seed(100)))
+    strategy = ZeroStrategy(config={"zero_optimization": {"stage": stage}, "gradient_clipping": 0.0})
+    trainer = L.Trainer(accelerator="cpu", devices=world, strategy=strategy, max_steps=4, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(tiny_lightning_module()(), torch.utils.data.DataLoader(data, batch_size=2),
+                ckpt_path=str(Path(folder) / CKPT))
+    trained = {n for n, p in trainer.lightning_module.named_parameters() if p.requires_grad}
+    state = trainer.strategy.engine.full_state_dict()
+    return {"step": trainer.global_step, "weights": {k: v for k, v in state.items() if k in trained}}
+

@@ -1,7 +1,8 @@
 """Lightning's ZeroStrategy (zero_core.integrations.lightning) against Lightning's DDPStrategy on 2 gloo ranks,
 fp32: the same LightningModule (tiny GPT-2, AdamW, a step-interval LambdaLR, clipping, accumulation) gives the
 same losses within 1e-5; a checkpoint saved through Lightning's API resumes at another stage, on 2 ranks and on
-1, and continues the curve; `zbench convert` reads it; the registered names build the strategy."""
+1, and continues the curve; `zbench convert` reads it; the registered names build the strategy; a checkpoint of
+Lightning's own DeepSpeedStrategy resumes through ZeroStrategy as Lightning resumes it."""
 
 from __future__ import annotations
 
@@ -58,3 +59,20 @@ def test_registered_names_build_the_strategy():
     offload = StrategyRegistry.get("zero_stage_3_offload").zero_config["zero_optimization"]
     assert offload["offload_optimizer"] == {"device": "cpu"} and offload["offload_param"] == {"device": "cpu"}
     assert "deepspeed_stage_3" in StrategyRegistry  # Lightning's own names untouched
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("saved, stage", [(2, 3), (3, 1)])
+def test_zero_strategy_resumes_a_lightning_deepspeed_checkpoint_as_lightning_does(saved, stage):
+    """A checkpoint of Lightning's own DeepSpeedStrategy (ZeRO-2/3, 2 CPU ranks, tests/fixtures/lightning_deepspeed):
+    ZeroStrategy at another stage resumes it with ckpt_path= and ends on the weights Lightning's resume reached."""
+    from safetensors.torch import load_file
+
+    from helpers import FIXTURES
+
+    folder = FIXTURES / "lightning_deepspeed" / str(saved)
+    got = run_ranks(lw.resume_deepspeed, 2, str(folder), stage)
+    want = load_file(str(folder / "continued.safetensors"))
+    assert got["step"] == 4 and got["weights"].keys() == want.keys()
+    for name, w in want.items():
+        assert torch.allclose(got["weights"][name], w, rtol=0, atol=1e-6), name
