@@ -143,3 +143,7 @@ class UniversalSource:
     def read_problems(self) -> list[str]:
         """CRC failures in the records read so far (checked as they were read), their unread ends finished."""
         return self._files.problems()
+
+    def loss_scaler(self) -> None:
+        """None: ds_to_universal.py keeps no loss scaler (an fp16 run's scale starts again from the config's)."""
+        return None

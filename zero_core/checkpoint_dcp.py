@@ -5,8 +5,9 @@ The model's tensors come from the folder (checkpoints/dcp_source.py: under "mode
 level). Adam's `exp_avg`, `exp_avg_sq` and `step` come from the same folder (`optim.state.<fqn>.*`, as
 `get_state_dict` names them) or, for an Accelerate FSDP save, from `optimizer_0/` beside `pytorch_model_fsdp_0/`.
 The parameters with moments are the trained ones; the rest (frozen parameters, buffers) are copied as saved. Every
-chunk's CRC is checked before anything changes. Not carried over: the lr scheduler (a DCP save holds none; the
-config's schedule goes on from the step count) and the optimizer's hyper-parameters (the config's apply).
+chunk file is checked before anything changes: present, whole, and its CRCs where DCP wrote a zip (its raw tensor
+bytes carry none). Not carried over: the lr scheduler (a DCP save holds none; the config's schedule goes on from the
+step count), the loss scale and the optimizer's hyper-parameters (the config's apply).
 """
 
 from __future__ import annotations
@@ -66,6 +67,9 @@ class DcpRun:
 
     def read_problems(self) -> list[str]:
         return []  # every chunk was checked before the load (verify)
+
+    def loss_scaler(self) -> None:
+        return None  # a DCP save of torch's optimizer holds none
 
 
 def load_dcp(engine: "Engine", folder: Path, weights_only: bool, schedule: bool) -> tuple[Path, dict[str, Any]]:

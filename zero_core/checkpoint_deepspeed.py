@@ -57,8 +57,8 @@ def load_deepspeed(engine: "Engine", folder: Path, kind: str, weights_only: bool
 def load_foreign(engine: "Engine", folder: Path, source: Any, weights_only: bool,
                  schedule: bool) -> tuple[Path, dict[str, Any]]:
     """Load another tool's checkpoint through `source`: its `params()`, `load(name)`, `load_state(name, key)`,
-    `check_states(keys)`, `read_problems()` and `model` (the run's trainable names, step, skipped count, scheduler
-    state and client_state), as DeepSpeedSource has them (checkpoint_dcp.py adapts a DCP folder)."""
+    `check_states(keys)`, `read_problems()`, `loss_scaler()` and `model` (the run's trainable names, step, skipped
+    count, scheduler state and client_state), as DeepSpeedSource has them (checkpoint_dcp.py adapts a DCP folder)."""
     infos = {i.name: i for i in source.params()}
     rank = engine.rank if engine.layout.world_size > 1 else 0
     mine = engine.layout.fragments(rank)
@@ -102,7 +102,7 @@ def load_foreign(engine: "Engine", folder: Path, source: Any, weights_only: bool
         saved = {"scheduler": model.lr_scheduler, "stepped": applied} if isinstance(model.lr_scheduler, dict) else None
         restore_counters(engine, folder, applied, model.skipped, steps, steps * engine.gradient_accumulation_steps(),
                          saved if schedule else None)
-        scaler = source.loss_scaler() if hasattr(source, "loss_scaler") else None
+        scaler = source.loss_scaler()
         if scaler is not None and engine.scaler.dynamic:  # an fp16 run's scale and its window go on where they were
             engine.scaler.load_state_dict(scaler)
     return folder, dict(model.client_state)

@@ -35,12 +35,6 @@ def start(target: Callable[[], None], name: str, stop: Callable[[], None] | None
     return thread
 
 
-def running() -> list[str]:
-    """The names of the threads started here that have not ended."""
-    with _lock:
-        return [t.name for t in _running]
-
-
 @atexit.register
 def finish_all() -> None:
     """Stop the long-lived threads and wait for every thread started here (run at interpreter exit)."""
