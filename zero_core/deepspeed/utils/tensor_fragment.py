@@ -7,7 +7,13 @@ takes the whole value on every rank and keeps this rank's share). A parameter no
 as None, as DeepSpeed's does for one it does not partition, and is not written.
 
 As in DeepSpeed, a write changes the fp32 state only: the 16-bit weights the forward uses follow at the next
-step, which updates from the written master. With NVMe offload a write streams the whole state file once."""
+step, which updates from the written master. With NVMe offload a write streams the whole state file once.
+
+The local variants (`safe_get_local_fp32_param`, `safe_get_local_optimizer_state`, `safe_get_local_grad`,
+`safe_set_local_fp32_param`, `safe_set_local_optimizer_state`) read and write this rank's share of the parameter
+alone, without communication: a 1-D run of its flattened elements, as zero_core partitions them at every stage.
+The ranks' shares, in rank order, make up the parameter once; unlike DeepSpeed's ZeRO-3 partitions they are not
+of equal size and carry no padding (a rank may hold none of a parameter: an empty tensor)."""
 
 from __future__ import annotations
 
@@ -53,19 +59,67 @@ def _set_full_state(param: torch.Tensor, value: Any, name: str, call: str) -> No
     if tuple(value.shape) != tuple(slot.shape) or value.is_complex():
         raise ValueError(f"{call}: the value is a {value.dtype} of shape {tuple(value.shape)}, the parameter a real "
                          f"{tuple(slot.shape)}; pass the whole parameter's value")
-    flat = value.detach().reshape(-1)
     settled(engine)
+    start, end, first = _share(engine, group, slot)
+    _write(engine, name, start, value.detach().reshape(-1)[first : first + end - start])
+
+
+def _share(engine: Any, group: Any, slot: Any) -> tuple[int, int, int]:
+    """(start, end) of this rank's share of the parameter in its partition, and where that share starts in the
+    parameter's flattened elements; start == end where the rank holds none of it."""
     rank = engine.rank if engine.layout.world_size > 1 else 0
     shard_lo, shard_hi = engine.layout.shard_range(group.index, rank)  # this rank's share of the group's elements
     lo, hi = max(shard_lo, slot.offset), min(shard_hi, slot.offset + slot.numel)
-    if lo >= hi:
-        return
-    start = group.partition_offset + lo - shard_lo  # where they sit in this rank's partition
-    end = start + hi - lo
+    start = group.partition_offset + max(lo - shard_lo, 0)
+    return start, start + max(hi - lo, 0), max(lo - slot.offset, 0)
+
+
+def _write(engine: Any, name: str, start: int, flat: torch.Tensor) -> None:
+    """State `name` of partition elements [start, start + len(flat)) := flat."""
+    end = start + flat.numel()
     for a, b, views in engine.optimizer.states.stream((name,), write_back=True):
         s, e = max(a, start), min(b, end)
         if s < e:
-            views[name][s - a : e - a].copy_(flat[s - start + lo - slot.offset : e - start + lo - slot.offset])
+            views[name][s - a : e - a].copy_(flat[s - start : e - start])
+
+
+def _local(param: torch.Tensor, name: str) -> tuple[Any, int, int] | None:
+    """(engine, start, end) of this rank's share of `param` in its partition; None for a parameter no engine trains."""
+    found = _slot_of(param, "master" if name == "gradient" else name)
+    if found is None:
+        return None
+    engine, group, slot = found
+    start, end, _ = _share(engine, group, slot)
+    return engine, start, end
+
+
+def _get_local(param: torch.Tensor, name: str) -> torch.Tensor | None:
+    found = _local(param, name)
+    if found is None:
+        return None
+    engine, start, end = found
+    if name == "gradient":
+        if not engine.gradients_ready:
+            raise ValueError("safe_get_local_grad: gradients are readable after the backward that ends an "
+                             "accumulation window and before step(); call it there")
+        share = engine.optimizer.gradient_of(start, end) if end > start else torch.empty(0)
+    else:
+        settled(engine)
+        share = engine.optimizer.states.read(name, start, end)
+    return share.to(device=engine.device, dtype=torch.float32).clone()
+
+
+def _set_local(param: torch.Tensor, value: Any, name: str, call: str) -> None:
+    found = _local(param, name)
+    if found is None:
+        return
+    engine, start, end = found
+    value = torch.as_tensor(value)
+    if value.numel() != end - start or value.is_complex():
+        raise ValueError(f"{call}: the value has {value.numel()} elements, this rank's share of the parameter "
+                         f"{end - start}; pass what safe_get_local_* returns for it, changed")
+    settled(engine)
+    _write(engine, name, start, value.detach().reshape(-1))
 
 
 def safe_get_full_grad(param: torch.Tensor) -> torch.Tensor | None:
@@ -107,3 +161,27 @@ def safe_set_full_optimizer_state(param: torch.Tensor, value: torch.Tensor, opti
 def _check_moment(key: str) -> None:
     if key not in ("exp_avg", "exp_avg_sq"):
         raise ValueError(f"optimizer state {key!r} is not kept by zero_core's Adam; ask for 'exp_avg' or 'exp_avg_sq'")
+
+
+def safe_get_local_fp32_param(param: torch.Tensor) -> torch.Tensor | None:
+    return _get_local(param, "master")
+
+
+def safe_get_local_optimizer_state(param: torch.Tensor, optim_state_key: str) -> torch.Tensor | None:
+    _check_moment(optim_state_key)
+    return _get_local(param, optim_state_key)
+
+
+def safe_get_local_grad(param: torch.Tensor) -> torch.Tensor | None:
+    """This rank's share of the gradient the next step takes (as safe_get_full_grad's, read at the same point)."""
+    return _get_local(param, "gradient")
+
+
+def safe_set_local_fp32_param(param: torch.Tensor, value: torch.Tensor) -> None:
+    _set_local(param, value, "master", "safe_set_local_fp32_param")
+
+
+def safe_set_local_optimizer_state(param: torch.Tensor, value: torch.Tensor, optim_state_key: str) -> None:
+    _check_moment(optim_state_key)
+    _set_local(param, value, optim_state_key, "safe_set_local_optimizer_state")
+
