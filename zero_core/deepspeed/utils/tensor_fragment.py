@@ -50,18 +50,24 @@ def _full_state(param: torch.Tensor, name: str) -> torch.Tensor | None:
     return full[slot.offset : slot.offset + slot.numel].view(slot.shape).clone()
 
 
-def _set_full_state(param: torch.Tensor, value: Any, name: str, call: str) -> None:
+def _set_state(param: torch.Tensor, value: Any, name: str, call: str, local: bool) -> None:
+    """State `name` of `param` := value: the whole parameter's (this rank keeps its share), or with `local` this
+    rank's share alone."""
     found = _slot_of(param, name)
     if found is None:
         return
     engine, group, slot = found
-    value = torch.as_tensor(value)
-    if tuple(value.shape) != tuple(slot.shape) or value.is_complex():
-        raise ValueError(f"{call}: the value is a {value.dtype} of shape {tuple(value.shape)}, the parameter a real "
-                         f"{tuple(slot.shape)}; pass the whole parameter's value")
-    settled(engine)
     start, end, first = _share(engine, group, slot)
-    _write(engine, name, start, value.detach().reshape(-1)[first : first + end - start])
+    value = torch.as_tensor(value)
+    if value.is_complex() or (value.numel() != end - start if local else tuple(value.shape) != tuple(slot.shape)):
+        wanted = (f"has {value.numel()} elements, this rank's share of the parameter {end - start}; pass what "
+                  "safe_get_local_* returns for it, changed" if local else
+                  f"is a {value.dtype} of shape {tuple(value.shape)}, the parameter a real {tuple(slot.shape)}; "
+                  "pass the whole parameter's value")
+        raise ValueError(f"{call}: the value {wanted}")
+    settled(engine)
+    flat = value.detach().reshape(-1)
+    _write(engine, name, start, flat if local else flat[first : first + end - start])
 
 
 def _share(engine: Any, group: Any, slot: Any) -> tuple[int, int, int]:
@@ -109,19 +115,6 @@ def _get_local(param: torch.Tensor, name: str) -> torch.Tensor | None:
     return share.to(device=engine.device, dtype=torch.float32).clone()
 
 
-def _set_local(param: torch.Tensor, value: Any, name: str, call: str) -> None:
-    found = _local(param, name)
-    if found is None:
-        return
-    engine, start, end = found
-    value = torch.as_tensor(value)
-    if value.numel() != end - start or value.is_complex():
-        raise ValueError(f"{call}: the value has {value.numel()} elements, this rank's share of the parameter "
-                         f"{end - start}; pass what safe_get_local_* returns for it, changed")
-    settled(engine)
-    _write(engine, name, start, value.detach().reshape(-1))
-
-
 def safe_get_full_grad(param: torch.Tensor) -> torch.Tensor | None:
     """The whole fp32 gradient the next step takes (averaged over ranks and accumulation steps, before clipping;
     under fp16, divided by the loss scale), between the backward that ends an accumulation window and step(). A
@@ -150,12 +143,12 @@ def safe_get_full_optimizer_state(param: torch.Tensor, optim_state_key: str) -> 
 
 
 def safe_set_full_fp32_param(param: torch.Tensor, value: torch.Tensor) -> None:
-    _set_full_state(param, value, "master", "safe_set_full_fp32_param")
+    _set_state(param, value, "master", "safe_set_full_fp32_param", local=False)
 
 
 def safe_set_full_optimizer_state(param: torch.Tensor, value: torch.Tensor, optim_state_key: str) -> None:
     _check_moment(optim_state_key)
-    _set_full_state(param, value, optim_state_key, "safe_set_full_optimizer_state")
+    _set_state(param, value, optim_state_key, "safe_set_full_optimizer_state", local=False)
 
 
 def _check_moment(key: str) -> None:
@@ -178,10 +171,10 @@ def safe_get_local_grad(param: torch.Tensor) -> torch.Tensor | None:
 
 
 def safe_set_local_fp32_param(param: torch.Tensor, value: torch.Tensor) -> None:
-    _set_local(param, value, "master", "safe_set_local_fp32_param")
+    _set_state(param, value, "master", "safe_set_local_fp32_param", local=True)
 
 
 def safe_set_local_optimizer_state(param: torch.Tensor, value: torch.Tensor, optim_state_key: str) -> None:
     _check_moment(optim_state_key)
-    _set_local(param, value, optim_state_key, "safe_set_local_optimizer_state")
+    _set_state(param, value, optim_state_key, "safe_set_local_optimizer_state", local=True)
 
