@@ -213,6 +213,9 @@ def test_a_moment_the_client_optimizer_does_not_keep_is_one_line():
 def test_offload_loss_scale_and_loader_queries_answer_as_deepspeed_does():
     engine = _engine("fp16", offload_optimizer={"device": "cpu"})
     assert engine.dynamic_loss_scale()  # fp16 without a fixed loss_scale
+    engine.scaler.scale.fill_(1024.0)  # as if the scale had moved: the optimizers read the engine's
+    assert engine.optimizer.loss_scale == engine.optimizer.cur_scale == engine.loss_scale == 1024.0
+    assert engine.client_optimizer.loss_scale == engine.client_optimizer.cur_scale == 1024.0  # initialize's
     assert engine.zero_offload_optimizer().device == "cpu" and engine.zero_offload_param() is None
     assert engine.get_mom() == [(0.9, 0.95)] * len(engine.client_optimizer.param_groups)
     assert engine.training_dataloader is None

@@ -78,7 +78,9 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         else:
             self.strategy.flatten(self.optimizer.states.writer())
         self._cast_frozen_and_buffers(model, {id(p) for p in self.params})
-        self.scaler = LossScaler(cfg, self.optimizer.states.device)
+        self.scaler = self.optimizer.scaler = LossScaler(cfg, self.optimizer.states.device)
+        if isinstance(self.client_optimizer, ZeroOptimizer):
+            self.client_optimizer.scaler = self.scaler  # both answer `loss_scale` / `cur_scale` as DeepSpeed's do
         self.strategy.attach(self.optimizer, self.breakdown)
         side = comm.SideStream(self.device, enabled=cfg.zero_optimization.overlap_comm or self.stage == 3)
         self.reducer = GradReducer(self.params, self.layout, self.optimizer, self.strategy, comm_dtype=cfg.comm_dtype,
@@ -181,6 +183,7 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         auto, self.optimizer.auto = self.optimizer.auto, None
         self.wait_for_weights()  # the first update done before its states move
         self.optimizer = self.reducer.opt = auto.settle(self.optimizer)
+        self.optimizer.scaler = self.scaler
         if self.rank == 0:
             print(f"zero_core: offload_optimizer.ratio auto: {getattr(self.optimizer, 'split', 0):,} of "
                   f"{self.optimizer.states.numel:,} partition elements keep their optimizer states on the device",

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -47,12 +47,22 @@ class PartitionOptimizer(ABC):
     on_host: bool = False  # states and update on the host (the engine then uploads the 16-bit output)
     facade: torch.optim.Optimizer | None = None  # the optimizer initialize handed back (optim/facade.py)
 
+    scaler: Any = None  # the engine's LossScaler (set by the engine)
+
     @property
     def param_groups(self) -> list[dict]:
         """The handed-back optimizer's groups, for scripts that read or set `engine.optimizer.param_groups`."""
         if self.facade is None:
             raise AttributeError("param_groups: this optimizer is not attached to an engine")
         return self.facade.param_groups
+
+    @property
+    def loss_scale(self) -> float:
+        """The current loss scale (1.0 unless fp16), for scripts that read `engine.optimizer.loss_scale` or
+        `.cur_scale` as DeepSpeed's ZeRO optimizers answer them (a host sync)."""
+        return float(self.scaler.scale) if self.scaler is not None else 1.0
+
+    cur_scale = loss_scale
 
     def __init__(
         self,

@@ -3,8 +3,9 @@ DeepSpeed: they hold the groups and answer the usual calls; the engine does the 
 
 - `ZeroOptimizer` is a real `torch.optim.Optimizer` over the model's parameters with the groups'
   hyper-parameters, so a torch scheduler can be built on it (`lr_scheduler=lambda opt: LambdaLR(opt, ...)`)
-  and readers of `optimizer.param_groups[0]["lr"]` work. `step()` refuses (the engine steps), `zero_grad()`
-  does nothing (the engine frees gradients as it reduces them).
+  and readers of `optimizer.param_groups[0]["lr"]` work; `loss_scale` / `cur_scale` read the engine's scale, as
+  on DeepSpeed's ZeRO optimizers. `step()` refuses (the engine steps), `zero_grad()` does nothing (the engine
+  frees gradients as it reduces them).
 - `EngineScheduler` stands for a schedule the engine runs itself (the config's "scheduler" section):
   `get_last_lr()` reads the device (a host sync), `step()` does nothing, as in DeepSpeed, where the
   engine steps its own scheduler.
@@ -25,6 +26,15 @@ class ZeroOptimizer(torch.optim.Optimizer):
                   for g in plan.groups]
         super().__init__(groups, defaults={"lr": plan.groups[0].lr, "betas": plan.groups[0].betas,
                                            "eps": plan.groups[0].eps, "weight_decay": plan.groups[0].weight_decay})
+
+    scaler: Any = None  # the engine's LossScaler, which `loss_scale` reads (set by the engine)
+
+    @property
+    def loss_scale(self) -> float:
+        """The current loss scale (1.0 unless fp16), as DeepSpeed's ZeRO optimizers report it (a host sync)."""
+        return float(self.scaler.scale) if self.scaler is not None else 1.0
+
+    cur_scale = loss_scale  # DeepSpeed's other name for it
 
     def step(self, closure: Any = None) -> None:  # type: ignore[override]
         raise RuntimeError("optimizer.step() is the engine's job: call engine.step() after engine.backward(loss)")
