@@ -51,6 +51,8 @@ def test_the_run_continues_on_its_own_ranks_and_stage(tmp_path, fixture, stage):
     done = expected["saved_after_micro_steps"]
     assert len(got["losses"]) == len(expected["losses"]) - done  # Trainer skipped the batches already trained on
     assert got["losses"] == pytest.approx(expected["losses"][done:], rel=1e-5)
+    # Trainer's log, the saved steps' entries then the resumed ones: the lr of the next update, as with DeepSpeed
+    assert got["logged_lrs"] == pytest.approx(expected["learning_rates"], abs=1e-12)
     _weights_match(got["weights"], fixture, 1e-4)  # after 5 Adam updates at lr 1e-2
 
 

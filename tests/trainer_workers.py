@@ -183,6 +183,7 @@ def run(
         "losses": global_losses(trainer.losses, world),
         "weights": weights,
         "eval": [h["eval_loss"] for h in trainer.state.log_history if "eval_loss" in h],
+        "logged_lrs": [h["learning_rate"] for h in trainer.state.log_history if "loss" in h],
     }
     if save_to is not None:
         trainer.save_model(save_to)

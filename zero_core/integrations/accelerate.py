@@ -145,7 +145,7 @@ class Accelerator(accelerate.Accelerator):
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         if self.engine is None:
             return super().backward(loss, **kwargs)
-        backward_and_step(self.engine, self._zero_optimizer, loss)  # 1/accumulation applied by the engine
+        backward_and_step(self.engine, loss)  # 1/accumulation applied by the engine
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: int = 2) -> Any:
         """The engine clips at its step (the config's gradient_clipping); this returns its norm (a host sync)."""

@@ -2,7 +2,8 @@
 
 Frameworks built for DeepSpeed call `optimizer.step()`, `scheduler.step()` and `optimizer.zero_grad()`
 after the backward; as with DeepSpeed, the engine has already applied the update by then (`backward_and_step`),
-so these do nothing. They answer what loops and callbacks read: the groups, and the lr of the last update.
+so these do nothing. They answer what loops and callbacks read: the groups, and, as a stepped torch scheduler
+reports it, the lr of the next update (what Trainer logs after each step, with DeepSpeed as with DDP).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ class EngineOptimizer:
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
-        self.last_lrs: list[float] | None = None  # the lrs the last applied update used
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -60,8 +60,8 @@ class EngineSchedule:
         """Nothing: the engine steps its schedule after every applied update."""
 
     def get_last_lr(self) -> list[float]:
-        """The lrs of the last update (before the first one: of the first; a host sync)."""
-        return self.optimizer.last_lrs if self.optimizer.last_lrs is not None else self.engine.get_lr()
+        """The lrs of the next update, as a torch scheduler reports them after its step() (a host sync)."""
+        return self.engine.get_lr()
 
     def state_dict(self) -> dict[str, Any]:
         return {}  # zbench checkpoints hold the schedule's position
@@ -70,17 +70,10 @@ class EngineSchedule:
         """Nothing: engine.load_checkpoint restores the schedule."""
 
 
-def step(engine: Any, optimizer: EngineOptimizer) -> None:
-    """`engine.step()` (an update at the accumulation boundary), recording the lr that update uses for logging."""
-    if engine.is_gradient_accumulation_boundary():
-        optimizer.last_lrs = engine.get_lr()
-    engine.step()
-
-
-def backward_and_step(engine: Any, optimizer: EngineOptimizer, loss: torch.Tensor, scale_wrt_gas: bool = True) -> None:
-    """One micro-step: the engine's backward, then its step."""
+def backward_and_step(engine: Any, loss: torch.Tensor, scale_wrt_gas: bool = True) -> None:
+    """One micro-step: the engine's backward, then its step (an update at the accumulation boundary)."""
     engine.backward(loss, scale_wrt_gas=scale_wrt_gas)
-    step(engine, optimizer)
+    engine.step()
 
 
 def hidden_size(model: torch.nn.Module) -> int | None:

@@ -30,7 +30,7 @@ from lightning.pytorch.utilities.types import LRSchedulerConfig
 from ..config import read_config_file
 from ..config_auto import AutoValues
 from ..engine import Engine
-from .handles import EngineOptimizer, EngineSchedule, hidden_size, step
+from .handles import EngineOptimizer, EngineSchedule, hidden_size
 
 _PRECISIONS = {
     "32-true": (False, False),
@@ -58,7 +58,7 @@ class ZeroPrecision(Precision):
                 "training_step returned None (a skipped backward), which ZeroStrategy cannot skip in "
                 "step with the other ranks; return the loss"
             )
-        step(self.strategy.engine, self.strategy.optimizers[0])
+        self.strategy.engine.step()
 
     def clip_gradients(self, *args: Any, **kwargs: Any) -> None:
         """Nothing: the engine clips at its step (the config's gradient_clipping, else Trainer(gradient_clip_val))."""

@@ -165,7 +165,7 @@ class ZeroTrainer(transformers.Trainer):
             ) is not None
         if not scaled_for_ga:
             loss = loss / self.current_gradient_accumulation_steps
-        backward_and_step(self.engine, self.optimizer, loss, scale_wrt_gas=False)
+        backward_and_step(self.engine, loss, scale_wrt_gas=False)
         return loss.detach()
 
     def _prepare_input(self, data: Any) -> Any:
