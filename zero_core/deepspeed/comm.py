@@ -58,5 +58,11 @@ def init_distributed(*args: Any, **kwargs: Any) -> None:
     create(*args, **kwargs)
 
 
+def log_summary(show_straggler: bool = False, return_dict: bool = False) -> dict | None:
+    """DeepSpeed prints its comms logger's table here; zero_core keeps no comms log (the config's comms_logger is
+    accepted and ignored), so nothing is printed and the dict, when asked for, is empty."""
+    return {} if return_dict else None
+
+
 def __getattr__(name: str) -> Any:  # ReduceOp, new_group, ...: torch.distributed's own
     return getattr(dist, name)
