@@ -43,6 +43,18 @@ def train_local(engine, rank: int, world: int, micro: int, steps: int) -> list[f
     return losses
 
 
+def ds_engine(stage: int, dtype: str, offload: bool = False) -> tuple[Any, GPT]:
+    """(engine, model): make_model() under zero_core.deepspeed.initialize with ds_config(stage, dtype, 1), the
+    optimizer offloaded to the host with `offload`."""
+    import zero_core.deepspeed as deepspeed
+
+    zero = {"offload_optimizer": {"device": "cpu"}} if offload else {}
+    model = make_model()
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                      config=ds_config(stage, dtype, 1, **zero))
+    return engine, model
+
+
 def ds_config(stage: int, dtype: str, micro: int, gas: int = 1, clip: float = 0.0, **zero: Any) -> dict:
     cfg: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": micro,

@@ -9,19 +9,15 @@ import pytest
 import torch
 import torch.distributed as dist
 from dist_harness import run_ranks
-from parity_workers import ds_config, make_batches, make_model
+from parity_workers import ds_engine, make_batches
 
 pytestmark = pytest.mark.slow  # spawned ranks: outside the fast tier
 
 
 def _locals(rank: int, world: int, stage: int, offload: bool) -> dict:
-    import zero_core.deepspeed as deepspeed
     from zero_core.deepspeed import utils as u
 
-    zero = {"offload_optimizer": {"device": "cpu"}} if offload else {}
-    model = make_model()
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                      config=ds_config(stage, "fp32", 1, **zero))
+    engine, model = ds_engine(stage, "fp32", offload)
     (x0, y0), (x1, y1) = make_batches(2, world)
     engine.backward(engine(x0[rank : rank + 1], y0[rank : rank + 1]).loss)
     engine.step()

@@ -9,19 +9,15 @@ from __future__ import annotations
 import pytest
 import torch
 from dist_harness import run_ranks
-from parity_workers import ds_config, make_batches, make_model
+from parity_workers import ds_config, ds_engine, make_batches, make_model
 
 pytestmark = pytest.mark.slow  # spawned ranks: outside the fast tier
 
 
 def _reads(rank: int, world: int, stage: int, offload: bool) -> dict:
-    import zero_core.deepspeed as deepspeed
     from zero_core.deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
-    zero = {"offload_optimizer": {"device": "cpu"}} if offload else {}
-    model = make_model()
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                      config=ds_config(stage, "bf16", 1, **zero))
+    engine, model = ds_engine(stage, "bf16", offload)
     for x, y in make_batches(2, world):
         engine.backward(engine(x[rank : rank + 1], y[rank : rank + 1]).loss)
         engine.step()

@@ -102,3 +102,18 @@ class LossScaler:
             if key in sd:
                 dst.copy_(torch.as_tensor(sd[key], dtype=dst.dtype).reshape(1))
         self.inv_scale.copy_(1.0 / self.scale)
+
+
+class ReportsLossScale:
+    """`loss_scale` / `cur_scale` as DeepSpeed's ZeRO optimizers answer them, for scripts that read
+    `engine.optimizer.loss_scale` or the optimizer `initialize` returned; `scaler` is set by the engine."""
+
+    scaler: LossScaler | None = None
+
+    @property
+    def loss_scale(self) -> float:
+        """The current loss scale (1.0 unless fp16; a host sync)."""
+        return float(self.scaler.scale) if self.scaler is not None else 1.0
+
+    cur_scale = loss_scale  # DeepSpeed's other name for it
+

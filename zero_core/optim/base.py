@@ -19,11 +19,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
 from .. import comm
+from ..loss_scaler import ReportsLossScale
 from .param_groups import Run
 
 Publish = Callable[[int, int], None]
@@ -40,14 +41,12 @@ class Hyper:
     weight_decay: float
 
 
-class PartitionOptimizer(ABC):
+class PartitionOptimizer(ReportsLossScale, ABC):
     """AdamW over this rank's contiguous fp32 partition (master, exp_avg, exp_avg_sq in `states`), with one
     set of hyper-parameters per optimizer group: `runs[i]` cuts segment i into (lo, hi, group) runs."""
 
     on_host: bool = False  # states and update on the host (the engine then uploads the 16-bit output)
     facade: torch.optim.Optimizer | None = None  # the optimizer initialize handed back (optim/facade.py)
-
-    scaler: Any = None  # the engine's LossScaler (set by the engine)
 
     @property
     def param_groups(self) -> list[dict]:
@@ -55,14 +54,6 @@ class PartitionOptimizer(ABC):
         if self.facade is None:
             raise AttributeError("param_groups: this optimizer is not attached to an engine")
         return self.facade.param_groups
-
-    @property
-    def loss_scale(self) -> float:
-        """The current loss scale (1.0 unless fp16), for scripts that read `engine.optimizer.loss_scale` or
-        `.cur_scale` as DeepSpeed's ZeRO optimizers answer them (a host sync)."""
-        return float(self.scaler.scale) if self.scaler is not None else 1.0
-
-    cur_scale = loss_scale
 
     def __init__(
         self,

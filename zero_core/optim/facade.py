@@ -17,24 +17,16 @@ from typing import Any
 
 import torch
 
+from ..loss_scaler import ReportsLossScale
 from .param_groups import OptimizerPlan
 
 
-class ZeroOptimizer(torch.optim.Optimizer):
+class ZeroOptimizer(ReportsLossScale, torch.optim.Optimizer):
     def __init__(self, plan: OptimizerPlan) -> None:
         groups = [{"params": g.params, "lr": g.lr, "betas": g.betas, "eps": g.eps, "weight_decay": g.weight_decay}
                   for g in plan.groups]
         super().__init__(groups, defaults={"lr": plan.groups[0].lr, "betas": plan.groups[0].betas,
                                            "eps": plan.groups[0].eps, "weight_decay": plan.groups[0].weight_decay})
-
-    scaler: Any = None  # the engine's LossScaler, which `loss_scale` reads (set by the engine)
-
-    @property
-    def loss_scale(self) -> float:
-        """The current loss scale (1.0 unless fp16), as DeepSpeed's ZeRO optimizers report it (a host sync)."""
-        return float(self.scaler.scale) if self.scaler is not None else 1.0
-
-    cur_scale = loss_scale  # DeepSpeed's other name for it
 
     def step(self, closure: Any = None) -> None:  # type: ignore[override]
         raise RuntimeError("optimizer.step() is the engine's job: call engine.step() after engine.backward(loss)")
