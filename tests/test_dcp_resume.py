@@ -97,3 +97,19 @@ def test_a_truncated_chunk_file_is_one_line_and_changes_nothing(tmp_path):
     assert "__1_0.distcp is truncated" in str(e.value) and "nothing was loaded" in str(e.value)
     assert "\n" not in str(e.value) and all(torch.equal(v, engine.full_state_dict()[k]) for k, v in before.items())
     engine.close()
+
+
+def test_an_optimizer_folder_linked_from_elsewhere_is_one_line_and_changes_nothing(tmp_path):
+    save = tmp_path / "checkpoint-2"
+    shutil.copytree(SAVES["accelerate"], save)
+    elsewhere = tmp_path / "elsewhere"
+    (save / "optimizer_0").rename(elsewhere)
+    (save / "optimizer_0").symlink_to(elsewhere, target_is_directory=True)
+    engine = _engine(2)
+    before = engine.full_state_dict()
+    with pytest.raises(CheckpointError) as e:
+        engine.load_checkpoint(save)
+    assert "optimizer folder" in str(e.value) and "\n" not in str(e.value)
+    assert all(torch.equal(v, engine.full_state_dict()[k]) for k, v in before.items())
+    engine.close()
+

@@ -12,11 +12,13 @@ step count), the loss scale and the optimizer's hyper-parameters (the config's a
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from checkpoints.dcp_source import DcpSource, is_dcp_folder
 from checkpoints.detect import MODEL_FOLDERS
+from checkpoints.paths import inside
 from checkpoints.source import CheckpointError, ParamInfo
 
 from .checkpoint_deepspeed import load_foreign
@@ -42,7 +44,10 @@ class DcpRun:
         """`trainable`: the engine's trained parameter names (the trained ones of a save without moments)."""
         self.weights = DcpSource(folder)
         beside = folder.parent / ACCELERATE_STATES
-        split = folder.name in MODEL_FOLDERS and is_dcp_folder(beside)
+        split = folder.name in MODEL_FOLDERS and os.path.lexists(beside)
+        if split:  # as detect.py takes the model's folder: a real folder inside the save, not a link elsewhere
+            beside = inside(folder.parent, ACCELERATE_STATES, what="optimizer folder")
+            split = is_dcp_folder(beside)
         self.states = DcpSource(beside, states_only=True) if split else self.weights
         moments = self.states.states()
         names = {i.name for i in self.weights.params()}
