@@ -1,7 +1,7 @@
-"""Partial optimizer offload (offload_optimizer.ratio < 1) and host updates started during backward
-(zero_core.overlap_host_update) equal plain full offload bitwise on 2 gloo ranks (clipping engaged,
-fp16-style skipped steps, gradient accumulation, stages 1-3); checkpoints cross-load between ratios; the
-new keys are validated."""
+"""Partial optimizer offload (offload_optimizer.ratio < 1), host updates started during backward
+(zero_core.overlap_host_update) and the host share's front streamed (zero_core.offload_stream_fraction) equal
+plain full offload bitwise on 2 gloo ranks (clipping engaged, fp16-style skipped steps, gradient accumulation,
+stages 1-3); checkpoints cross-load between ratios; the new keys are validated."""
 
 from __future__ import annotations
 
@@ -32,16 +32,18 @@ BASE = [
     {"stage": 2, "dtype": "fp16", "micro": 2, "steps": 4, "inject_inf_at": 1},
     {"stage": 3, "dtype": "fp16", "micro": 2, "steps": 4, "inject_inf_at": 2, "clip": 0.05},
 ]
-# (ratio, overlap fraction, host update on its own thread after step()): plain full offload with the update
-# inside step() first, then the paths that must equal it
-RATIOS = ((1.0, 0.0, False), (1.0, 0.0, True), (0.5, 0.0, True), (0.2, 0.0, False), (1.0, 1.0, True),
-          (1.0, 0.4, False), (0.5, 1.0, True))
+# (ratio, overlap fraction, host update on its own thread after step(), streamed fraction): plain full offload
+# with the update inside step() first, then the paths that must equal it
+RATIOS = ((1.0, 0.0, False, 0.0), (1.0, 0.0, True, 0.0), (0.5, 0.0, True, 0.0), (0.2, 0.0, False, 0.0),
+          (1.0, 1.0, True, 0.0), (1.0, 0.4, False, 0.0), (0.5, 1.0, True, 0.0), (1.0, 0.0, True, 0.7),
+          (1.0, 1.0, False, 0.5), (0.5, 0.5, True, 0.6))
 
 
 @pytest.fixture(scope="module")
 def results() -> list[dict]:
-    cases = [{**c, "zero": _off(r), "env": SMALL, "zero_core": {"overlap_host_update": f, "overlap_weight_gather": t}}
-             for c in BASE for r, f, t in RATIOS]
+    cases = [{**c, "zero": _off(r), "env": SMALL, "zero_core": {"overlap_host_update": f, "overlap_weight_gather": t,
+                                                                 "offload_stream_fraction": s}}
+             for c in BASE for r, f, t, s in RATIOS]
     return run_ranks(zero_train, 2, cases)
 
 

@@ -14,7 +14,7 @@ _Z = "zero_optimization."
 
 
 def contradictions(cfg: ZeroConfig) -> list[Problem]:
-    checks = (_precision_and_optimizer, _scheduler, _offload, _overlap, _delayed_update, _aio)
+    checks = (_precision_and_optimizer, _scheduler, _offload, _overlap, _streamed, _delayed_update, _aio)
     return [problem for check in checks for problem in check(cfg)]
 
 
@@ -117,6 +117,25 @@ def _overlap(cfg: ZeroConfig) -> Iterator[Problem]:
             f"zero_core.overlap_host_update={fraction:g} updates optimizer states in host memory during backward, "
             f"but offload_optimizer.device is '{device}' (no states there to update); set the device to 'cpu' or "
             "drop the key",
+        )
+
+
+def _streamed(cfg: ZeroConfig) -> Iterator[Problem]:
+    """The streamed update reads and writes states held in host memory, in place."""
+    fraction, off = cfg.zero_core.offload_stream_fraction, cfg.zero_optimization.offload_optimizer
+    device = off.device if off is not None else "none"
+    key = "zero_core.offload_stream_fraction"
+    if fraction > 0 and device != "cpu":
+        yield Problem(
+            (key, _Z + "offload_optimizer.device"),
+            f"{key}={fraction:g} streams optimizer states held in host memory to the GPU, but "
+            f"offload_optimizer.device is '{device}'; set the device to 'cpu' or drop the key",
+        )
+    if fraction > 0 and cfg.zero_core.offload_delayed_update:
+        yield Problem(
+            (key, "zero_core.offload_delayed_update"),
+            f"{key}={fraction:g} and zero_core.offload_delayed_update=true both change where the host update "
+            "runs; keep one",
         )
 
 

@@ -141,6 +141,7 @@ KEYS: list[Key] = [
         "zero_core.overlap_host_update",
         "zero_core.offload_delayed_update",
         "zero_core.nvme_host_ratio",
+        "zero_core.offload_stream_fraction",
     ),
     *(
         Key(section, IGNORED, _LOGGING)

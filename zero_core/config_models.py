@@ -149,6 +149,10 @@ class ZeroCoreConfig(Section):
     # part right after the GPU's share, in forward order); the rest goes to NVMe. 0 (DeepSpeed's layout): all
     # of it on NVMe. GPU, host memory and disk together then bound the largest model (optim/__init__.py)
     nvme_host_ratio: Annotated[float, number(0.0, 1.0, hi_open=True)] = 0.0
+    # optimizer offload to host memory: the fraction of the host share (chunks spread evenly through it) whose
+    # states stay in host memory but are updated on the GPU each step, streamed up and back over PCIe beside
+    # the host's own update (optim/streamed_update.py); device memory: a few chunk-sized buffers
+    offload_stream_fraction: Annotated[float, number(0.0, 1.0)] = 0.0
 
 
 _MONITOR = dict[str, Any] | None  # logging sections: carried through, not used by the engine

@@ -16,6 +16,7 @@ import torch
 from .host_pages import empty_host
 
 REGISTER_MIN_BYTES = 64 << 20  # below this the power-of-two rounding costs little, and torch's cache helps
+_locked: dict[int, int] = {}  # start -> end of each range this module locked (torch's is_pinned cannot see them)
 
 
 def empty_pinned(shape: int | tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
@@ -28,7 +29,35 @@ def empty_pinned(shape: int | tuple[int, ...] | torch.Size, dtype: torch.dtype) 
         if int(cudart.cudaHostRegister(t.data_ptr(), nbytes, 0)) == 0:
             # unlocked when the memory goes: the storage outlives every view of it, and its Python object
             # lives exactly as long (torch keeps one per storage)
-            weakref.finalize(t.untyped_storage(), cudart.cudaHostUnregister, t.data_ptr())
+            _locked[t.data_ptr()] = t.data_ptr() + nbytes
+            weakref.finalize(t.untyped_storage(), _unlock, t.data_ptr())
             return t
         del t  # refused: freed before torch's allocator makes the pinned one
     return torch.empty(size, dtype=dtype, pin_memory=True)
+
+
+def _unlock(start: int) -> None:
+    _locked.pop(start, None)
+    torch.cuda.cudart().cudaHostUnregister(start)
+
+
+def is_locked(t: torch.Tensor) -> bool:
+    """Whether CPU tensor `t` lies in page-locked memory: torch's pinned allocator's, or a range locked here."""
+    start, end = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+    return any(a <= start and end <= b for a, b in _locked.items()) or t.is_pinned()
+
+
+def lock_in_place(t: torch.Tensor) -> bool:
+    """Page-lock an existing CPU tensor's memory (for asynchronous copies of it); False if it already was.
+    The caller unlocks it with `unlock(t)` before the memory goes."""
+    if not t.numel() or is_locked(t):
+        return False
+    nbytes = t.numel() * t.element_size()
+    torch.cuda.check_error(torch.cuda.cudart().cudaHostRegister(t.data_ptr(), nbytes, 0))
+    _locked[t.data_ptr()] = t.data_ptr() + nbytes
+    return True
+
+
+def unlock(t: torch.Tensor) -> None:
+    """Undo `lock_in_place(t)`."""
+    _unlock(t.data_ptr())

@@ -5,6 +5,7 @@
     offload_optimizer nvme  HostAdamW over states in one file per rank on NVMe, streamed chunk by chunk
     ... nvme_host_ratio H   HostAdamW over SplitStates: the first H of the offloaded share in host memory
     ... with ratio < 1      SplitAdamW: the first buckets on the device (DeviceAdamW), the rest offloaded
+    zero_core.offload_stream_fraction   some of the host share's chunks updated on the GPU, states streamed
 
 Every one honours the same interface (base.py), which the gradient reducer and the engine call.
 """
@@ -86,15 +87,16 @@ def make_optimizer(
         return ClientOptimizer(states, plan.client, **kw)
     states = offloaded_states(layout.partition_numel, cfg, device, aio, rank)
     if offloads_optimizer(cfg):
-        host = DelayedHostAdamW if cfg.zero_core.offload_delayed_update else HostAdamW
-        return host(
-            states,
-            comm_dtype=cfg.comm_dtype,
-            breakdown=breakdown,
-            overlap_fraction=cfg.zero_core.overlap_host_update,
-            **kw,
-        )
+        if cfg.zero_core.offload_delayed_update:
+            return DelayedHostAdamW(states, comm_dtype=cfg.comm_dtype, breakdown=breakdown, **kw)
+        return HostAdamW(states, comm_dtype=cfg.comm_dtype, breakdown=breakdown, **_host_overlap(cfg), **kw)
     return DeviceAdamW(states, **kw)
+
+
+def _host_overlap(cfg: ZeroConfig) -> dict[str, float]:
+    """How the host share's update overlaps: started during backward, and its front streamed to the GPU."""
+    return dict(overlap_fraction=cfg.zero_core.overlap_host_update,
+                stream_fraction=cfg.zero_core.offload_stream_fraction)
 
 
 def offload_ratio(cfg: ZeroConfig) -> float:
@@ -149,8 +151,8 @@ def _assemble(
         states.host_part,
         comm_dtype=cfg.comm_dtype,
         breakdown=breakdown,
-        overlap_fraction=cfg.zero_core.overlap_host_update,
         staging=staging,
+        **_host_overlap(cfg),
         **{**kw, "runs": host_runs},
     )
     return SplitAdamW(states, device_opt, host_opt, **kw)
@@ -170,6 +172,8 @@ def _moved(old: SplitAdamW, on_device: int, runs, cfg: ZeroConfig, breakdown: St
         getattr(device_part, name).copy_(getattr(host, name)[:split])
         release_pages(getattr(host, name)[:split])
     old_host = old.host_opt
+    if old_host.streamed is not None:
+        old_host.streamed.close()  # unpinned before its pages go back
     old_host.speculative.release()
     old_host.grad = None
     staging = old_host.staging[split:]

@@ -4,7 +4,9 @@ to the GPU as soon as they exist.
 Per chunk of `HOST_CHUNK_NUMEL` elements: torch's fused CPU AdamW, then the 16-bit conversion of the
 chunk just written (still in cache), then (on CUDA) that chunk's host-to-device copy on a copy stream,
 which runs while the next chunk is updated; the engine waits only for the last copy. With NVMe the
-chunks come from `NvmeStates.stream()`, which reads ahead and writes back around this loop.
+chunks come from `NvmeStates.stream()`, which reads ahead and writes back around this loop. With
+`zero_core.offload_stream_fraction` every few chunks of the share are updated on the GPU meanwhile
+(streamed_update.py), and chunks are published in partition order whichever side finishes first.
 
 Gradients: each reduced shard lands in a pinned staging buffer (communication dtype). When the pass
 is the last before the update and does not accumulate (no gradient accumulation, or stage 1) the
@@ -30,6 +32,7 @@ from .param_groups import merged_runs
 from .nvme_states import ALIGN, chunk_numel_from_env
 from .speculative import SpeculativeUpdates, without
 from .states import TensorStates
+from .streamed_update import InOrder, StreamedUpdate, streamed_chunks
 
 # 4 Mi elements (16 MiB per fp32 state): with 8-16 threads per rank each thread's slice is 256-512 Ki
 # elements, far above OpenMP's fork/join cost per op, and its 1-2 MiB of fp32 master is still in its
@@ -40,8 +43,7 @@ from .states import TensorStates
 # change which elements the fused kernel vectorises (the result is bitwise the same as one call over
 # the whole partition). ZERO_CORE_HOST_CHUNK_NUMEL overrides it (tuning, tests).
 HOST_CHUNK_NUMEL = 4 << 20
-# The fold (gradient accumulation) works on pieces of the same size (cache-hot scale + sum of squares),
-# but not tunable: its pieces decide the summation order of the gradient norm.
+# The fold (gradient accumulation) works on pieces of the same size, not tunable: they decide the norm's sum order.
 FOLD_CHUNK_NUMEL = HOST_CHUNK_NUMEL
 
 
@@ -51,16 +53,9 @@ class HostAdamW(PartitionOptimizer):
     on_host = True
     adam_key = "cpu_adam"  # the breakdown's name for the update's time (a delayed update overlaps: another one)
 
-    def __init__(
-        self,
-        states,
-        *,
-        comm_dtype: torch.dtype,
-        breakdown: StepBreakdown | None = None,
-        overlap_fraction: float = 0.0,
-        staging: torch.Tensor | None = None,
-        **kw,
-    ) -> None:
+    def __init__(self, states, *, comm_dtype: torch.dtype, breakdown: StepBreakdown | None = None,
+                 overlap_fraction: float = 0.0, stream_fraction: float = 0.0, staging: torch.Tensor | None = None,
+                 **kw) -> None:
         super().__init__(states, **kw)
         if not host_kernels.available():
             raise ValueError(
@@ -90,6 +85,11 @@ class HostAdamW(PartitionOptimizer):
         self.counts: Callable[[], torch.Tensor] = lambda: self.applied  # the updates applied so far (a composite's)
         self.run_update: Callable[[Callable[[], None]], None] = lambda update: update()  # here, by default
         self._spec_hyper: list[dict] | None = None
+        # chunks updated on the GPU, their states streamed (streamed_update.py); never speculated
+        ranges = streamed_chunks(n, stream_fraction, self.chunk) if isinstance(states, TensorStates) else []
+        self.streamed = StreamedUpdate(ranges, self.comm_device) if ranges else None
+        self.streamed_ranges, self._streamed_starts = ranges, {a for a, _ in ranges}
+        self._coef = 1.0
 
     # -- gradients ---------------------------------------------------------------------------------
     def begin_pass(self, scale: torch.Tensor, accumulate: bool, final: bool) -> None:
@@ -124,7 +124,9 @@ class HostAdamW(PartitionOptimizer):
         self._folder.submit(landed, self._fold_job(offset, numel, scale, accumulate))
 
     def _fold_job(self, offset: int, numel: int, scale: torch.Tensor, accumulate: bool) -> Callable[[], None]:
-        lazy, speculate = self.lazy, self._speculating and self.speculative.reserve(numel)
+        lazy = self.lazy
+        ours = [(a, b) for a, b, _ in without([(offset, offset + numel, 0)], self.streamed_ranges)]  # host's part
+        speculate = self._speculating and self.speculative.reserve(sum(b - a for a, b in ours))
 
         def job() -> None:
             if not lazy:  # else the step rebuilds this shard's gradient from staging
@@ -134,9 +136,8 @@ class HostAdamW(PartitionOptimizer):
             # the step's own update (in partition order, overlapping the next forward) is the better place
             if speculate and not self._backward_ended:
                 with self.breakdown.host("overlapped_cpu_adam"):
-                    self.speculative.update(
-                        offset, offset + numel, self._speculative_adam, self.chunk, lambda: self._backward_ended
-                    )
+                    for a, b in ours:
+                        self.speculative.update(a, b, self._speculative_adam, self.chunk, lambda: self._backward_ended)
 
         return job
 
@@ -164,7 +165,7 @@ class HostAdamW(PartitionOptimizer):
         """Non-lazy passes (the fold thread, in order): fold staging[start:start+numel] into the fp32
         gradient partition and the norm statistics, in cache-sized pieces."""
         if self.grad is None:
-            self.grad = comm.host_buffer(self.states.numel, torch.float32, pin=False)
+            self.grad = comm.host_buffer(self.states.numel, torch.float32, pin=self.streamed is not None)
         src = self.staging[start : start + numel]
         for a in range(0, numel, FOLD_CHUNK_NUMEL):
             b = min(numel, a + FOLD_CHUNK_NUMEL)
@@ -185,6 +186,10 @@ class HostAdamW(PartitionOptimizer):
         g = self._step_scratch[: b - a] if out is None else out
         host_kernels.scaled_copy(self.staging[a:b], g, self._lazy_scale)
         return g
+
+    def _grad_source(self, a: int, b: int) -> tuple[torch.Tensor, float | None]:
+        """What the streamed update uploads for [a, b): staging and its scale (lazy), or the fp32 gradient."""
+        return (self.staging[a:b], self._lazy_scale) if self.lazy else (self.grad[a:b], None)  # type: ignore[index]
 
     def gradient_of(self, lo: int, hi: int) -> torch.Tensor:
         if not self.lazy and self.grad is None:  # nothing folded yet
@@ -225,13 +230,8 @@ class HostAdamW(PartitionOptimizer):
                 **hyper[g],
             )
 
-    def _update(
-        self,
-        coef: torch.Tensor,
-        out: Output,
-        publish: Publish | None,
-        after_segment: Callable[[int], None] | None = None,
-    ) -> None:  # buckets are gathered through `publish`
+    def _update(self, coef: torch.Tensor, out: Output, publish: Publish | None,
+                after_segment: Callable[[int], None] | None = None) -> None:  # buckets are gathered through `publish`
         c = float(coef[0])
         skip = int(self.overflow[0]) != 0
         hyper = None if skip else self._hyper(self.lr, c)
@@ -241,7 +241,7 @@ class HostAdamW(PartitionOptimizer):
         done = self.speculative.settle(keep=keep)
         if hyper is None:
             return  # skipped: nothing changes, nothing to send (and says nothing of the next norm)
-        self._last_clipped = c < 1.0
+        self._last_clipped, self._coef = c < 1.0, c
         assert out is None or isinstance(out, torch.Tensor), "the host update writes one flat 16-bit partition"
         self.run_update(lambda: self._chunks(out, publish, done, hyper))
 
@@ -252,15 +252,24 @@ class HostAdamW(PartitionOptimizer):
     def _chunks(self, out: Output, publish: Publish | None, done: list[tuple[int, int]], hyper: list[dict]) -> None:
         """The chunked update, in partition order (on the training thread, or the stage's update thread)."""
         waited = getattr(self.states, "wait_seconds", 0.0)
+        order = InOrder(publish)  # a chunk the host finishes before a streamed one ahead of it waits for it
         with self.breakdown.host(self.adam_key):
+            streamed = None if self.streamed is None else self.streamed.start(
+                self.states, self._grad_source, out, self._runs_between, hyper, self._coef, self.applied,
+                self.decoupled)
             for lo, hi, v in self.states.stream():
                 for a in range(lo, hi, self.chunk):
+                    if streamed is not None and a in self._streamed_starts:
+                        continue  # the GPU's
                     b = min(hi, a + self.chunk)
                     self._adam_pieces(v, lo, without(self._runs_between(a, b), done), hyper, self.applied)
                     if out is not None:
                         out[a:b].copy_(v["master"][a - lo : b - lo])  # the 16-bit copy while it is in cache
-                    if publish is not None:
-                        publish(a, b)
+                    order.done(a, b)
+                    if streamed is not None:
+                        streamed.poll(order)
+            if streamed is not None:
+                self.breakdown.add("streamed_adam", streamed.finish(order))
         self.breakdown.add("nvme_wait", getattr(self.states, "wait_seconds", 0.0) - waited)
 
     def undo_speculation(self) -> None:
@@ -279,4 +288,6 @@ class HostAdamW(PartitionOptimizer):
 
     def close(self) -> None:
         self._folder.close()
+        if self.streamed is not None:
+            self.streamed.close()
         super().close()

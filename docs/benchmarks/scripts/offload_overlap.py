@@ -48,8 +48,12 @@ PLANS = {
         # (2026-11-26_h100_gpt2xl_recompute_shares.md); the whole host share offered to backward, as the 7 B GPT
         # runs fastest (0.95 keeps nothing on the device: its 5% is less than the first bucket, the token
         # embedding); "auto": the share that fits the 24 GiB cap
+        # the host share's front streamed to the GPU's update (zero_core.offload_stream_fraction): no device
+        # memory beyond its chunk buffers, so it fits beside full offload and beside 0.92
         [(0.92, 0.5, True), (0.92, 1.0, True), ("auto", 1.0, True),
-         (0.8, 1.0, True, True), (0.82, 1.0, True, True), (0.85, 1.0, True, True)],
+         (0.8, 1.0, True, True), (0.82, 1.0, True, True), (0.85, 1.0, True, True),
+         (1.0, 0.0, True, False, 0.45), (1.0, 0.0, True, False, 0.55), (0.92, 0.0, True, False, 0.5),
+         (0.92, 0.0, True, False, 0.6)],
     ),
     "longformer": (
         "longformer_feedback.yaml",
@@ -77,18 +81,20 @@ def variants_for(sc: dict, base_json: dict, folder: Path, plan: list[tuple]) -> 
     if not any(v.get("engine") == "deepspeed" for v in out):
         (folder / "plain.json").write_text(json.dumps(base_json))
         out.append({"name": "ds-offload", "engine": "deepspeed", "ds_config": "plain.json"})
-    for ratio, overlap, in_flight, *recompute in plan:
+    for ratio, overlap, in_flight, *extra in plan:
+        recompute, stream = (list(extra) + [False, 0.0])[:2]
         cfg = json.loads(json.dumps(base_json))
         cfg["zero_optimization"]["offload_optimizer"]["ratio"] = ratio
-        cfg["zero_core"] = {"overlap_host_update": overlap, "overlap_weight_gather": in_flight}
+        cfg["zero_core"] = {"overlap_host_update": overlap, "overlap_weight_gather": in_flight,
+                            "offload_stream_fraction": stream}
         share = ratio if isinstance(ratio, str) else f"{ratio:g}"  # "auto": the device share that fits the cap
-        name = f"zero-ratio{share}-overlap{overlap:g}{'' if in_flight else '-in-step'}".replace(".", "p")
-        name += "-recompute" if recompute and recompute[0] else ""
+        name = f"zero-ratio{share}-overlap{overlap:g}{'' if in_flight else '-in-step'}"
+        name = (name + ("-recompute" if recompute else "") + (f"-stream{stream:g}" if stream else "")).replace(".", "p")
         (folder / f"{name}.json").write_text(json.dumps(cfg, indent=1))
         # the scenario variant's own keys (stage, offload devices) apply to its siblings too
         kept = {k: engine[k] for k in ("stage", "offload_optimizer", "offload_param") if engine and k in engine}
         if recompute:
-            kept["gradient_checkpointing"] = bool(recompute[0])
+            kept["gradient_checkpointing"] = True
         out.append({"name": name, "engine": "zero", "ds_config": f"{name}.json", **kept})
     return out
 

@@ -1,0 +1,126 @@
+"""Chunks of the host share updated by the device kernel over streamed states (zero_core/optim/streamed_update.py):
+on a CPU run the same result as the host step bitwise; the host never updates the streamed chunks itself, never
+speculates on them, and every 16-bit chunk is published once, in partition order, whichever side finishes first.
+(Whole-engine runs against plain offload: tests/test_partial_offload.py.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from zero_core import ConfigError, load_config
+from zero_core.optim import HostAdamW, Hyper
+from zero_core.optim.states import TensorStates
+from zero_core.optim.streamed_update import InOrder, streamed_chunks
+
+CHUNK = 1024
+
+
+def test_in_order_holds_back_ranges_that_finish_early():
+    published = []
+    order = InOrder(lambda a, b: published.append((a, b)))
+    order.done(2048, 3072)  # a host chunk, finished before the streamed ones ahead of it
+    assert published == []
+    order.done(0, 1024)
+    order.done(1024, 2048)
+    order.done(3072, 3500)
+    assert published == [(0, 1024), (1024, 2048), (2048, 3072), (3072, 3500)]
+
+
+@pytest.mark.parametrize("numel, fraction, expect", [
+    (10_000, 0.5, [(1024, 2048), (3072, 4096), (5120, 6144), (7168, 8192), (9216, 10_000)]),
+    (10_000, 0.05, []),
+    (3000, 1.0, [(0, 1024), (1024, 2048), (2048, 3000)]),
+    (8192, 0.3, [(3072, 4096), (6144, 7168)]),
+])
+def test_streamed_chunks_are_spread_evenly(numel, fraction, expect):
+    assert streamed_chunks(numel, fraction, CHUNK) == expect
+
+
+def _run(fraction: float, overlap: float, clip: float, lazy: bool, monkeypatch, steps: int = 3):
+    """`steps` steps of a HostAdamW over 5,000 elements; the states, the outputs, what the host loop updated
+    itself and the publications."""
+    monkeypatch.setenv("ZERO_CORE_HOST_CHUNK_NUMEL", str(CHUNK))
+    numel = 5000
+    states = TensorStates(numel, torch.device("cpu"))
+    states.master.copy_(torch.randn(numel, generator=torch.Generator().manual_seed(3)))
+    opt = HostAdamW(states, comm_dtype=torch.bfloat16, clip=clip, overlap_fraction=overlap, stream_fraction=fraction,
+                    groups=[Hyper(0.9, 0.95, 1e-8, 0.1), Hyper(0.8, 0.99, 1e-6, 0.0)], decoupled=True,
+                    lr_at=lambda a: torch.tensor([1e-2, 3e-3]), shard_stats=False, comm_device=torch.device("cpu"),
+                    runs=[[(0, 1536, 0), (1536, 2560, 1)], [(2560, 5000, 0)]])
+    host_pieces, published, outs = [], [], []
+    adam = opt._adam_pieces
+    monkeypatch.setattr(opt, "_adam_pieces",
+                        lambda v, lo, pieces, *a: (host_pieces.extend(pieces), adam(v, lo, pieces, *a)))
+    gen = torch.Generator().manual_seed(11)
+    for _ in range(steps):
+        micro = 1 if lazy else 2  # gradient accumulation folds into the fp32 gradient
+        for m in range(micro):
+            grads = torch.randn(numel, generator=gen)
+            opt.begin_pass(torch.ones(1), accumulate=m > 0, final=m == micro - 1)
+            for lo, hi in ((2560, 5000), (0, 2560)):  # backward order: the last bucket first
+                opt.receive(grads[lo:hi].bfloat16(), lo)
+            opt.end_pass()
+        out = torch.zeros(numel, dtype=torch.bfloat16)
+        opt.step(out, publish=lambda a, b: published.append((a, b)))
+        outs.append(out)
+    opt.close()
+    return states, outs, host_pieces, published, opt
+
+
+@pytest.mark.parametrize("clip", [0.0, 1e-3])  # unclipped, and clipping engaged (coefficient < 1)
+@pytest.mark.parametrize("lazy", [True, False])  # the gradient rebuilt from staging, or the folded fp32 one
+@pytest.mark.parametrize("overlap", [0.0, 1.0])  # speculated during backward, on the host's part only
+def test_streamed_chunks_equal_the_host_step_bitwise(monkeypatch, clip, lazy, overlap):
+    plain, plain_outs, _, plain_published, _ = _run(0.0, overlap, clip, lazy, monkeypatch)
+    states, outs, host_pieces, published, opt = _run(0.5, overlap, clip, lazy, monkeypatch)
+    assert opt.streamed_ranges == [(1024, 2048), (3072, 4096)]
+    assert host_pieces and all(hi <= 1024 or 2048 <= lo and hi <= 3072 or lo >= 4096 for lo, hi, _ in host_pieces)
+    for name in ("master", "exp_avg", "exp_avg_sq"):
+        assert torch.equal(getattr(plain, name), getattr(states, name)), name
+    for a, b in zip(plain_outs, outs):
+        assert torch.equal(a, b)
+    assert published == plain_published  # once each, in partition order
+    assert [b for _, b in published[:5]] == [1024, 2048, 3072, 4096, 5000]
+
+
+def test_speculation_leaves_the_streamed_chunks_alone(monkeypatch):
+    monkeypatch.setenv("ZERO_CORE_HOST_CHUNK_NUMEL", str(CHUNK))
+    states = TensorStates(4096, torch.device("cpu"))
+    opt = HostAdamW(states, comm_dtype=torch.float32, clip=0.0, overlap_fraction=1.0, stream_fraction=0.5,
+                    groups=[Hyper(0.9, 0.95, 1e-8, 0.1)], decoupled=True, lr_at=lambda a: torch.full((1,), 1e-2),
+                    shard_stats=False, comm_device=torch.device("cpu"))
+    opt.begin_pass(torch.ones(1), accumulate=False, final=True)
+    opt.receive(torch.ones(3072), 1024)  # a shard over streamed and host chunks
+    opt.receive(torch.ones(1024), 0)
+    opt._folder.wait()  # every shard's turn on the fold thread comes while backward still runs
+    opt.end_pass()
+    assert sorted((lo, hi) for lo, hi, _ in opt.speculative.ranges) == [(0, 1024), (2048, 3072)]
+    opt.step(torch.empty(4096, dtype=torch.bfloat16))
+    opt.close()
+
+
+def _config(zero_core: dict, offload: dict | None) -> dict:
+    zero = {"stage": 2, **({"offload_optimizer": offload} if offload else {})}
+    return {"train_micro_batch_size_per_gpu": 1, "zero_optimization": zero, "zero_core": zero_core}
+
+
+@pytest.mark.parametrize("value, offload, problem", [
+    (0.5, {"device": "cpu"}, None),
+    (1.5, {"device": "cpu"}, "offload_stream_fraction"),
+    (0.5, None, "offload_optimizer.device is 'none'"),
+    (0.5, {"device": "nvme", "nvme_path": "/tmp"}, "offload_optimizer.device is 'nvme'"),
+])
+def test_the_fraction_is_validated(value, offload, problem):
+    cfg = _config({"offload_stream_fraction": value}, offload)
+    if problem is None:
+        assert load_config(cfg, world_size=1).zero_core.offload_stream_fraction == value
+        return
+    with pytest.raises(ConfigError, match=problem):
+        load_config(cfg, world_size=1)
+
+
+def test_it_is_refused_beside_the_delayed_update():
+    cfg = _config({"offload_stream_fraction": 0.5, "offload_delayed_update": True}, {"device": "cpu"})
+    with pytest.raises(ConfigError, match="keep one"):
+        load_config(cfg, world_size=1)
