@@ -62,7 +62,9 @@ PLANS = {
     ),
     # the shipped share (0.55) with more of the host share offered to backward: what backward has not reached
     # when it ends is left to the step, so a larger fraction costs backup memory, not a longer step
-    "gpt7b": ("gpt7b_offload.yaml", 32, [(0.55, 0.6, True), (0.55, 0.8, True), (0.55, 1.0, True), ("auto", 1.0, True)]),
+    # ... and with some of the host share's chunks streamed to the GPU's update
+    "gpt7b": ("gpt7b_offload.yaml", 32, [(0.55, 0.6, True), (0.55, 0.8, True), (0.55, 1.0, True), ("auto", 1.0, True),
+                                         (0.55, 1.0, True, False, 0.3), (0.55, 1.0, True, False, 0.5)]),
 }
 GPT7B_DS = {  # the scenario's zero_core variant as a DeepSpeed JSON, so DeepSpeed runs it too
     "bf16": {"enabled": True},
