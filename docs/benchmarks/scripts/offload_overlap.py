@@ -53,7 +53,7 @@ PLANS = {
         [(0.92, 0.5, True), (0.92, 1.0, True), ("auto", 1.0, True),
          (0.8, 1.0, True, True), (0.82, 1.0, True, True), (0.85, 1.0, True, True),
          (1.0, 0.0, True, False, 0.45), (1.0, 0.0, True, False, 0.55), (0.92, 0.0, True, False, 0.5),
-         (0.92, 0.0, True, False, 0.6)],
+         (0.92, 0.0, True, False, 0.6), (1.0, 0.0, True, False, 0.65), (1.0, 1.0, True, False, 0.55)],
     ),
     "longformer": (
         "longformer_feedback.yaml",
