@@ -133,17 +133,25 @@ class FakeProbe:
         return self.peak
 
 
-@pytest.mark.parametrize("room_elements, expect_split", [(None, False), (0, False), (6000, True), (10**9, True)])
-def test_auto_ratio_moves_what_fits_after_the_first_step_and_trains_the_same(room_elements, expect_split):
+@pytest.mark.parametrize("room_elements, expect_split, stream", [(None, False, 0.0), (0, False, 0.0), (6000, True, 0.0),
+                                                                (10**9, True, 0.0), (6000, True, 0.6)])
+def test_auto_ratio_moves_what_fits_after_the_first_step_and_trains_the_same(monkeypatch, room_elements, expect_split,
+                                                                            stream):
     from zero_core.optim.auto_ratio import DEVICE_BYTES_PER_ELEMENT, MARGIN
 
+    monkeypatch.setenv("ZERO_CORE_HOST_CHUNK_NUMEL", SMALL["ZERO_CORE_HOST_CHUNK_NUMEL"])
+
     def run(ratio, probe=None):
-        engine = zero_core.initialize(make_model(), ds_config(2, "fp32", 2, clip=0.05, reduce_bucket_size=300,
-                                                              offload_optimizer={"device": "cpu", "ratio": ratio}))
+        cfg = ds_config(2, "fp32", 2, clip=0.05, reduce_bucket_size=300,
+                        offload_optimizer={"device": "cpu", "ratio": ratio})
+        cfg["zero_core"] = {"offload_stream_fraction": stream if ratio == "auto" else 0.0}
+        engine = zero_core.initialize(make_model(), cfg)
         if probe is not None:
             engine.optimizer.auto.probe = probe
         _train(engine, 4)
         assert engine.optimizer.param_groups is engine.client_optimizer.param_groups  # kept across the re-split
+        host = getattr(engine.optimizer, "host_opt", engine.optimizer)
+        assert (host.streamed is not None) == (stream > 0 and ratio == "auto")  # the re-split host share streams too
         out = engine.full_state_dict(), getattr(engine.optimizer, "split", 0), engine.optimizer.states.numel
         engine.close()
         return out
