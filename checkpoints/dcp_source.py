@@ -72,13 +72,14 @@ def model_keys(tensors: dict[str, Any], paths: dict[str, Any], key: str | None) 
     return {
         user_name(k): k
         for k, p in path_of.items()
-        if (len(p) == 1 or k not in paths) and not re.match(r"^(optim|optimizer)\.", k)
+        if (len(p) == 1 or k not in paths) and not re.match(r"^(optim|optimizer)(_\d+)?\.", k)
     }
 
 
-# an optimizer's per-parameter state as get_state_dict / Accelerate save it: `optim.state.<fqn>.exp_avg`,
-# `optimizer.state.<fqn>.step`, `<app>.optim.state.<fqn>.exp_avg_sq`
-_STATE = re.compile(r"^(?:(?:.+\.)?(?:optim|optimizer))\.state\.(?P<fqn>.+)\.(?P<what>exp_avg|exp_avg_sq|step)$")
+# an optimizer's per-parameter state as get_state_dict / Accelerate / Lightning save it: `optim.state.<fqn>.exp_avg`,
+# `optimizer.state.<fqn>.step`, `<app>.optim.state.<fqn>.exp_avg_sq`, `optimizer_0.state.<fqn>.exp_avg`
+_STATE = re.compile(
+    r"^(?:(?:.+\.)?(?:optim|optimizer)(?:_\d+)?)\.state\.(?P<fqn>.+)\.(?P<what>exp_avg|exp_avg_sq|step)$")
 
 
 def state_keys(keys: Any) -> dict[str, dict[str, str]]:

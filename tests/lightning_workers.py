@@ -105,3 +105,28 @@ def resume_deepspeed(rank: int, world: int, folder: str, stage: int) -> dict:
     state = trainer.strategy.engine.full_state_dict()
     return {"step": trainer.global_step, "weights": {k: v for k, v in state.items() if k in trained}}
 
+
+
+def resume_model_parallel(rank: int, world: int, stage: int) -> dict:
+    """ZeroStrategy at `stage` resumes the Lightning ModelParallelStrategy (FSDP2) checkpoint of
+    tests/fixtures/lightning/model_parallel (ckpt_path=) and trains on to step 4 on the data the fixture script's
+    --continue gave Lightning's own resume; the trained weights."""
+    import sys
+    from pathlib import Path
+
+    import lightning as L
+
+    from zero_core.integrations.lightning import ZeroStrategy
+
+    fixtures = Path(__file__).parent / "fixtures"
+    sys.path.insert(0, str(fixtures))
+    from make_lightning_fixtures import CKPT, resume_data, tiny_lightning_module
+
+    strategy = ZeroStrategy(config={"zero_optimization": {"stage": stage}, "gradient_clipping": 0.0})
+    trainer = L.Trainer(accelerator="cpu", devices=world, strategy=strategy, max_steps=4, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(tiny_lightning_module()(), torch.utils.data.DataLoader(resume_data(), batch_size=2),
+                ckpt_path=str(fixtures / "lightning" / "model_parallel" / CKPT))
+    trained = {n for n, p in trainer.lightning_module.named_parameters() if p.requires_grad}
+    state = trainer.strategy.engine.full_state_dict()
+    return {"step": trainer.global_step, "weights": {k: v for k, v in state.items() if k in trained}}

@@ -113,3 +113,36 @@ def test_an_optimizer_folder_linked_from_elsewhere_is_one_line_and_changes_nothi
     assert all(torch.equal(v, engine.full_state_dict()[k]) for k, v in before.items())
     engine.close()
 
+
+
+class _Payload:  # a class no checkpoint reader allows: its instance in meta.pt must be refused, never built
+    def __reduce__(self):
+        return (print, ("unpickled",))
+
+
+@pytest.mark.parametrize("meta, problem", [
+    ({"epoch": 1, "global_step": 2, "loops": {"fit_loop": {}}}, None),
+    ([1, 2], "holds list, not Lightning's checkpoint entries"),
+    ({"hparams": _Payload()}, "which zbench refuses to load"),
+    ("link", "symbolic link"),
+])
+def test_lightnings_meta_pt_comes_back_as_plain_data_or_one_line(tmp_path, capsys, meta, problem):
+    """meta.pt beside the shards (Lightning's ModelParallelStrategy) is the client_state; anything but plain data,
+    or a link out of the folder, is one line and nothing changes."""
+    folder = tmp_path / "save"
+    shutil.copytree(DCP / "model_optim", folder)
+    if meta == "link":
+        (tmp_path / "elsewhere.pt").write_bytes(b"")
+        (folder / "meta.pt").symlink_to(tmp_path / "elsewhere.pt")
+    else:
+        torch.save(meta, folder / "meta.pt")
+    engine = _engine(2)
+    before = engine.full_state_dict()
+    if problem is None:
+        assert engine.load_checkpoint(folder)[1] == meta
+        return
+    with pytest.raises(CheckpointError) as e:
+        engine.load_checkpoint(folder)
+    assert problem in str(e.value) and "\n" not in str(e.value)
+    assert "unpickled" not in capsys.readouterr().out
+    assert all(torch.equal(v, engine.full_state_dict()[k]) for k, v in before.items())

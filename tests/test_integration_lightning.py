@@ -76,3 +76,24 @@ def test_zero_strategy_resumes_a_lightning_deepspeed_checkpoint_as_lightning_doe
     assert got["step"] == 4 and got["weights"].keys() == want.keys()
     for name, w in want.items():
         assert torch.allclose(got["weights"][name], w, rtol=0, atol=1e-6), name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [1, 3])
+def test_zero_strategy_resumes_a_lightning_model_parallel_checkpoint_as_lightning_does(stage):
+    """Lightning's ModelParallelStrategy (FSDP2) checkpoint, a DCP folder with `optimizer_0.state.*` and meta.pt:
+    ZeroStrategy resumes it with ckpt_path= (moments, step and Lightning's loops) and ends on the weights
+    Lightning's own resume reached."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    from helpers import FIXTURES
+
+    continued = FIXTURES / "lightning" / "model_parallel" / "continued.safetensors"
+    got = run_ranks(lw.resume_model_parallel, 2, stage)
+    want = load_file(str(continued))
+    with safe_open(str(continued), "pt") as f:
+        assert got["step"] == int(f.metadata()["global_step"]) == 4
+    assert got["weights"].keys() == want.keys()
+    for name, w in want.items():
+        assert torch.allclose(got["weights"][name], w, rtol=0, atol=1e-6), name

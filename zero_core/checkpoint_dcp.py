@@ -3,7 +3,9 @@ Adam's moments and the step count, on any number of ranks and at any stage.
 
 The model's tensors come from the folder (checkpoints/dcp_source.py: under "model", "<app>.model", ... or at the top
 level). Adam's `exp_avg`, `exp_avg_sq` and `step` come from the same folder (`optim.state.<fqn>.*`, as
-`get_state_dict` names them) or, for an Accelerate FSDP save, from `optimizer_0/` beside `pytorch_model_fsdp_0/`.
+`get_state_dict` names them, or `optimizer_0.state.<fqn>.*`, as Lightning's ModelParallelStrategy does) or, for an
+Accelerate FSDP save, from `optimizer_0/` beside `pytorch_model_fsdp_0/`. Lightning's meta.pt (its loops, epoch and
+step) comes back as the client_state, so a Lightning resume goes on from there.
 The parameters with moments are the trained ones; the rest (frozen parameters, buffers) are copied as saved. Every
 chunk file is checked before anything changes: present, whole, and its CRCs where DCP wrote a zip (its raw tensor
 bytes carry none). Not carried over: the lr scheduler (a DCP save holds none; the config's schedule goes on from the
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from checkpoints.dcp_source import DcpSource, is_dcp_folder
+from checkpoints.deepspeed_pickle import load_pickle
 from checkpoints.detect import MODEL_FOLDERS
 from checkpoints.paths import inside
 from checkpoints.source import CheckpointError, ParamInfo
@@ -27,6 +30,7 @@ if TYPE_CHECKING:
     from .engine import Engine
 
 ACCELERATE_STATES = "optimizer_0"  # Accelerate's FSDP save: the optimizer's DCP folder beside the model's
+LIGHTNING_META = "meta.pt"  # Lightning's ModelParallelStrategy: the checkpoint's other entries, beside the shards
 
 
 class _SavedRun:
@@ -53,6 +57,7 @@ class DcpRun:
         names = {i.name for i in self.weights.params()}
         self.model = _SavedRun(set(moments) if moments else names & trainable,
                                self.states.saved_step() if moments else None)
+        self.model.client_state = lightning_extras(folder)
 
     def params(self) -> list[ParamInfo]:
         return self.weights.params()
@@ -77,8 +82,22 @@ class DcpRun:
         return None  # a DCP save of torch's optimizer holds none
 
 
+def lightning_extras(folder: Path) -> dict[str, Any]:
+    """The entries Lightning's ModelParallelStrategy keeps beside the shards in meta.pt (epoch, global_step, the
+    loops' progress, callbacks), which a Lightning resume restores; {} without one. Read as plain data by torch's
+    weights-only unpickler: nothing from the file is imported or run, and anything else is refused in one line."""
+    if not os.path.lexists(folder / LIGHTNING_META):
+        return {}
+    meta = load_pickle(inside(folder, LIGHTNING_META, what="Lightning's metadata file"))
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{folder / LIGHTNING_META} holds {type(meta).__name__}, not Lightning's checkpoint "
+                              "entries; remove it or use the folder Lightning wrote")
+    return meta
+
+
 def load_dcp(engine: "Engine", folder: Path, weights_only: bool, schedule: bool) -> tuple[Path, dict[str, Any]]:
-    """Collective (each rank reads its own fragments). Returns (the folder, {}: a DCP save has no client_state)."""
+    """Collective (each rank reads its own fragments). Returns (the folder, Lightning's entries of meta.pt, or {}: a
+    DCP save holds no client_state otherwise)."""
     run = DcpRun(folder, {slot.name for slot in engine.layout.slots})
     model = engine.module
     ours = {n for n, _ in model.named_parameters(remove_duplicate=False)} | {n for n, _ in model.named_buffers()}
