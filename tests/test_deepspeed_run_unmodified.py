@@ -111,3 +111,16 @@ def test_a_missing_script_is_one_error_line(tmp_path):
     done = subprocess.run([sys.executable, "-m", "zero_core.deepspeed", str(tmp_path / "nope.py")],
                           capture_output=True, text=True, env=_env(), timeout=120)
     assert done.returncode == 2 and done.stderr.startswith("Error: no script at") and done.stderr.count("\n") == 1
+
+
+def test_activation_checkpointing_answers_under_both_of_deepspeeds_paths():
+    """Scripts import DeepSpeed's activation checkpointing as deepspeed.checkpointing or by the module it lives in."""
+    import torch
+
+    from zero_core.deepspeed import checkpointing
+    from zero_core.deepspeed.runtime.activation_checkpointing import checkpointing as by_path
+
+    assert by_path.checkpoint is checkpointing.checkpoint and by_path.configure is checkpointing.configure
+    x = torch.randn(3, requires_grad=True)
+    by_path.checkpoint(lambda t: (t * t).sum(), x).backward()
+    assert torch.allclose(x.grad, 2 * x)
