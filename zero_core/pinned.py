@@ -37,8 +37,8 @@ def empty_pinned(shape: int | tuple[int, ...] | torch.Size, dtype: torch.dtype) 
 
 
 def _unlock(start: int) -> None:
-    _locked.pop(start, None)
-    torch.cuda.cudart().cudaHostUnregister(start)
+    if _locked.pop(start, None) is not None:  # once: unregistering twice would leave CUDA an error to report
+        torch.cuda.cudart().cudaHostUnregister(start)
 
 
 def is_locked(t: torch.Tensor) -> bool:
@@ -49,12 +49,13 @@ def is_locked(t: torch.Tensor) -> bool:
 
 def lock_in_place(t: torch.Tensor) -> bool:
     """Page-lock an existing CPU tensor's memory (for asynchronous copies of it); False if it already was.
-    The caller unlocks it with `unlock(t)` before the memory goes."""
+    `unlock(t)` undoes it; otherwise it is undone when the memory goes."""
     if not t.numel() or is_locked(t):
         return False
     nbytes = t.numel() * t.element_size()
     torch.cuda.check_error(torch.cuda.cudart().cudaHostRegister(t.data_ptr(), nbytes, 0))
     _locked[t.data_ptr()] = t.data_ptr() + nbytes
+    weakref.finalize(t.untyped_storage(), _unlock, t.data_ptr())
     return True
 
 

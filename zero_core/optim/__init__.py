@@ -94,7 +94,7 @@ def make_optimizer(
 
 
 def _host_overlap(cfg: ZeroConfig) -> dict[str, float]:
-    """How the host share's update overlaps: started during backward, and its front streamed to the GPU."""
+    """How the host share's update overlaps: started during backward, and some of its chunks streamed to the GPU."""
     return dict(overlap_fraction=cfg.zero_core.overlap_host_update,
                 stream_fraction=cfg.zero_core.offload_stream_fraction)
 
