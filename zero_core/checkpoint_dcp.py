@@ -36,9 +36,9 @@ LIGHTNING_META = "meta.pt"  # Lightning's ModelParallelStrategy: the checkpoint'
 class _SavedRun:
     """What a DCP save says of its run, in the form checkpoint_deepspeed.load_foreign reads."""
 
-    def __init__(self, trainable: set[str], step: int | None) -> None:
+    def __init__(self, trainable: set[str], step: int | None, client_state: dict[str, Any]) -> None:
         self.trainable, self.step, self.skipped = trainable, step, 0
-        self.lr_scheduler, self.client_state = None, {}
+        self.lr_scheduler, self.client_state = None, client_state
 
 
 class DcpRun:
@@ -56,8 +56,7 @@ class DcpRun:
         moments = self.states.states()
         names = {i.name for i in self.weights.params()}
         self.model = _SavedRun(set(moments) if moments else names & trainable,
-                               self.states.saved_step() if moments else None)
-        self.model.client_state = lightning_extras(folder)
+                               self.states.saved_step() if moments else None, lightning_extras(folder))
 
     def params(self) -> list[ParamInfo]:
         return self.weights.params()

@@ -116,4 +116,3 @@ class ReportsLossScale:
         return float(self.scaler.scale) if self.scaler is not None else 1.0
 
     cur_scale = loss_scale  # DeepSpeed's other name for it
-

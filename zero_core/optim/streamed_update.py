@@ -49,11 +49,11 @@ def streamed_chunks(numel: int, fraction: float, chunk: int) -> list[tuple[int, 
 
 
 class InOrder:
-    """Publishes finished ranges in partition order, from `start` on: a range that finishes early waits for
+    """Publishes finished ranges in partition order, from element 0 on: a range that finishes early waits for
     the ones before it."""
 
-    def __init__(self, publish: Publish | None, start: int = 0) -> None:
-        self.publish, self.next = publish, start
+    def __init__(self, publish: Publish | None) -> None:
+        self.publish, self.next = publish, 0
         self._held: dict[int, int] = {}
 
     def done(self, a: int, b: int) -> None:

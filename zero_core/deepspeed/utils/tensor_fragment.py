@@ -177,4 +177,3 @@ def safe_set_local_fp32_param(param: torch.Tensor, value: torch.Tensor) -> None:
 def safe_set_local_optimizer_state(param: torch.Tensor, value: torch.Tensor, optim_state_key: str) -> None:
     _check_moment(optim_state_key)
     _set_state(param, value, optim_state_key, "safe_set_local_optimizer_state", local=True)
-
