@@ -151,7 +151,9 @@ def test_prefetches_never_read_a_unit_the_update_has_not_published(monkeypatch):
 
     fake_side = fake_streams(monkeypatch)
     monkeypatch.setenv("ZERO_CORE_HOST_CHUNK_NUMEL", SMALL["ZERO_CORE_HOST_CHUNK_NUMEL"])
-    engine = _engine(stage3_param_persistence_threshold=0, stage3_prefetch_bucket_size=10**6)
+    # every unit released after its forward (no reuse distance), so that backward prefetches them too
+    engine = _engine(stage3_param_persistence_threshold=0, stage3_prefetch_bucket_size=10**6,
+                     stage3_max_reuse_distance=0)
     gatherer, inflight = engine.strategy.gatherer, engine.strategy.inflight
     gatherer.side = fake_side
     Gate(engine)

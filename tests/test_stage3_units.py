@@ -86,7 +86,60 @@ def test_persistence_threshold_keeps_small_units():
     x, y = make_batches(1, 2)[0]
     engine.backward(engine(x, y).loss)
     engine.step()
-    engine(x)
+    with torch.no_grad():  # a training forward would also keep the last blocks for backward (reuse distance)
+        engine(x)
     kept = [g.numel < 2000 for g in engine.layout.groups]
     held = [buf.untyped_storage().size() > 0 for buf in engine.strategy.gatherer.full]
     assert any(kept) and held == kept
+
+
+def _held(engine) -> list[int]:
+    return [u for u, buf in enumerate(engine.strategy.gatherer.full) if buf.untyped_storage().size() > 0]
+
+
+def test_reuse_distance_keeps_the_last_blocks_between_forward_and_backward():
+    """DeepSpeed's stage3_max_reuse_distance: a block whose backward comes within that many gathered elements
+    stays gathered after its forward; backward does not gather it again, and the training is the same."""
+    last = _engine(3).layout.groups[-1].padded_numel
+    # the last block's backward follows its forward at once (distance 0); the one before it has the last block's
+    # forward and backward in between (2 x last elements): only the last block is kept
+    reuse = _engine(3, stage3_param_persistence_threshold=0, stage3_max_reuse_distance=last)
+    plain = _engine(3, stage3_param_persistence_threshold=0, stage3_max_reuse_distance=0)
+    final = len(reuse.layout.groups) - 1
+    gathered: list[int] = []
+    gatherer = reuse.strategy.gatherer
+    real = gatherer._gather_into
+    gatherer._gather_into = lambda g, lo, hi: (gathered.append(g), real(g, lo, hi))[1]
+    for step, (x, y) in enumerate(make_batches(3, 2)):
+        for engine in (reuse, plain):
+            loss = engine(x, y).loss
+            if engine is reuse:
+                assert _held(reuse) == ([] if step == 0 else [final])  # step 0 records the order
+                gathered.clear()
+            engine.backward(loss)
+            if engine is reuse and step > 0:
+                assert final not in gathered
+                assert final - 1 in gathered  # the block before it went after its forward and came back
+            engine.step()
+        assert _held(reuse) == [] and gatherer.live_numel == 0
+    a, b = reuse.full_state_dict(), plain.full_state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in b)
+
+
+def test_reuse_distance_within_max_live_parameters():
+    block = _engine(3).layout.groups[1].padded_numel
+    engine = _engine(3, stage3_param_persistence_threshold=0, stage3_max_reuse_distance=10 * block,
+                     stage3_max_live_parameters=1)  # no room to keep any unit
+    for x, y in make_batches(2, 2):
+        loss = engine(x, y).loss
+        assert _held(engine) == []
+        engine.backward(loss)
+        engine.step()
+    engine = _engine(3, stage3_param_persistence_threshold=0, stage3_max_reuse_distance=10 * block)
+    engine.backward(engine(x, y).loss)
+    engine.step()
+    with torch.no_grad():  # an evaluation forward keeps nothing: no backward follows it
+        engine(x)
+    assert _held(engine) == []
+    engine(x)  # a training forward keeps every unit: all are within 10 blocks of their backward
+    assert _held(engine) == list(range(len(engine.layout.groups)))

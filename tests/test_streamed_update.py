@@ -84,6 +84,24 @@ def test_streamed_chunks_equal_the_host_step_bitwise(monkeypatch, clip, lazy, ov
     assert [b for _, b in published[:5]] == [1024, 2048, 3072, 4096, 5000]
 
 
+def test_a_streamed_chunk_of_several_host_chunks(monkeypatch):
+    """ZERO_CORE_STREAM_CHUNK_NUMEL: the GPU takes two host chunks at a time; the host skips both."""
+    plain, plain_outs, _, plain_published, _ = _run(0.0, 0.0, 1e-3, True, monkeypatch)
+    monkeypatch.setenv("ZERO_CORE_STREAM_CHUNK_NUMEL", str(2 * CHUNK - 100))  # rounded up to two host chunks
+    states, outs, host_pieces, published, opt = _run(0.5, 0.0, 1e-3, True, monkeypatch)
+    assert opt.streamed_ranges == [(2048, 4096)]
+    assert host_pieces and all(hi <= 2048 or lo >= 4096 for lo, hi, _ in host_pieces)
+    for name in ("master", "exp_avg", "exp_avg_sq"):
+        assert torch.equal(getattr(plain, name), getattr(states, name)), name
+    assert all(torch.equal(a, b) for a, b in zip(plain_outs, outs))
+    assert (2048, 4096) in published and published != plain_published  # the GPU's chunk published at once
+
+    def chained(ranges):  # in partition order, each range where the last ended (0 again at each step)
+        return all(a == (prev if a else 0) for (_, prev), (a, _) in zip([(0, 0)] + ranges, ranges))
+
+    assert chained(published) and [r for r in published if r[0] == 0] == [(0, 1024)] * 3
+
+
 def test_speculation_leaves_the_streamed_chunks_alone(monkeypatch):
     monkeypatch.setenv("ZERO_CORE_HOST_CHUNK_NUMEL", str(CHUNK))
     states = TensorStates(4096, torch.device("cpu"))

@@ -19,6 +19,8 @@ Keys (ms per optimizer step; "overlapped" phases run while something else does):
                after step() returns (zero_core.overlap_weight_gather), overlapping the next forward
   streamed_adam  host wall-clock of the streamed share's update on the GPU, from queuing it to its last copy
                back (zero_core.offload_stream_fraction; it runs beside the host's own, inside that update)
+  stream_wait  host time that update waited for the streamed chunks after finishing its own (the streamed
+               fraction is too large if it is long; too small if it is zero and streamed adam ends early)
   update_wait  host time the training thread waited for that update: the next forward's modules for their
                weights, then backward (or a reader) for the rest (inside gpu_fwd_bwd: idle device time)
   nvme_wait    the part of cpu_adam spent waiting for NVMe reads and writes
@@ -52,6 +54,7 @@ KEYS = (
     "gpu_adam",
     "overlapped_cpu_adam",
     "streamed_adam",
+    "stream_wait",
     "update_wait",
     "nvme_wait",
     "h2d",
@@ -199,7 +202,8 @@ def format_breakdown(b: dict[str, float]) -> str:
     tail = (
         f" | overlapped: gpu adam {b.get('gpu_adam', 0.0):.1f},"
         f" overlapped cpu adam {b.get('overlapped_cpu_adam', 0.0):.1f}"
-        + (f", streamed adam {b['streamed_adam']:.1f}" if b.get("streamed_adam") else "")
+        + (f", streamed adam {b['streamed_adam']:.1f} (host waited {b.get('stream_wait', 0.0):.1f} for it)"
+           if b.get("streamed_adam") else "")
         + f" (training waited {b.get('update_wait', 0.0):.1f}),"
         f" d2h {b['d2h']:.1f}, host fold {b['host_fold']:.1f}, fold wait {b['fold_wait']:.1f}, h2d {b['h2d']:.1f}"
     )

@@ -29,6 +29,7 @@ from ..step_timer import StepBreakdown
 from .base import Output, PartitionOptimizer, Publish
 from .host_folder import HostFolder
 from .param_groups import merged_runs
+from .shard_norms import ShardNorms
 from .nvme_states import ALIGN, chunk_numel_from_env
 from .speculative import SpeculativeUpdates, without
 from .states import TensorStates
@@ -72,8 +73,7 @@ class HostAdamW(PartitionOptimizer):
         self._step_scratch = torch.empty(min(n, self.chunk), dtype=torch.float32)
         self.lazy = False  # this pass's gradient is staging * scale, rebuilt chunk by chunk in the step
         self._lazy_scale = 1.0
-        # lazy passes' sum of squares and non-finite count, where the shards are reduced
-        self._lazy_stats = torch.zeros(2, dtype=torch.float32, device=self.comm_device)
+        self._norms = ShardNorms(self.comm_device)  # lazy passes' statistics, where the shards are reduced
         self._folder = HostFolder()  # folds shards on its own thread while backward goes on
         self._flat_runs = merged_runs(self.runs)
         # updates started during backward (speculative.py); states on NVMe are streamed, never updated in place
@@ -85,10 +85,13 @@ class HostAdamW(PartitionOptimizer):
         self.counts: Callable[[], torch.Tensor] = lambda: self.applied  # the updates applied so far (a composite's)
         self.run_update: Callable[[Callable[[], None]], None] = lambda update: update()  # here, by default
         self._spec_hyper: list[dict] | None = None
-        # chunks updated on the GPU, their states streamed (streamed_update.py); never speculated
-        ranges = streamed_chunks(n, stream_fraction, self.chunk) if isinstance(states, TensorStates) else []
+        # chunks updated on the GPU, their states streamed (streamed_update.py); never speculated. A streamed chunk
+        # is a whole number of host chunks (ZERO_CORE_STREAM_CHUNK_NUMEL, rounded up to one: tuning)
+        step = -(-chunk_numel_from_env(self.chunk, "ZERO_CORE_STREAM_CHUNK_NUMEL") // self.chunk) * self.chunk
+        ranges = streamed_chunks(n, stream_fraction, step) if isinstance(states, TensorStates) else []
         self.streamed = StreamedUpdate(ranges, self.comm_device) if ranges else None
-        self.streamed_ranges, self._streamed_starts = ranges, {a for a, _ in ranges}
+        self.streamed_ranges = ranges
+        self._streamed_starts = {c for a, b in ranges for c in range(a, b, self.chunk)}  # host chunks it takes
         self._coef = 1.0
 
     # -- gradients ---------------------------------------------------------------------------------
@@ -96,9 +99,9 @@ class HostAdamW(PartitionOptimizer):
         """Lazy when the step follows and nothing accumulates: statistics come from each shard where it
         was reduced, and the step rebuilds gradients as staging * scale (no fp32 gradient partition)."""
         super().begin_pass(scale, accumulate, final)
-        self._lazy_stats.zero_()
         self.lazy = final and not accumulate
         self._lazy_scale = float(scale[0])
+        self._norms.begin(self._lazy_scale)
         # a host schedule (lr_at None) writes the lr only at the step: nothing can start before it. After a
         # clipped step the norm is most likely above the threshold again, and an update started as unclipped
         # would only be undone and redone (its cost twice over): the host update then waits for the step.
@@ -113,7 +116,7 @@ class HostAdamW(PartitionOptimizer):
         numel, scale, accumulate = reduced.numel(), self.scale, self.accumulate
         assert scale is not None, "receive() outside a reduction pass"
         if self.lazy:
-            self.reduced_stats(reduced, scale)
+            self.reduced_stats(reduced)
         start = self.breakdown.event()
         self.staging[offset : offset + numel].copy_(reduced, non_blocking=True)
         landed = None
@@ -156,10 +159,9 @@ class HostAdamW(PartitionOptimizer):
         with self.breakdown.host("fold_wait"):
             self._folder.wait()
 
-    def reduced_stats(self, reduced: torch.Tensor, scale: torch.Tensor) -> None:
-        """Lazy passes: add sum((reduced * scale)^2) and a non-finite count, on reduced's device."""
-        norm = torch.linalg.vector_norm(reduced, dtype=torch.float32) * float(scale[0])
-        self._lazy_stats.add_(torch.stack([norm * norm, (~torch.isfinite(norm)).float()]))
+    def reduced_stats(self, reduced: torch.Tensor) -> None:
+        """Lazy passes: count the shard in the pass's norm and non-finite statistics, on reduced's device."""
+        self._norms.add(reduced)
 
     def fold(self, start: int, numel: int, scale: torch.Tensor, accumulate: bool) -> None:
         """Non-lazy passes (the fold thread, in order): fold staging[start:start+numel] into the fp32
@@ -175,7 +177,8 @@ class HostAdamW(PartitionOptimizer):
 
     def _local_stats(self) -> torch.Tensor:
         host = torch.cat([self.sumsq, self.nonfinite.float()])
-        return host.to(self._lazy_stats.device) + self._lazy_stats
+        lazy = self._norms.stats()
+        return host.to(lazy.device) + lazy
 
     def _grad(self, a: int, b: int, out: torch.Tensor | None = None) -> torch.Tensor:
         """fp32 gradient of [a, b): a view of the folded partition, or rebuilt from staging into `out` (lazy;
@@ -269,7 +272,9 @@ class HostAdamW(PartitionOptimizer):
                     if streamed is not None:
                         streamed.poll(order)
             if streamed is not None:
-                self.breakdown.add("streamed_adam", streamed.finish(order))
+                with self.breakdown.host("stream_wait"):
+                    elapsed = streamed.finish(order)
+                self.breakdown.add("streamed_adam", elapsed)
         self.breakdown.add("nvme_wait", getattr(self.states, "wait_seconds", 0.0) - waited)
 
     def undo_speculation(self) -> None:

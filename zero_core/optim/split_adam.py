@@ -108,7 +108,7 @@ class SplitAdamW(PartitionOptimizer):
         self.device_opt.receive(reduced, offset)
         if host.lazy:  # the statistics a fully offloaded run takes, in the same place and order
             assert self.scale is not None
-            host.reduced_stats(reduced, self.scale)
+            host.reduced_stats(reduced)
             return
         acc = self.device_opt.gradient(offset, reduced.numel())
         sums = torch.stack([torch.dot(p, p) for p in acc.split(FOLD_CHUNK_NUMEL)])  # the fold's pieces

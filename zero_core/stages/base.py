@@ -78,6 +78,8 @@ class Stage:
     # -- the gradient path ----------------------------------------------------------------------------------
     def reduce(self, bucket: torch.Tensor, group: Any) -> torch.Tensor:
         """Reduce a complete gradient bucket across ranks; this rank's reduced part (on the reduce stream)."""
+        if comm.world_size() == 1 and not self.persistent_buckets:
+            return bucket  # one rank: a fresh bucket is its own reduction (no copy; it lives until it is taken)
         reduced = torch.empty(group.shard_numel, dtype=bucket.dtype, device=bucket.device)
         comm.reduce_scatter_sum(reduced, bucket, what=f"reduce-scatter of gradient bucket {group.index}")
         return reduced

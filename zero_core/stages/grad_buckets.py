@@ -103,13 +103,20 @@ class GradReducer:
     def _assemble(self, g: int) -> torch.Tensor:
         """The group's flat buffer, with the gradients held for it (stages 2-3) copied in and released."""
         buf = self._buffer(g)
+        firsts: tuple[list, list] = ([], [])
+        again = []
         for slot, grad in self._pending.pop(g, ()):
             view = buf[slot.offset : slot.offset + slot.numel].view_as(grad)
             if slot.index in self._seen:
-                view.add_(grad)  # the parameter's hook fired twice in this pass: the gradients add
+                again.append((view, grad))  # the parameter's hook fired twice in this pass: the gradients add
             else:
-                view.copy_(grad)  # the first arrival in a fresh buffer: no zeroing pass, no read of it
+                firsts[0].append(view)  # the first arrival in a fresh buffer: no zeroing pass, no read of it
+                firsts[1].append(grad)
                 self._seen.add(slot.index)
+        if firsts[0]:
+            torch._foreach_copy_(*firsts)  # one launch for the unit's gradients, not one per parameter
+        for view, grad in again:
+            view.add_(grad)
         return buf
 
     def _zero_missing(self, g: int) -> None:

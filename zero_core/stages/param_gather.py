@@ -6,7 +6,8 @@ views (and autograd's saved references to them) stay valid across a release/re-g
 Forward: gather in a pre-hook, release in a post-hook, and prefetch the next units in the order
 recorded on the first step. Backward: a pass-through autograd node on the module's outputs
 re-gathers the unit before its gradients are computed; the gradient reducer releases it once its
-gradients are reduced. Units under the persistence threshold are never released.
+gradients are reduced. Units under the persistence threshold are never released, and a unit whose backward
+comes soon after its forward (stage3_max_reuse_distance) is kept between the two.
 """
 
 from __future__ import annotations
@@ -64,12 +65,16 @@ class ParamGatherer:
         prefetch_numel: int,
         max_live_numel: int,
         side: comm.SideStream,
+        max_reuse_numel: int = 0,
     ) -> None:
         self.layout = layout
         self.full = list(full)  # per-group full buffers; parameters are views of these
         self.shard_of = shard_of  # (lo, hi) -> this rank's working-precision partition elements [lo, hi)
         self.persistent = [g.numel < persistence_threshold for g in layout.groups]
         self.prefetch_numel, self.max_live_numel = prefetch_numel, max_live_numel
+        self.max_reuse_numel = max_reuse_numel
+        self.kept_for_reuse = [False] * len(self.full)  # kept after forward: backward reads it again soon
+        self._reuse_numel: list[int] | None = None  # per unit: elements gathered between its forward and backward
         self.side = side
         self.refs = [0] * len(self.full)
         self.held_for_backward = [False] * len(self.full)
@@ -106,20 +111,27 @@ class ParamGatherer:
             self.live_numel += self.layout.groups[g].padded_numel
         group = self.layout.groups[g]
         lo, hi = group.partition_offset, group.partition_offset + group.shard_numel
-        device = self.full[g].device
         if asynchronous and self.side.stream is not None:
             with self.side.after_current():
                 # the shard (a cast of the master, or an offloaded shard brought up) is made on the side
                 # stream: made on the compute stream, its memory could be reused there mid-gather
-                comm.all_gather_flat(self.full[g], self.shard_of(lo, hi).to(device, non_blocking=True),
-                                     what=f"all-gather of stage-3 unit {g}")
+                self._gather_into(g, lo, hi)
                 ev = torch.cuda.Event()
                 ev.record()
             self.pending[g] = ev
         else:
-            comm.all_gather_flat(self.full[g], self.shard_of(lo, hi).to(device, non_blocking=True),
-                                 what=f"all-gather of stage-3 unit {g}")
+            self._gather_into(g, lo, hi)
         self.fresh[g] = True
+
+    def _gather_into(self, g: int, lo: int, hi: int) -> None:
+        """Unit g's full weights from every rank's shard [lo, hi); one rank copies its shard straight in (from
+        host memory too: no staging copy on the device)."""
+        shard = self.shard_of(lo, hi)
+        if comm.world_size() == 1:
+            self.full[g].data.copy_(shard, non_blocking=True)
+            return
+        comm.all_gather_flat(self.full[g], shard.to(self.full[g].device, non_blocking=True),
+                             what=f"all-gather of stage-3 unit {g}")
 
     def _ensure(self, g: int) -> None:
         if not self.fresh[g] and g not in self.pending:
@@ -129,8 +141,23 @@ class ParamGatherer:
             torch.cuda.current_stream().wait_event(ev)
 
     def _release(self, g: int) -> None:
-        if self.refs[g] == 0 and not self.held_for_backward[g] and not self.persistent[g] and g not in self.pending:
+        if (self.refs[g] == 0 and not self.held_for_backward[g] and not self.kept_for_reuse[g]
+                and not self.persistent[g] and g not in self.pending):
             self._free(g)
+
+    def _keep_for_backward(self, g: int) -> bool:
+        """DeepSpeed's stage3_max_reuse_distance: after its forward, a unit whose backward comes within that many
+        gathered elements (those of the units after it, gathered for their forward and again for their backward)
+        stays gathered, within stage3_max_live_parameters; the first step, which records the order, keeps none."""
+        if self.recording or self.max_reuse_numel <= 0 or g not in self.order:
+            return False
+        if self._reuse_numel is None:
+            sizes = [self.layout.groups[u].padded_numel for u in self.order]
+            after = [sum(sizes[i + 1 :]) for i in range(len(sizes))]
+            self._reuse_numel = [0] * len(self.full)
+            for u, n in zip(self.order, after):
+                self._reuse_numel[u] = 2 * n
+        return self._reuse_numel[g] < self.max_reuse_numel and self.live_numel <= self.max_live_numel
 
     def _prefetch(self, after: int, backward: bool) -> None:
         """Start gathering the units that run after unit `after`, up to the prefetch budget."""
@@ -163,10 +190,12 @@ class ParamGatherer:
 
     def _post_hook(self, needed: tuple[int, ...]) -> Any:
         def hook(module: torch.nn.Module, args: Any, output: Any) -> Any:
+            grad = torch.is_grad_enabled()  # no backward follows an evaluation forward
             for g in needed:
                 self.refs[g] -= 1
+                self.kept_for_reuse[g] = grad and self._keep_for_backward(g)
                 self._release(g)
-            if not torch.is_grad_enabled():
+            if not grad:
                 return output
             wrap = lambda t: _PreBackward.apply(self, needed, t) if t.requires_grad else t  # noqa: E731
             return _map_tensors(output, wrap)
@@ -177,17 +206,19 @@ class ParamGatherer:
         for g in units:
             self._ensure(g)
             self.held_for_backward[g] = True
+            self.kept_for_reuse[g] = False
         self._prefetch(units[0], backward=True)
 
     def on_group_reduced(self, g: int) -> None:
         """Gradients of unit g are reduced: its full parameters are no longer needed."""
         self.held_for_backward[g] = False
+        self.kept_for_reuse[g] = False
         self._release(g)
 
     def end_backward(self) -> None:
         """Release units held by a backward whose gradients never arrived (e.g. unused outputs)."""
         for g in range(len(self.full)):
-            self.held_for_backward[g] = False
+            self.held_for_backward[g] = self.kept_for_reuse[g] = False
             self._release(g)
 
     def after_step(self) -> None:
@@ -197,7 +228,7 @@ class ParamGatherer:
             torch.cuda.current_stream().wait_event(ev)
         self.pending.clear()
         for g in range(len(self.full)):
-            self.fresh[g] = False
+            self.fresh[g] = self.kept_for_reuse[g] = False
             if not self.persistent[g]:
                 self._free(g)
 

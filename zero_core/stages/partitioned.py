@@ -90,6 +90,7 @@ class PartitionedStage(Stage):
             persistence_threshold=zero.stage3_param_persistence_threshold,
             prefetch_numel=zero.stage3_prefetch_bucket_size,
             max_live_numel=zero.stage3_max_live_parameters,
+            max_reuse_numel=zero.stage3_max_reuse_distance,
             side=comm.SideStream(self.device),  # its own stream: prefetches must not queue behind reductions
         )
         self.initial_masters = None
