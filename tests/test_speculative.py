@@ -126,6 +126,22 @@ def _optimizer(states: TensorStates, fraction: float, clip: float) -> HostAdamW:
                      shard_stats=False, comm_device=torch.device("cpu"))
 
 
+def _end_before_the_shards_land(opt: HostAdamW, grads: torch.Tensor) -> None:
+    """Three shards received while the fold thread is held up; the training thread's end_pass comes before the
+    thread reaches them (it is let go once backward is marked queued)."""
+    gate = threading.Event()
+    opt._folder.submit(None, gate.wait)
+    opt.begin_pass(torch.ones(1), accumulate=False, final=True)
+    for lo in (0, 1024, 3072):
+        opt.receive(grads[lo : lo + (2048 if lo == 1024 else 1024)], lo)
+    ending = threading.Thread(target=opt.end_pass)
+    ending.start()
+    while not opt.backward_end.queued:
+        pass
+    gate.set()
+    ending.join()
+
+
 def test_shards_still_queued_when_backward_ends_are_left_to_the_step():
     """The fold thread is busy while the three shards arrive; backward ends (end_pass) before it reaches them,
     so none is speculated (the step updates them, in partition order) and the result is the plain step's."""
@@ -134,17 +150,7 @@ def test_shards_still_queued_when_backward_ends_are_left_to_the_step():
     ranges = []
     for st, fraction in ((plain, 0.0), (states, 1.0)):
         opt = _optimizer(st, fraction, 0.0)
-        gate = threading.Event()
-        opt._folder.submit(None, gate.wait)  # the fold thread is held up
-        opt.begin_pass(torch.ones(1), accumulate=False, final=True)
-        for lo in (0, 1024, 3072):
-            opt.receive(grads[lo : lo + (2048 if lo == 1024 else 1024)], lo)
-        ending = threading.Thread(target=opt.end_pass)
-        ending.start()
-        while not opt._backward_ended:
-            pass
-        gate.set()
-        ending.join()
+        _end_before_the_shards_land(opt, grads)
         ranges.append(list(opt.speculative.ranges))
         opt.step(torch.empty(numel, dtype=torch.bfloat16))
         opt.close()
@@ -171,7 +177,7 @@ def test_a_shard_being_updated_when_backward_ends_stops_at_its_next_piece(monkey
             training = threading.Thread(target=opt.end_pass)  # the training thread's end_pass, during this job
             training.start()
             ending.append(training)
-            while not opt._backward_ended:
+            while not opt.backward_end.queued:
                 pass
 
         opt._speculative_adam = first_piece_then_backward_ends
@@ -229,3 +235,39 @@ def test_states_read_between_backward_and_step_are_the_pre_step_ones(tmp_path, b
     assert plain[3] == [] and overlapped[3]  # the second run did update during that backward
     for a, b in zip(plain[:3], overlapped[:3]):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+class _DeviceStillRunning:
+    """A CUDA event of the end of backward that the device has not reached yet (until `done` is set)."""
+
+    def __init__(self, done: threading.Event) -> None:
+        self.done = done
+
+    def query(self) -> bool:
+        return self.done.is_set()
+
+
+def test_shards_landing_while_the_device_still_runs_backward_are_speculated(monkeypatch):
+    """On CUDA the training thread queues backward far ahead of the device: end_pass comes before the shards'
+    copies land. Backward has ended only once the device has run it, so those shards are still speculated
+    (exactly: the result is the plain step's)."""
+    numel = 4096
+    plain, states, grads = _twin_states(numel)
+    ranges = []
+    for st, fraction in ((plain, 0.0), (states, 1.0)):
+        opt = _optimizer(st, fraction, 0.0)
+        device_done = threading.Event()
+
+        def mark(end=opt.backward_end, device_done=device_done):  # what mark() records on CUDA
+            end._done = _DeviceStillRunning(device_done)
+            end.queued = True
+
+        monkeypatch.setattr(opt.backward_end, "mark", mark)
+        _end_before_the_shards_land(opt, grads)  # they land while the device is still on backward
+        device_done.set()
+        ranges.append(list(opt.speculative.ranges))
+        opt.step(torch.empty(numel, dtype=torch.bfloat16))
+        opt.close()
+    assert ranges[0] == [] and [r[:2] for r in ranges[1]] == [(0, 1024), (1024, 3072), (3072, 4096)]
+    for name in ("master", "exp_avg", "exp_avg_sq"):
+        assert torch.equal(getattr(plain, name), getattr(states, name))

@@ -27,7 +27,7 @@ from .. import comm
 from ..kernels import cpu as host_kernels
 from ..step_timer import StepBreakdown
 from .base import Output, PartitionOptimizer, Publish
-from .host_folder import HostFolder
+from .host_folder import BackwardEnd, HostFolder
 from .param_groups import merged_runs
 from .shard_norms import ShardNorms
 from .nvme_states import ALIGN, chunk_numel_from_env
@@ -81,7 +81,7 @@ class HostAdamW(PartitionOptimizer):
         self.speculative = SpeculativeUpdates(states, budget)
         self._speculating = False
         self._last_clipped = False  # the last applied step's clipping engaged: the next guess would fail too
-        self._backward_ended = False
+        self.backward_end = BackwardEnd(self.comm_device)
         self.counts: Callable[[], torch.Tensor] = lambda: self.applied  # the updates applied so far (a composite's)
         self.run_update: Callable[[Callable[[], None]], None] = lambda update: update()  # here, by default
         self._spec_hyper: list[dict] | None = None
@@ -106,7 +106,8 @@ class HostAdamW(PartitionOptimizer):
         # clipped step the norm is most likely above the threshold again, and an update started as unclipped
         # would only be undone and redone (its cost twice over): the host update then waits for the step.
         self._speculating = final and self.speculative.budget > 0 and self.lr_at is not None and not self._last_clipped
-        self._spec_hyper, self._backward_ended = None, False
+        self._spec_hyper = None
+        self.backward_end.reset()
         if self._speculating:
             self.speculative.begin()
 
@@ -137,10 +138,10 @@ class HostAdamW(PartitionOptimizer):
                     self.fold(offset, numel, scale, accumulate)
             # the shard is final: update it now, undone at the step if it must be; once backward has ended
             # the step's own update (in partition order, overlapping the next forward) is the better place
-            if speculate and not self._backward_ended:
+            if speculate and not self.backward_end():
                 with self.breakdown.host("overlapped_cpu_adam"):
                     for a, b in ours:
-                        self.speculative.update(a, b, self._speculative_adam, self.chunk, lambda: self._backward_ended)
+                        self.speculative.update(a, b, self._speculative_adam, self.chunk, self.backward_end)
 
         return job
 
@@ -155,7 +156,7 @@ class HostAdamW(PartitionOptimizer):
         self._adam_pieces(v, 0, self._runs_between(lo, hi), self._spec_hyper, self._spec_step)
 
     def end_pass(self) -> None:
-        self._backward_ended = True  # jobs still queued fold only: backward no longer hides their updates
+        self.backward_end.mark()  # jobs still queued once it has run fold only: nothing hides their updates
         with self.breakdown.host("fold_wait"):
             self._folder.wait()
 

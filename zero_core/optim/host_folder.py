@@ -53,3 +53,30 @@ class HostFolder:
     def close(self) -> None:
         self._jobs.put(None)
         self._thread.join(timeout=5)
+
+
+class BackwardEnd:
+    """Whether the pass's backward has ended, for the fold thread's speculative updates: queued on the training
+    thread (end_pass) and, on CUDA, run by the device. The training thread queues backward far ahead of the
+    device, so the updates go on as long as the device's backward hides them."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.reset()
+
+    def reset(self) -> None:
+        self.queued, self._done = False, None
+
+    def mark(self) -> None:
+        """Backward is queued (the training thread's end_pass); on CUDA, ended once the device gets here."""
+        if self.device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record()
+            self._done = done
+        self.queued = True
+
+    def __call__(self) -> bool:
+        if not self.queued:  # read first: mark() sets the event before it
+            return False
+        done = self._done
+        return done is None or done.query()

@@ -53,7 +53,8 @@ PLANS = {
         [(0.92, 0.5, True), (0.92, 1.0, True), ("auto", 1.0, True),
          (0.8, 1.0, True, True), (0.82, 1.0, True, True), (0.85, 1.0, True, True),
          (1.0, 0.0, True, False, 0.45), (1.0, 0.0, True, False, 0.55), (0.92, 0.0, True, False, 0.5),
-         (0.92, 0.0, True, False, 0.6), (1.0, 0.0, True, False, 0.65), (1.0, 1.0, True, False, 0.55)],
+         (0.92, 0.0, True, False, 0.6), (1.0, 0.0, True, False, 0.65), (1.0, 1.0, True, False, 0.55),
+         (1.0, 0.0, True, False, 0.6), (1.0, 0.0, True, False, 0.7)],
     ),
     "longformer": (
         "longformer_feedback.yaml",
@@ -133,11 +134,10 @@ def main(which: list[str]) -> int:
             folder = Path(tmp)
             ds = next((v["ds_config"] for v in sc["variants"] if v.get("ds_config")), None)
             base = json.loads((SCENARIOS / ds).read_text()) if ds else json.loads(json.dumps(GPT7B_DS))
-            if ds:
-                shutil.copy(SCENARIOS / ds, folder / Path(ds).name)
-                for v in sc["variants"]:
-                    if v.get("ds_config"):
-                        v["ds_config"] = Path(v["ds_config"]).name
+            for v in sc["variants"]:  # every variant's own JSON beside the copied scenario
+                if v.get("ds_config"):
+                    shutil.copy(SCENARIOS / v["ds_config"], folder / Path(v["ds_config"]).name)
+                    v["ds_config"] = Path(v["ds_config"]).name
             sc["variants"] = variants_for(sc, base, folder, plan)
             sc["batch_size"] = batch
             sc.pop("batch_search", None)
