@@ -17,7 +17,7 @@ After a step whose clip engaged, nothing is speculated until a step applies uncl
 guess would most likely fail again and cost its update twice. Shards whose turn on the fold thread comes after
 backward has ended are left to the step: nothing is left to hide their update behind, and the step's runs in
 partition order, overlapping the next forward; a shard being updated when backward ends stops at its next
-piece.
+piece. On CUDA backward ends when the device has run it (host_folder.BackwardEnd).
 
 Each element sees exactly the update the non-overlapped step would give it (the fused kernel is
 element-wise, and ranges start at bucket-shard boundaries, multiples of the layout's alignment), so
