@@ -47,16 +47,44 @@ def is_locked(t: torch.Tensor) -> bool:
     return any(a <= start and end <= b for a, b in _locked.items()) or t.is_pinned()
 
 
+class PageLockError(RuntimeError):
+    """The CUDA driver refused to page-lock host memory zero_core asked it to lock."""
+
+
 def lock_in_place(t: torch.Tensor) -> bool:
     """Page-lock an existing CPU tensor's memory (for asynchronous copies of it); False if it already was.
-    `unlock(t)` undoes it; otherwise it is undone when the memory goes."""
+    `unlock(t)` undoes it; otherwise it is undone when the memory goes. PageLockError if the driver refuses."""
     if not t.numel() or is_locked(t):
         return False
     nbytes = t.numel() * t.element_size()
-    torch.cuda.check_error(torch.cuda.cudart().cudaHostRegister(t.data_ptr(), nbytes, 0))
+    cudart = torch.cuda.cudart()
+    code = int(cudart.cudaHostRegister(t.data_ptr(), nbytes, 0))
+    if code != 0:
+        try:
+            reason = str(cudart.cudaGetErrorString(code))
+        except (AttributeError, RuntimeError, TypeError):
+            reason = "no description"
+        mib = nbytes / 2**20
+        raise PageLockError(f"page-locking {mib:,.0f} MiB of host memory failed (CUDA error {code}: {reason})")
     _locked[t.data_ptr()] = t.data_ptr() + nbytes
     weakref.finalize(t.untyped_storage(), _unlock, t.data_ptr())
     return True
+
+
+def lock_all(tensors: list[torch.Tensor], fix: str) -> list[torch.Tensor]:
+    """Page-lock each of `tensors` in place; those it locked (for `unlock`). If the driver refuses one, the ones
+    locked so far are unlocked again and PageLockError says which share failed and `fix`."""
+    done: list[torch.Tensor] = []
+    try:
+        for t in tensors:
+            if lock_in_place(t):
+                done.append(t)
+    except PageLockError as e:
+        for t in done:
+            unlock(t)
+        total = sum(t.numel() * t.element_size() for t in tensors) / 2**20
+        raise PageLockError(f"{e} while locking {total:,.0f} MiB in place; {fix}") from None
+    return done
 
 
 def unlock(t: torch.Tensor) -> None:

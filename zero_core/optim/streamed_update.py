@@ -29,7 +29,7 @@ import torch
 
 from .. import worker_threads
 from ..kernels import adamw_step
-from ..pinned import lock_in_place, unlock
+from ..pinned import lock_all, unlock
 from .nvme_states import ALIGN
 from .states import NAMES
 
@@ -95,12 +95,11 @@ class StreamedUpdate:
         """Queue the whole streamed update (on a helper thread: queuing is host work too) and return at once.
         `grad(a, b)` gives the gradient source of [a, b) and the scale to apply (None: it is the fp32 gradient);
         `pieces(a, b)` its (lo, hi, group) runs; `hyper` the host step's per-group arguments."""
-        if self.cuda:
+        if self.cuda:  # asynchronous copies need page-locked memory
             end = self.ranges[-1][1]  # the span of the streamed chunks, locked whole (the host's between them too)
-            for t in [getattr(states, n)[:end] for n in NAMES] + [grad(0, end)[0]] + (
-                    [] if out is None else [out[:end]]):
-                if lock_in_place(t):  # asynchronous copies need page-locked memory
-                    self._pinned.append(t)
+            self._pinned += lock_all([getattr(states, n)[:end] for n in NAMES] + [grad(0, end)[0]] + (
+                [] if out is None else [out[:end]]), "lower zero_core.offload_stream_fraction (0 streams nothing) "
+                "or raise the locked-memory limit (ulimit -l)")
         src0, _ = grad(0, 1)
         slots = self._buffers(src0.dtype, None if out is None else out.dtype)
         scalar = lambda x, dt=torch.float32: torch.tensor(x, dtype=dt, device=self.device)  # noqa: E731
