@@ -25,15 +25,20 @@ def empty_pinned(shape: int | tuple[int, ...] | torch.Size, dtype: torch.dtype) 
     nbytes = size.numel() * dtype.itemsize
     if nbytes >= REGISTER_MIN_BYTES:
         t = empty_host(size.numel(), dtype).view(size)  # on 2 MiB pages where granted
-        cudart = torch.cuda.cudart()
-        if int(cudart.cudaHostRegister(t.data_ptr(), nbytes, 0)) == 0:
-            # unlocked when the memory goes: the storage outlives every view of it, and its Python object
-            # lives exactly as long (torch keeps one per storage)
-            _locked[t.data_ptr()] = t.data_ptr() + nbytes
-            weakref.finalize(t.untyped_storage(), _unlock, t.data_ptr())
+        if _register(t, nbytes) == 0:
             return t
         del t  # refused: freed before torch's allocator makes the pinned one
     return torch.empty(size, dtype=dtype, pin_memory=True)
+
+
+def _register(t: torch.Tensor, nbytes: int) -> int:
+    """Ask the driver to lock `nbytes` from t's first element; CUDA's answer (0: locked, and unlocked when the memory
+    goes: the storage outlives every view of it, and its Python object lives exactly as long)."""
+    code = int(torch.cuda.cudart().cudaHostRegister(t.data_ptr(), nbytes, 0))
+    if code == 0:
+        _locked[t.data_ptr()] = t.data_ptr() + nbytes
+        weakref.finalize(t.untyped_storage(), _unlock, t.data_ptr())
+    return code
 
 
 def _unlock(start: int) -> None:
@@ -57,17 +62,14 @@ def lock_in_place(t: torch.Tensor) -> bool:
     if not t.numel() or is_locked(t):
         return False
     nbytes = t.numel() * t.element_size()
-    cudart = torch.cuda.cudart()
-    code = int(cudart.cudaHostRegister(t.data_ptr(), nbytes, 0))
+    code = _register(t, nbytes)
     if code != 0:
         try:
-            reason = str(cudart.cudaGetErrorString(code))
+            reason = str(torch.cuda.cudart().cudaGetErrorString(code))
         except (AttributeError, RuntimeError, TypeError):
             reason = "no description"
         mib = nbytes / 2**20
         raise PageLockError(f"page-locking {mib:,.0f} MiB of host memory failed (CUDA error {code}: {reason})")
-    _locked[t.data_ptr()] = t.data_ptr() + nbytes
-    weakref.finalize(t.untyped_storage(), _unlock, t.data_ptr())
     return True
 
 

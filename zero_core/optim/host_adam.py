@@ -128,8 +128,9 @@ class HostAdamW(PartitionOptimizer):
         self._folder.submit(landed, self._fold_job(offset, numel, scale, accumulate))
 
     def _fold_job(self, offset: int, numel: int, scale: torch.Tensor, accumulate: bool) -> Callable[[], None]:
-        lazy = self.lazy
-        ours = [(a, b) for a, b, _ in without([(offset, offset + numel, 0)], self.streamed_ranges)]  # host's part
+        lazy, ours = self.lazy, []
+        if self._speculating:  # the shard's host part: streamed chunks are the GPU's, never speculated
+            ours = [(a, b) for a, b, _ in without([(offset, offset + numel, 0)], self.streamed_ranges)]
         speculate = self._speculating and self.speculative.reserve(sum(b - a for a, b in ours))
 
         def job() -> None:

@@ -149,14 +149,14 @@ class ParamGatherer:
         """DeepSpeed's stage3_max_reuse_distance: after its forward, a unit whose backward comes within that many
         gathered elements (those of the units after it, gathered for their forward and again for their backward)
         stays gathered, within stage3_max_live_parameters; the first step, which records the order, keeps none."""
-        if self.recording or self.max_reuse_numel <= 0 or g not in self.order:
+        if self.recording or self.max_reuse_numel <= 0:
             return False
-        if self._reuse_numel is None:
-            sizes = [self.layout.groups[u].padded_numel for u in self.order]
-            after = [sum(sizes[i + 1 :]) for i in range(len(sizes))]
-            self._reuse_numel = [0] * len(self.full)
-            for u, n in zip(self.order, after):
-                self._reuse_numel[u] = 2 * n
+        if self._reuse_numel is None:  # a unit outside the recorded order is never kept
+            self._reuse_numel = [self.max_reuse_numel] * len(self.full)
+            after = 0
+            for u in reversed(self.order):
+                self._reuse_numel[u] = 2 * after
+                after += self.layout.groups[u].padded_numel
         return self._reuse_numel[g] < self.max_reuse_numel and self.live_numel <= self.max_live_numel
 
     def _prefetch(self, after: int, backward: bool) -> None:
