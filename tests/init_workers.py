@@ -48,9 +48,9 @@ def sharded_state(rank: int, world: int, kind: str, stage: int) -> dict:
         model = build(kind)
     on_meta = all(p.device.type == "meta" for p in model.parameters())
     engine = zero_core.initialize(model, ds(stage))
-    state = engine.full_state_dict()
+    state = {k: v.cpu() for k, v in engine.full_state_dict().items()}
     after = torch.randn(4)
-    x = torch.randint(0, 96, (1, 8))
+    x = torch.randint(0, 96, (1, 8)).to(engine.device)  # the rank's GPU under ZB_TEST_DEVICE=cuda
     loss = engine(x, x).loss if kind == "gpt" else engine(input_ids=x, labels=x).loss
     engine.backward(loss)
     engine.step()

@@ -195,11 +195,30 @@ def all_reduce_sum_on(t: torch.Tensor, device: torch.device, what: str = "all-re
             t.copy_(tmp)
 
 
+def reaches(device: torch.device) -> bool:
+    """Whether the default process group's backend runs collectives on tensors of `device`: NCCL sees only GPU
+    memory, so a host tensor (a random state, a host-built staging buffer) must hop through this rank's GPU."""
+    backend = str(dist.get_backend())
+    if ":" in backend:  # one backend per device type, e.g. "cpu:gloo,cuda:nccl"
+        return any(part.split(":")[0] == device.type for part in backend.split(","))
+    return backend != "nccl" or device.type == "cuda"
+
+
+def hop_device() -> torch.device:
+    """Where a tensor the backend cannot reach goes for a collective: this rank's current GPU."""
+    return torch.device("cuda", torch.cuda.current_device())
+
+
 def broadcast_(t: torch.Tensor, src: int = 0, what: str = "broadcast") -> None:
-    """Overwrite `t` with rank `src`'s value."""
+    """Overwrite `t` with rank `src`'s value (through this rank's GPU when the backend cannot reach `t`)."""
     if world_size() > 1:
         with _named(what):
-            dist.broadcast(t, src)
+            if reaches(t.device):
+                dist.broadcast(t, src)
+            else:
+                hop = t.to(hop_device())
+                dist.broadcast(hop, src)
+                t.copy_(hop)
 
 
 def barrier(what: str = "barrier") -> None:
