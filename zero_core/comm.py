@@ -1,7 +1,8 @@
 """Process-group set-up and the few collectives the engine uses.
 
 A world of one needs no process group, so a single-process run (a notebook, a unit test) works with
-no launcher. Every collective takes tensors already on the right device and returns nothing.
+no launcher. Collectives return nothing; they take tensors on a device the backend reaches, except
+`broadcast_` and `all_reduce_sum_on`, which carry a host tensor through the GPU when the backend is NCCL.
 
 Each collective takes `what` (e.g. "all-gather of stage-3 unit 3"): when the backend reports that a
 peer never joined (gloo: "Timed out waiting ...ms") or went away ("Connection closed by peer"), the
