@@ -32,18 +32,20 @@ BASE = [
     {"stage": 2, "dtype": "fp16", "micro": 2, "steps": 4, "inject_inf_at": 1},
     {"stage": 3, "dtype": "fp16", "micro": 2, "steps": 4, "inject_inf_at": 2, "clip": 0.05},
 ]
-# (ratio, overlap fraction, host update on its own thread after step(), streamed fraction): plain full offload
-# with the update inside step() first, then the paths that must equal it
+# (ratio, overlap fraction, host update on its own thread after step(), streamed fraction[, the streamed chunks'
+# gradients held on the device]): plain full offload with the update inside step() first, then the paths that
+# must equal it
 RATIOS = ((1.0, 0.0, False, 0.0), (1.0, 0.0, True, 0.0), (0.5, 0.0, True, 0.0), (0.2, 0.0, False, 0.0),
           (1.0, 1.0, True, 0.0), (1.0, 0.4, False, 0.0), (0.5, 1.0, True, 0.0), (1.0, 0.0, True, 0.7),
-          (1.0, 1.0, False, 0.5), (0.5, 0.5, True, 0.6))
+          (1.0, 1.0, False, 0.5), (0.5, 0.5, True, 0.6), (1.0, 0.0, True, 0.7, True), (0.5, 0.5, True, 0.6, True))
+HOLD = {"ZERO_CORE_STREAM_HOLD_GRADS": "1"}
 
 
 @pytest.fixture(scope="module")
 def results() -> list[dict]:
-    cases = [{**c, "zero": _off(r), "env": SMALL, "zero_core": {"overlap_host_update": f, "overlap_weight_gather": t,
-                                                                 "offload_stream_fraction": s}}
-             for c in BASE for r, f, t, s in RATIOS]
+    cases = [{**c, "zero": _off(r), "env": {**SMALL, **(HOLD if hold else {})},
+              "zero_core": {"overlap_host_update": f, "overlap_weight_gather": t, "offload_stream_fraction": s}}
+             for c in BASE for r, f, t, s, *hold in RATIOS]
     return run_ranks(zero_train, 2, cases)
 
 

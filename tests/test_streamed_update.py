@@ -37,9 +37,11 @@ def test_streamed_chunks_are_spread_evenly(numel, fraction, expect):
     assert streamed_chunks(numel, fraction, CHUNK) == expect
 
 
-def _run(fraction: float, overlap: float, clip: float, lazy: bool, monkeypatch, steps: int = 3):
-    """`steps` steps of a HostAdamW over 5,000 elements; the states, the outputs, what the host loop updated
-    itself and the publications."""
+def _run(fraction: float, overlap: float, clip: float, lazy: bool, monkeypatch, steps: int = 3,
+         shards=((2560, 5000), (0, 2560)), inf_at: int | None = None, grads_seen: list | None = None):
+    """`steps` steps of a HostAdamW over 5,000 elements, each backward sending `shards` (the last first); the
+    states, the outputs, what the host loop updated itself and the publications. `inf_at`: the step whose
+    gradient is not finite (skipped); `grads_seen` collects each step's gradient as `gradient_of` reads it."""
     monkeypatch.setenv("ZERO_CORE_HOST_CHUNK_NUMEL", str(CHUNK))
     numel = 5000
     states = TensorStates(numel, torch.device("cpu"))
@@ -53,14 +55,18 @@ def _run(fraction: float, overlap: float, clip: float, lazy: bool, monkeypatch, 
     monkeypatch.setattr(opt, "_adam_pieces",
                         lambda v, lo, pieces, *a: (host_pieces.extend(pieces), adam(v, lo, pieces, *a)))
     gen = torch.Generator().manual_seed(11)
-    for _ in range(steps):
+    for step in range(steps):
         micro = 1 if lazy else 2  # gradient accumulation folds into the fp32 gradient
         for m in range(micro):
             grads = torch.randn(numel, generator=gen)
+            if step == inf_at:
+                grads[1500] = float("inf")  # in a streamed chunk
             opt.begin_pass(torch.ones(1), accumulate=m > 0, final=m == micro - 1)
-            for lo, hi in ((2560, 5000), (0, 2560)):  # backward order: the last bucket first
+            for lo, hi in shards:
                 opt.receive(grads[lo:hi].bfloat16(), lo)
             opt.end_pass()
+        if grads_seen is not None:
+            grads_seen.append(opt.gradient_of(0, numel))
         out = torch.zeros(numel, dtype=torch.bfloat16)
         opt.step(out, publish=lambda a, b: published.append((a, b)))
         outs.append(out)
@@ -82,6 +88,58 @@ def test_streamed_chunks_equal_the_host_step_bitwise(monkeypatch, clip, lazy, ov
         assert torch.equal(a, b)
     assert published == plain_published  # once each, in partition order
     assert [b for _, b in published[:5]] == [1024, 2048, 3072, 4096, 5000]
+
+
+@pytest.mark.parametrize("clip", [0.0, 1e-3])
+def test_gradients_held_on_the_device_give_the_same_step(monkeypatch, clip):
+    """ZERO_CORE_STREAM_HOLD_GRADS=1: the streamed chunks' gradients never reach staging (a chunk straddling two
+    shards too) and the steps, the skipped one included, are bitwise those of the staged path."""
+    shards = ((3500, 5000), (0, 3500))  # (3072, 4096) is filled from both
+    seen_plain: list = []
+    plain, plain_outs, _, plain_published, _ = _run(0.5, 0.0, clip, True, monkeypatch, steps=4, shards=shards,
+                                                    inf_at=1, grads_seen=seen_plain)
+    monkeypatch.setenv("ZERO_CORE_STREAM_HOLD_GRADS", "1")
+    seen: list = []
+    staged: list = []
+    receive = HostAdamW.receive
+
+    def receive_and_look(opt, reduced, offset):  # staging right after each shard, before any step
+        opt.staging.fill_(7.0) if offset == 3500 else None  # the pass's first shard: staging marked
+        receive(opt, reduced, offset)
+        staged.append(opt.staging.clone())
+
+    monkeypatch.setattr(HostAdamW, "receive", receive_and_look)
+    states, outs, _, published, opt = _run(0.5, 0.0, clip, True, monkeypatch, steps=4, shards=shards, inf_at=1,
+                                           grads_seen=seen)
+    assert opt.held.enabled and opt.streamed_ranges == [(1024, 2048), (3072, 4096)]
+    last = staged[-1]  # after the pass's two shards: the streamed chunks were never written to staging
+    assert torch.all(last[1024:2048] == 7.0) and torch.all(last[3072:4096] == 7.0)
+    assert not torch.any(last[:1024] == 7.0) and not torch.any(last[2048:3072] == 7.0)
+    for name in ("master", "exp_avg", "exp_avg_sq"):
+        assert torch.equal(getattr(plain, name), getattr(states, name)), name
+    assert all(torch.equal(a, b) for a, b in zip(plain_outs, outs))
+    assert published == plain_published
+    assert all(torch.equal(a, b) for a, b in zip(seen_plain, seen))  # gradient_of reads the held parts too
+    assert opt.held._held == {}  # given up: read by the update, or dropped by the skipped step
+
+
+def test_a_chunk_not_held_whole_is_read_from_staging():
+    from zero_core.optim.held_grads import HeldGrads
+
+    held = HeldGrads([(0, 8), (8, 16)])
+    held.enabled = True
+    held.begin(lazy=True)
+    assert held.take(torch.arange(12.0), 4) == []  # [4, 16): both chunks' parts, nothing for staging
+    staging = torch.zeros(16)
+    whole = held.pop(8, 16, staging)
+    assert torch.equal(whole, torch.arange(4.0, 12.0))
+    assert held.pop(0, 8, staging) is None  # only [4, 8) arrived: written back where the host reads it
+    assert torch.equal(staging[:8], torch.tensor([0, 0, 0, 0, 0, 1, 2, 3.0]))
+    held.begin(lazy=False)  # a pass that accumulates holds nothing
+    assert held.take(torch.ones(16), 0) == [(0, 16)] and held.pop(0, 8, staging) is None
+    held.begin(lazy=True)
+    held.take(torch.full((6,), 5.0), 6)  # [6, 12) held: what staging would hold, read back by gradient_of
+    assert torch.equal(held.staged(torch.zeros(16), 4, 10), torch.tensor([0, 0, 5, 5, 5, 5.0]))
 
 
 def test_a_streamed_chunk_of_several_host_chunks(monkeypatch):

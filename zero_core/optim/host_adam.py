@@ -27,6 +27,7 @@ from .. import comm
 from ..kernels import cpu as host_kernels
 from ..step_timer import StepBreakdown
 from .base import Output, PartitionOptimizer, Publish
+from .held_grads import HeldGrads
 from .host_folder import BackwardEnd, HostFolder
 from .param_groups import merged_runs
 from .shard_norms import ShardNorms
@@ -92,6 +93,7 @@ class HostAdamW(PartitionOptimizer):
         self.streamed = StreamedUpdate(ranges, self.comm_device) if ranges else None
         self.streamed_ranges = ranges
         self._streamed_starts = {c for a, b in ranges for c in range(a, b, self.chunk)}  # host chunks it takes
+        self.held = HeldGrads(ranges)  # their gradients kept on the device from backward to the update
         self._coef = 1.0
 
     # -- gradients ---------------------------------------------------------------------------------
@@ -101,6 +103,7 @@ class HostAdamW(PartitionOptimizer):
         super().begin_pass(scale, accumulate, final)
         self.lazy = final and not accumulate
         self._lazy_scale = float(scale[0])
+        self.held.begin(self.lazy)
         self._norms.begin(self._lazy_scale)
         # a host schedule (lr_at None) writes the lr only at the step: nothing can start before it. After a
         # clipped step the norm is most likely above the threshold again, and an update started as unclipped
@@ -119,7 +122,8 @@ class HostAdamW(PartitionOptimizer):
         if self.lazy:
             self.reduced_stats(reduced)
         start = self.breakdown.event()
-        self.staging[offset : offset + numel].copy_(reduced, non_blocking=True)
+        for lo, hi in self.held.take(reduced, offset):  # the streamed chunks' parts may stay on the device
+            self.staging[lo:hi].copy_(reduced[lo - offset : hi - offset], non_blocking=True)
         landed = None
         if reduced.is_cuda:
             landed = torch.cuda.Event(enable_timing=self.breakdown.cuda)
@@ -199,26 +203,19 @@ class HostAdamW(PartitionOptimizer):
     def gradient_of(self, lo: int, hi: int) -> torch.Tensor:
         if not self.lazy and self.grad is None:  # nothing folded yet
             return torch.zeros(hi - lo, dtype=torch.float32)
-        return self._grad(lo, hi, torch.empty(hi - lo, dtype=torch.float32))
+        g = torch.empty(hi - lo, dtype=torch.float32)
+        if not self.lazy:
+            return self._grad(lo, hi, g)
+        host_kernels.scaled_copy(self.held.staged(self.staging, lo, hi), g, self._lazy_scale)  # held parts too
+        return g
 
     # -- the update --------------------------------------------------------------------------------
     def _hyper(self, lr: torch.Tensor, coef: float | None) -> list[dict]:
         """The fused kernel's arguments per optimizer group (`coef` None or 1: unclipped)."""
         scale = None if coef is None or coef == 1.0 else torch.tensor(1.0 / coef)  # fused Adam's grad_scale divides
-        return [
-            dict(
-                lr=float(lr[g]),
-                beta1=h.beta1,
-                beta2=h.beta2,
-                weight_decay=h.weight_decay,
-                eps=h.eps,
-                amsgrad=False,
-                maximize=False,
-                grad_scale=scale,
-                found_inf=None,
-            )
-            for g, h in enumerate(self.groups)
-        ]
+        return [dict(lr=float(lr[g]), beta1=h.beta1, beta2=h.beta2, weight_decay=h.weight_decay, eps=h.eps,
+                     amsgrad=False, maximize=False, grad_scale=scale, found_inf=None)
+                for g, h in enumerate(self.groups)]
 
     def _adam_pieces(self, v: dict[str, torch.Tensor], lo: int, pieces, hyper: list[dict], step: torch.Tensor) -> None:
         """One fused call per (a, b, group) piece; `v` holds the states from partition element `lo` on."""
@@ -245,6 +242,7 @@ class HostAdamW(PartitionOptimizer):
         keep = hyper is not None and c == 1.0 and self._speculated_at(hyper)
         done = self.speculative.settle(keep=keep)
         if hyper is None:
+            self.held.clear()
             return  # skipped: nothing changes, nothing to send (and says nothing of the next norm)
         self._last_clipped, self._coef = c < 1.0, c
         assert out is None or isinstance(out, torch.Tensor), "the host update writes one flat 16-bit partition"
@@ -261,7 +259,7 @@ class HostAdamW(PartitionOptimizer):
         with self.breakdown.host(self.adam_key):
             streamed = None if self.streamed is None else self.streamed.start(
                 self.states, self._grad_source, out, self._runs_between, hyper, self._coef, self.applied,
-                self.decoupled)
+                self.decoupled, held=lambda a, b: self.held.pop(a, b, self.staging), held_ready=self.held.ready)
             for lo, hi, v in self.states.stream():
                 for a in range(lo, hi, self.chunk):
                     if streamed is not None and a in self._streamed_starts:

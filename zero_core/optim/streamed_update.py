@@ -35,6 +35,7 @@ from .states import NAMES
 
 SLOTS = 3  # up, update and down in flight at once
 Publish = Callable[[int, int], None]
+Held = Callable[[int, int], "torch.Tensor | None"]
 
 
 def streamed_chunks(numel: int, fraction: float, chunk: int) -> list[tuple[int, int]]:
@@ -91,10 +92,13 @@ class StreamedUpdate:
 
     def start(self, states, grad: Callable[[int, int], tuple[torch.Tensor, float | None]], out: torch.Tensor | None,
               pieces: Callable[[int, int], list[tuple[int, int, int]]], hyper: list[dict], coef: float,
-              step: torch.Tensor, decoupled: bool) -> Running:
+              step: torch.Tensor, decoupled: bool, held: Held | None = None,
+              held_ready: torch.cuda.Event | None = None) -> Running:
         """Queue the whole streamed update (on a helper thread: queuing is host work too) and return at once.
         `grad(a, b)` gives the gradient source of [a, b) and the scale to apply (None: it is the fp32 gradient);
-        `pieces(a, b)` its (lo, hi, group) runs; `hyper` the host step's per-group arguments."""
+        `held(a, b)` the chunk's gradient already on the device (held_grads.py; written on another stream up
+        to `held_ready`), or None; `pieces(a, b)` its (lo, hi, group) runs; `hyper` the host step's per-group
+        arguments."""
         if self.cuda:  # asynchronous copies need page-locked memory
             end = self.ranges[-1][1]  # the span of the streamed chunks, locked whole (the host's between them too)
             self._pinned += lock_all([getattr(states, n)[:end] for n in NAMES] + [grad(0, end)[0]] + (
@@ -111,7 +115,8 @@ class StreamedUpdate:
         running = Running(self)
         running.args = args
         running.thread = worker_threads.start(
-            lambda: running.queue(states, grad, out, pieces, hyper, slots, args), "zero_core-streamed-update")
+            lambda: running.queue(states, grad, out, pieces, hyper, slots, args, held, held_ready),
+            "zero_core-streamed-update")
         return running
 
     def close(self) -> None:
@@ -132,35 +137,40 @@ class Running:
         self.started = time.perf_counter()
         self.args: dict = {}
 
-    def queue(self, states, grad, out, pieces, hyper, slots, args) -> None:
+    def queue(self, states, grad, out, pieces, hyper, slots, args, held, held_ready) -> None:
         try:
-            self._queue(states, grad, out, pieces, hyper, slots, args)
+            self._queue(states, grad, out, pieces, hyper, slots, args, held, held_ready)
         except BaseException as e:  # raised on the host update's thread by finish()
             self.error = e
 
-    def _queue(self, states, grad, out, pieces, hyper, slots, args) -> None:
+    def _queue(self, states, grad, out, pieces, hyper, slots, args, held, held_ready) -> None:
         o = self.owner
         up, work, down = o.streams
+        if work is not None and held_ready is not None:
+            work.wait_event(held_ready)
         freed = [None] * len(slots)
         for i, (a, b) in enumerate(o.ranges):
             s = slots[i % len(slots)]
             m = b - a
+            on_device = None if held is None else held(a, b)  # the gradient, if it never left the device
             src, scale = grad(a, b)
             with torch.cuda.stream(up):
                 if freed[i % len(slots)] is not None:
                     up.wait_event(freed[i % len(slots)])
                 for n in NAMES:
                     s[n][:m].copy_(getattr(states, n)[a:b], non_blocking=True)
-                if scale is None:
+                if on_device is None and scale is None:
                     s["grad"][:m].copy_(src, non_blocking=True)
-                else:
+                elif on_device is None:
                     s["grad16"][:m].copy_(src, non_blocking=True)
             if work is not None:
                 work.wait_stream(up)
             with torch.cuda.stream(work):
                 if scale is not None:  # the host's lazy gradient, rebuilt the same way (kernels/cpu.scaled_copy)
-                    s["grad"][:m].copy_(s["grad16"][:m])
+                    s["grad"][:m].copy_(s["grad16"][:m] if on_device is None else on_device)
                     s["grad"][:m].mul_(scale)
+                if on_device is not None and work is not None:
+                    on_device.record_stream(work)  # its memory is not reused before this stream has read it
                 for lo, hi, g in pieces(a, b):
                     h, sl = hyper[g], slice(lo - a, hi - a)
                     adamw_step(s["master"][sl], s["grad"][sl], s["exp_avg"][sl], s["exp_avg_sq"][sl],

@@ -84,11 +84,14 @@ def main() -> None:
     batches = [torch.randint(0, 50257, (16, 129), generator=gen).to(dev) for _ in range(4)]
     marks: list[tuple[str, float]] = []
 
+    losses: list[torch.Tensor] = []
+
     def step(i: int, mark: bool = False) -> None:
         b = batches[i % len(batches)]
         if mark:
             marks.append(("forward", time.perf_counter()))
         loss = engine(b[:, :-1], b[:, 1:]).loss
+        losses.append(loss.detach())
         if mark:
             marks.append(("backward", time.perf_counter()))
         engine.backward(loss)
@@ -134,6 +137,8 @@ def main() -> None:
     print(f"peak GPU GiB: allocated {torch.cuda.max_memory_allocated() / 2**30:.2f}, "
           f"reserved {torch.cuda.max_memory_reserved() / 2**30:.2f}")
     print("skipped steps so far:", getattr(engine, "skipped_steps", "?"))
+    print("training losses (every step, the A/B's check that a setting changed no numbers):",
+          " ".join(f"{float(x):.6f}" for x in losses))
 
     if not args.profile:
         return

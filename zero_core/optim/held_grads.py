@@ -1,0 +1,90 @@
+"""The streamed chunks' gradients held where they were reduced, from backward to the update
+(`ZERO_CORE_STREAM_HOLD_GRADS=1`).
+
+A streamed chunk (streamed_update.py) is updated on the GPU, so its 16-bit gradient need not go down to host
+memory in backward and up again in the step: that is 4 bytes per element through the host, whose memory
+traffic sets the offloaded step, and 2 bytes per element on the copy to the host that backward's end waits
+for. Held, the chunk's gradient stays on the device in a buffer of its own, filled from the reduced shards as
+they arrive (a chunk may straddle two shards) and freed once the update has read it. The memory comes and goes
+with backward: held gradients grow as the activations backward frees shrink, and the next forward's activations
+grow as the update frees them, so the peak moves little. Off by default until measured on a GPU.
+
+Only lazy passes hold (the step follows and nothing accumulates: the gradient is the reduced shard times the
+pass's scale, rebuilt at the update as the host rebuilds its own). A chunk that did not receive all of its
+elements in a pass is written back to staging at the update and read from there, as before.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import torch
+
+from ..env_switch import env_switch
+from .speculative import without
+
+ENV = "ZERO_CORE_STREAM_HOLD_GRADS"
+
+
+class HeldGrads:
+    """Per streamed chunk (`ranges`, sorted, disjoint), its gradient as received in this pass, on the device."""
+
+    def __init__(self, ranges: list[tuple[int, int]]) -> None:
+        self.ranges = ranges
+        self._starts = [a for a, _ in ranges]
+        self.enabled = bool(ranges) and env_switch(ENV) is True
+        self.active = False  # this pass holds (a lazy pass)
+        self._held: dict[int, torch.Tensor] = {}
+        self._filled: dict[int, list[tuple[int, int]]] = {}
+        self.ready: torch.cuda.Event | None = None  # the last copy into a held buffer, on the reducing stream
+
+    def begin(self, lazy: bool) -> None:
+        self.clear()
+        self.active = self.enabled and lazy
+
+    def clear(self) -> None:
+        self._held, self._filled, self.ready = {}, {}, None
+
+    def take(self, reduced: torch.Tensor, offset: int) -> list[tuple[int, int]]:
+        """Hold the streamed parts of the shard [offset, offset + numel); the parts for host staging."""
+        end = offset + reduced.numel()
+        if not self.active:
+            return [(offset, end)]
+        i = max(0, bisect.bisect_right(self._starts, offset) - 1)
+        for a, b in self.ranges[i:]:
+            if a >= end:
+                break
+            lo, hi = max(a, offset), min(b, end)
+            if lo >= hi:
+                continue
+            if a not in self._held:
+                self._held[a] = torch.empty(b - a, dtype=reduced.dtype, device=reduced.device)
+                self._filled[a] = []
+            self._held[a][lo - a : hi - a].copy_(reduced[lo - offset : hi - offset])
+            self._filled[a].append((lo, hi))
+        if reduced.is_cuda:
+            self.ready = torch.cuda.Event()
+            self.ready.record()
+        return [(lo, hi) for lo, hi, _ in without([(offset, end, 0)], self.ranges)]
+
+    def pop(self, a: int, b: int, staging: torch.Tensor) -> torch.Tensor | None:
+        """Chunk [a, b)'s held gradient, given up to the caller; None when the chunk is not held whole, after
+        writing what it holds into `staging` (the caller reads staging then)."""
+        held, filled = self._held.pop(a, None), self._filled.pop(a, [])
+        if held is None:
+            return None
+        if sum(hi - lo for lo, hi in filled) == b - a:
+            return held
+        for lo, hi in filled:
+            staging[lo:hi].copy_(held[lo - a : hi - a])
+        return None
+
+    def staged(self, staging: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+        """The 16-bit gradient of [lo, hi) as staging would hold it had nothing been held (a host copy)."""
+        out = staging[lo:hi].clone()
+        for a, pieces in self._filled.items():
+            for p, q in pieces:
+                s, e = max(p, lo), min(q, hi)
+                if s < e:
+                    out[s - lo : e - lo].copy_(self._held[a][s - a : e - a])
+        return out
