@@ -75,6 +75,8 @@ class HeldGrads:
             return None
         if sum(hi - lo for lo, hi in filled) == b - a:
             return held
+        if self.ready is not None:  # written on the reducing stream
+            self.ready.synchronize()
         for lo, hi in filled:
             staging[lo:hi].copy_(held[lo - a : hi - a])
         return None
@@ -82,6 +84,8 @@ class HeldGrads:
     def staged(self, staging: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
         """The 16-bit gradient of [lo, hi) as staging would hold it had nothing been held (a host copy)."""
         out = staging[lo:hi].clone()
+        if self.ready is not None and self._filled:
+            self.ready.synchronize()
         for a, pieces in self._filled.items():
             for p, q in pieces:
                 s, e = max(p, lo), min(q, hi)
