@@ -2,14 +2,15 @@
 # GPU check of the engine: the CPU parity suite on CUDA/NCCL, the kernel benchmark, and
 # GPT throughput per stage. Usage (from the repo root, on a 2-GPU machine; outputs in $OUT, default /tmp/out):
 #   bash docs/benchmarks/scripts/engine_check.sh [quick|full|overlap|gather|profile|offload]
-# quick: parity on CUDA, kernels, GPT-2 small per stage; full: GPT-2 XL per stage; overlap: the floor and
-# stages 1-3 with the gpt2xl_stage*.json configs; gather: weight all-gathers overlapped vs at step end;
+# quick: the gpu-marked tests on CUDA, kernels, GPT-2 small per stage; full: GPT-2 XL per stage; overlap: the
+# floor and stages 1-3 with the gpt2xl_stage*.json configs; gather: weight all-gathers overlapped vs at step end;
 # profile: profile_step.py (STAGES="2 3"); offload: CPU/NVMe offload parity and runs (CONFIGS, STEPS).
 set -uo pipefail
 source docs/benchmarks/scripts/gpu_env.sh
 mode=${1:-quick}
 if [ "$mode" = quick ]; then
-  ZB_TEST_DEVICE=cuda python3 -m pytest tests/test_engine_parity.py -q -p no:cacheprovider 2>&1 | tail -15 | tee "$OUT/parity_cuda.txt"
+  # every test marked gpu: the parity suite and sharded initialisation (host tensors crossing NCCL)
+  ZB_TEST_DEVICE=cuda python3 -m pytest -m gpu tests -q -p no:cacheprovider 2>&1 | tail -15 | tee "$OUT/parity_cuda.txt"
   python3 -m zero_core.kernels.bench --numel 1e9 2>&1 | tee "$OUT/kernels.txt"
   for stage in 0 1 2 3; do
     python3 -m zbench.cli train --model gpt2 --gpus 2 --stage $stage --precision bf16 --seq-len 1024 --micro-batch 8 --steps 10 --warmup 3 --lr 3e-4 2>&1 | grep -E "^(done|step|Traceback|Error|error)|Error" | tee -a "$OUT/train_gpt2.txt"
