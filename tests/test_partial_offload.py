@@ -38,13 +38,13 @@ BASE = [
 RATIOS = ((1.0, 0.0, False, 0.0), (1.0, 0.0, True, 0.0), (0.5, 0.0, True, 0.0), (0.2, 0.0, False, 0.0),
           (1.0, 1.0, True, 0.0), (1.0, 0.4, False, 0.0), (0.5, 1.0, True, 0.0), (1.0, 0.0, True, 0.7),
           (1.0, 1.0, False, 0.5), (0.5, 0.5, True, 0.6), (1.0, 0.0, True, 0.7, True), (0.5, 0.5, True, 0.6, True))
-HOLD = {"ZERO_CORE_STREAM_HOLD_GRADS": "1"}
 
 
 @pytest.fixture(scope="module")
 def results() -> list[dict]:
-    cases = [{**c, "zero": _off(r), "env": {**SMALL, **(HOLD if hold else {})},
-              "zero_core": {"overlap_host_update": f, "overlap_weight_gather": t, "offload_stream_fraction": s}}
+    cases = [{**c, "zero": _off(r), "env": SMALL,
+              "zero_core": {"overlap_host_update": f, "overlap_weight_gather": t, "offload_stream_fraction": s,
+                            "offload_stream_hold_grads": bool(hold)}}
              for c in BASE for r, f, t, s, *hold in RATIOS]
     return run_ranks(zero_train, 2, cases)
 

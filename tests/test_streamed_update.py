@@ -38,7 +38,8 @@ def test_streamed_chunks_are_spread_evenly(numel, fraction, expect):
 
 
 def _run(fraction: float, overlap: float, clip: float, lazy: bool, monkeypatch, steps: int = 3,
-         shards=((2560, 5000), (0, 2560)), inf_at: int | None = None, grads_seen: list | None = None):
+         shards=((2560, 5000), (0, 2560)), inf_at: int | None = None, grads_seen: list | None = None,
+         hold: bool = False):
     """`steps` steps of a HostAdamW over 5,000 elements, each backward sending `shards` (the last first); the
     states, the outputs, what the host loop updated itself and the publications. `inf_at`: the step whose
     gradient is not finite (skipped); `grads_seen` collects each step's gradient as `gradient_of` reads it."""
@@ -47,6 +48,7 @@ def _run(fraction: float, overlap: float, clip: float, lazy: bool, monkeypatch, 
     states = TensorStates(numel, torch.device("cpu"))
     states.master.copy_(torch.randn(numel, generator=torch.Generator().manual_seed(3)))
     opt = HostAdamW(states, comm_dtype=torch.bfloat16, clip=clip, overlap_fraction=overlap, stream_fraction=fraction,
+                    hold_grads=hold,
                     groups=[Hyper(0.9, 0.95, 1e-8, 0.1), Hyper(0.8, 0.99, 1e-6, 0.0)], decoupled=True,
                     lr_at=lambda a: torch.tensor([1e-2, 3e-3]), shard_stats=False, comm_device=torch.device("cpu"),
                     runs=[[(0, 1536, 0), (1536, 2560, 1)], [(2560, 5000, 0)]])
@@ -92,13 +94,12 @@ def test_streamed_chunks_equal_the_host_step_bitwise(monkeypatch, clip, lazy, ov
 
 @pytest.mark.parametrize("clip", [0.0, 1e-3])
 def test_gradients_held_on_the_device_give_the_same_step(monkeypatch, clip):
-    """ZERO_CORE_STREAM_HOLD_GRADS=1: the streamed chunks' gradients never reach staging (a chunk straddling two
+    """zero_core.offload_stream_hold_grads: the streamed chunks' gradients never reach staging (a chunk straddling two
     shards too) and the steps, the skipped one included, are bitwise those of the staged path."""
     shards = ((3500, 5000), (0, 3500))  # (3072, 4096) is filled from both
     seen_plain: list = []
     plain, plain_outs, _, plain_published, _ = _run(0.5, 0.0, clip, True, monkeypatch, steps=4, shards=shards,
                                                     inf_at=1, grads_seen=seen_plain)
-    monkeypatch.setenv("ZERO_CORE_STREAM_HOLD_GRADS", "1")
     seen: list = []
     staged: list = []
     receive = HostAdamW.receive
@@ -110,7 +111,7 @@ def test_gradients_held_on_the_device_give_the_same_step(monkeypatch, clip):
 
     monkeypatch.setattr(HostAdamW, "receive", receive_and_look)
     states, outs, _, published, opt = _run(0.5, 0.0, clip, True, monkeypatch, steps=4, shards=shards, inf_at=1,
-                                           grads_seen=seen)
+                                           grads_seen=seen, hold=True)
     assert opt.held.enabled and opt.streamed_ranges == [(1024, 2048), (3072, 4096)]
     last = staged[-1]  # after the pass's two shards: the streamed chunks were never written to staging
     assert torch.all(last[1024:2048] == 7.0) and torch.all(last[3072:4096] == 7.0)
@@ -126,8 +127,7 @@ def test_gradients_held_on_the_device_give_the_same_step(monkeypatch, clip):
 def test_a_chunk_not_held_whole_is_read_from_staging():
     from zero_core.optim.held_grads import HeldGrads
 
-    held = HeldGrads([(0, 8), (8, 16)])
-    held.enabled = True
+    held = HeldGrads([(0, 8), (8, 16)], enabled=True)
     held.begin(lazy=True)
     assert held.take(torch.arange(12.0), 4) == []  # [4, 16): both chunks' parts, nothing for staging
     staging = torch.zeros(16)
@@ -199,4 +199,18 @@ def test_the_fraction_is_validated(value, offload, problem):
 def test_it_is_refused_beside_the_delayed_update():
     cfg = _config({"offload_stream_fraction": 0.5, "offload_delayed_update": True}, {"device": "cpu"})
     with pytest.raises(ConfigError, match="keep one"):
+        load_config(cfg, world_size=1)
+
+
+@pytest.mark.parametrize("zero_core, problem", [
+    ({"offload_stream_fraction": 0.5, "offload_stream_hold_grads": True}, None),
+    ({"offload_stream_hold_grads": True}, "nothing is streamed"),
+    ({"offload_stream_fraction": 0.5, "offload_stream_hold_grads": "yes"}, "offload_stream_hold_grads"),
+])
+def test_holding_the_gradients_is_validated(zero_core, problem):
+    cfg = _config(zero_core, {"device": "cpu"})
+    if problem is None:
+        assert load_config(cfg, world_size=1).zero_core.offload_stream_hold_grads is True
+        return
+    with pytest.raises(ConfigError, match=problem):
         load_config(cfg, world_size=1)

@@ -138,6 +138,7 @@ KEYS: list[Key] = [
         "zero_core.offload_delayed_update",
         "zero_core.nvme_host_ratio",
         "zero_core.offload_stream_fraction",
+        "zero_core.offload_stream_hold_grads",
     ),
     *(
         Key(section, IGNORED, _LOGGING)

@@ -93,10 +93,12 @@ def make_optimizer(
     return DeviceAdamW(states, **kw)
 
 
-def _host_overlap(cfg: ZeroConfig) -> dict[str, float]:
-    """How the host share's update overlaps: started during backward, and some of its chunks streamed to the GPU."""
+def _host_overlap(cfg: ZeroConfig) -> dict[str, float | bool]:
+    """How the host share's update overlaps: started during backward, and some of its chunks streamed to the GPU
+    (their gradients perhaps held there)."""
     return dict(overlap_fraction=cfg.zero_core.overlap_host_update,
-                stream_fraction=cfg.zero_core.offload_stream_fraction)
+                stream_fraction=cfg.zero_core.offload_stream_fraction,
+                hold_grads=cfg.zero_core.offload_stream_hold_grads)
 
 
 def offload_ratio(cfg: ZeroConfig) -> float:

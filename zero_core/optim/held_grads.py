@@ -1,5 +1,5 @@
 """The streamed chunks' gradients held where they were reduced, from backward to the update
-(`ZERO_CORE_STREAM_HOLD_GRADS=1`).
+(`zero_core.offload_stream_hold_grads`).
 
 A streamed chunk (streamed_update.py) is updated on the GPU, so its 16-bit gradient need not go down to host
 memory in backward and up again in the step: that is 4 bytes per element through the host, whose memory
@@ -20,19 +20,16 @@ import bisect
 
 import torch
 
-from ..env_switch import env_switch
 from .speculative import without
-
-ENV = "ZERO_CORE_STREAM_HOLD_GRADS"
 
 
 class HeldGrads:
     """Per streamed chunk (`ranges`, sorted, disjoint), its gradient as received in this pass, on the device."""
 
-    def __init__(self, ranges: list[tuple[int, int]]) -> None:
+    def __init__(self, ranges: list[tuple[int, int]], enabled: bool) -> None:
         self.ranges = ranges
         self._starts = [a for a, _ in ranges]
-        self.enabled = bool(ranges) and env_switch(ENV) is True
+        self.enabled = bool(ranges) and enabled
         self.active = False  # this pass holds (a lazy pass)
         self._held: dict[int, torch.Tensor] = {}
         self._filled: dict[int, list[tuple[int, int]]] = {}

@@ -56,8 +56,8 @@ class HostAdamW(PartitionOptimizer):
     adam_key = "cpu_adam"  # the breakdown's name for the update's time (a delayed update overlaps: another one)
 
     def __init__(self, states, *, comm_dtype: torch.dtype, breakdown: StepBreakdown | None = None,
-                 overlap_fraction: float = 0.0, stream_fraction: float = 0.0, staging: torch.Tensor | None = None,
-                 **kw) -> None:
+                 overlap_fraction: float = 0.0, stream_fraction: float = 0.0, hold_grads: bool = False,
+                 staging: torch.Tensor | None = None, **kw) -> None:
         super().__init__(states, **kw)
         if not host_kernels.available():
             raise ValueError(
@@ -93,7 +93,7 @@ class HostAdamW(PartitionOptimizer):
         self.streamed = StreamedUpdate(ranges, self.comm_device) if ranges else None
         self.streamed_ranges = ranges
         self._streamed_starts = {c for a, b in ranges for c in range(a, b, self.chunk)}  # host chunks it takes
-        self.held = HeldGrads(ranges)  # their gradients kept on the device from backward to the update
+        self.held = HeldGrads(ranges, hold_grads)  # their gradients kept on the device from backward to the update
         self._coef = 1.0
 
     # -- gradients ---------------------------------------------------------------------------------

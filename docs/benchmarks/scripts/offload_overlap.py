@@ -37,7 +37,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[3]
 SCENARIOS = ROOT / "scenarios"
 # scenario -> (batch, the zero_core variants to add: (offload ratio or "auto", overlap_host_update,
-# overlap_weight_gather[, gradient_checkpointing[, offload_stream_fraction[, stage3_max_reuse_distance]]]));
+# overlap_weight_gather[, gradient_checkpointing[, offload_stream_fraction[, stage3_max_reuse_distance (None: the
+# config's)[, offload_stream_hold_grads]]]]));
 # (R, F, False) keeps the host update inside step() (the old path); True runs it on after step()
 PLANS = {
     "gpt2xl": (
@@ -58,7 +59,10 @@ PLANS = {
          # recomputed blocks free the activations for a device share, whose elements cost no host traffic at all;
          # DeepSpeed's reuse distance (the last 16 blocks kept gathered into backward: 1 GiB) off to make room
          (0.85, 0.0, True, True, 0.6, 0), (0.82, 0.0, True, True, 0.6, 0), (0.88, 0.0, True, True, 0.6),
-         (0.92, 0.0, True, False, 0.6, 0)],
+         (0.92, 0.0, True, False, 0.6, 0),
+         # the streamed chunks' gradients held on the device from backward to the update
+         (1.0, 0.0, True, False, 0.55, None, True), (1.0, 0.0, True, False, 0.6, None, True),
+         (1.0, 0.0, True, False, 0.7, None, True)],
     ),
     "longformer": (
         "longformer_feedback.yaml",
@@ -89,18 +93,18 @@ def variants_for(sc: dict, base_json: dict, folder: Path, plan: list[tuple]) -> 
         (folder / "plain.json").write_text(json.dumps(base_json))
         out.append({"name": "ds-offload", "engine": "deepspeed", "ds_config": "plain.json"})
     for ratio, overlap, in_flight, *extra in plan:
-        defaults = [False, 0.0, None]
-        recompute, stream, reuse = list(extra) + defaults[len(extra):]
+        defaults = [False, 0.0, None, False]
+        recompute, stream, reuse, hold = list(extra) + defaults[len(extra):]
         cfg = json.loads(json.dumps(base_json))
         cfg["zero_optimization"]["offload_optimizer"]["ratio"] = ratio
         cfg["zero_core"] = {"overlap_host_update": overlap, "overlap_weight_gather": in_flight,
-                            "offload_stream_fraction": stream}
+                            "offload_stream_fraction": stream, "offload_stream_hold_grads": hold}
         if reuse is not None:
             cfg["zero_optimization"]["stage3_max_reuse_distance"] = reuse
         share = ratio if isinstance(ratio, str) else f"{ratio:g}"  # "auto": the device share that fits the cap
         name = f"zero-ratio{share}-overlap{overlap:g}{'' if in_flight else '-in-step'}"
         name = (name + ("-recompute" if recompute else "") + (f"-stream{stream:g}" if stream else "")
-                + ("" if reuse is None else f"-reuse{reuse:g}")).replace(".", "p")
+                + ("" if reuse is None else f"-reuse{reuse:g}") + ("-hold" if hold else "")).replace(".", "p")
         (folder / f"{name}.json").write_text(json.dumps(cfg, indent=1))
         # the scenario variant's own keys (stage, offload devices) apply to its siblings too
         kept = {k: engine[k] for k in ("stage", "offload_optimizer", "offload_param") if engine and k in engine}
