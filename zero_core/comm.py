@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import time
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -188,12 +188,17 @@ def all_reduce_sum_on(t: torch.Tensor, device: torch.device, what: str = "all-re
     if world_size() == 1:
         return
     with _named(what):
-        if t.device == device:
-            dist.all_reduce(t)
-        else:
-            tmp = t.to(device)
-            dist.all_reduce(tmp)
-            t.copy_(tmp)
+        _in_place_on(t, device, dist.all_reduce)
+
+
+def _in_place_on(t: torch.Tensor, device: torch.device, collective: Callable[[torch.Tensor], Any]) -> None:
+    """Run the in-place `collective` on `t`, through a copy on `device` when `t` lives elsewhere."""
+    if t.device == device:
+        collective(t)
+        return
+    hop = t.to(device)
+    collective(hop)
+    t.copy_(hop)
 
 
 def reaches(device: torch.device) -> bool:
@@ -214,12 +219,7 @@ def broadcast_(t: torch.Tensor, src: int = 0, what: str = "broadcast") -> None:
     """Overwrite `t` with rank `src`'s value (through this rank's GPU when the backend cannot reach `t`)."""
     if world_size() > 1:
         with _named(what):
-            if reaches(t.device):
-                dist.broadcast(t, src)
-            else:
-                hop = t.to(hop_device())
-                dist.broadcast(hop, src)
-                t.copy_(hop)
+            _in_place_on(t, t.device if reaches(t.device) else hop_device(), lambda x: dist.broadcast(x, src))
 
 
 def barrier(what: str = "barrier") -> None:

@@ -48,12 +48,14 @@ class HeldGrads:
         if not self.active:
             return [(offset, end)]
         i = max(0, bisect.bisect_right(self._starts, offset) - 1)
+        touched = []
         for a, b in self.ranges[i:]:
             if a >= end:
                 break
             lo, hi = max(a, offset), min(b, end)
             if lo >= hi:
                 continue
+            touched.append((a, b))
             if a not in self._held:
                 self._held[a] = torch.empty(b - a, dtype=reduced.dtype, device=reduced.device)
                 self._filled[a] = []
@@ -62,7 +64,7 @@ class HeldGrads:
         if reduced.is_cuda:
             self.ready = torch.cuda.Event()
             self.ready.record()
-        return [(lo, hi) for lo, hi, _ in without([(offset, end, 0)], self.ranges)]
+        return [(lo, hi) for lo, hi, _ in without([(offset, end, 0)], touched)]
 
     def pop(self, a: int, b: int, staging: torch.Tensor) -> torch.Tensor | None:
         """Chunk [a, b)'s held gradient, given up to the caller; None when the chunk is not held whole, after

@@ -159,10 +159,8 @@ class Running:
                     up.wait_event(freed[i % len(slots)])
                 for n in NAMES:
                     s[n][:m].copy_(getattr(states, n)[a:b], non_blocking=True)
-                if on_device is None and scale is None:
-                    s["grad"][:m].copy_(src, non_blocking=True)
-                elif on_device is None:
-                    s["grad16"][:m].copy_(src, non_blocking=True)
+                if on_device is None:  # the fp32 gradient, or the 16-bit one rebuilt below
+                    s["grad" if scale is None else "grad16"][:m].copy_(src, non_blocking=True)
             if work is not None:
                 work.wait_stream(up)
             with torch.cuda.stream(work):
