@@ -105,7 +105,8 @@ def test_gradients_held_on_the_device_give_the_same_step(monkeypatch, clip):
     receive = HostAdamW.receive
 
     def receive_and_look(opt, reduced, offset):  # staging right after each shard, before any step
-        opt.staging.fill_(7.0) if offset == 3500 else None  # the pass's first shard: staging marked
+        if offset == 3500:  # the pass's first shard: staging marked
+            opt.staging.fill_(7.0)
         receive(opt, reduced, offset)
         staged.append(opt.staging.clone())
 
