@@ -118,7 +118,7 @@ def test_partial_offload_to_nvme_takes_sharded_initialisation(tmp_path, monkeypa
         engine = zero_core.initialize(model, cfg)
         start, losses = engine.full_state_dict(), []
         for step in range(2):
-            x = torch.randint(0, 96, (1, 8), generator=torch.Generator().manual_seed(step))
+            x = torch.randint(0, 96, (1, 8), generator=torch.Generator().manual_seed(step)).to(engine.device)
             loss = engine(x, x).loss
             engine.backward(loss)
             engine.step()

@@ -204,14 +204,18 @@ def test_it_is_refused_beside_the_delayed_update():
 
 
 @pytest.mark.parametrize("zero_core, problem", [
-    ({"offload_stream_fraction": 0.5, "offload_stream_hold_grads": True}, None),
-    ({"offload_stream_hold_grads": True}, "nothing is streamed"),
+    ({"offload_stream_fraction": 0.5, "offload_stream_hold_grads": True}, True),
+    ({"offload_stream_fraction": 0.5}, True),  # on by default
+    ({"offload_stream_fraction": 0.5, "offload_stream_hold_grads": False}, False),
+    ({}, True),  # with nothing streamed, nothing is held: the printed config reloads
+    ({"offload_stream_hold_grads": True}, True),
+    ({"offload_stream_hold_grads": False}, False),
     ({"offload_stream_fraction": 0.5, "offload_stream_hold_grads": "yes"}, "offload_stream_hold_grads"),
 ])
 def test_holding_the_gradients_is_validated(zero_core, problem):
     cfg = _config(zero_core, {"device": "cpu"})
-    if problem is None:
-        assert load_config(cfg, world_size=1).zero_core.offload_stream_hold_grads is True
+    if isinstance(problem, bool):  # loads, holding or not
+        assert load_config(cfg, world_size=1).zero_core.offload_stream_hold_grads is problem
         return
     with pytest.raises(ConfigError, match=problem):
         load_config(cfg, world_size=1)

@@ -131,12 +131,6 @@ def _streamed(cfg: ZeroConfig) -> Iterator[Problem]:
             f"{key}={fraction:g} streams optimizer states held in host memory to the GPU, but "
             f"offload_optimizer.device is '{device}'; set the device to 'cpu' or drop the key",
         )
-    if fraction == 0 and cfg.zero_core.offload_stream_hold_grads:
-        yield Problem(
-            ("zero_core.offload_stream_hold_grads", key),
-            "zero_core.offload_stream_hold_grads=true keeps the streamed chunks' gradients on the device, but "
-            f"{key} is 0 (nothing is streamed); set {key} above 0 or drop the key",
-        )
     if fraction > 0 and cfg.zero_core.offload_delayed_update:
         yield Problem(
             (key, "zero_core.offload_delayed_update"),

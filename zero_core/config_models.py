@@ -154,8 +154,8 @@ class ZeroCoreConfig(Section):
     # the host's own update (optim/streamed_update.py); device memory: a few chunk-sized buffers
     offload_stream_fraction: Annotated[float, number(0.0, 1.0)] = 0.0
     # ... and their 16-bit gradients kept on the device from backward to that update, not copied down and up
-    # again (optim/held_grads.py); off until measured on a GPU
-    offload_stream_hold_grads: Bool = False
+    # again (optim/held_grads.py); nothing to hold unless chunks are streamed
+    offload_stream_hold_grads: Bool = True
 
 
 _MONITOR = dict[str, Any] | None  # logging sections: carried through, not used by the engine

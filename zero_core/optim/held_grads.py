@@ -7,7 +7,9 @@ traffic sets the offloaded step, and 2 bytes per element on the copy to the host
 for. Held, the chunk's gradient stays on the device in a buffer of its own, filled from the reduced shards as
 they arrive (a chunk may straddle two shards) and freed once the update has read it. The memory comes and goes
 with backward: held gradients grow as the activations backward frees shrink, and the next forward's activations
-grow as the update frees them, so the peak moves little. Off by default until measured on a GPU.
+grow as the update frees them, so the allocated peak moves little (on one H100 at seed Table 3's shape it did
+not move). They come from the reducing stream's pool, though, which the next forward cannot reuse: the reserved
+peak grows by about their size. On by default; zero_core.offload_stream_hold_grads: false turns it off.
 
 Only lazy passes hold (the step follows and nothing accumulates: the gradient is the reduced shard times the
 pass's scale, rebuilt at the update as the host rebuilds its own). A chunk that did not receive all of its

@@ -93,7 +93,7 @@ def variants_for(sc: dict, base_json: dict, folder: Path, plan: list[tuple]) -> 
         (folder / "plain.json").write_text(json.dumps(base_json))
         out.append({"name": "ds-offload", "engine": "deepspeed", "ds_config": "plain.json"})
     for ratio, overlap, in_flight, *extra in plan:
-        defaults = [False, 0.0, None, False]
+        defaults = [False, 0.0, None, False]  # hold False: a row stages its gradients unless it says -hold
         recompute, stream, reuse, hold = list(extra) + defaults[len(extra):]
         cfg = json.loads(json.dumps(base_json))
         cfg["zero_optimization"]["offload_optimizer"]["ratio"] = ratio
