@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -138,11 +139,20 @@ def test_bad_paths_and_other_model(saved, tmp_path):
     engine = zero_core.initialize(make_model(), config(1, 1))
     with pytest.raises(CheckpointError, match="tags present: global_step3"):
         engine.load_checkpoint(ckpt, tag="global_step99")
-    with pytest.raises(CheckpointError, match="does not exist"):
-        engine.load_checkpoint(tmp_path / "nowhere")
+    # a first run's resume, as DeepSpeed's: nothing there, (None, None) and the weights untouched
+    before = engine.full_state_dict()
+    assert engine.load_checkpoint(tmp_path / "nowhere") == (None, None)
     (tmp_path / "empty").mkdir()
+    assert engine.load_checkpoint(tmp_path / "empty") == (None, None)
+    assert all(torch.equal(v, before[k]) for k, v in engine.full_state_dict().items())
+    with pytest.raises(CheckpointError, match="does not exist"):  # a named tag must be there
+        engine.load_checkpoint(tmp_path / "nowhere", tag="global_step3")
+    unpointed = tmp_path / "unpointed"  # checkpoints but no 'latest': not a first run, so not silent
+    shutil.copytree(ckpt, unpointed)
+    (unpointed / "latest").unlink()
     with pytest.raises(CheckpointError, match="no 'latest' file"):
-        engine.load_checkpoint(tmp_path / "empty")
+        engine.load_checkpoint(unpointed)
+    assert engine.load_checkpoint(unpointed, tag="global_step3")[0].name == "global_step3"
     from zbench.models.gpt import GPT, GPTConfig
 
     other = zero_core.initialize(

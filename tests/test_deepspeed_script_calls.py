@@ -253,3 +253,39 @@ def test_get_mom_follows_a_schedule_that_cycles_momentum():
     adagrad = _engine("fp32", optimizer=lambda params: torch.optim.Adagrad(params, lr=0.1))
     assert adagrad.get_mom() == [0.0]  # no momentum: DeepSpeed reports 0.0
     adagrad.close()
+
+
+def test_a_loop_written_for_deepspeed_gets_its_return_values(tmp_path):
+    """`loss = engine.backward(loss)`, `get_global_grad_norm()` (None before the first step), numeric tags
+    (`save_checkpoint(dir, tag=epoch)`), and `load_checkpoint` of a first run's empty folder: (None, None)."""
+    engine = _engine(dtype="fp32")
+    assert engine.load_checkpoint(tmp_path / "ckpt") == (None, None)
+    assert engine.get_global_grad_norm() is None
+    for x, y in make_batches(2, 2):
+        loss = engine(x, y).loss
+        assert engine.backward(loss) is loss
+        engine.step()
+    norm = engine.get_global_grad_norm()
+    assert isinstance(norm, float) and norm > 0
+    assert engine.save_checkpoint(tmp_path / "ckpt", tag=1).name == "1"
+    assert (tmp_path / "ckpt" / "latest").read_text().strip() == "1"
+    fresh = _engine(dtype="fp32")
+    folder, client_state = fresh.load_checkpoint(tmp_path / "ckpt", tag=1)
+    assert folder.name == "1" and client_state == {} and fresh.global_steps == engine.global_steps
+    assert fresh.get_global_grad_norm() is None  # loaded, not stepped
+
+
+def test_get_accelerator_answers_the_memory_and_stream_calls_scripts_log():
+    acc = deepspeed.accelerator.get_accelerator()
+    cuda = torch.cuda.is_available()
+    for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved"):
+        value = getattr(acc, name)()
+        assert isinstance(value, int) and (value >= 0 if cuda else value == 0)
+    acc.reset_peak_memory_stats()
+    assert acc.total_memory() >= acc.available_memory() > 0
+    t = torch.ones(3)
+    assert torch.equal(acc.pin_memory(t), t) and acc.is_pinned(t) is False and acc.on_accelerator(t) is (not cuda)
+    with acc.stream(acc.current_stream()):
+        assert (acc.Stream is None) is (not cuda)
+    with pytest.raises(AttributeError, match=r"^get_accelerator\(\)\.lazy_call is not provided by zero_core's"):
+        acc.lazy_call(lambda: None)

@@ -127,6 +127,21 @@ def restore_counters(engine: "Engine", folder: Path, applied: int, skipped: int,
             ) from None
 
 
+def nothing_to_resume(load_dir: str | os.PathLike) -> bool:
+    """A first run's resume: no such folder, or one holding no `latest`, no checkpoint of any format and no
+    complete zbench tag (where DeepSpeed's load_checkpoint warns and returns (None, None)). A folder with
+    checkpoints but no `latest` is not this: load() names the tags present."""
+    root = Path(load_dir)
+    try:
+        if not root.exists():
+            return True
+        if not root.is_dir() or os.path.lexists(root / fmt.LATEST) or (root / mf.MANIFEST).is_file():
+            return False
+        return locate(load_dir, None) is None and not fmt.complete_tags(root)
+    except (OSError, CheckpointError):
+        return False  # load() says what is wrong with it
+
+
 def load(
     engine: "Engine",
     load_dir: str | os.PathLike,

@@ -50,6 +50,7 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         self._announce()
         self.stage, self.dtype = cfg.stage, cfg.dtype
         self.global_step = self.micro_steps = 0
+        self.norm_taken = False  # a step of this engine computed the gradient norm (get_global_grad_norm)
         self._boundary_set, self._window_passes = None, 0  # set_gradient_accumulation_boundary; backwards since a step
         self.gradients_ready = False  # a window's last backward has run and its step has not (safe_get_full_grad)
         deferred = is_deferred(model)  # built inside zero_core.init_context, or on the meta device
@@ -128,7 +129,7 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         self.breakdown.forward_started()
         return self.module(*args, **kwargs)
 
-    def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> None:
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
         """Backward of `loss` scaled by the loss scale and 1/accumulation steps; reduces gradients.
         `scale_wrt_gas=False` (DeepSpeed's flag) leaves out 1/accumulation steps, for a loss its caller
         already normalised over the accumulated batch (Hugging Face Trainer's); `retain_graph` as torch's."""
@@ -145,6 +146,7 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         self.reducer.finish()
         self.strategy.after_backward()
         self.gradients_ready = boundary
+        return loss  # as DeepSpeed's, for `loss = engine.backward(loss)`
 
     def step(self, lr_kwargs: dict | None = None) -> None:
         """At an accumulation boundary: clip, update, refresh the working weights; otherwise only count.
@@ -170,7 +172,7 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
             self.scaler.update(self.optimizer.overflow)
             self._nonfinite_run.add_(1.0).mul_(self.optimizer.overflow.to(self._nonfinite_run.dtype))
             s.finish_update()
-            self.global_step += 1
+            self.global_step, self.norm_taken = self.global_step + 1, True
             if self.host_schedule is not None and not self.scaler.dynamic:  # step a torch scheduler now, as DeepSpeed
                 self.host_schedule.values(self.global_step)  # (under fp16 it catches up at the next update or read)
             self.overflow_log.poll(self.global_step)

@@ -189,9 +189,10 @@ class DeepSpeedEngineAPI:
     def empty_partition_cache(self) -> None:
         """Nothing is cached to release: stage 3 frees each gathered unit after its forward and its backward."""
 
-    def get_global_grad_norm(self) -> float:
-        """The global gradient norm of the last step, before clipping (a host sync)."""
-        return float(self.optimizer.grad_norm.item())
+    def get_global_grad_norm(self) -> float | None:
+        """The global gradient norm of the last step, before clipping (a host sync); None before this engine's
+        first step, as DeepSpeed."""
+        return float(self.optimizer.grad_norm.item()) if self.norm_taken else None
 
     def was_step_applied(self) -> bool:
         """Whether the last optimizer step changed the weights (not skipped for non-finite gradients; a host sync)."""
@@ -236,6 +237,7 @@ class DeepSpeedEngineAPI:
 
         if exclude_frozen_parameters:
             self._refuse("save_checkpoint(exclude_frozen_parameters=True)", "checkpoints hold every parameter")
+        tag = None if tag is None else str(tag)  # as DeepSpeed: save_checkpoint(dir, tag=epoch)
         settled(self)  # the states as of the last step
         if async_save is None:
             async_save = self.config.zero_core.async_checkpoint
@@ -250,12 +252,21 @@ class DeepSpeedEngineAPI:
 
     def load_checkpoint(self, load_dir: str | os.PathLike, tag: str | None = None, load_module_strict: bool = True,
                         load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
-                        load_module_only: bool = False, custom_load_fn: Any = None) -> tuple[Path, dict[str, Any]]:
+                        load_module_only: bool = False, custom_load_fn: Any = None
+                        ) -> tuple[Path, dict[str, Any]] | tuple[None, None]:
         """Collective: load any zbench checkpoint (any world size, any stage) into this engine; returns
-        (the checkpoint folder, client_state), as DeepSpeed does. `load_module_only` (or
+        (the checkpoint folder, client_state), as DeepSpeed does; (None, None) when `load_dir` holds no checkpoint
+        and no tag is given (a first run's resume). `load_module_only` (or
         `load_optimizer_states=False`) keeps this engine's optimizer states, step and schedule."""
+        from .checkpoint_load import nothing_to_resume
         from .checkpointing import load
 
+        tag = None if tag is None else str(tag)  # DeepSpeed's tags may be numbers: tag=epoch
+        if tag is None and nothing_to_resume(load_dir):
+            if self.rank == 0:
+                print(f"zero_core: no checkpoint to load in {load_dir} (no 'latest' file); starting from the "
+                      "current weights, load_checkpoint returns (None, None) as DeepSpeed's does", flush=True)
+            return None, None
         if not load_module_strict:
             self._refuse("load_checkpoint(load_module_strict=False)", "load a checkpoint of this model")
         if custom_load_fn is not None:
