@@ -76,3 +76,29 @@ def test_without_a_config_it_names_the_fix(monkeypatch):
     monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED", raising=False)
     with pytest.raises(ValueError, match="zero_config='ds_config.json'"):
         Accelerator(cpu=True)
+
+
+@pytest.mark.parametrize("explicit_lr", [None, 1e-3])
+def test_dummy_optimizer_and_scheduler_fill_the_configs_auto_entries(explicit_lr):
+    """Accelerate's DeepSpeed example: DummyOptim's lr and weight decay and DummyScheduler's steps fill the
+    config's "auto" entries (an explicit value is kept, as Accelerate's must_match=False keeps it)."""
+    from accelerate.utils.deepspeed import DummyOptim, DummyScheduler
+
+    from zero_core.integrations.accelerate import Accelerator
+
+    config = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": 1,
+              "zero_optimization": {"stage": 2},
+              "optimizer": {"type": "AdamW", "params": {"lr": explicit_lr or "auto", "weight_decay": "auto"}},
+              "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                                                                "warmup_num_steps": "auto", "total_num_steps": "auto"}}}
+    acc = Accelerator(zero_config=config, cpu=True)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    opt = DummyOptim(model.parameters(), lr=2e-3, weight_decay=0.01)
+    sched = DummyScheduler(opt, total_num_steps=8, warmup_num_steps=3)
+    loader = torch.utils.data.DataLoader(torch.randn(8, 8), batch_size=4)
+    engine, *_ = acc.prepare(model, opt, loader, sched)
+    params, schedule = engine.config.optimizer.params, engine.config.scheduler.params
+    assert (params.lr, params.weight_decay) == (explicit_lr or 2e-3, 0.01)
+    assert (schedule.warmup_min_lr, schedule.warmup_max_lr) == (0, 2e-3)
+    assert (schedule.warmup_num_steps, schedule.total_num_steps) == (3, 8)
+    assert config["optimizer"]["params"]["weight_decay"] == "auto"  # the caller's dict is not written into

@@ -16,6 +16,7 @@ write and read zbench checkpoints (any world size or stage); `get_state_dict` ga
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from typing import Any
@@ -41,6 +42,33 @@ def _plugin_config(plugin: DeepSpeedPlugin) -> dict[str, Any]:
         if isinstance(zero.get(key), dict) and zero[key].get("device") == "none":
             del zero[key]
     return config
+
+
+def _dummy_values(optimizer: Any, scheduler: Any, processes: int, split_batches: bool) -> dict[str, Any]:
+    """What Accelerate's DeepSpeed path fills from `DummyOptim` and `DummyScheduler` (dotted config keys)."""
+    out: dict[str, Any] = {}
+    if isinstance(optimizer, DummyOptim):
+        out |= {"optimizer.params.lr": optimizer.lr, "optimizer.params.weight_decay": optimizer.weight_decay}
+    if isinstance(scheduler, DummyScheduler) and scheduler.lr_scheduler_callable is None:
+        inner = scheduler.optimizer
+        max_lr = inner.defaults["lr"] if getattr(inner, "defaults", None) is not None else getattr(inner, "lr", None)
+        out |= {"scheduler.params.warmup_min_lr": 0, "scheduler.params.warmup_max_lr": max_lr,
+                "scheduler.params.warmup_num_steps": max(1, scheduler.warmup_num_steps)}  # DeepSpeed refuses 0
+        if scheduler.total_num_steps is not None:  # counted in batches of every process, unless split
+            total = scheduler.total_num_steps
+            out["scheduler.params.total_num_steps"] = total if split_batches else math.ceil(total / processes)
+    return out
+
+
+def _fill_auto_only(raw: dict[str, Any], values: dict[str, Any]) -> None:
+    """Each dotted key's value where `raw` says "auto" (an explicit value wins, as Accelerate's must_match=False)."""
+    for dotted, value in values.items():
+        *path, name = dotted.split(".")
+        section: Any = raw
+        for part in path:
+            section = section.get(part) if isinstance(section, dict) else None
+        if isinstance(section, dict) and isinstance(section.get(name), str) and section[name] == "auto":
+            section[name] = value
 
 
 class Accelerator(accelerate.Accelerator):
@@ -117,7 +145,8 @@ class Accelerator(accelerate.Accelerator):
         return tuple(out) if len(out) > 1 else out[0]
 
     def _build(self, model: torch.nn.Module, optimizer: Any, scheduler: Any, micro: int | None) -> EngineOptimizer:
-        raw = dict(self.zero_config)
+        raw = json.loads(json.dumps(self.zero_config))  # filled below: the plugin's own config stays as given
+        _fill_auto_only(raw, _dummy_values(optimizer, scheduler, self.num_processes, self.split_batches))
         groups = None
         if isinstance(optimizer, DummyOptim):
             groups, optimizer = list(optimizer.params), None
