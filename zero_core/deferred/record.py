@@ -12,6 +12,7 @@ it all share one. The recorder keeps every meta tensor it saw alive, so no stora
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +56,9 @@ class Recording:
     rng_start: torch.Tensor | None = None  # torch.get_rng_state() when construction began
     rng_end: torch.Tensor | None = None  # ... and when it ended (unchanged: nothing was drawn)
     known: set[int] = field(default_factory=set)
+    # every module that registered a parameter or buffer while recording (weak): the model's places, found
+    # without its root (GatheredParameters before initialize, early.py)
+    modules: dict[int, Any] = field(default_factory=dict)
 
     def reseeds(self) -> list[Entry]:
         return [e for e in self.entries if e.reseed is not None]
@@ -131,9 +135,17 @@ class Recorder:
         self.recording.rng_start = torch.get_rng_state()
         for m in self._modes:
             m.__enter__()
+        hooks = torch.nn.modules.module
+        self._hooks = [hooks.register_module_parameter_registration_hook(self._registered),
+                       hooks.register_module_buffer_registration_hook(self._registered)]
         return self
 
+    def _registered(self, module: torch.nn.Module, name: str, tensor: Any) -> None:
+        self.recording.modules.setdefault(id(module), weakref.ref(module))
+
     def __exit__(self, *exc: Any) -> None:
+        for h in self._hooks:
+            h.remove()
         for m in reversed(self._modes):
             m.__exit__(*exc)
         self.recording.rng_end = torch.get_rng_state()
