@@ -266,3 +266,13 @@ def test_a_rank_the_launcher_stopped_is_still_named_from_its_error_file(tmp_path
                            timestamp=6, error_file=str(tmp_path / "0" / "error.json"))
     rank, failure = _cause(SimpleNamespace(failures={2: lost}, get_first_failure=lambda: (2, lost)))
     assert (rank, failure.message) == (3, "RuntimeError: injected failure on rank 1")  # node offset kept
+
+
+def test_a_rank_that_recorded_no_error_is_not_reported_with_torchs_pointer_to_its_docs():
+    from zbench.launch import _first_line
+
+    pointer = "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html"
+    assert _first_line(pointer, "") == "it ended without recording an error and left no log lines"
+    assert _first_line(pointer, "Killed") == "it ended without recording an error, its last log lines below"
+    assert _first_line("", "") == "it ended without recording an error and left no log lines"
+    assert _first_line("RuntimeError: boom\n  at x", "") == "RuntimeError: boom"

@@ -202,13 +202,22 @@ def launch(
         message = _message(failure)
         rank_dir = _rank_log_dir(log_dir, run_id, failure.local_rank)
         tail = _failure_tail(rank_dir, failure)
-        first = (message.strip().splitlines() or [f"exit code {failure.exitcode}"])[0]
+        first = _first_line(message, tail)
         seen = message + tail
         cls = OutOfDisk if _is_out_of_disk(seen) else OutOfMemory if _is_oom(seen, failure.exitcode) else RankFailure
         text = f"{what} failed on rank {rank} (exit code {failure.exitcode}): {first}"
         if tail:
             text += f"\n--- last log lines of rank {rank} ({rank_dir or 'console'}) ---\n{tail}"
         raise cls(text, rank=rank, log_tail=tail, exitcode=failure.exitcode, cause=first) from None
+
+
+def _first_line(message: str, tail: str) -> str:
+    """The failure's own first line. A rank that recorded no error gets torch's pointer to its docs instead,
+    which says nothing about this failure: then what is known is said."""
+    first = (message.strip().splitlines() or [""])[0]
+    if first and not first.startswith("To enable traceback see"):
+        return first
+    return "it ended without recording an error" + (", its last log lines below" if tail else " and left no log lines")
 
 
 # what a rank reports when another rank died under it: a symptom, never the cause
