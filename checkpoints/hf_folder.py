@@ -1,16 +1,17 @@
 """Make `zbench convert --to fp32|bf16|fp16` output a folder `AutoModel*.from_pretrained(out)` opens.
 
 A checkpoint written by Hugging Face Trainer sits in an HF layout: `checkpoint-N/` holds (or its parent holds)
-`config.json`, `generation_config.json` and the tokenizer files. `copy_hf_files` copies those it finds, by a
-fixed list of plain names, regular files only (no links), from the first of SRC and its parent that has a
-`config.json`; `--hf-config PATH` supplies the config otherwise (or instead). `tie_index` makes a sharded
-index follow save_pretrained's convention: a tied name is stored once and the index lists only the names
-each shard holds (never a name its shard lacks).
+`config.json`, `generation_config.json` and the tokenizer files. `hf_files` finds those to copy, by a fixed list of
+plain names, regular files only (links with --follow-symlinks), in the first of SRC and its parent that has a
+`config.json`, before anything is written; `--hf-config PATH` supplies the config otherwise (or instead).
+`tie_index` makes a sharded index follow save_pretrained's convention: a tied name is stored once and the index
+lists only the names each shard holds (never a name its shard lacks).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -26,29 +27,38 @@ HF_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenize
 INDEX = "model.safetensors.index.json"
 
 
-def hf_layout(src: str | Path) -> Path | None:
-    """The folder holding the HF files for checkpoint SRC: SRC itself or its parent, whichever has config.json."""
+def hf_layout(src: str | Path, follow_symlinks: bool = False) -> Path | None:
+    """The folder holding the HF files for checkpoint SRC: SRC itself or its parent, whichever has config.json
+    (a link to one counts with `follow_symlinks`: Hugging Face's cache links every file)."""
     for folder in (Path(src), Path(src).parent):
-        if (folder / "config.json").is_file() and not (folder / "config.json").is_symlink():
-            return folder
+        if os.path.lexists(folder / "config.json"):  # a link is refused here unless followed, as every HF file
+            if inside(folder, "config.json", what="Hugging Face file", follow_symlinks=follow_symlinks).is_file():
+                return folder
     return None
 
 
-def copy_hf_files(src: str | Path, out: str | Path, hf_config: str | Path | None = None) -> list[str]:
-    """Copy the HF files beside SRC into OUT (and `hf_config` as OUT/config.json); the names copied."""
-    out = Path(out)
-    copied = []
-    folder = hf_layout(src)
+def hf_files(src: str | Path, hf_config: str | Path | None = None,
+             follow_symlinks: bool = False) -> list[tuple[Path, str]]:
+    """(file, its name in OUT) of each HF file to copy for SRC (and `hf_config` as config.json), found and
+    checked before anything is written: a link is refused unless `follow_symlinks`."""
+    found = []
+    folder = hf_layout(src, follow_symlinks)
     if folder is not None:
         for name in HF_FILES:
-            path = inside(folder, name, what="Hugging Face file")
-            if path.is_file() and not (folder / name).is_symlink():
-                shutil.copyfile(path, out / name)
-                copied.append(name)
+            path = inside(folder, name, what="Hugging Face file", follow_symlinks=follow_symlinks)
+            if path.is_file():
+                found.append((path, name))
     if hf_config is not None:
-        shutil.copyfile(check_hf_config(hf_config), out / "config.json")
-        copied = sorted(set(copied) | {"config.json"})
-    return copied
+        found = [(p, n) for p, n in found if n != "config.json"] + [(check_hf_config(hf_config), "config.json")]
+    return found
+
+
+def copy_hf_files(files: list[tuple[Path, str]], out: str | Path, copied: list[str]) -> None:
+    """Copy `hf_files`' answer into OUT, each name added to `copied` as its copy begins (what to take back if
+    one fails)."""
+    for path, name in files:
+        copied.append(name)
+        shutil.copyfile(path, Path(out) / name)
 
 
 def check_hf_config(hf_config: str | Path) -> Path:

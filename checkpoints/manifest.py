@@ -18,10 +18,12 @@ unpickles anything: a manifest is JSON, checked field by field (manifest_checks.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import reprlib
+import stat
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -119,7 +121,12 @@ def write(folder: Path, manifest: dict[str, Any]) -> None:
 
 
 def _read_bounded(path: Path, limit: int) -> bytes:
-    with open(path, "rb") as f:
+    """At most limit + 1 bytes of a regular file; anything else (a FIFO, a device) is an OSError, never waited on."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file")
+    with os.fdopen(fd, "rb") as f:
         data = f.read(limit + 1)
     if len(data) > limit:
         raise CheckpointError(

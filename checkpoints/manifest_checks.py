@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from .checksums import entry_problem
-from .paths import NAME_MAX_BYTES
+from .paths import plain_name
 from .source import CheckpointError
+
+POINTERS = ("latest", "latest_universal")  # files beside the tag folders
 
 DTYPES = {
     "float32": 4,
@@ -68,8 +70,12 @@ def structure_problem(m: dict[str, Any]) -> str | None:
     for key, kind in _TOP:
         if not isinstance(m.get(key), kind) or (kind is int and not _int(m[key])):
             return f"'{key}' missing or not a {kind.__name__}"
-    if not m["tag"] or len(m["tag"].encode()) > NAME_MAX_BYTES or "/" in m["tag"]:
-        return f"tag {m['tag'][:40]!r} is not a folder name"
+    try:  # a reshard writes a folder of this name: the same rule as a tag saved or passed
+        plain_name(m["tag"], "tag")
+    except CheckpointError:
+        return f"tag {m['tag'][:40]!r} is not a plain folder name"
+    if m["tag"] in POINTERS:
+        return f"tag {m['tag']!r} is the name of a pointer file, not of a checkpoint folder"
     if not _int(m["world_size"], 1, 1 << 20) or not _int(m["stage"], 0, 3):
         return "world_size or stage out of range"
     return (
@@ -89,6 +95,7 @@ def _params_problem(params: list[Any]) -> str | None:
             isinstance(p, dict)
             and isinstance(p.get("name"), str)
             and 0 < len(p["name"]) <= 4096
+            and p["name"] != "__metadata__"  # safetensors' header entry: no tensor may take it
             and isinstance(p.get("shape"), list)
             and len(p["shape"]) <= MAX_DIMS
             and all(_int(d) for d in p["shape"])

@@ -52,6 +52,12 @@ def check_output(out: str | os.PathLike, protect: Iterable[str | os.PathLike] = 
         raise CheckpointError(
             f"--out has a folder name longer than {NAME_MAX_BYTES} bytes ({long[:40]}...); pass a shorter --out"
         )
+    if out.name in ("", ".", ".."):  # the output is published by renaming onto OUT, which these cannot take
+        raise CheckpointError(f"--out {out} names a folder by '.' or '..', which a convert cannot replace; pass a "
+                              "new folder's name, e.g. --out converted")
+    if os.path.islink(out):
+        raise CheckpointError(f"--out {out} is a symbolic link (to {os.readlink(out)}); pass the folder it points "
+                              "to, or a new folder")
     target = Path(os.path.realpath(out))
     for folder in protect:
         real = Path(os.path.realpath(folder))

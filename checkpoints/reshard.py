@@ -38,7 +38,7 @@ def reshard_to_zbench(source: object, out: str | Path, world_size: int, protect:
     m = source.manifest
     trainable = sorted((p for p in m["params"] if p.get("slot") is not None), key=lambda p: p["slot"])
     bounds = [group[0] for group in m["layout"]["groups"]]
-    new_world = 1 if m["layout"]["world_size"] == 1 else world_size  # stage 0 keeps one replicated copy
+    new_world = 1 if m["stage"] == 0 else world_size  # stage 0 keeps one replicated copy; a 1-rank save splits
     layout = build_layout(
         [(p["name"], p["shape"]) for p in trainable], new_world, group_bounds=bounds, align=m["layout"]["align"]
     )

@@ -113,7 +113,12 @@ def test_one_corrupted_value_anywhere(tmp_path, path, value):
         (("files", "frozen.safetensors", "bytes"), -1, "bad file entry"),
         (("files", "rank_00000.safetensors", "bytes"), 8, "too few for its partition"),
         (("loss_scaler", "cur_scale"), [[1.0] * 1000], "not a number"),
-        (("tag",), "../x", "not a folder name"),
+        (("tag",), "../x", "not a plain folder name"),
+        (("tag",), ".hid", "not a plain folder name"),  # a reshard would write a folder readers refuse
+        (("tag",), "a\\b", "not a plain folder name"),
+        (("tag",), "\u0000", "not a plain folder name"),
+        (("tag",), "latest", "pointer file"),
+        (("params", 0, "name"), "__metadata__", "bad params entry"),  # safetensors' own header entry
     ],
 )
 def test_inconsistent_values_are_named(tmp_path, path, value, expected):

@@ -8,10 +8,13 @@ into place by checkpoints.output_claim, and never inside SRC.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
 from contextlib import contextmanager
 from dataclasses import asdict
+from pathlib import Path
 from typing import Iterator
 
 import click
@@ -19,7 +22,7 @@ import torch
 
 from checkpoints.consolidate import first_problem, parse_size, write_consolidated
 from checkpoints.detect import kinds, open_source
-from checkpoints.hf_folder import check_hf_config, copy_hf_files, tie_index
+from checkpoints.hf_folder import check_hf_config, copy_hf_files, hf_files, tie_index
 from checkpoints.io_errors import ACCESS, SPACE, write_cause
 from checkpoints.output_claim import check_output
 from checkpoints.source import CheckpointError, CheckpointSource
@@ -133,6 +136,10 @@ def convert(
     except OSError as e:
         raise _cannot_write(out, e)
     source = _open(src, tag, kind, follow_symlinks, key)
+    try:
+        hf = [] if to == "zbench" else hf_files(src, hf_config, follow_symlinks)  # refused before any writing
+    except CheckpointError as e:
+        raise click.ClickException(str(e))
     if not no_verify and to == "zbench":
         with _one_line():
             problems = source.verify()
@@ -147,6 +154,7 @@ def convert(
             written = reshard_to_zbench(source, out, world_size, protect=[src])
             click.echo(f"wrote a zbench checkpoint for {world_size} ranks to {written}")
             return
+        existed = os.path.lexists(out)
         files = write_consolidated(
             source,
             out,
@@ -156,8 +164,13 @@ def convert(
             protect=[src],
             verify=not no_verify,
         )  # checked in the same pass
-        tie_index(out)  # from_pretrained-loadable: tied names as save_pretrained writes them, and the HF files
-        copied = copy_hf_files(src, out, hf_config)
+        copied: list[str] = []
+        try:  # from_pretrained-loadable: tied names as save_pretrained writes them, and the HF files
+            tie_index(out)
+            copy_hf_files(hf, out, copied)
+        except BaseException:
+            _remove_written(out, files, copied, existed)
+            raise
     except CheckpointError as e:
         raise click.ClickException(str(e))
     except OSError as e:  # a full disk, a quota, a folder we may not write: the output was removed again
@@ -169,6 +182,15 @@ def convert(
         f"wrote {len(infos)} tensors ({tied} tied, stored once) as {to} in {len(files)} file(s), "
         f"{_human(size)}, to {out}" + (f", with {', '.join(copied)}" if copied else "")
     )
+
+
+def _remove_written(out: str, files: list[Path], hf_names: list[str], existed: bool) -> None:
+    """Take back what this convert wrote into OUT (its files, the HF files it copied; OUT itself if it made it)."""
+    for path in [*files, *(Path(out) / name for name in hf_names)]:
+        Path(path).unlink(missing_ok=True)
+    if not existed:
+        with contextlib.suppress(OSError):
+            os.rmdir(out)  # only if empty: nothing else is touched
 
 
 def _cannot_write(out: str, e: OSError) -> click.ClickException:

@@ -26,6 +26,7 @@ import torch
 from checkpoints import manifest as mf
 from checkpoints import zbench_format as fmt
 from checkpoints.io_errors import ACCESS, SPACE, write_cause
+from checkpoints.manifest_checks import POINTERS
 from checkpoints.paths import plain_name
 from checkpoints.safetensors_stream import StreamingWriter, write_tensors
 from checkpoints.source import CheckpointError
@@ -164,6 +165,9 @@ def save(
     saver.wait()  # the previous save first: its buffers are reused, its failure is reported here
     root = Path(save_dir)
     tag = plain_name(tag or f"global_step{engine.global_step}", "checkpoint tag", "pass a plain folder name as tag")
+    if tag in POINTERS:
+        raise CheckpointError(f"checkpoint tag {tag!r} is the name of the pointer file beside the checkpoints; "
+                              "pass another tag")
     if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
         raise CheckpointError(f"keep_last must be a whole number >= 1 or None, got {keep_last!r}")
     try:
