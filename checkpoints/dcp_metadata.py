@@ -4,10 +4,13 @@
 unpickler allows only DCP's metadata dataclasses and enum, torch.Size, dtypes and layouts, paths and a few
 builtin containers; then every field we use (entries, sizes, dtypes, chunk lists, file names, offsets,
 lengths) has its type checked, so what reaches DCP's reader and the chunk-file checks is plain data.
+Each tensor's chunks must tile it exactly: the reader fills a tensor made with torch.empty from its chunks, so
+an element no chunk covers would be uninitialised memory in the output, and overlapping chunks are refused too.
 """
 
 from __future__ import annotations
 
+import math
 import pickle
 from pathlib import Path
 from typing import Any
@@ -80,10 +83,43 @@ def _count(x: object) -> bool:
     return type(x) is int and x >= 0
 
 
+def _counts(x: object, dims: int) -> bool:
+    """A chunk's offsets or sizes: a tuple of `dims` counts."""
+    return isinstance(x, tuple) and len(x) == dims and all(_count(d) for d in x)
+
+
+Box = tuple[tuple[int, ...], tuple[int, ...]]  # a chunk's (offsets, sizes)
+
+
+def _tiling_problem(size: tuple[int, ...], boxes: list[Box]) -> str | None:
+    """How the chunks fail to cover a tensor of `size` exactly once (as a phrase about them), or None."""
+    if any(o + n > d for offsets, sizes in boxes for o, n, d in zip(offsets, sizes, size)):
+        return "reach past its size"
+    # a trailing dimension of 1 gives a 0-d tensor's chunk a dimension to sweep; chunks of no elements hold none
+    boxes = [((*offsets, 0), (*sizes, 1)) for offsets, sizes in boxes if math.prod(sizes)]
+    # sweep along the dimension the chunks split most: only chunks still open there can overlap the next one
+    dim = max(range(len(size) + 1), key=lambda d: len({offsets[d] for offsets, _ in boxes}))
+    still_open: list[Box] = []
+    for offsets, sizes in sorted(boxes, key=lambda box: box[0][dim]):
+        still_open = [(o, n) for o, n in still_open if o[dim] + n[dim] > offsets[dim]]
+        if any(all(a < b + m and b < a + n for a, n, b, m in zip(offsets, sizes, other, other_sizes))
+               for other, other_sizes in still_open):
+            return "overlap"
+        still_open.append((offsets, sizes))
+    covered, elements = sum(math.prod(sizes) for _, sizes in boxes), math.prod(size)
+    return f"cover {covered:,} of its {elements:,} elements" if covered != elements else None
+
+
 def _field_problem(md: Any) -> str | None:
-    """The first field of DCP's metadata (as we use it) with the wrong type, or None."""
+    """The first field of DCP's metadata (as we use it) with the wrong type, or a tensor its chunks don't tile,
+    or None."""
     from torch.distributed.checkpoint.filesystem import _StorageInfo
-    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex, TensorStorageMetadata
+    from torch.distributed.checkpoint.metadata import (
+        BytesStorageMetadata,
+        ChunkStorageMetadata,
+        MetadataIndex,
+        TensorStorageMetadata,
+    )
 
     entries, storage = getattr(md, "state_dict_metadata", None), getattr(md, "storage_data", None)
     planner = getattr(md, "planner_data", None)
@@ -99,6 +135,16 @@ def _field_problem(md: Any) -> str | None:
             and isinstance(getattr(entry, "chunks", None), list)
         ):
             return f"tensor {key[:60]!r} has no dtype, size or chunk list"
+        if isinstance(entry, TensorStorageMetadata):
+            boxes = [(getattr(c, "offsets", None), getattr(c, "sizes", None)) for c in entry.chunks]
+            if not all(
+                isinstance(chunk, ChunkStorageMetadata) and _counts(o, len(entry.size)) and _counts(n, len(entry.size))
+                for chunk, (o, n) in zip(entry.chunks, boxes)
+            ):
+                return f"a chunk of tensor {key[:60]!r} has no offsets and sizes of its {len(entry.size)} dimensions"
+            gap = _tiling_problem(tuple(entry.size), boxes)
+            if gap:
+                return f"the chunks of tensor {key[:60]!r} {gap}"
     for index, info in storage.items():
         where = getattr(index, "fqn", None)
         if not isinstance(index, MetadataIndex) or not isinstance(where, str) or not isinstance(info, _StorageInfo):

@@ -34,7 +34,7 @@ import torch
 
 from .dcp_metadata import read_metadata
 from .paths import inside
-from .source import CheckpointError, ParamInfo, SourceSummary
+from .source import CheckpointError, ParamInfo, SourceSummary, step_count
 
 
 def is_dcp_folder(folder: Path) -> bool:
@@ -170,6 +170,9 @@ class DcpSource:
                 warnings.simplefilter("ignore")  # "no process group: loading in a single process" is what we want
                 dcp.load(out, storage_reader=self._reader, no_dist=True)  # local, also beside a process group
         except (Exception, CheckpointException) as e:  # DCP wraps per-rank failures in CheckpointException
+            stop = _stop_in(e)
+            if stop is not None:  # Ctrl-C while reading: the caller's interrupt handling, not a damaged file
+                raise stop from None
             key = keys[0] if len(keys) == 1 else f"{len(keys)} tensors"
             wanted = set(keys)
             items = [i for idx, i in self.metadata.storage_data.items() if idx.fqn in wanted]
@@ -208,7 +211,7 @@ class DcpSource:
         """The optimizer's step count (the largest per-parameter `step`), None without one."""
         steps = [k["step"] for k in self._states.values() if "step" in k]
         steps = [k for k in steps if math.prod(self._tensors[k].size) == 1]  # a scalar (not a fused optimizer's)
-        return max(int(t.item()) for t in self._read_many(steps).values()) if steps else None
+        return max(step_count(t, f"{self.folder} ({k})") for k, t in self._read_many(steps).items()) if steps else None
 
     def summary(self) -> SourceSummary:
         """Kind, step (from the optimizer state when saved), number of writing ranks, dtypes, size."""
@@ -217,7 +220,7 @@ class DcpSource:
             dtypes[i.dtype] = dtypes.get(i.dtype, 0) + math.prod(i.shape)
         ranks = {m.group(1) for f in self._files if (m := re.match(r"__(\d+)_", pathlib.PurePath(f).name))}
         size = sum(p.stat().st_size for p in self.folder.iterdir() if p.is_file())
-        step = int(self._read(self._step_key).item()) if self._step_key else None
+        step = step_count(self._read(self._step_key), f"{self.folder} ({self._step_key})") if self._step_key else None
         return SourceSummary(
             kind=self.kind,
             path=str(self.folder),
@@ -247,6 +250,17 @@ class DcpSource:
             elif not getattr(info, "transform_descriptors", None) and not _chunk_ok(path, info.offset, info.length):
                 bad[str(path)] = f"{path} is corrupt: a chunk at byte {info.offset} fails its CRC check"
         return list(bad.values())
+
+
+def _stop_in(e: BaseException) -> BaseException | None:
+    """The stop request (KeyboardInterrupt, SystemExit, zbench's Interrupted: a BaseException but not an Exception)
+    that DCP wrapped, per rank and maybe nested, in the CheckpointException `e`; None for read failures."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    if not isinstance(e, CheckpointException):
+        return None if isinstance(e, Exception) else e
+    wrapped = [failure for failure, _trace in e.failures.values()]
+    return next((stop for failure in wrapped if (stop := _stop_in(failure)) is not None), None)
 
 
 def _chunk_ok(path: Path, offset: int, length: int) -> bool:

@@ -18,7 +18,7 @@ from .deepspeed_model_states import ModelStates
 from .deepspeed_pickle import check_zip_files
 from .deepspeed_source import summarize
 from .paths import inside
-from .source import CheckpointError, ParamInfo, SourceSummary
+from .source import CheckpointError, ParamInfo, SourceSummary, step_count
 from .torch_file_reader import TorchFileReader
 
 
@@ -121,7 +121,8 @@ class UniversalSource:
         step = m.step if m else None
         if step is None:
             first = next((self._inside(p.relative_to(self.folder), "file") for p in self.zero.glob("*/step.pt")), None)
-            step = int(self._files.tensor(first, _param_of(self._files.get(first), first)).item()) if first else None
+            if first:
+                step = step_count(self._files.tensor(first, _param_of(self._files.get(first), first)), str(first))
         return summarize(
             self.kind,
             self.folder,

@@ -6,6 +6,7 @@ tensor at a time, reading only the fragments that hold it, so memory stays near 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -14,6 +15,16 @@ import torch
 
 class CheckpointError(ValueError):
     """A user-facing problem with a checkpoint path or its files; the message is one line with the fix."""
+
+
+def step_count(t: torch.Tensor, where: str) -> int:
+    """A saved optimizer step: one finite whole number >= 0, else one CheckpointError line naming `where`."""
+    value = t.item() if t.numel() == 1 and not t.is_complex() else None
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value == int(value) and value >= 0):
+        shown = value if value is not None else f"a tensor of shape {tuple(t.shape)}"
+        raise CheckpointError(f"{where} holds {shown} as its step, not one finite whole number >= 0; the checkpoint is "
+                              "damaged or crafted: copy it again from where it was saved")
+    return int(value)
 
 
 @dataclass(frozen=True)
