@@ -261,16 +261,16 @@ class DeepSpeedEngineAPI:
         from .checkpoint_load import nothing_to_resume
         from .checkpointing import load
 
+        if not load_module_strict:
+            self._refuse("load_checkpoint(load_module_strict=False)", "load a checkpoint of this model")
+        if custom_load_fn is not None:
+            self._refuse("load_checkpoint(custom_load_fn=...)", "zbench's reader loads every checkpoint it accepts")
         tag = None if tag is None else str(tag)  # DeepSpeed's tags may be numbers: tag=epoch
         if tag is None and nothing_to_resume(load_dir):
             if self.rank == 0:
                 print(f"zero_core: no checkpoint to load in {load_dir} (no 'latest' file); starting from the "
                       "current weights, load_checkpoint returns (None, None) as DeepSpeed's does", flush=True)
             return None, None
-        if not load_module_strict:
-            self._refuse("load_checkpoint(load_module_strict=False)", "load a checkpoint of this model")
-        if custom_load_fn is not None:
-            self._refuse("load_checkpoint(custom_load_fn=...)", "zbench's reader loads every checkpoint it accepts")
         settled(self)  # a delayed update must not write the states while they are loaded
         self.wait_for_checkpoint()
         weights_only = load_module_only or not load_optimizer_states
