@@ -148,7 +148,7 @@ def test_retain_graph_lets_a_second_backward_reuse_the_graph():
 
 def test_deepspeeds_other_arguments_are_taken_or_refused_in_one_line(tmp_path):
     engine = _engine("fp32")
-    x, y = make_batches(1, 2)[0]
+    x, y = (t.to(engine.device) for t in make_batches(1, 2)[0])
     engine.backward(engine(x, y).loss)
     engine.step(lr_kwargs=None)
     engine.save_checkpoint(tmp_path, exclude_frozen_parameters=False)
@@ -262,7 +262,7 @@ def test_a_loop_written_for_deepspeed_gets_its_return_values(tmp_path):
     assert engine.load_checkpoint(tmp_path / "ckpt") == (None, None)
     assert engine.get_global_grad_norm() is None
     for x, y in make_batches(2, 2):
-        loss = engine(x, y).loss
+        loss = engine(x.to(engine.device), y.to(engine.device)).loss
         assert engine.backward(loss) is loss
         engine.step()
     norm = engine.get_global_grad_norm()
