@@ -20,7 +20,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from .deepspeed_pickle import bad_field, checked_number, shown
 from .source import CheckpointError
+
+MAX_NUMEL = 2**53  # elements in one flat partition: exact as floats, far past any run
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,35 @@ def _bases(sizes: Sequence[int]) -> list[int]:
         out.append(acc)
         acc += s
     return out
+
+
+def checked_mappings(path: Any, mappings: Any, groups: int) -> list[Mapping[str, Any]]:
+    """One rank's `param_slice_mappings` read from `path`: `groups` dicts of {name: address}, each address's
+    `numel` and `start` integers >= 0; else one CheckpointError line naming the file and the field."""
+    if not isinstance(mappings, (list, tuple)) or len(mappings) != groups:
+        raise bad_field(path, "param_slice_mappings", mappings, f"a list of {groups} dicts (one per param group)")
+    for g, names in enumerate(mappings):
+        if not isinstance(names, dict) or not all(isinstance(n, str) for n in names):
+            raise bad_field(path, f"param_slice_mappings[{g}]", names, "a dict of parameter names")
+        for name, frag in names.items():
+            for key in ("numel", "start"):
+                where = f"param_slice_mappings[{g}][{shown(name)}].{key}"
+                checked_number(path, where, getattr(frag, key, None), 0, MAX_NUMEL)
+    return list(mappings)
+
+
+def checked_paddings(path: Any, paddings: Any, shapes: Sequence[Mapping[str, Any]]) -> list[list[int]] | None:
+    """`param_alignment_paddings` read from `path`: None, or per param group one integer >= 0 per parameter."""
+    if paddings is None:
+        return None
+    if not isinstance(paddings, (list, tuple)) or len(paddings) != len(shapes):
+        raise bad_field(path, "param_alignment_paddings", paddings, f"a list of {len(shapes)} lists")
+    for g, (pads, names) in enumerate(zip(paddings, shapes)):
+        if not isinstance(pads, (list, tuple)) or len(pads) != len(names):
+            raise bad_field(path, f"param_alignment_paddings[{g}]", pads, f"a list of {len(names)} integers")
+        for i, pad in enumerate(pads):
+            checked_number(path, f"param_alignment_paddings[{g}][{i}]", pad, 0, MAX_NUMEL)
+    return [list(pads) for pads in paddings]
 
 
 def stage12_from_mappings(
@@ -108,7 +140,7 @@ def check_pieces(
                 "the checkpoint is inconsistent: were its files copied from different saves?"
             )
         for p in pieces[name]:
-            if p.start < 0 or p.start + p.numel > rank_sizes[p.rank]:
+            if p.start < 0 or p.numel < 0 or p.start + p.numel > rank_sizes[p.rank]:
                 raise CheckpointError(
                     f"{where}: {name} reaches past the fp32 partition of rank {p.rank} "
                     f"({p.start + p.numel} > {rank_sizes[p.rank]}); the rank file is truncated or from another save"

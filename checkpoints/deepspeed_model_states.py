@@ -13,12 +13,17 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from .deepspeed_pickle import bad_field, checked_number, shown
 from .torch_file_reader import TorchFileReader
 from .paths import inside
 from .source import CheckpointError, ParamInfo
+
+MAX_COUNT = 2**53  # steps and elements: exact as floats, far past any run
+MAX_WORLD = 1 << 20  # ranks: far past any run (rank_paths stops at the first rank file absent)
 
 
 DEEPSPEED_KEYS = {
@@ -33,12 +38,74 @@ def _dtype_name(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
+def _count(path: Path, state: dict, key: str, lo: int, hi: int, default: int | None, prefix: str = "") -> int | None:
+    """Integer field `key` in [lo, hi], `default` when absent or None."""
+    value = state.get(key)
+    return default if value is None else checked_number(path, prefix + key, value, lo, hi)
+
+
+def _typed(path: Path, state: dict, key: str, kind: type | tuple[type, ...], want: str, prefix: str = "") -> Any:
+    """Field `key` when it is a `kind` (never a bool) or None."""
+    value = state.get(key)
+    if value is None or (isinstance(value, kind) and not isinstance(value, bool)):
+        return value
+    raise bad_field(path, prefix + key, value, want)
+
+
+def _switch(path: Path, config: dict, section: str) -> bool:
+    """`ds_config[section]["enabled"]`: true or false (1 and 0 too, as DeepSpeed's config reads them), off when
+    absent."""
+    on = (_typed(path, config, section, dict, "a dict", "ds_config.") or {}).get("enabled")
+    if not isinstance(on, (bool, int, type(None))) or on not in (None, True, False):
+        raise bad_field(path, f"ds_config.{section}.enabled", on, "true or false")
+    return bool(on)
+
+
+def _shapes(path: Path, key: str, table: Any) -> dict[str, tuple[int, ...]]:
+    """{name: shape} with every dimension an integer >= 0 and at most MAX_COUNT elements per shape."""
+    if not isinstance(table, dict):
+        raise bad_field(path, key, table, "a dict of shapes")
+    out = {}
+    for name, shape in table.items():
+        where = f"{key}[{shown(name)}]"
+        if not isinstance(name, str) or not isinstance(shape, (list, tuple)):
+            raise bad_field(path, where, shape, "a shape")
+        out[name] = tuple(checked_number(path, where, d, 0, MAX_COUNT) for d in shape)
+        if math.prod(out[name]) > MAX_COUNT:
+            raise bad_field(path, where, out[name], f"a shape of at most {MAX_COUNT} elements")
+    return out
+
+
+def _names(path: Path, key: str, value: Any, pairs: bool = False) -> Any:
+    """Parameter names: a list, or with `pairs` a dict {alias: owner}; empty when absent."""
+    value = value if value is not None else ({} if pairs else [])
+    items = [x for kv in value.items() for x in kv] if pairs and isinstance(value, dict) else value
+    if not isinstance(value, dict if pairs else (list, tuple, set)) or not all(isinstance(n, str) for n in items):
+        raise bad_field(path, key, value, "a dict of names" if pairs else "a list of names")
+    return value
+
+
+def rank_paths(folder: Path, name: str, world: int, follow_symlinks: bool = False) -> list[Path]:
+    """`folder / name.format(r)` for each rank r < `world`, else "missing rank file" naming the first one absent:
+    the walk stops there, so its work is bounded by the files on disk whatever a file says `world` is."""
+    out = []
+    for r in range(world):
+        path = inside(folder, name.format(r), what="rank file", follow_symlinks=follow_symlinks)
+        if not path.is_file():
+            raise CheckpointError(
+                f"missing rank file {path} (world size {world}); copy it from the run that saved this checkpoint"
+            )
+        out.append(path)
+    return out
+
+
 class ModelStates:
     """Parsed model-states file(s) of one tag folder; tensors are read lazily through `files`."""
 
     def __init__(
-        self, folder: Path, files: TorchFileReader, world_size: int | None = None, follow_symlinks: bool = False
+        self, folder: Path, files: TorchFileReader, rank_files: int | None = None, follow_symlinks: bool = False
     ) -> None:
+        """`rank_files`: how many per-rank optimizer files lie beside, the world size where the file names none."""
         self.folder = Path(folder)
         self.files = files
         self.zero3 = any(self.folder.glob("zero_pp_rank_*_mp_rank_00_model_states.pt"))
@@ -51,52 +118,38 @@ class ModelStates:
         if not first.is_file():
             raise CheckpointError(f"missing rank file {first}; copy it from the run that saved this checkpoint")
         state = files.get(first)
-        if not isinstance(state, dict) or "module" not in state:
+        if not isinstance(state, dict) or not isinstance(state.get("module"), dict):
             raise CheckpointError(f"{first} is not a DeepSpeed model-states file (no 'module' entry)")
-        self.world_size = int(state.get("dp_world_size") or world_size or 1)
-        self.paths = (
-            [
-                inside(
-                    self.folder,
-                    f"zero_pp_rank_{r}_mp_rank_00_model_states.pt",
-                    what="model-states file",
-                    follow_symlinks=follow_symlinks,
-                )
-                for r in range(self.world_size)
-            ]
-            if self.zero3
-            else [first]
-        )
-        for p in self.paths:
-            if not p.is_file():
-                raise CheckpointError(
-                    f"missing rank file {p} (world size {self.world_size}); "
-                    "copy it from the run that saved this checkpoint"
-                )
-        self.step: int | None = state.get("global_steps")
-        self.skipped: int = int(state.get("skipped_steps") or 0)
-        self.lr_scheduler = state.get("lr_scheduler")
+        self.world_size: int = _count(first, state, "dp_world_size", 1, MAX_WORLD, rank_files or 1)
+        name = "zero_pp_rank_{}_mp_rank_00_model_states.pt"
+        self.paths = rank_paths(self.folder, name, self.world_size, follow_symlinks) if self.zero3 else [first]
+        self.step: int | None = _count(first, state, "global_steps", 0, MAX_COUNT, None)
+        self.skipped: int = _count(first, state, "skipped_steps", 0, MAX_COUNT if self.step is None else self.step, 0)
+        self.lr_scheduler = _typed(first, state, "lr_scheduler", dict, "a dict")
         # what the run's save_checkpoint(client_state=...) added: every key DeepSpeed does not write itself
         self.client_state = {k: v for k, v in state.items() if k not in DEEPSPEED_KEYS}
-        self.ds_version: str | None = state.get("ds_version")
-        config = state.get("ds_config") if isinstance(state.get("ds_config"), dict) else {}
-        self.precision = (
-            "bf16"
-            if (config.get("bf16") or {}).get("enabled")
-            else "fp16"
-            if (config.get("fp16") or {}).get("enabled")
-            else "fp32"
-        )
-        self.stage_hint = (config.get("zero_optimization") or {}).get("stage")
+        self.ds_version: str | None = _typed(first, state, "ds_version", str, "a version string")
+        if self.ds_version is not None and (len(self.ds_version) > 64 or not self.ds_version.isprintable()):
+            raise bad_field(first, "ds_version", self.ds_version, "a version string")
+        config = _typed(first, state, "ds_config", dict, "a dict") or {}
+        on = {k: _switch(first, config, k) for k in ("bf16", "fp16")}
+        self.precision = "bf16" if on["bf16"] else "fp16" if on["fp16"] else "fp32"
+        zero = _typed(first, config, "zero_optimization", dict, "a dict", "ds_config.") or {}
+        self.stage_hint = _count(first, zero, "stage", 0, 3, None, "ds_config.zero_optimization.")
+        groups = _typed(first, state, "param_shapes", (list, tuple), "a list of dicts") or []
         self.param_shapes: list[dict[str, tuple[int, ...]]] = [
-            {n: tuple(int(d) for d in s) for n, s in g.items()} for g in (state.get("param_shapes") or [])
+            _shapes(first, f"param_shapes[{i}]", g) for i, g in enumerate(groups)
         ]
         self.trainable = {n: s for g in self.param_shapes for n, s in g.items()}
-        self.shared: dict[str, str] = dict(state.get("shared_params") or {})
-        self.buffers = set(state.get("buffer_names") or [])
-        self.frozen_shapes = {n: tuple(int(d) for d in s) for n, s in (state.get("frozen_param_shapes") or {}).items()}
+        self.shared: dict[str, str] = dict(_names(first, "shared_params", state.get("shared_params"), pairs=True))
+        self.buffers = set(_names(first, "buffer_names", state.get("buffer_names")))
+        self.frozen_shapes = _shapes(first, "frozen_param_shapes", state.get("frozen_param_shapes") or {})
         module = state["module"]
-        frags = state.get("frozen_param_fragments") or {}
+        frags = _typed(first, state, "frozen_param_fragments", dict, "a dict") or {}
+        for key, table in (("module", module), ("frozen_param_fragments", frags)):
+            bad = next((n for n, t in table.items() if not isinstance(n, str) or not isinstance(t, torch.Tensor)), None)
+            if bad is not None:
+                raise bad_field(first, f"{key}[{shown(bad)}]", table[bad], "a tensor")
         # Names in module order (the model's state-dict order); optimizer-only names appended.
         self.order = list(module) + [n for n in self.trainable if n not in module]
         self._stored = {n: _dtype_name(frags[n] if n in frags else module[n]) for n in module}
@@ -130,7 +183,7 @@ class ModelStates:
     def load_untrained(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         """A frozen parameter or buffer: floating tensors as fp32, others in their own dtype."""
         if self.zero3 and name in self.frozen_shapes:
-            parts = [self.files.tensor(p, self.files.get(p)["frozen_param_fragments"][name]) for p in self.paths]
+            parts = [self._frozen_part(p, name) for p in self.paths]
             out = torch.cat([t.reshape(-1) for t in parts])[: math.prod(shape)]
         else:
             state = self.files.get(self.paths[0])
@@ -140,3 +193,12 @@ class ModelStates:
             raise CheckpointError(f"{self.paths[0]}: {name} holds {out.numel()} elements, not those of {shape}")
         out = out.reshape(shape)
         return out.float() if out.is_floating_point() else out
+
+    def _frozen_part(self, path: Path, name: str) -> torch.Tensor:
+        """Rank file `path`'s ZeRO-3 partition of frozen parameter `name`."""
+        state = self.files.get(path)
+        frags = state.get("frozen_param_fragments") if isinstance(state, dict) else None
+        part = frags.get(name) if isinstance(frags, dict) else None
+        if not isinstance(part, torch.Tensor):
+            raise bad_field(path, f"frozen_param_fragments[{shown(name)}]", part, "a tensor")
+        return self.files.tensor(path, part)

@@ -12,6 +12,7 @@ load here memory-maps zip-format files, so only the pages a caller touches are r
 
 from __future__ import annotations
 
+import math
 import pickle
 import re
 import zipfile
@@ -104,6 +105,37 @@ def load_pickle(path: Path, mmap: bool = True, map_location: str = "cpu") -> Any
         raise CheckpointError(
             f"{path} is truncated or corrupt ({_first_line(e)}); copy the file again from where it was saved"
         ) from None
+
+
+REWRITE = "the file is damaged or was not written by DeepSpeed: copy it again from the run that saved it"
+
+
+def shown(value: Any) -> str:
+    """A short one-line rendering of a value read from a file (long text cut, huge integers by size)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    if value is None or isinstance(value, (bool, int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return repr(value[:40]) + ("..." if len(value) > 40 else "")
+    return f"a {type(value).__name__}"
+
+
+def bad_field(path: Path, key: str, value: Any, want: str) -> CheckpointError:
+    """The one-line error for field `key` of `path`: its value, what it should be, and the fix."""
+    return CheckpointError(f"{path}: {key} is {shown(value)}, not {want}; {REWRITE}")
+
+
+def checked_number(
+    path: Path, key: str, value: Any, lo: float, hi: float, integer: bool = True, above: bool = False
+) -> Any:
+    """`value` (field `key` of `path`) when it is an int (or, unless `integer`, a finite float) in [lo, hi]
+    ((lo, hi] when `above`); else bad_field's CheckpointError. Bools are refused: pickle keeps them apart."""
+    kind = isinstance(value, int) or (not integer and isinstance(value, float) and math.isfinite(value))
+    if isinstance(value, bool) or not kind or value > hi or value < lo or (above and value == lo):
+        span = f"{'(' if above else '['}{lo}, {hi}]"
+        raise bad_field(path, key, value, f"{'an integer' if integer else 'a finite number'} in {span}")
+    return value
 
 
 def _first_line(e: BaseException) -> str:

@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 
 from . import deepspeed_layout as layout
-from .deepspeed_model_states import ModelStates
-from .deepspeed_pickle import check_zip_files
-from .paths import inside
+from .deepspeed_layout import MAX_NUMEL
+from .deepspeed_model_states import ModelStates, rank_paths
+from .deepspeed_pickle import REWRITE, check_zip_files, checked_number, shown
 from .source import CheckpointError, ParamInfo, SourceSummary
 from .torch_file_reader import TorchFileReader
 
@@ -55,45 +55,61 @@ class DeepSpeedSource:
         self.folder = Path(folder)
         self._files = TorchFileReader()
         optim = self._find_optim_files()
-        self.model = ModelStates(self.folder, self._files, world_size=max(optim) + 1, follow_symlinks=follow_symlinks)
+        self.model = ModelStates(self.folder, self._files, rank_files=len(optim), follow_symlinks=follow_symlinks)
         self.world_size = self.model.world_size
         prefix = optim[min(optim)].name.split("zero_pp_rank_")[0]
-        self.optim_files = [
-            inside(
-                self.folder,
-                f"{prefix}zero_pp_rank_{r}_mp_rank_00_optim_states.pt",
-                what="rank file",
-                follow_symlinks=follow_symlinks,
-            )
-            for r in range(self.world_size)
-        ]
-        for f in self.optim_files:
-            if not f.is_file():
-                raise CheckpointError(
-                    f"missing rank file {f} (world size {self.world_size}); "
-                    "copy it from the run that saved this checkpoint"
-                )
-        metas = [self._files.get(f)["optimizer_state_dict"] for f in self.optim_files]
-        self.stage = int(metas[0].get("zero_stage", 0))  # ZeroStageEnum loads as its plain int value
-        if self.stage not in (1, 2, 3):
-            raise CheckpointError(
-                f"{self.optim_files[0]}: ZeRO stage {self.stage} checkpoints are not supported (only 1, 2, 3)"
-            )
+        name = prefix + "zero_pp_rank_{}_mp_rank_00_optim_states.pt"
+        self.optim_files = rank_paths(self.folder, name, self.world_size, follow_symlinks)
+        metas = [self._meta(f) for f in self.optim_files]
+        self.stage = self._stage(metas)
         self._group_key = "fp32_flat_groups" if self.stage == 3 else "single_partition_of_fp32_groups"
-        sizes = [[int(t.numel()) for t in m[self._group_key]] for m in metas]
+        sizes = [[int(t.numel()) for t in self._groups(f, m)] for f, m in zip(self.optim_files, metas)]
         shapes = self.model.param_shapes
+        odd = next((f for f, s in zip(self.optim_files, sizes) if len(s) != len(shapes)), None)
         if self.stage == 3:
             self._pieces = layout.stage3_pieces(shapes, self.world_size)
+        elif odd is not None:  # ZeRO-1/2 keep one partition per param group, in step with param_shapes
+            raise CheckpointError(f"{odd}: {self._group_key} holds {len(sizes[self.optim_files.index(odd)])} "
+                                  f"partitions but {self.model.paths[0]} has {len(shapes)} param groups; {REWRITE}")
         elif all("param_slice_mappings" in m for m in metas):
-            self._pieces = layout.stage12_from_mappings([m["param_slice_mappings"] for m in metas], sizes)
+            mappings = [layout.checked_mappings(f, m["param_slice_mappings"], len(s))
+                        for f, m, s in zip(self.optim_files, metas, sizes)]
+            self._pieces = layout.stage12_from_mappings(mappings, sizes)
         else:
-            self._pieces = layout.stage12_from_offsets(shapes, metas[0].get("param_alignment_paddings"), sizes)
+            pads = layout.checked_paddings(self.optim_files[0], metas[0].get("param_alignment_paddings"), shapes)
+            self._pieces = layout.stage12_from_offsets(shapes, pads, sizes)
         for name in self.model.trainable:  # empty parameters have no fragment in the mappings
             self._pieces.setdefault(name, [])
         layout.check_pieces(self._pieces, self.model.trainable, [sum(s) for s in sizes], str(self.folder))
         self.precision = "bf16" if prefix == "bf16_" else self.model.precision
         self._infos = self.model.infos()
         self._by_name = {i.name: i for i in self._infos}
+
+    def _meta(self, path: Path) -> dict:
+        """The `optimizer_state_dict` of rank file `path`."""
+        saved = self._files.get(path)
+        meta = saved.get("optimizer_state_dict") if isinstance(saved, dict) else None
+        if not isinstance(meta, dict):
+            raise CheckpointError(f"{path} is not a DeepSpeed optimizer-states file (no 'optimizer_state_dict' entry); "
+                                  "copy it again from the run that saved this checkpoint")
+        return meta
+
+    def _stage(self, metas: list[dict]) -> int:
+        """The ZeRO stage every rank file names (DeepSpeed's ZeroStageEnum loads as its plain int value)."""
+        for f, m in zip(self.optim_files, metas):
+            stage = m.get("zero_stage", 0)
+            if isinstance(stage, int) and not isinstance(stage, bool) and stage not in (1, 2, 3):
+                raise CheckpointError(f"{f}: ZeRO stage {shown(stage)} checkpoints are not supported (only 1, 2, 3)")
+            if checked_number(f, "zero_stage", stage, 1, 3) != metas[0]["zero_stage"]:
+                raise layout.bad_field(f, "zero_stage", stage, f"{metas[0]['zero_stage']}, as in the other rank files")
+        return metas[0]["zero_stage"]
+
+    def _groups(self, path: Path, meta: dict) -> list[torch.Tensor]:
+        """Rank file `path`'s fp32 partitions (torch's loader holds each within its record of the file)."""
+        groups = meta.get(self._group_key)
+        if not isinstance(groups, (list, tuple)) or not all(isinstance(t, torch.Tensor) for t in groups):
+            raise layout.bad_field(path, self._group_key, groups, "a list of tensors")
+        return list(groups)
 
     def _find_optim_files(self) -> dict[int, Path]:
         found: dict[int, Path] = {}
@@ -153,13 +169,14 @@ class DeepSpeedSource:
 
     def _partitions(self, rank: int, key: str | None) -> list[torch.Tensor]:
         """Rank `rank`'s fp32 partitions (`key` None) or its Adam `key` of each, in group order."""
-        saved = self._files.get(self.optim_files[rank])["optimizer_state_dict"]
-        groups = saved[self._group_key]
+        saved = self._meta(self.optim_files[rank])
+        groups = saved[self._group_key]  # each rank's checked by _groups when the source was opened
         if key is None:
             return groups
         inner = saved.get("base_optimizer_state" if self.stage < 3 else "optimizer_state_dict")
         state = inner.get("state") if isinstance(inner, dict) else None
-        moments = [state.get(g, {}).get(key) if isinstance(state, dict) else None for g in range(len(groups))]
+        per_group = [state.get(g) if isinstance(state, dict) else None for g in range(len(groups))]
+        moments = [s.get(key) if isinstance(s, dict) else None for s in per_group]
         for g, (m, t) in enumerate(zip(moments, groups)):
             if not isinstance(m, torch.Tensor) or m.numel() != t.numel():
                 raise CheckpointError(f"{self.optim_files[rank]} holds no {key} for group {g} (an optimizer other "
@@ -169,12 +186,18 @@ class DeepSpeedSource:
     def loss_scaler(self) -> dict[str, float] | None:
         """The dynamic fp16 loss scaler's counters (DeepSpeed's attribute names) as rank 0 saved them; None for a
         run without one (bf16, fp32, a static scale)."""
-        scaler = self._files.get(self.optim_files[0])["optimizer_state_dict"].get("loss_scaler")
-        state = getattr(scaler, "__dict__", {})
-        keys = ("cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis")
-        if state.get("dynamic") is not True or not all(isinstance(state.get(k), (int, float)) for k in keys):
+        path = self.optim_files[0]
+        state = getattr(self._meta(path).get("loss_scaler"), "__dict__", {})
+        dynamic = state.get("dynamic")
+        if not isinstance(dynamic, (bool, type(None))):
+            raise layout.bad_field(path, "loss_scaler.dynamic", dynamic, "true or false")
+        if dynamic is not True:
             return None
-        return {k: state[k] for k in keys}
+        top = torch.finfo(torch.float32).max  # the scale is kept in fp32
+        ranges = {"cur_scale": (0.0, top), "cur_iter": (0, MAX_NUMEL), "last_overflow_iter": (-1, MAX_NUMEL),
+                  "cur_hysteresis": (1, MAX_NUMEL)}  # DeepSpeed starts them at its scale, 0, -1 and hysteresis >= 1
+        return {k: checked_number(path, f"loss_scaler.{k}", state.get(k), lo, hi, integer=k != "cur_scale",
+                                  above=k == "cur_scale") for k, (lo, hi) in ranges.items()}
 
     def _copy(self, rank: int, start: int, dst: torch.Tensor, key: str | None = None) -> None:
         """Fill `dst` from rank `rank`'s partitions laid end to end, from `start` (may cross param groups)."""
