@@ -9,6 +9,7 @@ import torch
 from config_helpers import MB, SEEDS, TRAINER, error
 
 from zero_core.config import ZeroConfig, describe, load_config
+from zero_core.config_errors import ConfigError
 
 
 # -- unknown keys ---------------------------------------------------------------------------------
@@ -221,6 +222,38 @@ def test_optimizer_modes():
     assert not l2.decoupled
     torch_adamw = load_config({**MB, "optimizer": {"type": "AdamW", "params": {"torch_adam": True}}}, 1).optimizer
     assert torch_adamw.params.weight_decay == 0.01  # torch.optim.AdamW's default
+    for spelled in ({"torch_adam": "true"}, {"torch_adam": " True ", "adam_w_mode": "true"}):  # "true" is true
+        cfg = load_config({**MB, "optimizer": {"type": "Adam", "params": spelled}}, 1).optimizer
+        assert cfg.params.weight_decay == 0.01 and cfg.decoupled
+    l2_torch = {"torch_adam": "true", "adam_w_mode": "false"}  # torch.optim.Adam: no decoupled decay to default
+    assert load_config({**MB, "optimizer": {"type": "Adam", "params": l2_torch}}, 1).optimizer.params.weight_decay == 0
+
+
+def test_hostile_configs_are_one_line(tmp_path):
+    """A number too long to print, nesting past the stack, a FIFO or an oversized file: one ConfigError line each,
+    never a traceback or a hang."""
+    import os
+
+    from zero_core.config import read_config_file
+
+    cases = {
+        "a huge integer": ({**MB, "zero_optimization": {"stage": 10**5000}}, "an integer of 16610 bits"),
+        "deep nesting": ({**MB, "wandb": __import__("functools").reduce(lambda d, _: {"a": d}, range(600), {})},
+                         "nested more than 64 levels"),
+    }
+    for name, (cfg, expected) in cases.items():
+        with pytest.raises(ConfigError, match=expected) as e:
+            load_config(cfg, 1)
+        assert "\n" not in str(e.value), name
+    (tmp_path / "big.json").write_text('{"train_micro_batch_size_per_gpu": ' + "9" * 5000 + "}")
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    os.mkfifo(tmp_path / "fifo")
+    with open(tmp_path / "huge.json", "wb") as f:
+        f.truncate((16 << 20) + 1)
+    for name, expected in (("big.json", "number too long"), ("deep.json", "nested too deeply"),
+                           ("fifo", "not a regular file"), ("huge.json", "larger than")):
+        with pytest.raises(ConfigError, match=expected):
+            read_config_file(str(tmp_path / name))
 
 
 def test_legacy_aliases():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import sys
 from typing import Any
 
@@ -163,7 +164,7 @@ def train(
     try:
         if config_path:
             try:
-                open(config_path, "rb").close()
+                os.close(os.open(config_path, os.O_RDONLY | os.O_NONBLOCK))  # a FIFO: never waited on
             except OSError as e:
                 raise _fail(f"cannot read --config {config_path}: {e.strerror}; pass an existing DeepSpeed JSON file")
             typed = frozenset(

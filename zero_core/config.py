@@ -19,6 +19,7 @@ import copy
 import dataclasses
 import json
 import os
+import stat
 import sys
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -77,6 +78,7 @@ def resolve_config(
     elif values.world_size != world_size:
         raise ConfigError(f"auto world_size {values.world_size} differs from the world size {world_size}; drop one")
     raw, given = _raw(config)
+    _check_depth(raw)
     filled = resolve_auto(raw, values, defaults=defaults, labels=labels)
     cfg, messages, left_out = _validate(filled.config)
     left_out += [key for p in filled.problems for key in p.keys]
@@ -243,6 +245,26 @@ def _raw(config: Any) -> tuple[Any, tuple[int | None, ...] | None]:
     raise ConfigError(f"config must be a dict, a path to a JSON file or a ZeroConfig, got {type(config).__name__}")
 
 
+MAX_CONFIG_DEPTH = 64  # DeepSpeed's own sections nest 3 levels; deeper is a crafted file, and Python's stack ends
+
+
+def _check_depth(raw: Any) -> None:
+    """Refuse a config nested past MAX_CONFIG_DEPTH in one line (copying or printing it would overflow the stack)."""
+    stack = [(raw, 0, "")]
+    while stack:  # iterative: the walk itself must not recurse
+        node, depth, where = stack.pop()
+        if depth > MAX_CONFIG_DEPTH:
+            raise ConfigError(f"config is nested more than {MAX_CONFIG_DEPTH} levels deep (at {where[:60]}...); "
+                              "DeepSpeed configs nest a few levels: flatten it")
+        if isinstance(node, Mapping):
+            stack += [(v, depth + 1, f"{where}.{k}" if where else str(k)) for k, v in node.items()]
+        elif isinstance(node, (list, tuple)):
+            stack += [(v, depth + 1, f"{where}[{i}]") for i, v in enumerate(node)]
+
+
+MAX_CONFIG_BYTES = 16 << 20  # a DeepSpeed config is a few kB; a file this size is something else
+
+
 def read_config_file(path: str) -> Any:
     """Parse a DeepSpeed-style JSON file, refusing duplicate keys (json.load silently keeps the last)."""
 
@@ -257,8 +279,18 @@ def read_config_file(path: str) -> Any:
     if "\0" in path:  # open() would raise a bare ValueError
         raise ConfigError(f"config path {path!r} contains a NUL byte; pass the path of a DeepSpeed-style JSON file")
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f, object_pairs_hook=no_duplicates)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO is refused below, never waited on
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ConfigError(f"config file '{path}' is not a regular file; pass a DeepSpeed-style JSON file")
+        with os.fdopen(fd, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"config file '{path}' is larger than {MAX_CONFIG_BYTES} bytes, far more than any "
+                              "DeepSpeed config; pass the config file itself")
+        return json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicates)
+    except ConfigError:
+        raise
     except FileNotFoundError:
         raise ConfigError(
             f"config file '{path}' does not exist; pass the path of a DeepSpeed-style JSON file"
@@ -270,3 +302,6 @@ def read_config_file(path: str) -> Any:
         ) from None
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"cannot read config file '{path}': {e}; pass a readable UTF-8 JSON file") from None
+    except (RecursionError, ValueError) as e:  # nesting past Python's stack; an integer of over 4300 digits
+        what = "nested too deeply" if isinstance(e, RecursionError) else "holds a number too long to read"
+        raise ConfigError(f"config file '{path}' {what}; pass a DeepSpeed-style JSON config") from None

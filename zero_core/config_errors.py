@@ -8,6 +8,8 @@ the problems of a config are joined into one line (`combined`).
 
 from __future__ import annotations
 
+import reprlib
+
 import difflib
 import types
 import typing
@@ -53,7 +55,9 @@ def combined(messages: list[str]) -> str:
 
 def show(value: Any, limit: int = 60) -> str:
     """A short one-line repr of a user value for messages."""
-    text = repr(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"an integer of {value.bit_length()} bits"  # repr refuses one past 4300 digits
+    text = reprlib.repr(value) if isinstance(value, (dict, list, tuple)) else repr(value)  # bounded depth
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

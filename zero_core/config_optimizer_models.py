@@ -12,7 +12,7 @@ from typing import Annotated, Any
 from pydantic import model_serializer, model_validator
 
 from .config_keys import SCHEDULER_KEYS
-from .config_types import AS_LIST, Bool, Section, beta_pair, choice, integer, number
+from .config_types import AS_LIST, Bool, Section, as_bool, beta_pair, choice, integer, number
 
 
 class AdamParams(Section):
@@ -33,8 +33,8 @@ class OptimizerConfig(Section):
     def _torch_adamw_weight_decay(cls, data: Any) -> Any:
         # With torch_adam DeepSpeed builds torch.optim.AdamW, whose default weight_decay is 0.01.
         params = data.get("params") if isinstance(data, dict) else None
-        if isinstance(params, dict) and "weight_decay" not in params and params.get("torch_adam") is True:
-            decoupled = str(data.get("type", "")).lower() == "adamw" or params.get("adam_w_mode", True) is True
+        if isinstance(params, dict) and "weight_decay" not in params and as_bool(params.get("torch_adam")):
+            decoupled = str(data.get("type", "")).lower() == "adamw" or as_bool(params.get("adam_w_mode", True))
             if decoupled:
                 data = {**data, "params": {**params, "weight_decay": 0.01}}
         return data

@@ -21,13 +21,21 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def as_bool(v: Any) -> bool | None:
+    """A config boolean as zero_core reads it (true, or the text "true"), None when it is none."""
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.strip().lower() in ("true", "false"):
+        return v.strip().lower() == "true"
+    return None
+
+
 def boolean() -> PlainValidator:
     def check(v: Any) -> bool:
-        if isinstance(v, bool):
-            return v
-        if isinstance(v, str) and v.strip().lower() in ("true", "false"):
-            return v.strip().lower() == "true"
-        raise leaf_error("true or false", v)
+        value = as_bool(v)
+        if value is None:
+            raise leaf_error("true or false", v)
+        return value
 
     return PlainValidator(check)
 
