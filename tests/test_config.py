@@ -107,6 +107,7 @@ def test_bad_values_name_the_path(config, path):
 def test_unknown_optimizer_lists_supported():
     msg = error({**MB, "optimizer": {"type": "Lamb"}})
     assert "optimizer.type" in msg and "'AdamW'" in msg and "'Adam'" in msg and "'Lamb'" in msg
+    assert "problems" not in msg and "is required" not in msg  # one problem: the type given, not a missing one
 
 
 def test_unknown_scheduler_lists_supported():
@@ -114,6 +115,7 @@ def test_unknown_scheduler_lists_supported():
     assert "scheduler.type" in msg and all(
         f"'{k}'" in msg for k in ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle")
     )
+    assert "is required" not in msg and "zero_core implements" in msg
 
 
 def test_lenient_where_deepspeed_is():

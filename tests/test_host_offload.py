@@ -175,7 +175,7 @@ def _nvme_config(path: str, **extra) -> dict:
 
 
 def _init_error(cfg: dict) -> str:
-    with pytest.raises(ValueError) as e:
+    with pytest.raises(zero_core.ConfigError) as e:  # a config problem, as callers catching ConfigError expect
         zero_core.initialize(make_model(), cfg)
     msg = str(e.value)
     assert "\n" not in msg

@@ -116,7 +116,8 @@ def _validate(raw: Any) -> tuple[ZeroConfig | None, list[str], list[str]]:
             return ZeroConfig.model_validate(data), messages, left_out
         except ValidationError as err:
             found = every_error(err, ZeroConfig)
-        messages += [m for m, _ in found if m]
+        # a key a pass left out for being bad is not also "required" in the next one
+        messages += [m for m, _ in found if m and not any(m.startswith(f"{key} is required;") for key in left_out)]
         data = copy.deepcopy(data)
         dropped = [loc for _, loc in found if loc is not None and _drop(data, loc)]
         if not dropped:

@@ -73,7 +73,7 @@ class SchedulerParams(Section):
 
 
 class SchedulerConfig(Section):
-    type: Annotated[str, choice({k.lower(): k for k in SCHEDULER_KEYS}, note="(DeepSpeed's schedulers)")]
+    type: Annotated[str, choice({k.lower(): k for k in SCHEDULER_KEYS}, note="(the schedulers zero_core implements)")]
     params: SchedulerParams = SchedulerParams()
 
     @model_serializer(mode="wrap")

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import torch
 
 from .. import comm
+from ..config_errors import ConfigError  # a ValueError: callers catching that still do
 
 NAMES = ("master", "exp_avg", "exp_avg_sq")
 Views = dict[str, torch.Tensor]
@@ -120,4 +121,4 @@ def _agree(problem: str | None) -> None:
     problems = comm.all_gather_object(problem, what="all-gather of the NVMe offload set-up status")
     for r, p in enumerate(problems):
         if p:
-            raise ValueError(p if p == problem or len(problems) == 1 else f"{p} (reported by rank {r})")
+            raise ConfigError(p if p == problem or len(problems) == 1 else f"{p} (reported by rank {r})")
