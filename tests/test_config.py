@@ -268,6 +268,14 @@ def test_legacy_aliases():
         1,
     )
     assert cfg.bf16.enabled and cfg.zero_optimization.stage3_gather_16bit_weights_on_model_save
+    # DeepSpeed's own field names beside their stage3_ aliases
+    names = {"prefetch_bucket_size": 123, "param_persistence_threshold": 45, "max_live_parameters": 6789,
+             "max_reuse_distance": 10, "gather_16bit_weights_on_model_save": True}
+    zero = load_config({**MB, "zero_optimization": {"stage": 3, **names}}, 1).zero_optimization
+    assert all(getattr(zero, f"stage3_{k}") == v for k, v in names.items())
+    with pytest.raises(ConfigError, match="disagree"):
+        both = {"stage": 3, "max_reuse_distance": 1, "stage3_max_reuse_distance": 2}
+        load_config({**MB, "zero_optimization": both}, 1)
 
 
 def test_properties():

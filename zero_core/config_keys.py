@@ -167,11 +167,18 @@ KEYS: list[Key] = [
     ),
 ]
 
-# legacy spellings DeepSpeed still reads: the config models rename them to the key in the second column
-ALIASES = {
-    "bfloat16": "bf16",
-    _Z + "stage3_gather_fp16_weights_on_model_save": _Z + "stage3_gather_16bit_weights_on_model_save",
+# other names DeepSpeed reads for a zero_optimization key: a legacy spelling, and its config fields' own names
+# beside their stage3_ aliases (DeepSpeed's config models populate by either)
+ZERO_ALIASES = {
+    "stage3_gather_fp16_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save",
+    "gather_16bit_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save",
+    "prefetch_bucket_size": "stage3_prefetch_bucket_size",
+    "param_persistence_threshold": "stage3_param_persistence_threshold",
+    "max_live_parameters": "stage3_max_live_parameters",
+    "max_reuse_distance": "stage3_max_reuse_distance",
 }
+# the config models rename these to the key in the second column
+ALIASES = {"bfloat16": "bf16", **{_Z + old: _Z + new for old, new in ZERO_ALIASES.items()}}
 
 BY_PATH = {k.path: k for k in KEYS}
 assert len(BY_PATH) == len(KEYS), "a key is listed twice"

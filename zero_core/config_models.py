@@ -15,6 +15,7 @@ import torch
 from pydantic import PrivateAttr, model_validator
 
 from .config_errors import full_error
+from .config_keys import ZERO_ALIASES
 from .config_optimizer_models import SCHEDULER_KEYS, OptimizerConfig, SchedulerConfig, SchedulerParams  # noqa: F401
 from .config_types import Bool, Count, Section, Text, choice, integer, number, ratio_or_auto
 
@@ -103,14 +104,15 @@ class ZeroOptimizationConfig(Section):
         if not isinstance(data, dict):
             return data
         data = dict(data)
-        old, new = "stage3_gather_fp16_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save"
-        if old in data:
-            if new in data and data[new] != data[old]:
-                raise full_error(
-                    f"zero_optimization.{old} (the old name) and zero_optimization.{new} disagree; keep only '{new}'",
-                    drop=old,
-                )
-            data[new] = data.pop(old)
+        for old, new in ZERO_ALIASES.items():
+            if old in data:
+                if new in data and data[new] != data[old]:
+                    raise full_error(
+                        f"zero_optimization.{old} (another name of it) and zero_optimization.{new} disagree; keep "
+                        f"only '{new}'",
+                        drop=old,
+                    )
+                data[new] = data.pop(old)
         if "overlap_comm" not in data and data.get("stage") in (0, 1, 2, 3) and not isinstance(data.get("stage"), bool):
             data["overlap_comm"] = data["stage"] == 3
         return data
