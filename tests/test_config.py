@@ -316,3 +316,20 @@ def test_zero_config_is_revalidated_for_the_world_size():
 def test_world_size_is_checked():
     with pytest.raises(ValueError):
         load_config(MB, 0)
+
+
+def test_an_auto_nothing_fills_takes_deepspeeds_default():
+    """DeepSpeed's config models drop an "auto" no trainer filled (HF configs write them under keys like
+    overlap_comm): the key takes DeepSpeed's default, here as there; offload ratio "auto" keeps zero_core's meaning."""
+    zero = {"stage": 3, "overlap_comm": "auto", "stage3_gather_16bit_weights_on_model_save": "auto",
+            "offload_optimizer": {"device": "cpu", "pin_memory": "auto", "ratio": "auto"},
+            "offload_param": {"device": "cpu", "pin_memory": "auto"}}
+    cfg = load_config({**MB, "fp16": {"enabled": True, "loss_scale": "auto", "hysteresis": "auto"},
+                       "zero_optimization": zero}, 1)
+    z = cfg.zero_optimization
+    assert z.overlap_comm is True and z.stage3_gather_16bit_weights_on_model_save is False  # stage 3's defaults
+    assert z.offload_optimizer.ratio == "auto" and z.offload_optimizer.pin_memory is False
+    assert (cfg.fp16.loss_scale, cfg.fp16.hysteresis) == (0.0, 2)
+    two = load_config({**MB, "zero_optimization": {"stage": 2, "overlap_comm": "auto"}}, 1).zero_optimization
+    assert two.overlap_comm is False
+    assert load_config(json.loads(describe(cfg)), 1).model_dump() == cfg.model_dump()  # the printed config reloads

@@ -9,7 +9,7 @@ optimizer and scheduler sections in `config_optimizer_models.py`.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import torch
 from pydantic import PrivateAttr, model_validator
@@ -20,7 +20,21 @@ from .config_optimizer_models import SCHEDULER_KEYS, OptimizerConfig, SchedulerC
 from .config_types import Bool, Count, Section, Text, choice, integer, number, ratio_or_auto
 
 
-class FP16Config(Section):
+class DeepSpeedSection(Section):
+    """A section DeepSpeed reads with its config models, which drop an "auto" that no trainer filled: the key
+    then takes DeepSpeed's default (HF configs write "auto" under keys nothing fills, e.g. overlap_comm)."""
+
+    own_auto: ClassVar[frozenset[str]] = frozenset()  # keys where "auto" means something of zero_core's
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unfilled_auto_is_the_default(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        return {k: v for k, v in data.items() if not (v == "auto" and k not in cls.own_auto)}
+
+
+class FP16Config(DeepSpeedSection):
     enabled: Bool = False
     auto_cast: Bool = False
     loss_scale: Annotated[float, number(0.0)] = 0.0  # 0 = dynamic
@@ -31,14 +45,15 @@ class FP16Config(Section):
     min_loss_scale: Annotated[float, number(0.0, lo_open=True)] = 1.0
 
 
-class BF16Config(Section):
+class BF16Config(DeepSpeedSection):
     enabled: Bool = False
 
 
 _DEVICES = choice({"none": "none", "cpu": "cpu", "nvme": "nvme"})
 
 
-class OffloadOptimizerConfig(Section):
+class OffloadOptimizerConfig(DeepSpeedSection):
+    own_auto: ClassVar[frozenset[str]] = frozenset({"ratio"})  # the largest device share that fits
     device: Annotated[str, _DEVICES] = "none"
     pin_memory: Bool = False
     nvme_path: Text = None
@@ -49,7 +64,7 @@ class OffloadOptimizerConfig(Section):
     ratio: Annotated[float | str, ratio_or_auto()] = 1.0
 
 
-class OffloadParamConfig(Section):
+class OffloadParamConfig(DeepSpeedSection):
     device: Annotated[str, _DEVICES] = "none"
     pin_memory: Bool = False
     nvme_path: Text = None
@@ -79,7 +94,7 @@ class CheckpointConfig(Section):
     use_node_local_storage: Bool = False
 
 
-class ZeroOptimizationConfig(Section):
+class ZeroOptimizationConfig(DeepSpeedSection):
     stage: Annotated[int, integer(0, 3)] = 0
     overlap_comm: Bool = False  # absent -> stage == 3, as DeepSpeed
     contiguous_gradients: Bool = True
@@ -113,7 +128,8 @@ class ZeroOptimizationConfig(Section):
                         drop=old,
                     )
                 data[new] = data.pop(old)
-        if "overlap_comm" not in data and data.get("stage") in (0, 1, 2, 3) and not isinstance(data.get("stage"), bool):
+        unset = data.get("overlap_comm", "auto") == "auto"  # absent, or an "auto" nothing filled
+        if unset and data.get("stage") in (0, 1, 2, 3) and not isinstance(data.get("stage"), bool):
             data["overlap_comm"] = data["stage"] == 3
         return data
 
