@@ -242,4 +242,7 @@ CASES = [
     (["run", str(QUICKSTART), "--rdzv-id", "../x", *R], "--rdzv-id '../x' is not a plain name"),
     (["run", str(QUICKSTART), "--simulate-ranks", "5000", *R], "5000 is not in the range 2<=x<=1024"),
     (["estimate", "--model", TINY, "--gpus", "2000"], "2000 is not in the range 1<=x<=1024"),
+    (["run", str(QUICKSTART), "--gpus", "-1", *R], "see 'zbench run --help'"),
+    (["run", str(QUICKSTART), "--variants", ",", *R], "names no variant"),
+    (["run", str(QUICKSTART), "--no-such-flag", *R], "No such option"),
 ]

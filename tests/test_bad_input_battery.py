@@ -241,6 +241,14 @@ def test_bad_input(box: Path, args: list[str], expected: str) -> None:
     assert snapshot(box) == before
 
 
+def test_a_usage_error_is_one_line_alone(box: Path) -> None:
+    """click's usage block and hint are not printed above it: the line names the problem and the fix."""
+    from helpers import QUICKSTART
+
+    line = one_line_error(cli("run", QUICKSTART, "--gpus", "-1", "--out", box / "runs"), alone=True)
+    assert line == "Error: Invalid value for '--gpus': -1 is not in the range 1<=x<=1024; see 'zbench run --help'"
+
+
 # -- the engine API: a checkpoint of another model is refused before anything is read ------------------
 def _other_names():
     from zbench.models.gpt import GPT, GPTConfig

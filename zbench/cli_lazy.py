@@ -12,10 +12,31 @@ from typing import Any
 import click
 
 
+def _one_line(e: click.UsageError) -> click.ClickException:
+    """A usage error as one `Error:` line naming the fix (click prints the usage block and a hint above it)."""
+    where = " ".join(["zbench", *(e.ctx.command_path.split()[1:] if e.ctx is not None else [])])  # as installed
+    one = click.ClickException(f"{e.format_message().rstrip('.')}; see '{where} --help'")
+    one.exit_code = e.exit_code
+    return one
+
+
 class LazyGroup(click.Group):
     def __init__(self, *args: Any, lazy: dict[str, tuple[str, str, str]] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.lazy = lazy or {}
+
+    # a bad option or argument of the group or of any of its commands: one line, as every other error
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        try:
+            return super().make_context(*args, **kwargs)
+        except click.UsageError as e:
+            raise _one_line(e) from None
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as e:
+            raise _one_line(e) from None
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted([*super().list_commands(ctx), *self.lazy])

@@ -79,7 +79,10 @@ def run(
     from .runner import RunOptions, Runner, say
     from .terminal_table import print_table
 
-    names = [n.strip() for n in only.split(",") if n.strip()] if only else None
+    names = [n.strip() for n in only.split(",") if n.strip()] if only is not None else None
+    if names == []:  # given, but naming nothing: not "all"
+        raise click.ClickException(f"--variants {only!r} names no variant; pass variant names separated by commas, "
+                                   "or leave the option out to run them all")
     runner: Runner | None = None
     with interruptible():
         try:
