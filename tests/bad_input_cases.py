@@ -76,6 +76,7 @@ def write_inputs(box: Path, scenario: Callable[..., str]) -> None:
     model_file("nan dropout.json", "gpt", {}, text='{"family": "gpt", "config": {"dropout": NaN}}')
     model_file("dup model.json", "gpt", {}, text='{"family": "gpt", "config": {"n_layer": 2, "n_layer": 3}}')
     model_file("huge model.json", "gpt", {**tiny, "n_layer": 10**9})
+    (box / "empty model").mkdir()
     scenarios = {
         # model config values, in model.overrides, a variant's model_overrides, a model search and the files
         "heads zero": scenario(model={"arch": TINY, "overrides": {"n_head": 0}}),
@@ -88,6 +89,9 @@ def write_inputs(box: Path, scenario: Callable[..., str]) -> None:
         "search key": scenario(model_search={"key": "n_layers", "values": [2, 4]}),
         "search value": scenario(model_search={"key": "n_layer", "values": [2, 20000]}),
         "file heads": scenario(model={"arch": "zero heads.json"}),
+        "pretrained no config": scenario(model={"pretrained": "./empty model"}),
+        "no text files": scenario(data={"text_files": []}),
+        "text file folder": scenario(data={"text_files": ["empty model"]}),
         "file nan": scenario(model={"arch": "nan dropout.json"}),
         "file dup": scenario(model={"arch": "dup model.json"}),
         "hf type": scenario(model={"arch": BLENDERBOT, "overrides": {"d_model": 32.5}}, task="seq2seq"),
@@ -242,6 +246,9 @@ CASES = [
     (["run", str(QUICKSTART), "--rdzv-id", "../x", *R], "--rdzv-id '../x' is not a plain name"),
     (["run", str(QUICKSTART), "--simulate-ranks", "5000", *R], "5000 is not in the range 2<=x<=1024"),
     (["estimate", "--model", TINY, "--gpus", "2000"], "2000 is not in the range 1<=x<=1024"),
+    (["run", "{b}/pretrained no config.yaml", *R], "has no config.json; pass a folder written by save_pretrained"),
+    (["run", "{b}/no text files.yaml", *R], "data.text_files lists no file"),
+    (["run", "{b}/text file folder.yaml", *R], "data.text_files: empty model is not a regular file"),
     (["run", str(QUICKSTART), "--gpus", "-1", *R], "see 'zbench run --help'"),
     (["run", str(QUICKSTART), "--variants", ",", *R], "names no variant"),
     (["run", str(QUICKSTART), "--no-such-flag", *R], "No such option"),

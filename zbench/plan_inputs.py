@@ -36,6 +36,9 @@ def check_model(sc: Scenario, base_dir: str) -> ArchConfig | None:
             raise ScenarioError(
                 f"model.pretrained '{m.pretrained}' is not a folder; pass a local model folder or a hub id"
             )
+        if looks_local and not os.path.isfile(os.path.join(abs_path(m.pretrained, base_dir), "config.json")):
+            raise ScenarioError(f"model.pretrained '{m.pretrained}' has no config.json; pass a folder written by "
+                                "save_pretrained (or a hub id)")
         _need_transformers(f"model.pretrained '{m.pretrained}'")
         return None
     arch = load_arch(str(m.arch), base_dir, m.overrides)  # every value checked, the file's and the overrides'
@@ -102,9 +105,14 @@ def check_data(sc: Scenario, base_dir: str) -> None:
     if d.mrpc_hf is not None:
         find_mrpc_hf(resolve(d.mrpc_hf, base_dir))  # and checks the columns
     if d.text_files is not None:
+        if not d.text_files:
+            raise ScenarioError("data.text_files lists no file; name at least one text file")
         for f in d.text_files:
-            if not os.path.isfile(abs_path(f, base_dir)):
-                raise ScenarioError(f"data.text_files: {f} does not exist (paths are relative to the scenario file)")
+            path = abs_path(f, base_dir)
+            if not os.path.isfile(path):
+                what = "is not a regular file" if os.path.lexists(path) else "does not exist"
+                raise ScenarioError(f"data.text_files: {f} {what}; name a text file (paths are relative to the "
+                                    "scenario file)")
     if d.text_pairs is not None:
         given = [f for f in (d.text_pairs.train, d.text_pairs.eval) if f]
         for f in given:
