@@ -183,6 +183,16 @@ def test_report_refuses_a_huge_results_file_without_reading_it(tmp_path):
     assert os.path.getsize(run / "results.json") == 1 << 30 and sorted(os.listdir(run)) == ["results.json"]
 
 
+def test_report_plots_a_diverged_loss_curve(tmp_path):
+    """Losses of ±1e308 (a run that diverged) or missing: the plot leaves a gap where the axes cannot scale."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.json").write_text(json.dumps(summary(row_losses=[4.2, 1e308, -1e308, None, 4.0])))
+    result = cli("report", str(run))
+    assert result.exit_code == 0, result.output
+    assert (run / "loss.png").stat().st_size > 0
+
+
 def test_a_minimal_summary_is_a_run(tmp_path):
     (tmp_path / "results.json").write_text(json.dumps(summary()))
     assert load_summary(str(tmp_path))["variants"][0]["variant"] == "ddp"

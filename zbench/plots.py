@@ -60,6 +60,11 @@ def _bar(
     plt.close(fig)
 
 
+def _plottable(values: list[Any]) -> list[float]:
+    """Losses as the axes can scale them: a missing, non-finite or diverged (beyond 1e30) value is a gap."""
+    return [v if v is not None and math.isfinite(v) and abs(v) < 1e30 else math.nan for v in values]
+
+
 def _loss(plt: Any, ok: list[dict[str, Any]], title: str, path: str) -> None:
     ref = next((r for r in ok if r["engine"] == "ddp"), None)
     panels = 2 if ref is not None and len(ok) > 1 else 1
@@ -82,11 +87,11 @@ def _loss(plt: Any, ok: list[dict[str, Any]], title: str, path: str) -> None:
             markersize=4,
             color=f"C{k % 10}",
         )
-        top.plot(range(1, len(losses) + 1), losses, label=r["variant"], **style)
+        top.plot(range(1, len(losses) + 1), _plottable(losses), label=r["variant"], **style)
         if panels == 2 and r is not ref:
             n = min(len(losses), len(ref["losses"]))
             diff = [a - b for a, b in zip(losses[:n], ref["losses"][:n]) if a is not None and b is not None]
-            axes[1][0].plot(range(1, len(diff) + 1), diff, label=r["variant"], **style)
+            axes[1][0].plot(range(1, len(diff) + 1), _plottable(diff), label=r["variant"], **style)
     top.set_ylabel("training loss\n(mean over ranks)")
     top.set_title(title, fontsize=10)
     top.legend(fontsize=8)
