@@ -80,7 +80,7 @@ def resolve_config(
     raw, given = _raw(config)
     _check_depth(raw)
     filled = resolve_auto(raw, values, defaults=defaults, labels=labels)
-    cfg, messages, left_out = _validate(filled.config)
+    cfg, messages, left_out = _validate(_unfilled_auto_dropped(filled.config))
     left_out += [key for p in filled.problems for key in p.keys]
     problems = messages + [p.message for p in filled.problems]
     resolved = None
@@ -244,6 +244,29 @@ def _raw(config: Any) -> tuple[Any, tuple[int | None, ...] | None]:
     if isinstance(config, Mapping):
         return dict(config), None
     raise ConfigError(f"config must be a dict, a path to a JSON file or a ZeroConfig, got {type(config).__name__}")
+
+
+# the sections DeepSpeed reads with its config models, which drop an "auto" no trainer filled, so the key takes
+# DeepSpeed's default (HF configs write "auto" under keys nothing fills, e.g. overlap_comm); offload ratio "auto"
+# is zero_core's own (the largest device share that fits)
+_DEEPSPEED_MODELS = (("fp16",), ("bf16",), ("bfloat16",), ("zero_optimization",),
+                     ("zero_optimization", "offload_optimizer"), ("zero_optimization", "offload_param"))
+_OWN_AUTO = {("zero_optimization", "offload_optimizer"): {"ratio"}}
+
+
+def _unfilled_auto_dropped(config: Any) -> Any:
+    if not isinstance(config, dict):
+        return config
+    out = copy.deepcopy(config)
+    for path in _DEEPSPEED_MODELS:
+        section: Any = out
+        for part in path:
+            section = section.get(part) if isinstance(section, dict) else None
+        if isinstance(section, dict):
+            keep = _OWN_AUTO.get(path, set())
+            for key in [k for k, v in section.items() if isinstance(v, str) and v == "auto" and k not in keep]:
+                del section[key]
+    return out
 
 
 MAX_CONFIG_DEPTH = 64  # DeepSpeed's own sections nest 3 levels; deeper is a crafted file, and Python's stack ends

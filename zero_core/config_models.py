@@ -9,7 +9,7 @@ optimizer and scheduler sections in `config_optimizer_models.py`.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any
 
 import torch
 from pydantic import PrivateAttr, model_validator
@@ -20,21 +20,7 @@ from .config_optimizer_models import SCHEDULER_KEYS, OptimizerConfig, SchedulerC
 from .config_types import Bool, Count, Section, Text, choice, integer, number, ratio_or_auto
 
 
-class DeepSpeedSection(Section):
-    """A section DeepSpeed reads with its config models, which drop an "auto" that no trainer filled: the key
-    then takes DeepSpeed's default (HF configs write "auto" under keys nothing fills, e.g. overlap_comm)."""
-
-    own_auto: ClassVar[frozenset[str]] = frozenset()  # keys where "auto" means something of zero_core's
-
-    @model_validator(mode="before")
-    @classmethod
-    def _unfilled_auto_is_the_default(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        return {k: v for k, v in data.items() if not (v == "auto" and k not in cls.own_auto)}
-
-
-class FP16Config(DeepSpeedSection):
+class FP16Config(Section):
     enabled: Bool = False
     auto_cast: Bool = False
     loss_scale: Annotated[float, number(0.0)] = 0.0  # 0 = dynamic
@@ -45,15 +31,14 @@ class FP16Config(DeepSpeedSection):
     min_loss_scale: Annotated[float, number(0.0, lo_open=True)] = 1.0
 
 
-class BF16Config(DeepSpeedSection):
+class BF16Config(Section):
     enabled: Bool = False
 
 
 _DEVICES = choice({"none": "none", "cpu": "cpu", "nvme": "nvme"})
 
 
-class OffloadOptimizerConfig(DeepSpeedSection):
-    own_auto: ClassVar[frozenset[str]] = frozenset({"ratio"})  # the largest device share that fits
+class OffloadOptimizerConfig(Section):
     device: Annotated[str, _DEVICES] = "none"
     pin_memory: Bool = False
     nvme_path: Text = None
@@ -64,7 +49,7 @@ class OffloadOptimizerConfig(DeepSpeedSection):
     ratio: Annotated[float | str, ratio_or_auto()] = 1.0
 
 
-class OffloadParamConfig(DeepSpeedSection):
+class OffloadParamConfig(Section):
     device: Annotated[str, _DEVICES] = "none"
     pin_memory: Bool = False
     nvme_path: Text = None
@@ -94,7 +79,7 @@ class CheckpointConfig(Section):
     use_node_local_storage: Bool = False
 
 
-class ZeroOptimizationConfig(DeepSpeedSection):
+class ZeroOptimizationConfig(Section):
     stage: Annotated[int, integer(0, 3)] = 0
     overlap_comm: Bool = False  # absent -> stage == 3, as DeepSpeed
     contiguous_gradients: Bool = True
