@@ -18,18 +18,16 @@ unpickles anything: a manifest is JSON, checked field by field (manifest_checks.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
 import reprlib
-import stat
 from pathlib import Path
 from typing import Any, Iterable
 
 from . import checksums
 from .manifest_checks import structure_problem
-from .paths import inside
+from .paths import inside, read_regular
 from .source import CheckpointError
 
 FORMAT = "zbench-checkpoint"
@@ -121,13 +119,7 @@ def write(folder: Path, manifest: dict[str, Any]) -> None:
 
 
 def _read_bounded(path: Path, limit: int) -> bytes:
-    """At most limit + 1 bytes of a regular file; anything else (a FIFO, a device) is an OSError, never waited on."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(errno.EINVAL, "not a regular file")
-    with os.fdopen(fd, "rb") as f:
-        data = f.read(limit + 1)
+    data = read_regular(path, limit)  # a FIFO or a folder is an OSError, never waited on
     if len(data) > limit:
         raise CheckpointError(
             f"{path} is larger than {limit} bytes, far more than any manifest; the checkpoint is "

@@ -14,6 +14,7 @@ Errors are one line naming the path, the folder and the fix.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -74,19 +75,32 @@ def inside(folder: str | os.PathLike, rel: str | os.PathLike, *, what: str, foll
     return folder / normal
 
 
+class NotRegularFile(OSError):
+    """A folder, FIFO or device where a file is read: its strerror is 'a folder' or 'not a regular file'."""
+
+
+def read_regular(path: str | os.PathLike, limit: int) -> bytes:
+    """At most limit + 1 bytes of the regular file `path` (the caller tells "larger than limit" by the length),
+    never blocking: a FIFO or anything else not a regular file raises NotRegularFile, never waited on."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        folder = stat.S_ISDIR(mode)
+        raise NotRegularFile(errno.EISDIR if folder else errno.EINVAL, "a folder" if folder else "not a regular file")
+    with os.fdopen(fd, "rb") as f:
+        return f.read(limit + 1)
+
+
 def read_pointer(root: Path, name: str, follow_symlinks: bool = False) -> str:
     """The tag a pointer file (`latest`, `latest_universal`) in `root` names: one plain name, read with a
     size bound (and never blocking: a FIFO is refused, not waited on)."""
     path = inside(root, name, what="tag pointer", follow_symlinks=follow_symlinks)
     fix = f"write the name of a tag folder of {root} into it, or pass --tag"
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        raise CheckpointError(f"{path} is {'a folder' if stat.S_ISDIR(mode) else 'not a regular file'}, "
-                              f"not a tag pointer file; {fix}")
-    with os.fdopen(fd, "rb") as f:
-        raw = f.read(POINTER_MAX_BYTES + 1)
+    try:
+        raw = read_regular(path, POINTER_MAX_BYTES)
+    except NotRegularFile as e:
+        raise CheckpointError(f"{path} is {e.strerror}, not a tag pointer file; {fix}") from None
     if len(raw) > POINTER_MAX_BYTES:
         raise CheckpointError(f"{path} is larger than {POINTER_MAX_BYTES} bytes, not a tag pointer file; {fix}")
     try:

@@ -19,12 +19,13 @@ import copy
 import dataclasses
 import json
 import os
-import stat
 import sys
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ValidationError
+
+from checkpoints.paths import NotRegularFile, read_regular
 
 from .config_auto import AutoValues, resolve_auto
 from .config_checks import contradictions
@@ -303,18 +304,15 @@ def read_config_file(path: str) -> Any:
     if "\0" in path:  # open() would raise a bare ValueError
         raise ConfigError(f"config path {path!r} contains a NUL byte; pass the path of a DeepSpeed-style JSON file")
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO is refused below, never waited on
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise ConfigError(f"config file '{path}' is not a regular file; pass a DeepSpeed-style JSON file")
-        with os.fdopen(fd, "rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)
+        raw = read_regular(path, MAX_CONFIG_BYTES)  # a FIFO is refused, never waited on
         if len(raw) > MAX_CONFIG_BYTES:
             raise ConfigError(f"config file '{path}' is larger than {MAX_CONFIG_BYTES} bytes, far more than any "
                               "DeepSpeed config; pass the config file itself")
         return json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicates)
     except ConfigError:
         raise
+    except NotRegularFile:
+        raise ConfigError(f"config file '{path}' is not a regular file; pass a DeepSpeed-style JSON file") from None
     except FileNotFoundError:
         raise ConfigError(
             f"config file '{path}' does not exist; pass the path of a DeepSpeed-style JSON file"
