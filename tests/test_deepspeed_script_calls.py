@@ -24,6 +24,11 @@ def _engine(dtype: str = "bf16", optimizer=None, **zero):
     return engine
 
 
+def _forward(engine, x, y):
+    """The batch on the engine's device, as a DeepSpeed loop moves it (the rank's GPU under ZB_TEST_DEVICE=cuda)."""
+    return engine(x.to(engine.device), y.to(engine.device))
+
+
 def test_engine_queries_answer_as_deepspeed_does(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "0")
     engine = _engine()
@@ -83,7 +88,7 @@ def test_deepspeed_adam_classes_train_as_the_torch_optimizer_they_stand_for(make
     for build in (make, lambda p: torch_kind(p, **kw)):
         engine = _engine("fp32", build, **zero)
         for x, y in make_batches(4, 2):
-            engine.backward(engine(x, y).loss)
+            engine.backward(_forward(engine, x, y).loss)
             engine.step()
         states.append(engine.full_state_dict())
         engine.close()
@@ -112,7 +117,7 @@ def _accumulated(stage: int, manual: bool, offload: bool) -> dict:
         if manual:
             engine.set_gradient_accumulation_boundary(last)
         assert engine.is_gradient_accumulation_boundary() == last
-        engine.backward(engine(x, y).loss)
+        engine.backward(_forward(engine, x, y).loss)
         if last or not manual:
             engine.step()
     state = engine.full_state_dict()
@@ -136,10 +141,10 @@ def test_retain_graph_lets_a_second_backward_reuse_the_graph():
         model = make_model()
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
         x, y = make_batches(1, 2)[0]
-        loss = engine(x, y).loss
+        loss = _forward(engine, x, y).loss
         engine.backward(loss, retain_graph=True)
         engine.step()
-        engine.backward(loss if reuse else engine(x, y).loss)
+        engine.backward(loss if reuse else _forward(engine, x, y).loss)
         engine.step()
         states.append(engine.full_state_dict())
         engine.close()
@@ -244,7 +249,7 @@ def test_get_mom_follows_a_schedule_that_cycles_momentum():
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     for n, (x, y) in enumerate(make_batches(4, 2)):
         assert [m[0] for m in engine.get_mom()] == [case["updates"][n]["beta1"][0]], n
-        engine.backward(engine(x, y).loss)
+        engine.backward(_forward(engine, x, y).loss)
         engine.step()
     engine.close()
     sgd = _engine("fp32", optimizer=lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.7))

@@ -1,9 +1,5 @@
 """zero_core.kernels: reference vs torch.optim, Triton (interpreter) vs reference, flags, skip, dispatch."""
 
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede any triton import
-
 import importlib.util
 import random
 
