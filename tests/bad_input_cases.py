@@ -3,17 +3,18 @@
 `write_inputs(box, scenario)` puts the files in the battery's folder; `CASES` are (argv, expected text)
 in the battery's format ("{b}" is that folder). Kinds: model config values, scenario numbers, YAML that
 is not plain data (duplicate keys, an alias bomb, deep nesting, Python tags), names that would become
-paths outside the run folder, `report`/`estimate`/`--resume` on folders that are not runs, and flags
-out of range.
+paths outside the run folder or another variant's file, values of the wrong type in a variant's DeepSpeed
+file, data too short to train on, flags out of range, and (bad_run_folder_cases.py) `report`/`estimate`/
+`--resume` on folders that are not runs.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Callable
 
+import bad_run_folder_cases
 from helpers import QUICKSTART, REPO, TINY
 
 BLENDERBOT = str(REPO / "zbench" / "model_configs" / "tiny-blenderbot.json")
@@ -26,45 +27,6 @@ def _lol(levels: int = 9) -> str:
     return "\n".join(lines) + "\n"
 
 
-def summary(**changes) -> dict:
-    """A minimal results.json of a finished run (one measured row), with `changes` on top."""
-    row = {
-        "variant": "ddp",
-        "method": "DDP",
-        "engine": "ddp",
-        "stage": None,
-        "status": "ok",
-        "note": "",
-        "batch": 8,
-        "train_s_per_epoch": 1.0,
-        "eval_s_per_epoch": 0.1,
-        "eval": {"loss": 4.1, "perplexity": 60.0},
-        "tokens_per_s": 1000.0,
-        "tflops_per_gpu": 0.01,
-        "peak_gpu_gib": None,
-        "peak_cpu_gib": 0.3,
-        "est_gpu_gib": 0.001,
-        "losses": [4.2, 4.1],
-        "parity": 0.0,
-        "parity_note": "reference",
-    }
-    data = {
-        "scenario": "quickstart",
-        "task": "lm",
-        "data_kind": "synthetic",
-        "init": "random-init",
-        "model": "tiny-gpt",
-        "precision": "fp32",
-        "world_size": 2,
-        "device": "cpu",
-        "parity_tol": 1e-3,
-        "variants": [row],
-    }
-    for key, value in changes.items():
-        (row if key.startswith("row_") else data)[key.removeprefix("row_")] = value
-    return data
-
-
 def write_inputs(box: Path, scenario: Callable[..., str]) -> None:
     """The battery's inputs for the cases below, written into `box`."""
 
@@ -72,6 +34,9 @@ def write_inputs(box: Path, scenario: Callable[..., str]) -> None:
         (box / name).write_text(text or json.dumps({"family": family, "config": config}))
 
     tiny = json.loads(Path(TINY).read_text())["config"]
+    def ds_variant(config: str, **settings) -> str:
+        return scenario(variants=[{"name": "z", "engine": "zero", "ds_config": config, **settings}])
+
     model_file("zero heads.json", "gpt", {**tiny, "n_head": 0})
     model_file("nan dropout.json", "gpt", {}, text='{"family": "gpt", "config": {"dropout": NaN}}')
     model_file("dup model.json", "gpt", {}, text='{"family": "gpt", "config": {"n_layer": 2, "n_layer": 3}}')
@@ -123,7 +88,29 @@ def write_inputs(box: Path, scenario: Callable[..., str]) -> None:
         # an NVMe folder that cannot be made (under a plain file)
         "nvme blocked": scenario(variants=[{"name": "z", "engine": "zero", "stage": 2, "offload_optimizer": "nvme",
                                             "nvme_path": "plain file/swap"}]),
+        # names zbench's own files take, or too long to quote whole
+        "name probes": scenario(variants=[{"name": "a.probes", "engine": "ddp"}, {"name": "a", "engine": "ddp"}]),
+        "name 120": scenario(variants=[{"name": "x" * 120, "engine": "ddp"}]),
+        # a variant's DeepSpeed file: values of the wrong type, read before anything launches
+        "ds offload string": ds_variant("offload string.json", offload_optimizer="cpu"),
+        "ds stage auto": ds_variant("stage auto.json"),
+        "ds zero auto": ds_variant("zero auto.json"),
+        "ds micro huge": ds_variant("micro huge.json"),
+        "ds micro float": ds_variant("micro float.json"),
+        "ds empty": scenario(variants=[{"name": "z", "engine": "zero", "ds_config": ""}]),
+        "ds inline": scenario(variants=[{"name": "z", "engine": "zero", "ds_config": {"zero_optimization": {}}}]),
+        # a text file too short for a train block and an eval block
+        "text short": scenario(data={"text_files": ["hello.txt"]}),
     }
+    (box / "hello.txt").write_text("hello world")
+    for name, config in {
+        "offload string": {"zero_optimization": {"offload_optimizer": "cpu"}},
+        "stage auto": {"zero_optimization": {"stage": "auto"}},
+        "zero auto": {"zero_optimization": "auto"},
+        "micro huge": {"train_micro_batch_size_per_gpu": 10**20},
+        "micro float": {"train_micro_batch_size_per_gpu": 2.5},
+    }.items():
+        (box / f"{name}.json").write_text(json.dumps(config))
     (box / "plain file").write_text("not a folder\n")
     for name, text in scenarios.items():
         (box / f"{name}.yaml").write_text(text, encoding="utf-8")
@@ -143,23 +130,7 @@ def write_inputs(box: Path, scenario: Callable[..., str]) -> None:
     (box / "accelerate lol.yaml").write_text(
         scenario(variants=[{"name": "z", "engine": "zero", "accelerate_config": "acc lol.yaml"}])
     )
-    # folders that are not runs, for report, estimate --run and --resume
-    for name, content in {
-        "run list": "[1, 2]",
-        "run shape": json.dumps({"accuracy": 0.9}),
-        "run row": json.dumps(summary(row_tokens_per_s="fast")),
-        "run task": json.dumps(summary(task="vision")),
-        "run name": json.dumps(summary(row_variant="../x")),
-    }.items():
-        (box / name).mkdir()
-        (box / name / "results.json").write_text(content)
-    (box / "run dir" / "results.json").mkdir(parents=True)
-    for name in ("resume row", "resume link"):
-        (box / name / "variants").mkdir(parents=True)
-        (box / name / "scenario.yaml").write_bytes(QUICKSTART.read_bytes())
-    (box / "resume row" / "variants" / "ddp.json").write_text("[]")
-    (box / "elsewhere").mkdir()
-    os.symlink(box / "elsewhere", box / "resume link" / "logs")
+    bad_run_folder_cases.write_inputs(box)
 
 
 R = ["--out", "{b}/runs"]
@@ -226,16 +197,27 @@ CASES = [
     (["run", "{b}/name long.yaml", *R], "is longer than 255 bytes"),
     (["run", "{b}/name absolute.yaml", *R], "name '/tmp/evil' is not a plain name"),
     (["run", "{b}/name comma.yaml", *R], "name 'a,b' is not a name zbench uses in paths"),
-    (["report", "{b}/run list"], "is not a zbench run folder (results.json holds a JSON list, not an object)"),
-    (["report", "{b}/run shape"], "is not a zbench run folder (results.json: it has no scenario)"),
-    (["report", "{b}/run row"], "(results.json: variants[0].tokens_per_s must be a number, got 'fast')"),
-    (["report", "{b}/run task"], "(results.json: task "),
-    (["report", "{b}/run name"], "(results.json: variants[0].variant '../x' is not a plain name"),
-    (["report", "{b}/run dir"], "is not a zbench run folder (results.json is not a regular file)"),
-    (["estimate", "--model", TINY, "--run", "{b}/run shape"], "is not a zbench run folder"),
-    (["estimate", "--model", TINY, "--run", "{b}/notes"], "is not a zbench run folder (no results.json)"),
-    (["run", str(QUICKSTART), "--resume", "{b}/resume row", *R], "variants/ddp.json holds a JSON list, not an object"),
-    (["run", str(QUICKSTART), "--resume", "{b}/resume link", *R], "would lie outside the run folder"),
+    (["run", "{b}/name probes.yaml", *R], "variants[0].name 'a.probes' ends in '.probes': variants/a.probes.json is"),
+    (["run", "{b}/name 120.yaml", *R], "variants[0].name '" + "x" * 59 + "…' is not a name zbench uses in paths"),
+    (
+        ["run", "{b}/ds offload string.yaml", *R],
+        "Error: variant 'z': zero_optimization.offload_optimizer must be an object such as {\"device\": \"cpu\"}, "
+        "got 'cpu'",
+    ),
+    (["run", "{b}/ds stage auto.yaml", *R], "zero_optimization.stage must be 0, 1, 2 or 3, got 'auto'"),
+    (["run", "{b}/ds zero auto.yaml", *R], "Error: variant 'z': zero_optimization must be an object {...}, got 'auto'"),
+    (
+        ["run", "{b}/ds micro huge.yaml", *R],
+        'train_micro_batch_size_per_gpu must be "auto" or a whole number from 1 to 65,536',
+    ),
+    (["run", "{b}/ds micro float.yaml", *R], "or a whole number from 1 to 65,536 (the range of the scenario's"),
+    (["run", "{b}/ds empty.yaml", *R], "variants[0].ds_config is empty; give the path of a DeepSpeed JSON file"),
+    (["run", "{b}/ds inline.yaml", *R], "variants[0].ds_config must be the path of a DeepSpeed JSON file"),
+    (
+        ["run", "{b}/text short.yaml", *R],
+        "Error: data.text_files hold 12 tokens: fewer than two blocks of seq_len + 1 = 33; add text or lower seq_len",
+    ),
+    *bad_run_folder_cases.CASES,
     (["bench", "kernels", "--numel", "inf"], "--numel 'inf' is not a whole number of elements from 1 to"),
     (["bench", "kernels", "--numel", "1.5"], "--numel '1.5' is not a whole number"),
     (["bench", "kernels", "--device", "tpu"], "'tpu' is not one of 'cuda', 'cpu'"),

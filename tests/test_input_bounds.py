@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from bad_input_cases import summary
-from helpers import REPO, TINY, cli, tiny_data, write_scenario
+from bad_run_folder_cases import summary
+from helpers import REPO, TINY, cli, one_line_error, tiny_data, write_scenario
 from zbench.models.arch_values import check_hf
 from zbench.plan import build_plan, transformers_available
 from zbench.run_folder import RunFolderError, default_name, name_problem, run_path, write_atomic
@@ -66,6 +66,7 @@ def error(**changes) -> str:
             "variants[0].stage must be a whole number from 0 to 3",
         ),
         ({"gradient_checkpointing": "yes"}, "gradient_checkpointing must be true or false, got 'yes'"),
+        ({"lr": 10**400}, "lr must be a finite number (x > 0), got an integer of 1329 bits"),
     ],
 )
 def test_scenario_numbers_have_bounds_and_types(changes, expected):
@@ -196,3 +197,51 @@ def test_report_plots_a_diverged_loss_curve(tmp_path):
 def test_a_minimal_summary_is_a_run(tmp_path):
     (tmp_path / "results.json").write_text(json.dumps(summary()))
     assert load_summary(str(tmp_path))["variants"][0]["variant"] == "ddp"
+
+
+def test_report_shows_text_from_the_results_file_escaped(tmp_path):
+    """A method, note or model name holding a newline, ESC or '|' stays one escaped cell: in the terminal, where
+    raw it would restyle the screen or forge a line, and in table.md, where '|' would end the cell."""
+    (tmp_path / "results.json").write_text(json.dumps(summary(row_method="a\nb|c\x1b[31mRED", row_note="x\ny",
+                                                              model="m\x1b[2J")))
+    result = cli("report", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert "\x1b" not in result.output and "x\\ny" in result.output and "m\\x1b[2J" in result.output
+    rows = [line for line in (tmp_path / "table.md").read_text().splitlines() if line.startswith("| ddp ")]
+    assert len(rows) == 1 and "| a\\nb\\|c\\x1b[31mRED |" in rows[0], rows
+
+
+def test_a_ds_config_path_may_start_at_the_home_folder(tmp_path, monkeypatch):
+    """'~' in ds_config reads as in nvme_path and the data paths: the user's home folder."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "b.json").write_text(json.dumps({"zero_optimization": {"stage": 1}}))
+    zero = tiny_data([{"name": "z", "engine": "zero", "ds_config": "~/b.json"}], steps=1, batch_size=2)
+    assert build_plan(write_scenario(tmp_path, zero)).variants[0].stage == 1
+
+
+def test_an_error_about_the_output_folder_comes_before_any_note(tmp_path):
+    (tmp_path / "a file").write_text("not a folder")
+    path = write_scenario(tmp_path, BASE)
+    line = one_line_error(cli("run", path, "--out", str(tmp_path / "a file" / "sub"), "--wandb", "off"), alone=True)
+    assert "(Not a directory); pass a writable --out" in line
+
+
+def test_resume_needs_a_folder_zbench_run_made(tmp_path):
+    """A folder that only holds the same scenario file (the user's own project folder) is not resumed, since the
+    run would replace the table, CSV and plots there; the runner's marker, or a finished row, says zbench made it."""
+    from zbench.resume_folder import check_resume
+    from zbench.run_folder import mark_run_folder
+    from zbench.run_summary import NotARunFolder
+
+    plan = build_plan(write_scenario(tmp_path, BASE))
+    for name in ("project", "marked", "with a row"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "scenario.yaml").write_bytes(open(plan.path, "rb").read())
+    with pytest.raises(NotARunFolder, match="project is not a zbench run folder .it has a scenario.yaml but no"):
+        check_resume(str(tmp_path / "project"), plan)
+    mark_run_folder(str(tmp_path / "marked"), "test")
+    check_resume(str(tmp_path / "marked"), plan)
+    (tmp_path / "with a row" / "variants").mkdir()
+    (tmp_path / "with a row" / "variants" / "ddp.json").write_text(json.dumps(summary()["variants"][0]))
+    check_resume(str(tmp_path / "with a row"), plan)

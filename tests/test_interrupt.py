@@ -153,7 +153,7 @@ def test_a_signal_between_launches_is_the_same_one_line(tmp_path, monkeypatch, s
     run_dir = next(tmp_path.glob("runs/quickstart-*"))
     assert result.exit_code == 128 + signum, result.output
     assert result.output.splitlines()[-1] == f"interrupted; resume with: zbench run {SCENARIO} --resume {run_dir}"
-    assert sorted(p.name for p in run_dir.iterdir()) == ["scenario.yaml", "variants"]
+    assert sorted(p.name for p in run_dir.iterdir()) == [".zbench-run", "scenario.yaml", "variants"]
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # the command's handlers are gone with it
 
 

@@ -58,3 +58,13 @@ def test_a_kept_probe_says_what_it_ran_out_of_and_its_kind(tmp_path):
     # written before kinds were kept: the words still read, the kind is not known (the runner says OOM)
     path.write_text(json.dumps({"setup": SETUP, "fits": {"batch 8": False}, "why": {"batch 8": disk[0]}}))
     assert _resumed(tmp_path, "batch 8") == (disk[0], None, True)
+
+
+def test_a_kept_reason_is_shown_escaped(tmp_path):
+    """The reason comes from a file in the folder: printed raw, an ESC sequence or a newline in it would restyle
+    the terminal or start a status line zbench did not write."""
+    (tmp_path / "variants").mkdir()
+    why = "\x1b[31mout of memory\nsecond line"
+    path = tmp_path / "variants" / "v.probes.json"
+    path.write_text(json.dumps({"setup": SETUP, "fits": {"batch 8": False}, "why": {"batch 8": why}}))
+    assert _resumed(tmp_path, "batch 8")[0] == "\\x1b[31mout of memory\\nsecond line"

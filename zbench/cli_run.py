@@ -74,8 +74,9 @@ def run(
     from .ds_config import make_nvme_folders
     from .launch import Nodes, RankFailure
     from .plan import build_plan
+    from .printable import printable
+    from .resume_folder import check_resume
     from .run_folder import RunFolderError
-    from .run_summary import check_resume
     from .runner import RunOptions, Runner, say
     from .terminal_table import print_table
 
@@ -93,8 +94,6 @@ def run(
                 nodes.check()
                 if resume:
                     check_resume(resume, plan)
-                for note in plan.notes:
-                    say(f"note: {note}")
                 for vp in plan.variants:
                     if vp.status == "ready":
                         make_nvme_folders(vp.ds_template, vp.name)
@@ -105,12 +104,14 @@ def run(
                     ),
                 )  # this command ran no torch op
             except ValueError as e:  # zero_core's ConfigError and the scenario's errors: one line each
-                raise click.ClickException(str(e)) from None
+                raise click.ClickException(printable(e)) from None
             _check_writable(runner.run_dir, "--resume" if resume else "--out")
+            for note in plan.notes:  # after every error about the arguments
+                say(f"note: {note}")
             try:
                 summary = runner.run()
             except RunFolderError as e:
-                raise click.ClickException(str(e)) from None
+                raise click.ClickException(printable(e)) from None
         except Interrupted as e:
             started = runner is not None and os.path.isfile(os.path.join(runner.run_dir, "scenario.yaml"))
             again = [
@@ -171,32 +172,36 @@ def _check_rendezvous(endpoint: str | None, rdzv_id: str) -> None:
 )
 def report(run_dir: str, wandb_mode: str) -> None:
     """Rewrite table.md, results.csv and the plots of RUN_DIR from its results.json; print the table."""
+    from .printable import printable
     from .run_folder import RunFolderError
     from .run_summary import NotARunFolder, load_summary
     from .results import write_outputs
     from .terminal_table import print_table
 
     try:
-        summary = load_summary(run_dir)
+        summary = load_summary(run_dir)  # every field the files and the table read: nothing is rewritten before
     except NotARunFolder as e:
-        raise click.ClickException(str(e)) from None
+        raise click.ClickException(printable(e)) from None
     _check_writable(run_dir, "RUN_DIR")
     try:
         write_outputs(run_dir, summary, wandb_mode, replay=True)
     except RunFolderError as e:
-        raise click.ClickException(str(e)) from None
+        raise click.ClickException(printable(e)) from None
     click.echo(f"results: {run_dir}\nrewrote: results.csv, table.md (every column), *.png\n")
     print_table(summary)
 
 
 def _check_writable(folder: str, flag: str) -> None:
     """Create `folder` if needed and make sure we may write there, before any work (one clear line if not)."""
+    from .printable import printable
+
+    shown = printable(folder)
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as e:
-        raise click.ClickException(f"cannot create {folder} ({e.strerror}); pass a writable {flag}") from None
+        raise click.ClickException(f"cannot create {shown} ({e.strerror}); pass a writable {flag}") from None
     if not os.access(folder, os.W_OK | os.X_OK):
-        raise click.ClickException(f"cannot write into {folder} (permission denied); pass a writable {flag}")
+        raise click.ClickException(f"cannot write into {shown} (permission denied); pass a writable {flag}")
 
 
 def _model_counts(model: str) -> tuple[str, int, int]:
@@ -236,13 +241,14 @@ def estimate(model: str, gpus: int, nodes: int, run_dir: str | None) -> None:
     from zero_core import ConfigError
 
     from zero_core import memory_estimate as est
+    from .printable import printable
     from .run_summary import NotARunFolder, load_summary
 
     try:
         summary = load_summary(run_dir) if run_dir else None  # before any output: a bad folder is the only line
         name, total, largest = _model_counts(model)
     except (ConfigError, NotARunFolder) as e:
-        raise click.ClickException(str(e)) from None
+        raise click.ClickException(printable(e)) from None
     click.echo(f"model {name}")
     click.echo(est.format_table(est.estimate(total, largest, gpus, nodes), total, largest, gpus, nodes))
     click.echo("\n" + est.format_init(total, largest, gpus))

@@ -19,8 +19,11 @@ from typing import Any
 from zero_core import AutoValues, ConfigError, fill_auto
 from zero_core.config import read_config_file
 from zero_core.config_auto import is_auto
+from zero_core.config_errors import show
 
 from .accelerate_config import load_accelerate_config
+from .bounds import MAX_BATCH
+from .limits import check_count
 from .scenario import Scenario, VariantSpec
 
 
@@ -31,17 +34,26 @@ def _read_json(path: str) -> dict[str, Any]:
     return data
 
 
+def _path(path: str, base_dir: str) -> str:
+    path = os.path.expanduser(path)  # as nvme_path and the data paths
+    return path if os.path.isabs(path) else os.path.join(base_dir, path)
+
+
 def template(sc: Scenario, v: VariantSpec, base_dir: str) -> dict[str, Any]:
-    """The variant's config with the scenario's defaults; "auto" values stay for `finalize`."""
+    """The variant's config with the scenario's defaults; "auto" values stay for `finalize`. ConfigError (the
+    caller names the variant) for what would fail or be misread in the ranks: a micro-batch, stage or offload
+    section of the wrong type."""
     if v.ds_config:
-        ds = _read_json(v.ds_config if os.path.isabs(v.ds_config) else os.path.join(base_dir, v.ds_config))
+        ds = _read_json(_path(v.ds_config, base_dir))
     elif v.accelerate_config:
-        path = v.accelerate_config
-        ds = load_accelerate_config(path if os.path.isabs(path) else os.path.join(base_dir, path))
+        ds = load_accelerate_config(_path(v.accelerate_config, base_dir))
     else:
         ds = {}
     ds = copy.deepcopy(ds)
-    ds.setdefault("train_micro_batch_size_per_gpu", "auto")
+    micro = ds.setdefault("train_micro_batch_size_per_gpu", "auto")
+    if not is_auto(micro) and check_count(micro, 1, MAX_BATCH):  # it becomes the variant's batch, unsearched
+        raise ConfigError(f'train_micro_batch_size_per_gpu must be "auto" or a whole number from 1 to {MAX_BATCH:,} '
+                          f"(the range of the scenario's batch_size), got {show(micro)}; fix the config file")
     ds.setdefault("gradient_accumulation_steps", sc.grad_accum)
     ds.setdefault("gradient_clipping", sc.max_grad_norm)
     ours_optimizer = "optimizer" not in ds  # the scenario's AdamW, as a training script would pass it
@@ -63,20 +75,34 @@ def template(sc: Scenario, v: VariantSpec, base_dir: str) -> dict[str, Any]:
         ds.setdefault(sc.precision, {"enabled": True})
     zero = ds.setdefault("zero_optimization", {})
     if not isinstance(zero, dict):
-        raise ConfigError(f"variant '{v.name}': zero_optimization must be an object")
+        raise ConfigError(f"zero_optimization must be an object {{...}}, got {show(zero)}; fix the config file")
     if v.engine in ("zero", "deepspeed"):
         if v.stage is not None:
             if "stage" in zero and zero["stage"] != v.stage:
                 raise ConfigError(
-                    f"variant '{v.name}': stage {v.stage} but its config file says zero_optimization.stage "
-                    f"{zero['stage']}; remove one of them"
+                    f"stage {v.stage} but its config file says zero_optimization.stage {show(zero['stage'])}; "
+                    "remove one of them"
                 )
             zero["stage"] = v.stage
         zero.setdefault("stage", 2)
+        if check_count(zero["stage"], 0, 3):  # every engine and the row read it as a number
+            unfilled = " (nothing fills \"auto\" for a stage)" if is_auto(zero["stage"]) else ""
+            raise ConfigError(
+                f"zero_optimization.stage must be 0, 1, 2 or 3, got {show(zero['stage'])}{unfilled}; set it in the "
+                "config file or give the variant stage: N"
+            )
         for part in ("optimizer", "param"):
-            device = getattr(v, f"offload_{part}")
+            key = f"offload_{part}"
+            if zero.get(key) is not None and not isinstance(zero[key], dict):
+                raise ConfigError(
+                    f'zero_optimization.{key} must be an object such as {{"device": "cpu"}}, got '
+                    f"{show(zero[key])}; fix the config file"
+                )
+            device = getattr(v, key)
             if device is not None:
-                section = zero.setdefault(f"offload_{part}", {})
+                section = zero.setdefault(key, {})
+                if section is None:
+                    section = zero[key] = {}
                 section["device"] = device
         if v.nvme_path is not None:  # the folder of every section offloaded to NVMe
             path = os.path.expanduser(v.nvme_path)
@@ -100,7 +126,7 @@ def _check_precision(ds: dict[str, Any], sc: Scenario, v: VariantSpec) -> None:
         on = enabled is True or (isinstance(enabled, str) and enabled.strip().lower() == "true")
         if on and sc.precision != key:
             raise ConfigError(
-                f"variant '{v.name}': its config enables {key} but the scenario's precision is "
+                f"its config enables {key} but the scenario's precision is "
                 f"{sc.precision}; set precision: {key} in the scenario or turn {key} off in the file"
             )
 
@@ -159,6 +185,6 @@ def make_nvme_folders(ds: dict[str, Any], variant: str) -> None:
 
 
 def fixed_batch(ds: dict[str, Any]) -> int | None:
-    """A numeric train_micro_batch_size_per_gpu in the variant's own file, if any."""
+    """The train_micro_batch_size_per_gpu of the variant's own file, if it sets one (`template` checked it)."""
     micro = ds.get("train_micro_batch_size_per_gpu")
-    return micro if isinstance(micro, int) and not isinstance(micro, bool) else None
+    return None if micro is None or is_auto(micro) else micro

@@ -1,4 +1,4 @@
-"""Bounded values for user input: whole numbers that are really integers, finite reals, true/false.
+"""Bounded values for user input: whole numbers that are really integers, finite reals, true/false, paths.
 
 pydantic's lax mode turns `8.0`, `1e30` and `"64"` into ints and `True` into 1, and lets `.inf` and
 `.nan` through a `gt=0` bound. These annotated types refuse all of that, and say the valid range:
@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
-from zero_core.config_errors import leaf_error
+from zero_core.config_errors import leaf, leaf_error
 
 from .bounds import MAX_BATCH, MAX_EPOCHS, MAX_GRAD_ACCUM, MAX_LABELS, MAX_NODES, MAX_RANKS  # noqa: F401
 from .bounds import MAX_SAMPLES, MAX_SEED, MAX_SEQ, MAX_STEPS, MAX_TIMEOUT_S  # noqa: F401
@@ -56,7 +56,10 @@ def check_real(
     value: Any, lo: float | None = None, hi: float | None = None, *, lo_open: bool = False, hi_open: bool = False
 ) -> str | None:
     """The message's "must be ..." part when `value` is not a finite number in the range, else None."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    try:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    except OverflowError:  # an integer past a float's range
+        ok = False
     ok = ok and (lo is None or (value > lo if lo_open else value >= lo))
     ok = ok and (hi is None or (value < hi if hi_open else value <= hi))
     return None if ok else f"a finite number {_range(lo, hi, lo_open, hi_open)}".rstrip()
@@ -81,6 +84,20 @@ def _flag(value: Any) -> bool:
 
 
 Flag = Annotated[bool, BeforeValidator(_flag)]  # never 1, "yes" as a string, ...
+
+
+def path_to(what: str) -> Any:
+    """A str field naming the path of `what`: never empty (that would name the scenario's own folder), never a
+    mapping or a number (a config written inline is not read as its file)."""
+
+    def check(value: Any) -> str:
+        if not isinstance(value, str):
+            raise leaf_error(f"the path of {what} (relative to the scenario file)", value)
+        if not value.strip():
+            raise leaf(f"is empty; give the path of {what}, or leave the key out")
+        return value
+
+    return Annotated[str, BeforeValidator(check)]
 
 
 # the scenario's named bounds

@@ -98,6 +98,7 @@ def check_data(sc: Scenario, base_dir: str) -> None:
     from .data.mrpc import find_mrpc_files
     from .data.mrpc_hf import find_mrpc_hf, resolve
     from .data.pairs import pick_columns
+    from .data.text import byte_tokens, too_short
 
     d = sc.data
     if d.mrpc_tsv is not None:
@@ -113,6 +114,16 @@ def check_data(sc: Scenario, base_dir: str) -> None:
                 what = "is not a regular file" if os.path.lexists(path) else "does not exist"
                 raise ScenarioError(f"data.text_files: {f} {what}; name a text file (paths are relative to the "
                                     "scenario file)")
+        if not (sc.model.tokenizer or sc.model.pretrained):  # read as bytes: counted here as each rank counts
+            paths = [abs_path(f, base_dir) for f in d.text_files]
+            try:
+                n_tokens = byte_tokens(paths, sc.seq_len)
+            except OSError as e:
+                raise ScenarioError(f"data.text_files: {e.filename} cannot be read ({e.strerror}); make it readable "
+                                    "or name another file") from None
+            problem = None if n_tokens is None else too_short(n_tokens, sc.seq_len)
+            if problem:
+                raise ScenarioError(problem)
     if d.text_pairs is not None:
         given = [f for f in (d.text_pairs.train, d.text_pairs.eval) if f]
         for f in given:

@@ -17,14 +17,15 @@ import json
 import os
 from typing import Any, Callable
 
-from .run_folder import run_path, write_atomic
+from .printable import printable
+from .run_folder import PROBE_LOG, run_path, write_atomic
 
 MAX_PROBE_BYTES = 1 << 20
 
 
 class ProbeLog:
     def __init__(self, run_dir: str, variant: str, setup: dict[str, Any], resume: bool) -> None:
-        self.path = run_path(run_dir, "variants", f"{variant}.probes.json")
+        self.path = run_path(run_dir, "variants", f"{variant}{PROBE_LOG}.json")
         self.setup = setup
         self.fits: dict[str, bool] = {}
         self.why: dict[str, str] = {}
@@ -46,9 +47,10 @@ class ProbeLog:
         self.why, self.resource = self._of_failed(data, "why"), self._of_failed(data, "resource")
 
     def _of_failed(self, data: dict[str, Any], field: str) -> dict[str, str]:
-        """The file's `field` map, for kept probes that did not fit only."""
+        """The file's `field` map, for kept probes that did not fit only (escaped: a status line prints it)."""
         kept = data.get(field) if isinstance(data.get(field), dict) else {}
-        return {k: v for k, v in kept.items() if self.fits.get(k) is False and isinstance(v, str) and len(v) < 500}
+        return {k: printable(v) for k, v in kept.items()
+                if self.fits.get(k) is False and isinstance(v, str) and len(v) < 500}
 
     def probe(self, what: str, run: Callable[[], tuple[str, str] | None]) -> tuple[str | None, str | None, bool]:
         """(None if `what` fits, else what it ran out of; its kind, None if it fits or the file predates kinds;

@@ -10,6 +10,7 @@ import json
 import math
 from typing import Any
 
+from .printable import markdown_cell, printable
 from .result_rows import add_floor_ratio, base_row, measured_row  # noqa: F401  (re-exported for the runner)
 from .run_folder import run_path, write_atomic
 
@@ -136,7 +137,7 @@ def table_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                 notes,
             ]
         )
-    return header, out
+    return header, [[printable(c) for c in cells] for cells in out]  # text from results.json, escaped
 
 
 def _where(summary: dict[str, Any]) -> str:
@@ -149,7 +150,8 @@ def _where(summary: dict[str, Any]) -> str:
 
 
 def caption(summary: dict[str, Any]) -> str:
-    """The line under the table: model, data, precision, where it ran, tolerance and how it was timed."""
+    """The line under the table: model, data, precision, where it ran, tolerance and how it was timed (escaped:
+    model, data and device are text from results.json)."""
     text = (
         f"{summary['scenario']}: {summary['init']} {summary['model']}, {summary['data_kind']} data "
         f"({summary.get('data_desc') or 'n/a'}), {summary['precision']}, "
@@ -171,7 +173,7 @@ def caption(summary: dict[str, Any]) -> str:
         text += f"; tokens/s, step time and TFLOP/s leave out the first {skip} optimizer steps"
     elif any(r.get("compiled") for r in summary["variants"]):  # a cold compile takes tens of seconds
         text += "; the compiled rows' tokens/s and step time include compiling (timing_skip_steps leaves it out)"
-    return text
+    return printable(text)
 
 
 def footer(summary: dict[str, Any]) -> str:
@@ -191,7 +193,7 @@ def markdown(summary: dict[str, Any]) -> str:
     """The table as a markdown pipe table (the articles' layout), with a caption line."""
     header, rows = table_rows(summary)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
+    lines += ["| " + " | ".join(markdown_cell(c) for c in cells) + " |" for cells in rows]
     text = "\n".join(lines) + "\n\n" + caption(summary) + "\n"
     rest = footer(summary)
     return text + ("\n" + rest if rest else "")
@@ -222,10 +224,12 @@ def _json_safe(x: Any) -> Any:
 
 
 def write_files(run_dir: str, summary: dict[str, Any]) -> None:
-    """results.json, results.csv and table.md in `run_dir`, each replaced whole (an interrupt leaves the old one)."""
-    write_atomic(run_path(run_dir, "results.json"), json.dumps(_json_safe(summary), indent=1, default=str))
-    write_atomic(run_path(run_dir, "results.csv"), frame(summary).to_csv(index=False))
-    write_atomic(run_path(run_dir, "table.md"), markdown(summary))
+    """results.json, results.csv and table.md in `run_dir`, each replaced whole (an interrupt leaves the old one);
+    all three are made before the first is written."""
+    texts = {"results.json": json.dumps(_json_safe(summary), indent=1, default=str),
+             "results.csv": frame(summary).to_csv(index=False), "table.md": markdown(summary)}
+    for name, text in texts.items():
+        write_atomic(run_path(run_dir, name), text)
 
 
 def write_outputs(run_dir: str, summary: dict[str, Any], wandb_mode: str = "off", replay: bool = False) -> None:

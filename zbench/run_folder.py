@@ -10,6 +10,7 @@ symbolic link planted in a folder given to `--resume`. Files are written whole o
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tempfile
@@ -22,6 +23,9 @@ from checkpoints.source import CheckpointError
 MAX_NAME = 100  # characters; also keeps W&B run names and log paths short
 _NAME = re.compile(r"\w[\w.+-]*")  # a word character first: no leading '.', '-' (a flag) or '+'
 NAME_RULE = f"letters, digits, '_', '.', '+' and '-' (not first), at most {MAX_NAME} characters"
+SHOWN_NAME = 60  # characters of a refused name quoted in its message
+PROBE_LOG = ".probes"  # variants/<variant>.probes.json, beside the variant's row variants/<variant>.json
+RUN_MARKER = ".zbench-run"  # written first into every run folder: --resume asks for it (or a finished row)
 
 
 _UMASK = os.umask(0o022)  # read once, at import (setting it is the only way to read it), and put back
@@ -39,7 +43,21 @@ def name_problem(name: object) -> str | None:
     except CheckpointError as e:
         return str(e).strip()
     if len(str(name)) > MAX_NAME or not _NAME.fullmatch(str(name)):
-        return f"{name!r:.60} is not a name zbench uses in paths; use {NAME_RULE}, e.g. 'zero2'"
+        return f"{quoted(str(name))} is not a name zbench uses in paths; use {NAME_RULE}, e.g. 'zero2'"
+    return None
+
+
+def quoted(name: str) -> str:
+    """`name` in quotes as a message shows it: escaped, and a long one cut inside the quotes ('abc…')."""
+    return repr(name if len(name) <= SHOWN_NAME else name[: SHOWN_NAME - 1] + "…")
+
+
+def variant_name_problem(name: str) -> str | None:
+    """Why `name` cannot name a variant beside the others (a sentence after the name), or None: the row file of
+    a name ending in '.probes' would be the probe log of the variant named without it."""
+    if name.lower().endswith(PROBE_LOG):
+        return (f"{quoted(name)} ends in '{PROBE_LOG}': variants/{name}.json is where zbench keeps the batch probes "
+                f"of a variant named {quoted(name[: -len(PROBE_LOG)])}; choose another name")
     return None
 
 
@@ -73,6 +91,13 @@ def write_atomic(path: str, data: str | bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)  # our own temporary file only
         raise
+
+
+def mark_run_folder(run_dir: str, version: str) -> None:
+    """The marker --resume asks of a folder before it replaces files there: written once, first, into every run."""
+    marker = run_path(run_dir, RUN_MARKER)
+    if not os.path.isfile(marker):
+        write_atomic(marker, json.dumps({"zbench": version}) + "\n")
 
 
 def new_run_dir(out: str, name: str, node_rank: int) -> str:

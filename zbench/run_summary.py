@@ -10,33 +10,49 @@ Extra keys are allowed (newer versions add some); the caller gets the file's own
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
 
-from zero_core.config_errors import leaf_error, show
+from zero_core.config_errors import leaf, leaf_error, show
 
-from .limits import Flag, count
+from .bounds import MAX_GRAD_ACCUM, MAX_NODES, MAX_RANKS
+from .limits import Batch, Flag, Positive, Steps, count
 from .results import TASK_COLUMNS
-from .run_folder import run_path
-from .scenario import RunName
+from .scenario import Engine, RunName
 from .scenario_errors import key_path
 
 MAX_RESULTS_BYTES = 256 << 20  # loss curves of every micro-step: ~100 MiB for 8 variants of a million steps
 MAX_ROW_BYTES = 64 << 20
 
 
+def _number(lo: float | None = None, *, infinite: bool = True) -> Any:
+    """A JSON number; NaN, as Python's json writes it, stands for "not measured" (GPU memory on the CPU). With `lo`:
+    at least `lo`, and finite unless `infinite`."""
+    expected = "a number" if lo is None else f"a{'' if infinite else ' finite'} number >= {lo:g} (or NaN)"
 
-def _number(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise leaf_error("a number", value)
-    return value  # NaN as Python's json writes it stands for "not measured" (e.g. GPU memory on the CPU)
+    def check(value: Any) -> float:
+        if isinstance(value, float) and math.isnan(value):
+            return value
+        try:
+            number = None if isinstance(value, bool) or not isinstance(value, (int, float)) else float(value)
+        except OverflowError:  # an integer past a float's range
+            number = None
+        if number is None or (lo is not None and (number < lo or not (infinite or math.isfinite(number)))):
+            raise leaf_error(expected, value)
+        return value
+
+    return Annotated[float, BeforeValidator(check)]
 
 
-Num = Annotated[float, BeforeValidator(_number)]
+Num = _number()  # losses and metrics: a diverged run's are whatever it computed
 OptNum = Num | None
+Measure = _number(0, infinite=False)  # times, rates, memory
+OptMeasure = Measure | None
 Whole = count(0, 2**63 - 1)
+World = count(1, MAX_RANKS * MAX_NODES)
 BREAKDOWN_KEYS = ("step", "gpu_fwd_bwd", "cpu_adam", "exposed", "h2d_tail", "d2h", "host_fold", "fold_wait", "h2d")
 
 
@@ -53,36 +69,46 @@ class Row(_Open):
 
     variant: RunName
     method: str
-    engine: str
+    engine: Engine
     stage: count(0, 3) | None
     status: Literal["ok", "oom", "failed", "unsupported", "remote"]
     note: str
 
 
 class MeasuredRow(Row):
-    """A row that trained: the numbers the table, the plots and W&B show."""
+    """A row that trained: every field the table, the CSV, the plots, W&B and loss parity read."""
 
-    batch: count(1, 2**63 - 1)
+    batch: Batch
     batch_searched: Flag = False
-    batch_search_step: Whole | None = None
-    train_oom_batch: count(1, 2**63 - 1) | None = None  # the searched maximum, out of memory over a whole epoch
-    train_s_per_epoch: OptNum
-    eval_s_per_epoch: OptNum
+    batch_search_step: Batch | None = None
+    train_oom_batch: Batch | None = None  # the searched maximum, out of memory over a whole epoch
+    eval_batch: Batch | None = None
+    eval_batch_searched: Flag = False
+    world_size: World | None = None
+    grad_accum: count(1, MAX_GRAD_ACCUM) | None = None
+    device: str | None = None
+    data: str | None = None
+    train_s_per_epoch: OptMeasure
+    eval_s_per_epoch: OptMeasure
     eval: dict[str, OptNum]
     eval_per_epoch: list[dict[str, OptNum]] = []
-    tokens_per_s: OptNum
-    step_ms: OptNum = None
-    vs_floor: OptNum = None
-    tflops_per_gpu: OptNum
-    peak_gpu_gib: OptNum
-    peak_cpu_gib: OptNum
-    est_gpu_gib: OptNum = None
+    tokens_per_s: OptMeasure
+    step_ms: OptMeasure = None
+    vs_floor: OptMeasure = None
+    tflops_per_gpu: OptMeasure
+    peak_gpu_gib: OptMeasure
+    peak_cpu_gib: OptMeasure
+    est_gpu_gib: OptMeasure = None
     losses: list[OptNum]
-    parity: OptNum = None  # set with parity_note when the run is summarised (kept rows have neither)
+    parity: _number(0) | None = None  # set with parity_note when the run is summarised (kept rows have neither)
     parity_note: str | None = None
     skipped_steps: Whole | None = None
+    skipped_by_step: list[Whole] | None = None  # per optimizer step: the steps skipped so far
     breakdown: dict[str, Num] = {}
     compiled: str | None = None
+    simulated: Flag = False
+    dropout: Flag = False
+    ds_config: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _complete(self) -> "MeasuredRow":
@@ -94,29 +120,52 @@ class MeasuredRow(Row):
         return self
 
 
+class KeptRow(MeasuredRow):
+    """A finished row --resume keeps: compared again with the ddp row, loss by loss (the runner writes NaN, never
+    null, for a loss that was not finite)."""
+
+    losses: list[Num]
+
+
 class Floor(_Open):
-    fwd_bwd_ms: Num
-    optimizer_ms: Num
-    shard_numel: Num
-    batch: count(1, 2**63 - 1)
+    fwd_bwd_ms: Measure
+    optimizer_ms: Measure
+    shard_numel: Measure
+    batch: Batch
     compiled: str | None = None
 
 
+class ScenarioConfig(_Open):
+    """The scenario as the run read it: the caption reads this much of it."""
+
+    timing_skip_steps: Steps = 0
+
+
+def _named_once(rows: list[Row]) -> list[Row]:
+    if not rows:
+        raise leaf("lists no row; a run has at least one variant")
+    names = [r.variant for r in rows]
+    twice = next((n for n in names if names.count(n) > 1), None)
+    if twice is not None:
+        raise leaf(f"hold two rows of variant '{twice}'; a run has one row per variant")
+    return rows
+
+
 class Summary(_Open):
-    scenario: str
+    scenario: RunName
     task: Literal[tuple(TASK_COLUMNS)]  # type: ignore[valid-type]
     data_kind: Literal["real", "synthetic"]
-    init: str
+    init: Literal["random-init", "pretrained"]
     model: str
     data_desc: str | None = None
-    precision: str
-    world_size: count(1, 2**31)
+    precision: Literal["fp32", "bf16", "fp16"]
+    world_size: World
     device: str
-    parity_tol: Num
+    parity_tol: Positive
     simulated: Flag = False
     floor: Floor | None = None
-    scenario_config: dict[str, Any] | None = None
-    variants: list[Row]
+    scenario_config: ScenarioConfig | None = None
+    variants: Annotated[list[Row], AfterValidator(_named_once)]
 
 
 def _problem(err: ValidationError, prefix: tuple[Any, ...] = ()) -> str:
@@ -130,9 +179,8 @@ def _problem(err: ValidationError, prefix: tuple[Any, ...] = ()) -> str:
     return f"{where} is {show(first.get('input'))}: {str(first['msg']).removeprefix('Value error, ')}"
 
 
-def _read(path: str, limit: int) -> Any:
-    """The JSON in `path`; NotARunFolder's reason (without the folder) otherwise."""
-    name = os.path.basename(path)
+def _read(path: str, limit: int, name: str) -> Any:
+    """The JSON in `path` (`name`: how messages call it); NotARunFolder's reason (without the folder) otherwise."""
     if not os.path.lexists(path):
         raise NotARunFolder(f"no {name}")
     if os.path.islink(path) or not os.path.isfile(path):
@@ -158,11 +206,12 @@ def _shaped(data: Any, model: type[BaseModel], name: str, prefix: tuple[Any, ...
         raise NotARunFolder(f"{name}: {_problem(err, prefix)}") from None
 
 
-def check_row(row: Any, name: str, prefix: tuple[Any, ...] = ()) -> None:
-    """A variant's row as the runner writes it; NotARunFolder's reason otherwise."""
+def check_row(row: Any, name: str, prefix: tuple[Any, ...] = (), kept: bool = False) -> None:
+    """A variant's row as the runner writes it (`kept`: as it writes variants/<name>.json); NotARunFolder's reason
+    otherwise."""
     _shaped(row, Row, name, prefix)
     if row["status"] == "ok":
-        _shaped(row, MeasuredRow, name, prefix)
+        _shaped(row, KeptRow if kept else MeasuredRow, name, prefix)
 
 
 def _not_a_run(run_dir: str, reason: str) -> NotARunFolder:
@@ -172,7 +221,7 @@ def _not_a_run(run_dir: str, reason: str) -> NotARunFolder:
 def load_summary(run_dir: str) -> dict[str, Any]:
     """results.json of `run_dir`, checked; NotARunFolder (one line) if it is not a run's summary."""
     try:
-        data = _read(os.path.join(run_dir, "results.json"), MAX_RESULTS_BYTES)
+        data = _read(os.path.join(run_dir, "results.json"), MAX_RESULTS_BYTES, "results.json")
         _shaped(data, Summary, "results.json")
         for i, row in enumerate(data["variants"]):
             check_row(row, "results.json", ("variants", i))
@@ -182,41 +231,16 @@ def load_summary(run_dir: str) -> dict[str, Any]:
 
 
 def load_kept(run_dir: str, path: str, what: Literal["row", "floor"]) -> dict[str, Any]:
-    """A kept variants/<name>.json or floor.json of a folder given to --resume, checked."""
+    """A kept variants/<name>.json (the row of variant <name>) or floor.json of a folder given to --resume, checked."""
     name = os.path.relpath(path, run_dir)
+    again = os.path.basename(path).removesuffix(".json") if what == "row" else "the floor measurement"
     try:
-        data = _read(path, MAX_ROW_BYTES)
-        check_row(data, name) if what == "row" else _shaped(data, Floor, name)
+        data = _read(path, MAX_ROW_BYTES, name)
+        check_row(data, name, kept=True) if what == "row" else _shaped(data, Floor, name)
     except NotARunFolder as e:
-        again = "that variant" if what == "row" else "the floor measurement"
         raise NotARunFolder(f"--resume {run_dir}: {e}; it was not written by zbench run: remove it to run {again} "
                             "again") from None
+    if what == "row" and f"{data['variant']}.json" != os.path.basename(path):  # a copy of another variant's row
+        raise NotARunFolder(f"--resume {run_dir}: {name} holds the row of '{data['variant']}'; remove it to run "
+                            f"{again} again")
     return data
-
-
-def check_resume(run_dir: str, plan: Any) -> None:
-    """Before anything runs: a resumed folder comes from the same scenario file (its finished rows are
-    reused by name), every file it keeps is one the runner wrote, and no path the run will write
-    leaves it (a link planted in the folder)."""
-    kept = run_path(run_dir, "scenario.yaml")
-    if not os.path.isfile(kept):
-        raise NotARunFolder(f"--resume {run_dir} has no scenario.yaml: it is not a zbench run folder; pass a folder "
-                            "written by zbench run")
-    same = os.path.getsize(kept) == os.path.getsize(plan.path)
-    if same:
-        with open(kept, "rb") as a, open(plan.path, "rb") as b:
-            same = a.read() == b.read()
-    if not same:
-        raise ValueError(f"--resume {run_dir} was run with another version of the scenario ({kept}); "
-                         "resume with that file or start a new run")
-    for name in ("results.json", "results.csv", "table.md", "throughput.png", "memory.png", "loss.png", "wandb",
-                 "floor.json", "logs/floor"):
-        run_path(run_dir, name)
-    for vp in plan.variants:
-        for part in ("logs", "checkpoints"):
-            run_path(run_dir, part, vp.name)
-        row = run_path(run_dir, "variants", f"{vp.name}.json")
-        if os.path.lexists(row):
-            load_kept(run_dir, row, "row")
-    if plan.scenario.measure_floor and os.path.lexists(run_path(run_dir, "floor.json")):
-        load_kept(run_dir, run_path(run_dir, "floor.json"), "floor")

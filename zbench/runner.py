@@ -28,7 +28,7 @@ from .probe_log import ProbeLog
 from .progress import ProgressView
 from .parity import add_parity
 from .results import add_floor_ratio, base_row, measured_row, write_outputs
-from .run_folder import new_run_dir, run_path, write_atomic
+from .run_folder import mark_run_folder, new_run_dir, run_path, write_atomic
 from .run_summary import load_kept
 from .search import largest_fitting, largest_fitting_value, train_stepping_down
 from .wandb_log import wandb_spec
@@ -82,8 +82,7 @@ class Runner:
             # a rerun with --resume continues from here, on any number of ranks
             job["checkpoint_dir"] = self._checkpoint_dir(vp)
         sizes = f"batch {batch}" + (f", eval batch {eval_batch}" if eval_batch else "")
-        title = f"{vp.name} ({sizes})"
-        with ProgressView(job["progress"], title, enabled=self.opts.progress):
+        with ProgressView(job["progress"], f"{vp.name} ({sizes})", enabled=self.opts.progress):
             res = launch(run_job, json.dumps(job), self.nodes, run_id=f"{vp.name}-{mode}{index}", log_dir=log_dir,
                          index=index, what=f"variant '{vp.name}' ({mode}, {sizes})", fork_ok=self.opts.fork_ok)
         self.writer = 0 in res
@@ -242,6 +241,7 @@ class Runner:
     def run(self) -> dict[str, Any] | None:
         """Run every variant; the summary on the writing node, None elsewhere."""
         os.makedirs(run_path(self.run_dir, "variants"), exist_ok=True)
+        mark_run_folder(self.run_dir, __version__)
         with open(self.plan.path, "rb") as f:  # whole or absent: --resume checks it first
             write_atomic(run_path(self.run_dir, "scenario.yaml"), f.read())
         if start_method(self.opts.fork_ok) == "fork":  # import once here rather than in every forked rank
@@ -289,8 +289,8 @@ class Runner:
             "scenario_config": sc.model_dump(mode="json"),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "task": sc.task, "headline_metric": sc.headline_metric,
             "precision": sc.precision, "world_size": plan.world_size, "nodes": plan.nnodes, "gpus_per_node": plan.gpus,
-            "device": measured[0]["device"] if measured else plan.device, "init": plan.init, "model": plan.model_name,
-            "data_kind": plan.data_kind, "data_desc": measured[0]["data"] if measured else None,
+            "device": (measured or [{}])[0].get("device") or plan.device, "init": plan.init, "model": plan.model_name,
+            "data_kind": plan.data_kind, "data_desc": (measured or [{}])[0].get("data"),
             "parity_tol": sc.tolerance, "notes": plan.notes, "floor": floor, "simulated": plan.simulated,
             "zbench": __version__, "torch": torch.__version__, "variants": rows,
         }

@@ -41,9 +41,10 @@ from .limits import (
     Steps,
     Strict,
     count,
+    path_to,
     real,
 )
-from .run_folder import default_name, name_problem
+from .run_folder import default_name, name_problem, variant_name_problem
 from .scenario_data import DataSpec
 from .scenario_errors import ScenarioError, translate
 from .yaml_strict import read_yaml
@@ -71,8 +72,16 @@ def _run_name(v: Any) -> Any:
     return v
 
 
+def _variant_name(v: Any) -> Any:
+    problem = name_problem(v) or variant_name_problem(v)
+    if problem:
+        raise leaf(problem)
+    return v
+
+
 Compile = Annotated[bool | CompileBackend | None, BeforeValidator(_compile_value)]
 RunName = Annotated[str, BeforeValidator(_run_name)]  # becomes a folder name: checked here, joined safely later
+VariantName = Annotated[str, BeforeValidator(_variant_name)]  # a RunName that is no other variant's file
 
 # The metric a task reports first, and every metric it can report.
 TASK_METRICS: dict[str, tuple[str, ...]] = {
@@ -123,15 +132,16 @@ class ModelSearch(Strict):
 
 
 class VariantSpec(Strict):
-    name: RunName
+    name: VariantName
     engine: Engine
     label: str | None = None  # the "Method" column; default from engine and stage
     stage: count(0, 3) | None = None  # zero/deepspeed; default: the config's, else 2
     offload_optimizer: Device | None = None
     offload_param: Device | None = None
-    nvme_path: str | None = None  # folder for offload_optimizer/offload_param: nvme (relative to the scenario file)
-    ds_config: str | None = None  # a DeepSpeed JSON file
-    accelerate_config: str | None = None  # an Accelerate YAML with distributed_type: DEEPSPEED
+    # folder for offload_optimizer/offload_param: nvme (relative to the scenario file)
+    nvme_path: path_to("a folder for the offloaded states") | None = None
+    ds_config: path_to("a DeepSpeed JSON file") | None = None
+    accelerate_config: path_to("an Accelerate YAML file") | None = None  # with distributed_type: DEEPSPEED
     batch_size: Batch | None = None  # per GPU; overrides the scenario's
     model_overrides: dict[str, Any] = {}  # arch fields for this variant only (e.g. a wider minGPT for ZeRO-3)
     compile: Compile = None  # this variant's torch.compile; default: the scenario's

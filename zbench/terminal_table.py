@@ -54,7 +54,7 @@ def _fixed_width(name: str, cells: list[str]) -> int | None:
     numeric = all(c[:1].isdigit() or c == "–" for c in cells)
     if not numeric and name not in UNBROKEN:
         return None
-    return max(*(len(c) for c in cells), *(len(word) for word in SHORT.get(name, name).split()))
+    return max([*(len(c) for c in cells), *(len(word) for word in SHORT.get(name, name).split())])
 
 
 def _needed(header: list[str], rows: list[list[str]], columns: list[int]) -> int:
@@ -129,7 +129,7 @@ def print_table(summary: dict[str, Any], stream: IO[str] | None = None, width: i
             justify="right" if fixed and header[i] not in UNBROKEN else "left",
             overflow="fold",
             width=fixed,
-            min_width=None if fixed else min(max(len(c) for c in cells), 14),
+            min_width=None if fixed else min(max((len(c) for c in cells), default=0), 14),
         )
     for r in rows:
         table.add_row(*(r[i] for i in varying))
