@@ -18,7 +18,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from zero_core.config_auto import AUTO_RULES  # noqa: E402
-from zero_core.config_keys import ALIASES, KEYS, SUPPORTED  # noqa: E402
+from zero_core.config_keys import ALIASES, KEYS, SUPPORTED, Key  # noqa: E402
 
 from helpers import marked_block, rewrite_block  # noqa: E402
 
@@ -34,24 +34,44 @@ def _auto_rows() -> list[str]:
     return rows
 
 
+def _status(k: Key) -> str:
+    if k.switch:
+        return f"{k.status} (accepted while `{k.switch}` is {' or '.join(json.dumps(v) for v in k.accepts)})"
+    accepts = f" (accepted as {', '.join(json.dumps(v) for v in k.accepts)})" if k.accepts else ""
+    return k.status + accepts
+
+
 def _key_rows() -> list[str]:
+    """One row per section's supported keys (where the section first appears), one per set of keys of a section
+    that zero_core treats alike (status, accepted values and reason), and one per alias target section."""
     rows = ["| key | zero_core | why |", "|---|---|---|"]
-    supported: dict[str, list[str]] = {}  # section -> its supported keys, one row per section
+    supported: dict[tuple[str, ...], list[str]] = {}  # (section,) -> its supported keys
+    alike: dict[tuple[str, str, str], list[str]] = {}  # (section, status, why) -> its keys, one row each
+    order: list[tuple[str, ...]] = []
     for k in KEYS:
         section, _, leaf = k.path.rpartition(".")
-        if k.status == SUPPORTED:
-            supported.setdefault(section, []).append(leaf)
-    done = set()
-    for k in KEYS:
-        section, _, leaf = k.path.rpartition(".")
-        if k.status != SUPPORTED:
-            accepts = f" (accepted as {', '.join(json.dumps(v) for v in k.accepts)})" if k.accepts else ""
-            rows.append(f"| `{k.path}` | {k.status}{accepts} | {k.why} |")
-        elif section not in done:
-            done.add(section)
-            keys = ", ".join(f"`{name}`" for name in supported[section])
+        group = (section,) if k.status == SUPPORTED else (section, _status(k), k.why)
+        found = supported if k.status == SUPPORTED else alike
+        if group not in found:
+            found[group] = []
+            order.append(group)
+        found[group].append(leaf)
+    for group in order:
+        section = group[0]
+        if len(group) == 1:
+            keys = ", ".join(f"`{name}`" for name in supported[group])
             rows.append(f"| {f'`{section}`: ' if section else 'top level: '}{keys} | supported | |")
-    rows += [f"| `{old}` | alias | read as `{new}` |" for old, new in ALIASES.items()]
+        else:
+            keys = ", ".join(f"`{name}`" for name in alike[group])
+            rows.append(f"| {f'`{section}`: ' if section else ''}{keys} | {group[1]} | {group[2]} |")
+    prefixed = [old for old, new in ALIASES.items() if new == old.replace(".", ".stage3_", 1)]  # DeepSpeed's own names
+    by_target: dict[str, list[str]] = {}
+    for old, new in ALIASES.items():
+        if old not in prefixed:
+            by_target.setdefault(new, []).append(old)
+    rows += [f"| {', '.join(f'`{o}`' for o in olds)} | alias | read as `{new}` |" for new, olds in by_target.items()]
+    leaves = ", ".join(f"`{old.partition('.')[2]}`" for old in prefixed)
+    rows.append(f"| `zero_optimization`: {leaves} | alias | read as the same key with `stage3_` in front |")
     return rows
 
 

@@ -40,7 +40,7 @@ def test_unknown_key_without_close_match_lists_valid_keys():
     [
         ({**MB, "amp": {"enabled": True}}, "use 'fp16' or 'bf16'"),
         ({**MB, "optimizer": {"type": "AdamW", "params": {"max_grad_norm": 1.0}}}, "'gradient_clipping'"),
-        ({**MB, "activation_checkpointing": {}}, "torch.utils.checkpoint"),
+        ({**MB, "activation_checkpointing": {"partition_activations": True}}, "torch.utils.checkpoint"),
     ],
 )
 def test_known_deepspeed_keys_we_lack_say_why(config, needle):
@@ -328,7 +328,7 @@ def test_an_auto_nothing_fills_takes_deepspeeds_default():
                        "zero_optimization": zero}, 1)
     z = cfg.zero_optimization
     assert z.overlap_comm is True and z.stage3_gather_16bit_weights_on_model_save is False  # stage 3's defaults
-    assert z.offload_optimizer.ratio == "auto" and z.offload_optimizer.pin_memory is False
+    assert z.offload_optimizer.ratio == "auto" and z.offload_optimizer.pin_memory is True  # DeepSpeed 0.19.8's
     assert (cfg.fp16.loss_scale, cfg.fp16.hysteresis) == (0.0, 2)
     two = load_config({**MB, "zero_optimization": {"stage": 2, "overlap_comm": "auto"}}, 1).zero_optimization
     assert two.overlap_comm is False

@@ -174,11 +174,9 @@ def _rank() -> int:
 
 
 def describe(cfg: ZeroConfig) -> str:
-    """The resolved config as pretty JSON (unset logging sections left out)."""
-    data = cfg.model_dump(mode="json")
-    for key in ("tensorboard", "wandb", "csv_monitor", "comet", "flops_profiler", "comms_logger", "aio"):
-        if data.get(key) is None:
-            data.pop(key, None)
+    """The resolved config as pretty JSON (top-level keys at null, which is their default, left out)."""
+    fields = type(cfg).model_fields
+    data = {k: v for k, v in cfg.model_dump(mode="json").items() if v is not None or fields[k].default is not None}
     return json.dumps(data, indent=2)
 
 

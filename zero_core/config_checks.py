@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
+from .config_checks_refused import refused_values
 from .config_errors import Problem
 from .config_keys import accepted_only_as
 from .config_models import SCHEDULER_KEYS, AioConfig, ZeroConfig
@@ -14,7 +15,8 @@ _Z = "zero_optimization."
 
 
 def contradictions(cfg: ZeroConfig) -> list[Problem]:
-    checks = (_precision_and_optimizer, _scheduler, _offload, _overlap, _streamed, _delayed_update, _aio)
+    checks = (_precision_and_optimizer, _scheduler, _offload, _overlap, _streamed, _delayed_update, _aio,
+              refused_values)
     return [problem for check in checks for problem in check(cfg)]
 
 

@@ -121,12 +121,12 @@ def unknown_key_message(root: type[BaseModel], loc: tuple[Any, ...]) -> str:
     if path in refused:
         return f"key '{path}' is not supported by zero_core; {refused[path]}"
     keys = valid_keys(root, loc[:-1])
+    elsewhere = _paths_of(root, key)
+    if len(elsewhere) == 1:  # a key of one other section (a generic name such as 'enabled' says nothing)
+        return f"unknown key '{path}'; it belongs under '{elsewhere[0]}', move it there"
     close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
     if close:
         return f"unknown key '{path}'; did you mean '{close[0]}'?"
-    elsewhere = _paths_of(root, key)
-    if elsewhere:
-        return f"unknown key '{path}'; it belongs under '{elsewhere[0]}', move it there"
     section = _section_name(loc[:-1])
     return f"unknown key '{path}'; remove it or use one of the valid keys of {section}: {', '.join(keys)}"
 

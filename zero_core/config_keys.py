@@ -3,28 +3,20 @@
 - supported: the engine acts on it (where it applies: stage-3 keys at stage 3, fp16 keys with fp16 on).
 - ignored: accepted and not acted on; rank 0 names each one that a config sets, once, in one line.
 - refused: a one-line error. `accepts` lists the values that are still accepted because they change
-  nothing (DeepSpeed's defaults); set to those, the key is named like an ignored one.
+  nothing (DeepSpeed's defaults); set to those, the key is named like an ignored one. A refused whole
+  section with a `switch` is accepted while no key of that name in it turns the feature on.
 
-A test fails when a field of the config models has no row here, and docs/config.md is printed from it.
+The rows of features zero_core lacks are in config_keys_deepspeed.py. A test fails when a field of the config
+models has no row here, and docs/config.md is printed from it.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
-SUPPORTED, IGNORED, REFUSED = "supported", "ignored", "refused"
-
-
-class Key(NamedTuple):
-    path: str  # dotted key; a whole section (the logging ones) is one key
-    status: str
-    why: str = ""  # for ignored and refused keys: what zero_core does instead, or the fix
-    accepts: tuple[Any, ...] = ()  # refused keys: values still accepted (DeepSpeed's defaults, no effect)
-
-
-def _supported(*paths: str) -> list[Key]:
-    return [Key(p, SUPPORTED) for p in paths]
-
+from . import config_keys_deepspeed as ds
+from .config_keys_base import IGNORED, REFUSED, SUPPORTED, Key, is_accepted  # noqa: F401 (re-exported)
+from .config_keys_base import supported as _supported
 
 _Z = "zero_optimization."
 _WARMUP = ("warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "last_batch_iteration")
@@ -41,6 +33,7 @@ SCHEDULER_ARGUMENTS = {
 SCHEDULER_KEYS = {kind: frozenset(keys) for kind, keys in SCHEDULER_ARGUMENTS.items()}
 _SCHEDULER = tuple(dict.fromkeys(k for keys in SCHEDULER_ARGUMENTS.values() for k in keys))  # every one, once
 _LOGGING = "the engine logs nothing of its own"
+LOGGING_SECTIONS = ("tensorboard", "wandb", "csv_monitor", "comet", "flops_profiler", "comms_logger")
 _NVME_PARAM = "NVMe parameter offload maps the whole partition file; the kernel pages it in and out"
 _LIBAIO = "a libaio setting; zero_core's NVMe I/O runs on a thread pool"
 
@@ -66,12 +59,14 @@ KEYS: list[Key] = [
     Key("wall_clock_breakdown", IGNORED, "no timers are printed"),
     Key("prescale_gradients", IGNORED, "gradient sums are divided by the world size once, in fp32"),
     Key("gradient_predivide_factor", IGNORED, "gradient sums are divided by the world size once, in fp32"),
-    Key("zero_allow_untested_optimizer", IGNORED, "any torch optimizer given to initialize runs without it"),
+    Key("zero_allow_untested_optimizer", SUPPORTED,
+        "lets initialize take a torch optimizer zero_core does not know; its update must be element-wise"),
     Key(
         "zero_force_ds_cpu_optimizer", IGNORED, "with optimizer offload the update always runs on zero_core's CPU AdamW"
     ),
     Key("dump_state", IGNORED, "rank 0 always prints the resolved config"),
     Key("memory_breakdown", IGNORED, "no memory report is printed"),
+    *ds.TOP,
     *_supported(
         "optimizer.type",
         "optimizer.params.lr",
@@ -81,6 +76,7 @@ KEYS: list[Key] = [
         "optimizer.params.adam_w_mode",
         "optimizer.params.torch_adam",
     ),
+    *ds.OPTIMIZER,
     *_supported("scheduler.type", *("scheduler.params." + k for k in _SCHEDULER)),
     *_supported(
         "fp16.enabled",
@@ -93,6 +89,7 @@ KEYS: list[Key] = [
         "bf16.enabled",
     ),
     Key("fp16.auto_cast", IGNORED, "inputs are not cast; pass them in the dtype the model needs"),
+    *ds.PRECISION,
     *_supported(
         _Z + "stage",
         _Z + "overlap_comm",
@@ -109,6 +106,7 @@ KEYS: list[Key] = [
     Key(_Z + "stage3_gather_16bit_weights_on_model_save", IGNORED, "save_16bit_model always gathers the full weights"),
     Key(_Z + "sub_group_size", IGNORED, "the optimizer steps the whole partition, in chunks of its own with offload"),
     Key(_Z + "round_robin_gradients", IGNORED, "gradient partitions are copied in bucket order"),
+    *ds.ZERO,
     *_supported(
         _Z + "offload_optimizer.device",
         _Z + "offload_optimizer.nvme_path",
@@ -117,6 +115,7 @@ KEYS: list[Key] = [
     ),
     Key(_Z + "offload_optimizer.pin_memory", IGNORED, "transfer buffers are always pinned on CUDA, the states never"),
     Key(_Z + "offload_optimizer.fast_init", IGNORED, "the NVMe state file is written once at initialize"),
+    *ds.OFFLOAD_OPTIMIZER,
     *_supported(_Z + "offload_param.device"),
     Key(_Z + "offload_param.pin_memory", IGNORED, "the host copy of the parameters is always pinned"),
     *_supported(_Z + "offload_param.nvme_path"),
@@ -128,6 +127,7 @@ KEYS: list[Key] = [
     Key("checkpoint.tag_validation", IGNORED, "rank 0 names the checkpoint folder for every rank"),
     Key("checkpoint.load_universal", IGNORED, "zbench checkpoints always reshard on load"),
     Key("checkpoint.use_node_local_storage", IGNORED, "checkpoints go to one folder that every rank can see"),
+    *ds.CHECKPOINT,
     *_supported(
         "zero_core.comm_timeout_s",
         "zero_core.max_consecutive_nonfinite",
@@ -142,22 +142,12 @@ KEYS: list[Key] = [
     ),
     *(
         Key(section, IGNORED, _LOGGING)
-        for section in ("tensorboard", "wandb", "csv_monitor", "comet", "flops_profiler", "comms_logger")
+        for section in LOGGING_SECTIONS
     ),
+    *ds.SECTIONS,
     # DeepSpeed keys that the models lack on purpose: refused whenever present, with the fix
     Key("amp", REFUSED, "use 'fp16' or 'bf16' instead"),
-    Key("activation_checkpointing", REFUSED, "use torch.utils.checkpoint inside the model instead"),
-    Key("pipeline", REFUSED, "pipeline parallelism is out of scope; remove it"),
-    Key("sparse_attention", REFUSED, "it is a model feature, not an engine one; remove it"),
-    Key("sparse_gradients", REFUSED, "gradients are always dense; remove it"),
     Key("elasticity", REFUSED, "set the batch sizes explicitly instead"),
-    Key("compression_training", REFUSED, "compression is out of scope; remove it"),
-    Key("data_efficiency", REFUSED, "curriculum / data routing is out of scope; remove it"),
-    Key("curriculum_learning", REFUSED, "curriculum learning is out of scope; remove it"),
-    Key("quantize_training", REFUSED, "quantized training is out of scope; remove it"),
-    Key("autotuning", REFUSED, "run zbench scenarios to tune instead; remove it"),
-    Key("nebula", REFUSED, "checkpoints use zbench's own format; remove it"),
-    Key("data_types", REFUSED, "gradients always accumulate in fp32 partitions; remove it"),
     Key(_Z + "cpu_offload", REFUSED, "it is deprecated in DeepSpeed too; use zero_optimization.offload_optimizer"),
     Key(_Z + "cpu_offload_param", REFUSED, "it is deprecated in DeepSpeed too; use zero_optimization.offload_param"),
     Key(
@@ -165,6 +155,7 @@ KEYS: list[Key] = [
         REFUSED,
         "use the top-level 'gradient_clipping' key instead (DeepSpeed rejects it too)",
     ),
+    *ds.REFUSED_OUTRIGHT,
 ]
 
 # other names DeepSpeed reads for a zero_optimization key: a legacy spelling, and its config fields' own names
@@ -176,6 +167,10 @@ ZERO_ALIASES = {
     "param_persistence_threshold": "stage3_param_persistence_threshold",
     "max_live_parameters": "stage3_max_live_parameters",
     "max_reuse_distance": "stage3_max_reuse_distance",
+    "model_persistence_threshold": "stage3_model_persistence_threshold",
+    "module_granularity_threshold": "stage3_module_granularity_threshold",
+    "use_all_reduce_for_fetch_params": "stage3_use_all_reduce_for_fetch_params",
+    "allgather_sequential": "stage3_allgather_sequential",
 }
 # the config models rename these to the key in the second column
 ALIASES = {"bfloat16": "bf16", **{_Z + old: _Z + new for old, new in ZERO_ALIASES.items()}}
@@ -189,6 +184,11 @@ def refused_outright() -> dict[str, str]:
     return {k.path: k.why for k in KEYS if k.status == REFUSED and not k.accepts}
 
 
+def refused_unless_accepted() -> list[Key]:
+    """Refused keys the models have, accepted at some values (or, for a section with a switch, while it is off)."""
+    return [k for k in KEYS if k.status == REFUSED and k.accepts]
+
+
 def accepted_only_as(prefix: str) -> dict[str, Any]:
     """Refused keys directly under `prefix` that are accepted at one value: name -> that value."""
     return {
@@ -199,5 +199,6 @@ def accepted_only_as(prefix: str) -> dict[str, Any]:
 
 
 def not_acted_on(set_paths: list[str]) -> list[Key]:
-    """The rows of the keys among `set_paths` that zero_core accepts without acting on them."""
-    return [BY_PATH[p] for p in set_paths if p in BY_PATH and BY_PATH[p].status != SUPPORTED]
+    """The rows of the keys among `set_paths` that zero_core accepts without acting on them, in the table's order."""
+    given = set(set_paths)
+    return [k for k in KEYS if k.path in given and k.status != SUPPORTED]

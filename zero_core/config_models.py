@@ -15,9 +15,26 @@ import torch
 from pydantic import PrivateAttr, model_validator
 
 from .config_errors import full_error
-from .config_keys import ZERO_ALIASES
+from .config_feature_models import (
+    ActivationCheckpointingConfig,
+    CompileConfig,
+    DataTypesConfig,
+    HybridEngineConfig,
+    TorchAutocastConfig,
+)
 from .config_optimizer_models import SCHEDULER_KEYS, OptimizerConfig, SchedulerConfig, SchedulerParams  # noqa: F401
-from .config_types import Bool, Count, Section, Text, choice, integer, number, ratio_or_auto
+from .config_types import Bool, Section, choice, integer, number
+from .config_zero_models import (  # noqa: F401 (the sections' home for the rest of zero_core)
+    AioConfig,
+    OffloadOptimizerConfig,
+    OffloadParamConfig,
+    ZeroOptimizationConfig,
+)
+
+
+_SECTION = dict[str, Any] | None  # a section zero_core does not read: carried through as given
+_DTYPE_NAMES = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}
+_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 class FP16Config(Section):
@@ -29,94 +46,24 @@ class FP16Config(Section):
     hysteresis: Annotated[int, integer(1)] = 2
     consecutive_hysteresis: Bool = False
     min_loss_scale: Annotated[float, number(0.0, lo_open=True)] = 1.0
+    fp16_master_weights_and_grads: Bool = False
 
 
 class BF16Config(Section):
     enabled: Bool = False
-
-
-_DEVICES = choice({"none": "none", "cpu": "cpu", "nvme": "nvme"})
-
-
-class OffloadOptimizerConfig(Section):
-    device: Annotated[str, _DEVICES] = "none"
-    pin_memory: Bool = False
-    nvme_path: Text = None
-    buffer_count: Annotated[int, integer(0)] = 4
-    fast_init: Bool = False
-    # the fraction of each rank's optimizer partition on the host (the rest on the device, optim/split_adam.py);
-    # "auto": the largest device share that fits after a measured first step (optim/auto_ratio.py)
-    ratio: Annotated[float | str, ratio_or_auto()] = 1.0
-
-
-class OffloadParamConfig(Section):
-    device: Annotated[str, _DEVICES] = "none"
-    pin_memory: Bool = False
-    nvme_path: Text = None
-    buffer_count: Annotated[int, integer(0)] = 5
-    buffer_size: Count = 100_000_000
-    max_in_cpu: Count = 1_000_000_000
-
-
-class AioConfig(Section):
-    """Async I/O for NVMe optimizer offload (top level as DeepSpeed reads it, or in zero_optimization as
-    HF's docs put it). Used: block_size (bytes per request, a multiple of 4096), queue_depth x
-    thread_count (requests in flight, each on a pool thread). single_submit, overlap_events and
-    intra_op_parallelism are libaio settings: accepted at DeepSpeed's defaults only; use_gds is refused."""
-
-    block_size: Count = 1_048_576
-    queue_depth: Annotated[int, integer(1)] = 8
-    thread_count: Annotated[int, integer(1)] = 1
-    intra_op_parallelism: Annotated[int, integer(1)] = 1
-    single_submit: Bool = False
-    overlap_events: Bool = True
-    use_gds: Bool = False
+    immediate_grad_update: Bool = False
+    check_grad_overflow: Bool = True
+    bf16_master_weights_and_grads: Bool = False
+    bf16_optimizer_states: Bool = False
 
 
 class CheckpointConfig(Section):
     tag_validation: Annotated[str, choice({"ignore": "Ignore", "warn": "Warn", "fail": "Fail"})] = "Warn"
     load_universal: Bool = False
     use_node_local_storage: Bool = False
-
-
-class ZeroOptimizationConfig(Section):
-    stage: Annotated[int, integer(0, 3)] = 0
-    overlap_comm: Bool = False  # absent -> stage == 3, as DeepSpeed
-    contiguous_gradients: Bool = True
-    reduce_scatter: Bool = True
-    reduce_bucket_size: Count = 500_000_000
-    allgather_partitions: Bool = True
-    allgather_bucket_size: Count = 500_000_000
-    stage3_prefetch_bucket_size: Count = 50_000_000
-    stage3_param_persistence_threshold: Count = 100_000
-    stage3_max_live_parameters: Count = 1_000_000_000
-    stage3_max_reuse_distance: Count = 1_000_000_000
-    stage3_gather_16bit_weights_on_model_save: Bool = False
-    sub_group_size: Count = 1_000_000_000
-    round_robin_gradients: Bool = False
-    offload_optimizer: OffloadOptimizerConfig | None = None
-    offload_param: OffloadParamConfig | None = None
-    aio: AioConfig | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _aliases_and_dynamic_defaults(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        data = dict(data)
-        for old, new in ZERO_ALIASES.items():
-            if old in data:
-                if new in data and data[new] != data[old]:
-                    raise full_error(
-                        f"zero_optimization.{old} (another name of it) and zero_optimization.{new} disagree; keep "
-                        f"only '{new}'",
-                        drop=old,
-                    )
-                data[new] = data.pop(old)
-        unset = data.get("overlap_comm", "auto") == "auto"  # absent, or an "auto" nothing filled
-        if unset and data.get("stage") in (0, 1, 2, 3) and not isinstance(data.get("stage"), bool):
-            data["overlap_comm"] = data["stage"] == 3
-        return data
+    parallel_write: _SECTION = None
+    checkpoint_serialization: Bool = True
+    writer: _SECTION = None
 
 
 class ZeroCoreConfig(Section):
@@ -161,8 +108,6 @@ class ZeroCoreConfig(Section):
     offload_stream_hold_grads: Bool = True
 
 
-_MONITOR = dict[str, Any] | None  # logging sections: carried through, not used by the engine
-
 
 class ZeroConfig(Section):
     """The whole config. Build it with `load_config`, which also resolves the batch sizes."""
@@ -176,9 +121,7 @@ class ZeroConfig(Section):
     # None: no periodic log (newer DeepSpeed's default; older versions used 10)
     steps_per_print: Annotated[int | None, integer(1, optional=True)] = None
     wall_clock_breakdown: Bool = False
-    communication_data_type: Annotated[
-        str | None, choice({"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}, allow_none=True)
-    ] = None
+    communication_data_type: Annotated[str | None, choice(_DTYPE_NAMES, allow_none=True)] = None
     prescale_gradients: Bool = False
     gradient_predivide_factor: Annotated[float, number(0.0, lo_open=True)] = 1.0
     zero_allow_untested_optimizer: Bool = False
@@ -194,12 +137,37 @@ class ZeroConfig(Section):
     aio: AioConfig | None = None
     checkpoint: CheckpointConfig = CheckpointConfig()
     zero_core: ZeroCoreConfig = ZeroCoreConfig()
-    tensorboard: _MONITOR = None
-    wandb: _MONITOR = None
-    csv_monitor: _MONITOR = None
-    comet: _MONITOR = None
-    flops_profiler: _MONITOR = None
-    comms_logger: _MONITOR = None
+    # logging sections: carried through, not used by the engine
+    tensorboard: _SECTION = None
+    wandb: _SECTION = None
+    csv_monitor: _SECTION = None
+    comet: _SECTION = None
+    flops_profiler: _SECTION = None
+    comms_logger: _SECTION = None
+    # DeepSpeed's keys of features zero_core lacks or does its own way (config_keys_deepspeed.py)
+    managed_gradient_accumulation: Bool = True
+    disable_python_gc: Bool = False
+    disable_allgather: Bool = False
+    seq_parallel_communication_data_type: Annotated[str | None, choice(_DTYPE_NAMES, allow_none=True)] = "fp32"
+    sequence_parallel_size: Annotated[int, integer(1)] = 1
+    data_parallel_size: Annotated[int | None, integer(1, optional=True)] = None  # read beside sequence_parallel_size
+    gradient_allreduce_op: Annotated[str, choice({"mean": "mean", "sum": "sum"})] = "mean"
+    dataloader_drop_last: Bool = False
+    log_level: Annotated[str | None, choice({k: k for k in _LOG_LEVELS}, allow_none=True)] = None
+    vocabulary_size: Annotated[int | None, integer(1, optional=True)] = None
+    use_data_before_expert_parallelism: Bool = False
+    torch_autocast: TorchAutocastConfig | None = None
+    hybrid_engine: HybridEngineConfig | None = None
+    compile: CompileConfig | None = None
+    activation_checkpointing: ActivationCheckpointingConfig | None = None
+    data_types: DataTypesConfig | None = None
+    pipeline: _SECTION = None
+    timers: _SECTION = None
+    autotuning: _SECTION = None
+    data_efficiency: _SECTION = None
+    expert_parallel: _SECTION = None
+    tensor_parallel: _SECTION = None
+    datastates_ckpt: Any = False  # DeepSpeed: anything but false turns DataStates checkpointing on
 
     @property
     def optimizer_given(self) -> bool:

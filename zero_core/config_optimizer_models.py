@@ -12,7 +12,7 @@ from typing import Annotated, Any
 from pydantic import model_serializer, model_validator
 
 from .config_keys import SCHEDULER_KEYS
-from .config_types import AS_LIST, Bool, Section, as_bool, beta_pair, choice, integer, number
+from .config_types import AS_LIST, Bool, OptionalBool, Section, as_bool, beta_pair, choice, integer, number
 
 
 class AdamParams(Section):
@@ -22,11 +22,23 @@ class AdamParams(Section):
     weight_decay: Annotated[float, number(0.0)] = 0.0
     adam_w_mode: Bool = True  # DeepSpeed's ADAM_W_MODE_DEFAULT: type "Adam" means AdamW unless set false
     torch_adam: Bool = False  # accepted for compatibility; zero_core always uses its own fused kernel
+    # the other arguments DeepSpeed passes on to FusedAdam, DeepSpeedCPUAdam or torch's Adam(W); zero_core's fused
+    # kernels implement the defaults only (config_keys_deepspeed.py)
+    amsgrad: Bool = False
+    bias_correction: Bool = True
+    maximize: Bool = False
+    fp32_optimizer_states: OptionalBool = None  # DeepSpeed: none means true
+    fused: OptionalBool = None
+    foreach: OptionalBool = None
+    capturable: Bool = False
+    differentiable: Bool = False
+    set_grad_none: Bool = True
 
 
 class OptimizerConfig(Section):
     type: Annotated[str, choice({"adamw": "AdamW", "adam": "Adam"}, note="(the optimizers zero_core implements)")]
     params: AdamParams = AdamParams()
+    legacy_fusion: Bool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -68,8 +80,6 @@ class SchedulerParams(Section):
     cycle_min_mom: Annotated[float, number(0.0, 1.0, hi_open=True)] = 0.8
     cycle_max_mom: Annotated[float, number(0.0, 1.0, hi_open=True)] = 0.9
     decay_mom_rate: Annotated[float, number(0.0)] = 0.0
-
-
 
 
 class SchedulerConfig(Section):

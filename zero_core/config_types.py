@@ -30,11 +30,13 @@ def as_bool(v: Any) -> bool | None:
     return None
 
 
-def boolean() -> PlainValidator:
-    def check(v: Any) -> bool:
+def boolean(optional: bool = False) -> PlainValidator:
+    def check(v: Any) -> bool | None:
+        if v is None and optional:
+            return None
         value = as_bool(v)
         if value is None:
-            raise leaf_error("true or false", v)
+            raise leaf_error("true or false" + (" or null" if optional else ""), v)
         return value
 
     return PlainValidator(check)
@@ -147,6 +149,20 @@ def beta_pair() -> PlainValidator:
 AS_LIST = PlainSerializer(lambda v: [float(x) for x in v], return_type=list[float], when_used="json")
 
 
+def names(v: Any) -> list[str] | None:
+    """A list of strings (module or class names), or null."""
+    if v is None or (isinstance(v, list) and all(isinstance(x, str) for x in v)):
+        return v
+    raise leaf_error("a list of strings or null", v)
+
+
+# DeepSpeed's dtype names (runtime/config.py DtypeEnum), read as zero_core's short names
+DTYPES = {name: short for short, spelled in (("fp16", ("fp16", "float16", "half", "torch.float16")),
+                                             ("bf16", ("bf16", "bfloat16", "torch.bfloat16")),
+                                             ("fp32", ("fp32", "float32", "float", "torch.float32")))
+          for name in spelled}
+
+
 def optional_text(v: Any) -> str | None:
     if v is None or isinstance(v, str):
         return v
@@ -154,6 +170,9 @@ def optional_text(v: Any) -> str | None:
 
 
 Bool = Annotated[bool, boolean()]
+OptionalBool = Annotated[bool | None, boolean(optional=True)]
+Names = Annotated[list[str] | None, PlainValidator(names)]
+Dtype = Annotated[str | None, choice(DTYPES, allow_none=True)]
 Text = Annotated[str | None, PlainValidator(optional_text)]
 Count = Annotated[int, integer(0, counts=True)]  # an element count (bucket sizes, thresholds)
 
