@@ -130,3 +130,25 @@ def resume_model_parallel(rank: int, world: int, stage: int) -> dict:
     trained = {n for n, p in trainer.lightning_module.named_parameters() if p.requires_grad}
     state = trainer.strategy.engine.full_state_dict()
     return {"step": trainer.global_step, "weights": {k: v for k, v in state.items() if k in trained}}
+
+
+def convert_and_load(rank: int, world: int, folder: str) -> dict:
+    """ZeroStrategy trains a module with a hyper-parameter for 1 epoch and saves; the folder is converted with
+    zero_core's convert_zero_checkpoint_to_fp32_state_dict and reopened with load_from_checkpoint."""
+    import lightning as L
+
+    from zero_core.integrations.lightning import ZeroStrategy, convert_zero_checkpoint_to_fp32_state_dict
+
+    class Sized(type(module())):
+        def __init__(self, width: int = 16) -> None:
+            super().__init__()
+            self.save_hyperparameters()
+
+    trainer = L.Trainer(accelerator="cpu", devices=world, strategy=ZeroStrategy(stage=3), max_epochs=1, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(Sized(width=32))
+    trainer.save_checkpoint(f"{folder}/zero.ckpt")
+    written = convert_zero_checkpoint_to_fp32_state_dict(f"{folder}/zero.ckpt", f"{folder}/model.pt")
+    loaded = Sized.load_from_checkpoint(f"{folder}/model.pt")  # strict: every entry of the module's state_dict
+    return {"weights": trainer.strategy.engine.full_state_dict(), "loaded": loaded.state_dict(),
+            "width": loaded.hparams.width, "keys": sorted(written), "global_step": written["global_step"]}

@@ -102,3 +102,88 @@ def test_dummy_optimizer_and_scheduler_fill_the_configs_auto_entries(explicit_lr
     assert (schedule.warmup_min_lr, schedule.warmup_max_lr) == (0, 2e-3)
     assert (schedule.warmup_num_steps, schedule.total_num_steps) == (3, 8)
     assert config["optimizer"]["params"]["weight_decay"] == "auto"  # the caller's dict is not written into
+
+
+def _tiny() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+
+
+def _loader() -> torch.utils.data.DataLoader:
+    return torch.utils.data.DataLoader(torch.randn(8, 8, generator=torch.Generator().manual_seed(1)), batch_size=4)
+
+
+def test_dummy_objects_need_the_configs_sections():
+    """As Accelerate refuses them: DummyOptim's and DummyScheduler's settings would be dropped without the config's
+    section to fill."""
+    from accelerate.utils.deepspeed import DummyOptim, DummyScheduler
+
+    from zero_core.integrations.accelerate import Accelerator
+
+    config = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2}}
+    model = _tiny()
+    opt = DummyOptim(model.parameters(), lr=5e-3, weight_decay=0.1)
+    with pytest.raises(ValueError, match="^DummyOptim needs an 'optimizer' section in the DeepSpeed config; add one "
+                                         "or pass a torch optimizer$"):
+        Accelerator(zero_config=config, cpu=True).prepare(model, opt, _loader())
+    config["optimizer"] = {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto"}}
+    sched = DummyScheduler(opt, total_num_steps=4, warmup_num_steps=2)
+    with pytest.raises(ValueError, match="^DummyScheduler needs a 'scheduler' section in the DeepSpeed config"):
+        Accelerator(zero_config=config, cpu=True).prepare(model, opt, _loader(), sched)
+
+
+def test_the_optimizer_goes_to_the_models_prepare_call():
+    """The engine is built at the prepare() that gets the model: an optimizer in a later call would not train."""
+    from accelerate.utils import DeepSpeedPlugin
+
+    from zero_core.integrations.accelerate import Accelerator
+
+    model = _tiny()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    with pytest.raises(ValueError, match="pass the training dataloader to the same prepare"):  # micro "auto"
+        Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=2), cpu=True).prepare(model)
+    acc = Accelerator(zero_config={"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2}}, cpu=True)
+    acc.prepare(model)
+    with pytest.raises(ValueError, match=r"pass the model, optimizer \(and scheduler, dataloader\) in one prepare"):
+        acc.prepare(opt, _loader())
+
+
+class _Counter:
+    def __init__(self, state: object = 0) -> None:
+        self.n = state
+
+    def state_dict(self) -> dict:
+        return {"n": self.n}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.n = state["n"]
+
+
+def test_registered_objects_are_saved_and_restored(tmp_path, capsys):
+    """register_for_checkpointing's objects ride in the checkpoint's JSON client_state; a state JSON would not give
+    back is refused at save_state, naming the object. clip_grad_norm_ with another max_norm than the config's
+    gradient_clipping says once that the engine clips at the config's."""
+    from zero_core.integrations.accelerate import Accelerator
+
+    acc = Accelerator(zero_config={"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 1.0,
+                                   "zero_optimization": {"stage": 2}}, cpu=True)
+    model = _tiny()
+    engine, opt, loader = acc.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-2), _loader())
+    for batch in loader:
+        acc.backward(engine(batch).square().mean())
+        norms = [acc.clip_grad_norm_(engine.parameters(), 0.5), acc.clip_grad_norm_(engine.parameters(), 0.5)]
+        assert float(norms[0]) == engine.get_global_grad_norm()  # the engine's norm, clipped at 1.0 as configured
+    said = [line for line in capsys.readouterr().out.splitlines() if "clip_grad_norm_" in line]
+    assert len(said) == 1 and "gradient_clipping (1.0)" in said[0] and "DeepSpeedPlugin(gradient_clipping=" in said[0]
+
+    counter = _Counter({"seen": 7, "best": float("inf"), "history": [1.5, None]})
+    acc.register_for_checkpointing(counter)
+    acc.save_state(str(tmp_path / "state"))
+    counter.n = None
+    acc.load_state(str(tmp_path / "state"))
+    assert counter.n == {"seen": 7, "best": float("inf"), "history": [1.5, None]}
+    acc.register_for_checkpointing(_Counter(torch.zeros(2)))
+    with pytest.raises(ValueError, match=r"^registered object 1 \(_Counter\) has a Tensor at state_dict\(\)\['n'\];"):
+        acc.save_state(str(tmp_path / "state"))
+    with pytest.raises(ValueError, match="holds the states of 1 registered objects and this Accelerator has 2"):
+        acc.load_state(str(tmp_path / "state"))

@@ -97,3 +97,31 @@ def test_zero_strategy_resumes_a_lightning_model_parallel_checkpoint_as_lightnin
     assert got["weights"].keys() == want.keys()
     for name, w in want.items():
         assert torch.allclose(got["weights"][name], w, rtol=0, atol=1e-6), name
+
+
+@pytest.mark.slow
+def test_converted_checkpoint_opens_with_load_from_checkpoint(tmp_path):
+    """Lightning's documented path: convert_zero_checkpoint_to_fp32_state_dict(folder, file), then
+    load_from_checkpoint(file): the engine's weights and the module's hyper-parameters."""
+    got = run_ranks(lw.convert_and_load, 1, str(tmp_path))
+    assert got["width"] == 32 and got["global_step"] == 16  # 32 samples in batches of 2, on 1 rank
+    assert {"state_dict", "hyper_parameters", "epoch", "loops", "pytorch-lightning_version"} <= set(got["keys"])
+    assert got["loaded"].keys() == got["weights"].keys()
+    assert all(torch.equal(got["loaded"][k], got["weights"][k]) for k in got["weights"])
+    assert set(torch.load(tmp_path / "model.pt", weights_only=True)) == set(got["keys"])  # plain data only
+
+
+def test_convert_reads_a_lightning_deepspeed_checkpoint(tmp_path):
+    """A folder of Lightning's own DeepSpeedStrategy converts to DeepSpeed's consolidation under the module's names
+    (the tied head included, as DeepSpeed's converter gives it), with Lightning's entries beside it."""
+    from safetensors.torch import load_file
+
+    from helpers import FIXTURES
+    from zero_core.integrations.lightning import convert_zero_checkpoint_to_fp32_state_dict
+
+    folder = FIXTURES / "lightning_deepspeed" / "2"
+    written = convert_zero_checkpoint_to_fp32_state_dict(folder / "epoch=0-step=2.ckpt", tmp_path / "model.pt")
+    want = load_file(str(folder / "expected_full.safetensors"))  # stored without the tied model.head.weight
+    assert set(written["state_dict"]) == set(want) | {"model.head.weight"} and written["global_step"] == 2
+    assert all(torch.equal(written["state_dict"][k], w) for k, w in want.items())
+    assert written["state_dict"]["model.head.weight"] is written["state_dict"]["model.emb.weight"]

@@ -88,3 +88,40 @@ def test_refusals_name_the_fix(tmp_path):
     trainer = ZeroTrainer(model=tw.tiny_model("gpt2"), args=args, train_dataset=tw.Samples("gpt2", 6, 1))
     with pytest.raises(ValueError, match="gradient_accumulation_steps=2"):  # 3 batches do not split into windows of 2
         trainer.train()
+
+
+def _trainer(tmp_path, seed_config: str, **extra):
+    from zero_core.integrations.transformers import TrainingArguments, ZeroTrainer
+
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), deepspeed=str(tw.SEEDS / seed_config), use_cpu=True,
+                             report_to=[], per_device_train_batch_size=2, max_steps=2, save_strategy="no",
+                             **extra.pop("args", {}))
+    return ZeroTrainer(model=tw.tiny_model("gpt2"), args=args, train_dataset=tw.Samples("gpt2", 4, 1), **extra)
+
+
+def test_resume_from_a_folder_plain_trainer_wrote_is_refused(tmp_path):
+    """A checkpoint-N of transformers.Trainer without DeepSpeed holds no engine state: refused, not started afresh
+    while Trainer's state skips the saved steps (as HF with DeepSpeed refuses it)."""
+    from transformers.trainer_callback import TrainerState
+
+    plain = tmp_path / "checkpoint-8"
+    tw.tiny_model("gpt2").save_pretrained(str(plain))
+    TrainerState(global_step=8, max_steps=16, train_batch_size=2).save_to_json(str(plain / "trainer_state.json"))
+    for name in ("optimizer.pt", "scheduler.pt"):
+        (plain / name).write_bytes(b"")
+    with pytest.raises(ValueError, match=r"checkpoint-8' holds .*model.safetensors, optimizer.pt, scheduler.pt, "
+                                         r"trainer_state.json but no zbench or DeepSpeed checkpoint.*from_pretrained"):
+        _trainer(tmp_path, "003_zero1.json").train(resume_from_checkpoint=str(plain))
+
+
+def test_optimizer_refusals_name_trainers_arguments(tmp_path):
+    """Refusals name what a Trainer user set (optimizers=, optim=), not initialize() or engine config keys."""
+    model = tw.tiny_model("gpt2")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with pytest.raises(ValueError, match=r"Trainer\(optimizers=\.\.\.\) got an optimizer and the DeepSpeed config "
+                                         r"has its own 'optimizer' section"):
+        _trainer(tmp_path, "001_kaggle_longformer_ds_config_dict.json", optimizers=(opt, None)).train()
+    with pytest.raises(ValueError, match=r"^TrainingArguments\(optim='adafactor'\) gives Adafactor.*optim='adamw_torch'"
+                       ) as refused:
+        _trainer(tmp_path, "003_zero1.json", args={"optim": "adafactor"}).train()
+    assert "zero_allow_untested_optimizer" not in str(refused.value) and "\n" not in str(refused.value)

@@ -11,7 +11,8 @@ data parallel (so DeepSpeed need not be installed). `prepare` builds zero_core's
 optimizer (or `DummyOptim` with the config's optimizer) and the scheduler (or `DummyScheduler`); `backward`
 runs the engine's backward and step, as Accelerate's DeepSpeed path does, so the loop's `optimizer.step()`,
 `scheduler.step()` and `zero_grad()` do nothing. Dataloaders are Accelerate's. `save_state`/`load_state`
-write and read zbench checkpoints (any world size or stage); `get_state_dict` gathers the full weights.
+write and read zbench checkpoints (any world size or stage), with the JSON states of the objects registered for
+checkpointing (accelerate_registered.py); `get_state_dict` gathers the full weights.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from accelerate.utils import DeepSpeedPlugin
 from accelerate.utils.deepspeed import DummyOptim, DummyScheduler  # not re-exported without DeepSpeed
 
 from ..config import read_config_file
-from ..config_auto import AutoValues
+from ..config_auto import AutoValues, is_auto
 from ..engine import Engine
+from .accelerate_registered import REGISTERED, registered_states, restore_registered
 from .handles import EngineOptimizer, EngineSchedule, backward_and_step, hidden_size
 
 
@@ -58,6 +60,29 @@ def _dummy_values(optimizer: Any, scheduler: Any, processes: int, split_batches:
             total = scheduler.total_num_steps
             out["scheduler.params.total_num_steps"] = total if split_batches else math.ceil(total / processes)
     return out
+
+
+def check_against_config(config: dict[str, Any], optimizer: Any, scheduler: Any) -> None:
+    """Accelerate's DeepSpeed pairing of the code's optimizer and scheduler with the config's sections."""
+    if isinstance(optimizer, DummyOptim) and "optimizer" not in config:  # its lr and weight decay would be lost
+        raise ValueError(
+            "DummyOptim needs an 'optimizer' section in the DeepSpeed config; add one or pass a torch optimizer"
+        )
+    if isinstance(optimizer, torch.optim.Optimizer) and "optimizer" in config:
+        raise ValueError(
+            "prepare() got a torch optimizer and the DeepSpeed config has its own 'optimizer' section; drop one, or "
+            "pass DummyOptim to train with the config's"
+        )
+    if isinstance(scheduler, DummyScheduler) and "scheduler" not in config and scheduler.lr_scheduler_callable is None:
+        raise ValueError(
+            "DummyScheduler needs a 'scheduler' section in the DeepSpeed config (or its lr_scheduler_callable); add "
+            "one or pass a torch scheduler"
+        )
+    if isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler) and "scheduler" in config:
+        raise ValueError(
+            "prepare() got a torch scheduler and the DeepSpeed config has its own 'scheduler' section; drop one, or "
+            "pass DummyScheduler to train with the config's"
+        )
 
 
 def _fill_auto_only(raw: dict[str, Any], values: dict[str, Any]) -> None:
@@ -114,17 +139,25 @@ class Accelerator(accelerate.Accelerator):
             if use_deepspeed is not None:
                 os.environ["ACCELERATE_USE_DEEPSPEED"] = use_deepspeed
         self.engine: Engine | None = None
+        self._told_clipping = False
 
     def prepare(self, *objects: Any, device_placement: list[bool] | None = None) -> Any:
         models = [o for o in objects if isinstance(o, torch.nn.Module)]
         if len(models) > 1 or (self.engine is not None and models):
             raise ValueError("zero_core's Accelerator trains one model, prepared once; pass it to one prepare() call")
-        if not models:
-            return super().prepare(*objects, device_placement=device_placement)
         optimizers = [o for o in objects if isinstance(o, (torch.optim.Optimizer, DummyOptim))]
         schedulers = [o for o in objects if isinstance(o, (torch.optim.lr_scheduler.LRScheduler, DummyScheduler))]
+        if (optimizers or schedulers) and not models:  # the engine was built (or will be) without them
+            raise ValueError(
+                "zero_core's Accelerator builds the engine at the prepare() call that gets the model; pass the "
+                "model, optimizer (and scheduler, dataloader) in one prepare() call"
+            )
+        if not models:
+            return super().prepare(*objects, device_placement=device_placement)
         if len(optimizers) > 1 or len(schedulers) > 1:
             raise ValueError("zero_core's Accelerator takes one optimizer and at most one scheduler")
+        check_against_config(self.zero_config, optimizers[0] if optimizers else None,
+                             schedulers[0] if schedulers else None)
         loaders = [o for o in objects if isinstance(o, torch.utils.data.DataLoader)]
         handle = self._build(
             models[0],
@@ -164,6 +197,14 @@ class Accelerator(accelerate.Accelerator):
         )
         for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
             raw.setdefault(key, "auto")
+        if micro is None and is_auto(raw["train_micro_batch_size_per_gpu"]) and not isinstance(
+            raw.get("train_batch_size"), int
+        ):  # the engine would ask for Trainer's per_device_train_batch_size
+            raise ValueError(
+                "the DeepSpeed config's train_micro_batch_size_per_gpu is 'auto' and this prepare() call has no "
+                "dataloader to take it from; pass the training dataloader to the same prepare() call as the model, "
+                "or set train_micro_batch_size_per_gpu"
+            )
         self.engine = Engine(
             model, raw, model_parameters=groups, optimizer=optimizer, lr_scheduler=scheduler, auto=auto
         )
@@ -177,9 +218,19 @@ class Accelerator(accelerate.Accelerator):
         backward_and_step(self.engine, loss)  # 1/accumulation applied by the engine
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: int = 2) -> Any:
-        """The engine clips at its step (the config's gradient_clipping); this returns its norm (a host sync)."""
+        """The engine clips at its step (the config's gradient_clipping), as Accelerate's DeepSpeed path does, whatever
+        `max_norm` says; this returns its norm (a host sync)."""
         if self.engine is None:
             return super().clip_grad_norm_(parameters, max_norm, norm_type)
+        clipping = self.engine.config.gradient_clipping
+        if not self._told_clipping and float(max_norm) != float(clipping):
+            self._told_clipping = True  # once: the loop calls this every update
+            if self.is_main_process:
+                shown = f"{clipping}{': no clipping' if clipping == 0 else ''}"
+                print(f"zero_core: clip_grad_norm_(max_norm={max_norm}): the engine clips at the DeepSpeed config's "
+                      f"gradient_clipping ({shown}), as Accelerate's DeepSpeed path does; set "
+                      "DeepSpeedPlugin(gradient_clipping=...) or the config's gradient_clipping to change it",
+                      flush=True)
         return torch.tensor(self.engine.get_global_grad_norm())
 
     def unwrap_model(self, model: Any, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True) -> Any:
@@ -199,7 +250,8 @@ class Accelerator(accelerate.Accelerator):
             return super().save_state(output_dir, **kwargs)
         if output_dir is None:
             raise ValueError("save_state needs output_dir with zero_core's Accelerator")
-        self.engine.save_checkpoint(output_dir)
+        registered = registered_states(self._custom_objects)  # refused before the collective save starts
+        self.engine.save_checkpoint(output_dir, client_state={REGISTERED: registered} if registered else None)
         return output_dir
 
     def load_state(self, input_dir: str | None = None, **kwargs: Any) -> None:
@@ -207,7 +259,9 @@ class Accelerator(accelerate.Accelerator):
             raise ValueError("load_state needs the prepared model: call accelerator.prepare(model, ...) first")
         if input_dir is None:
             raise ValueError("load_state needs input_dir with zero_core's Accelerator")
-        self.engine.load_checkpoint(input_dir)
+        folder, client_state = self.engine.load_checkpoint(input_dir)
+        if folder is not None:
+            restore_registered(self._custom_objects, client_state.get(REGISTERED, []), input_dir)
 
 
 def prepare(*objects: Any, zero_config: Any = None, **accelerator_kwargs: Any) -> tuple[Accelerator, Any]:

@@ -3,7 +3,7 @@
 Frameworks built for DeepSpeed call `optimizer.step()`, `scheduler.step()` and `optimizer.zero_grad()`
 after the backward; as with DeepSpeed, the engine has already applied the update by then (`backward_and_step`),
 so these do nothing. They answer what loops and callbacks read: the groups, and, as a stepped torch scheduler
-reports it, the lr of the next update (what Trainer logs after each step, with DeepSpeed as with DDP).
+reports it, the lr of the next update (what Trainer logs after each step with DeepSpeed).
 """
 
 from __future__ import annotations

@@ -31,6 +31,9 @@ from ..config import read_config_file
 from ..config_auto import AutoValues
 from ..engine import Engine
 from .handles import EngineOptimizer, EngineSchedule, hidden_size
+from .lightning_convert import convert_zero_checkpoint_to_fp32_state_dict
+
+__all__ = ["ZeroStrategy", "ZeroPrecision", "convert_zero_checkpoint_to_fp32_state_dict", "plain_data"]
 
 _PRECISIONS = {
     "32-true": (False, False),

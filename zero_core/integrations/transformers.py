@@ -25,8 +25,10 @@ import torch
 import transformers
 from transformers.trainer_utils import has_length
 
+from ..checkpoint_load import nothing_to_resume
 from ..config import read_config_file
 from ..config_auto import AutoValues
+from ..config_errors import ConfigError
 from ..engine import Engine
 from ..model_export import full_state_dict
 from .handles import EngineOptimizer, EngineSchedule, backward_and_step, hidden_size
@@ -59,6 +61,18 @@ def _config_source(args: Any) -> Any:
     return source
 
 
+def _not_resumable(folder: str) -> str:
+    """Why `folder` cannot be resumed: it holds no zbench or DeepSpeed checkpoint (e.g. plain Trainer's files)."""
+    names = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+    held = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+    return (
+        f"resume_from_checkpoint={folder!r} holds {held or 'nothing'} but no zbench or DeepSpeed checkpoint ('latest', "
+        "global_stepN/), so the weights, optimizer and schedule cannot be restored; resume from a checkpoint-N this "
+        "trainer saved, or start from the weights there by loading the model from that folder (from_pretrained) "
+        "and training without resume_from_checkpoint"
+    )
+
+
 class ZeroTrainer(transformers.Trainer):
     """transformers.Trainer that trains with zero_core's engine from the DeepSpeed config in its arguments."""
 
@@ -83,19 +97,36 @@ class ZeroTrainer(transformers.Trainer):
                 f"gradient_accumulation_steps={gas}; use a dataset (or dataloader_drop_last) whose "
                 "batches per rank are a multiple of it"
             )
+        if resume_from_checkpoint is not None and nothing_to_resume(resume_from_checkpoint):
+            # the engine would start from the current weights while Trainer's state skips the saved steps
+            raise ValueError(_not_resumable(os.fspath(resume_from_checkpoint)))
         raw = self.zero_config_source
         raw = dict(read_config_file(os.fspath(raw)) if isinstance(raw, (str, os.PathLike)) else raw)
         for key in _BATCH_KEYS:  # a config without batch sizes takes Trainer's, as Accelerate fills them
             raw.setdefault(key, "auto")
+        passed = self.optimizer  # Trainer(optimizers=...); create_optimizer() below sets self.optimizer too
         optimizer, groups, scheduler = self._optimizer_plan(raw, max_steps)
-        self.engine = Engine(
-            self.model,
-            raw,
-            model_parameters=groups,
-            optimizer=optimizer,
-            lr_scheduler=scheduler,
-            auto=self._auto_values(max_steps),
-        )
+        try:
+            self.engine = Engine(
+                self.model,
+                raw,
+                model_parameters=groups,
+                optimizer=optimizer,
+                lr_scheduler=scheduler,
+                auto=self._auto_values(max_steps),
+            )
+        except ConfigError as e:
+            if optimizer is None or optimizer is passed or "zero_allow_untested_optimizer" not in str(e):
+                raise
+            # Trainer built it (optim=, optimizer_cls_and_kwargs=); the engine names a config key the user never set
+            optim = str(getattr(self.args.optim, "value", self.args.optim))  # an OptimizerNames member
+            source = ("Trainer(optimizer_cls_and_kwargs=...)" if getattr(self, "optimizer_cls_and_kwargs", None)
+                      else f"TrainingArguments(optim={optim!r})")
+            raise ValueError(
+                f"{source} gives {type(optimizer).__name__}, whose update is not known to be element-wise, and "
+                "zero_core runs the optimizer on flat shards; choose an element-wise optimizer such as "
+                "optim='adamw_torch', or name the optimizer in the DeepSpeed config's 'optimizer' section"
+            ) from None
         handle = EngineOptimizer(self.engine)
         self.optimizer, self.lr_scheduler = handle, EngineSchedule(self.engine, handle)
         self.model_wrapped = self.engine
@@ -136,6 +167,13 @@ class ZeroTrainer(transformers.Trainer):
         else Trainer's own; the scheduler passed, else the config's (None here), else Trainer's built on the
         engine's optimizer."""
         optimizer, groups = self.optimizer, None
+        passed = ((optimizer, "an optimizer", "optimizer"), (self.lr_scheduler, "a scheduler", "scheduler"))
+        for given, what, section in passed:
+            if given is not None and section in raw:  # the engine would say "passed to initialize"
+                raise ValueError(
+                    f"Trainer(optimizers=...) got {what} and the DeepSpeed config has its own '{section}' section; "
+                    "drop one of them"
+                )
         if optimizer is None and "optimizer" in raw:
             groups = [p for p in self.model.parameters() if p.requires_grad]
         elif optimizer is None:
