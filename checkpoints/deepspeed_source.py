@@ -177,11 +177,28 @@ class DeepSpeedSource:
         state = inner.get("state") if isinstance(inner, dict) else None
         per_group = [state.get(g) if isinstance(state, dict) else None for g in range(len(groups))]
         moments = [s.get(key) if isinstance(s, dict) else None for s in per_group]
+        paddings = self._group_paddings(rank, saved, len(groups))
         for g, (m, t) in enumerate(zip(moments, groups)):
-            if not isinstance(m, torch.Tensor) or m.numel() != t.numel():
+            if not isinstance(m, torch.Tensor):
                 raise CheckpointError(f"{self.optim_files[rank]} holds no {key} for group {g} (an optimizer other "
                                       "than Adam?); load its weights alone")
-        return moments
+            if m.numel() - t.numel() not in (0, paddings[g]):
+                raise CheckpointError(
+                    f"{self.optim_files[rank]}: {key} of group {g} holds {m.numel()} elements for an fp32 partition "
+                    f"of {t.numel()} (padding {paddings[g]}); the file is damaged, copy it again")
+        # ZeRO-1/2 save the fp32 partitions without the last rank's alignment padding but Adam's moments with it;
+        # the padding is at the end, so the moments' first elements line up with the partition's
+        return [m[: t.numel()] for m, t in zip(moments, groups)]
+
+    def _group_paddings(self, rank: int, saved: dict, groups: int) -> list[int]:
+        """Per param group, the padding DeepSpeed's ZeRO-1/2 moments carry beyond the fp32 partition (else 0)."""
+        paddings = saved.get("group_paddings") if self.stage < 3 else None
+        if paddings is None:
+            return [0] * groups
+        path = self.optim_files[rank]
+        if not isinstance(paddings, (list, tuple)) or len(paddings) != groups:
+            raise layout.bad_field(path, "group_paddings", paddings, f"a list of {groups} integers")
+        return [checked_number(path, f"group_paddings[{g}]", pad, 0, MAX_NUMEL) for g, pad in enumerate(paddings)]
 
     def loss_scaler(self) -> dict[str, float] | None:
         """The dynamic fp16 loss scaler's counters (DeepSpeed's attribute names) as rank 0 saved them; None for a

@@ -71,7 +71,9 @@ def check_output(out: str | os.PathLike, protect: Iterable[str | os.PathLike] = 
                 f"--out {out} is inside the checkpoint {folder}; writing there would change the "
                 "source; pass an --out outside it"
             )
-    if os.path.lexists(out) and (not out.is_dir() or any(out.iterdir())):
+    if os.path.lexists(out) and not out.is_dir():
+        raise CheckpointError(f"--out {out} is a file, not a folder; pass a new or empty folder as --out")
+    if os.path.lexists(out) and any(out.iterdir()):
         raise CheckpointError(f"output folder {out} already holds files; pass an empty or new --out")
     staging = staging_dir(out)
     if os.path.lexists(staging):

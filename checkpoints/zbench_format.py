@@ -27,7 +27,7 @@ from .paths import inside, plain_name, read_pointer
 from .source import CheckpointError
 
 LATEST = "latest"
-_AUX = re.compile(r"^\.(?P<tag>.+)\.(?P<kind>partial|old)-(?P<pid>\d+)-[0-9a-f]+$")
+_AUX = re.compile(r"^\.(?P<tag>.+)\.(?P<kind>partial|old|pruned)-(?P<pid>\d+)-[0-9a-f]+$")
 
 
 def new_token() -> str:
@@ -83,6 +83,15 @@ def recover(root: Path) -> list[str]:
     return restored
 
 
+def folder_identity(folder: Path) -> tuple[int, int] | None:
+    """Which folder `folder` names now (device, inode): a save of the same tag renames a new one into place."""
+    try:
+        st = os.stat(folder)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def _write_latest(root: Path, tag: str) -> None:
     tmp = root / f".{LATEST}.tmp-{new_token()}"
     tmp.write_text(tag + "\n", encoding="utf-8")
@@ -91,8 +100,9 @@ def _write_latest(root: Path, tag: str) -> None:
     fsync_path(root)
 
 
-def commit(root: Path, tag: str, staged: Path, move_latest: bool = True) -> None:
-    """Publish the complete folder `staged` as ROOT/<tag>, then point `latest` at it (rank 0 only)."""
+def commit(root: Path, tag: str, staged: Path, move_latest: bool = True) -> str | None:
+    """Publish the complete folder `staged` as ROOT/<tag>, then point `latest` at it (rank 0 only). An OSError
+    means nothing was published; once it is, only a note (the replaced copy left on disk) can come back."""
     fsync_path(staged)
     final = root / tag
     old = None
@@ -103,8 +113,18 @@ def commit(root: Path, tag: str, staged: Path, move_latest: bool = True) -> None
     fsync_path(root)
     if move_latest:
         _write_latest(root, tag)
-    if old is not None:
-        shutil.rmtree(old)  # the copy this save replaced, moved aside by this very call
+    if old is not None:  # the copy this save replaced, moved aside by this very call
+        return _removed(old, "the copy it replaced")
+    return None
+
+
+def _removed(folder: Path, what: str) -> str | None:
+    """Delete `folder` (this save's own leftover); a note instead of an error if it cannot be: the save stands."""
+    try:
+        shutil.rmtree(folder)
+    except OSError as e:
+        return f"{what} could not be deleted ({e.strerror or e}): delete {folder} once no save is running"
+    return None
 
 
 def complete_tags(root: Path) -> list[tuple[int, str]]:
@@ -120,21 +140,35 @@ def complete_tags(root: Path) -> list[tuple[int, str]]:
     return sorted(out)
 
 
-def prune(root: Path, keep_last: int) -> list[str]:
-    """Delete all but the newest `keep_last` complete checkpoints (by step); never the one `latest` names.
-    Each goes in one rename first, so a reader sees it whole or not at all."""
+def prune(root: Path, keep_last: int, saved: list[tuple[str, tuple[int, int] | None]]) -> list[str]:
+    """Delete the oldest of `saved` (this saver's own commits, oldest first: (tag, folder_identity)) until
+    `keep_last` remain. A checkpoint this saver did not write is never touched: not another process's, not an
+    earlier run's, not one saved again under the same tag since, and never the one `latest` names. Each goes in
+    one rename first, so a reader sees it whole or not at all. Returns notes on what could not be deleted."""
     if keep_last < 1:
         raise ValueError(f"keep_last must be >= 1, got {keep_last}")
-    latest = read_latest(root)
-    tags = complete_tags(root)
-    removed = []
-    for _, tag in tags[: max(0, len(tags) - keep_last)]:
-        if tag != latest:
-            doomed = root / f".{tag}.pruned-{new_token()}"
-            os.replace(root / tag, doomed)
-            shutil.rmtree(doomed)
-            removed.append(tag)
-    return removed
+    notes = []
+    while len(saved) > keep_last:
+        tag, identity = saved.pop(0)
+        folder = root / tag
+        if identity is None or folder_identity(folder) != identity or read_latest(root) == tag:
+            continue  # saved again by someone else, or what readers resume from: no longer this saver's to delete
+        doomed = root / f".{tag}.pruned-{new_token()}"
+        try:
+            os.replace(folder, doomed)
+        except OSError:
+            continue  # moved or removed by another process meanwhile
+        if folder_identity(doomed) != identity:  # replaced between the check and the rename: not ours, put back
+            try:
+                os.rename(doomed, folder)
+            except OSError as e:
+                notes.append(f"{doomed.name} was not ours to delete and could not be put back as {tag} "
+                             f"({e.strerror}): rename it back by hand")
+            continue
+        note = _removed(doomed, f"the older checkpoint {tag}")
+        if note:
+            notes.append(note)
+    return notes
 
 
 def read_latest(root: Path, follow_symlinks: bool = False) -> str | None:

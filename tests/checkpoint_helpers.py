@@ -6,7 +6,7 @@ from pathlib import Path
 
 from helpers import FIXTURES
 
-DEEPSPEED = sorted(p for p in (FIXTURES / "deepspeed").iterdir() if p.is_dir())  # <stage>_<world>_<dtype>
+DEEPSPEED = sorted(p for p in (FIXTURES / "deepspeed").iterdir() if p.is_dir())  # <stage>_<world>_<dtype>[_groups]
 UNIVERSAL = sorted(p for p in (FIXTURES / "deepspeed_universal").iterdir() if p.is_dir())
 DCP = sorted(p for p in (FIXTURES / "dcp").iterdir() if p.is_dir())
 

@@ -215,7 +215,7 @@ CASES = [
     (["run", "{b}/truncated.yaml", "--out", "{b}/runs"], "model is required; add it to the scenario"),
     # output over existing data
     (["convert", "{b}/ckpt", "--to", "zbench", "--world-size", "2", "--out", "{b}/full"], "already holds files"),
-    (["convert", "{b}/ckpt", "--to", "fp16", "--out", "{b}/a file"], "already holds files"),
+    (["convert", "{b}/ckpt", "--to", "fp16", "--out", "{b}/a file"], "is a file, not a folder"),
     (["convert", "{b}/ckpt", "--to", "fp32", "--out", "{b}/ckpt"], "already holds files"),
     (["run", str(QUICKSTART), "--out", "{b}/a file"], "a file"),
     # an unwritable folder

@@ -105,7 +105,7 @@ def test_refuses_an_output_folder_that_holds_files(tmp_path):
     with pytest.raises(CheckpointError, match="already holds files"):
         write_consolidated(DictSource({"w": torch.ones(2)}), tmp_path / "out", torch.float32, 10**9, progress=False)
     (tmp_path / "file").write_text("x")
-    with pytest.raises(CheckpointError, match="already holds files"):
+    with pytest.raises(CheckpointError, match="is a file, not a folder"):
         write_consolidated(DictSource({"w": torch.ones(2)}), tmp_path / "file", torch.float32, 10**9, progress=False)
     (tmp_path / "file").unlink()
     assert snapshot(tmp_path) == before

@@ -124,3 +124,125 @@ def test_a_scheduler_built_by_the_script_trains_as_the_configs(form, tmp_path):
     assert len({tuple(lr) for lr in config_lrs}) > 3  # the schedule did move the lr
     for k, v in from_config.items():
         assert torch.equal(from_script[k], v) and torch.equal(resumed[k], v), k
+
+
+WARM = {"warmup_min_lr": 0.0, "warmup_max_lr": 1e-2, "warmup_num_steps": 5, "total_num_steps": 10}
+# DeepSpeed 0.19.8 on the CPU, the config's WarmupDecayLR(WARM), a loop calling engine.step() then scheduler.step():
+# get_lr() and optimizer.param_groups[0]["lr"] after steps 1-3 (the script's step moves it a second iteration)
+DS_STEPPED_TWICE = [0.00430676558073393, 0.00861353116146786, 0.01]
+
+
+def _engine(config_optimizer: bool = True, scheduler=None, dtype: str = "fp32", offload: bool = False):
+    """stage 2 with the config's WarmupDecayLR(WARM), or the scheduler `scheduler(optimizer)` builds on the script's
+    AdamW (`config_optimizer` False: the script's AdamW with the config's schedule)."""
+    cfg = ds_config(2, dtype, 2, **({"offload_optimizer": {"device": "cpu"}} if offload else {}))
+    cfg["zero_core"] = {"overlap_host_update": 1.0} if offload else {}  # host updates started during backward
+    if scheduler is None:
+        cfg["scheduler"] = {"type": "WarmupDecayLR", "params": WARM}
+    model, opt = make_model(), None
+    if not config_optimizer or scheduler is not None:
+        del cfg["optimizer"]
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
+    return deepspeed.initialize(model=model, model_parameters=None if opt else model.parameters(), optimizer=opt,
+                                lr_scheduler=scheduler(opt) if scheduler else None, config=cfg)
+
+
+def _stepped_twice(scheduler=None, offload: bool = False) -> tuple[dict, list]:
+    engine, optimizer, _, sched = _engine(False, scheduler, offload=offload)
+    seen = []
+    for x, y in make_batches(3, 2):
+        engine.backward(engine(x, y).loss)
+        engine.step()
+        sched.step()  # the script's own step, besides the engine's
+        seen.append((engine.get_lr(), [g["lr"] for g in optimizer.param_groups], sched.last_batch_iteration))
+    state = engine.full_state_dict()
+    engine.close()
+    return state, seen
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_a_scripts_own_step_of_the_configs_scheduler_moves_it_as_deepspeeds_does(offload):
+    """Each step() of the scheduler initialize returned is one more iteration, as in DeepSpeed, whose engine steps
+    it too: the lrs DeepSpeed reported, and the training of the same schedule built by the script."""
+    state, seen = _stepped_twice(offload=offload)
+    assert [lrs for lrs, _, _ in seen] == [[pytest.approx(lr, rel=1e-12, abs=0)] for lr in DS_STEPPED_TWICE]
+    assert [groups for _, groups, _ in seen] == [lrs for lrs, _, _ in seen]
+    assert [it for _, _, it in seen] == [1, 3, 5]
+    built, built_seen = _stepped_twice(lambda opt: lr_schedules.WarmupDecayLR(opt, **WARM), offload)
+    assert built_seen == seen
+    for k, v in built.items():
+        assert torch.equal(state[k], v), k
+
+
+def test_the_configs_scheduler_jumps_saves_and_loads_its_position_as_deepspeeds_does():
+    engine, optimizer, _, sched = _engine()
+    oracle = lr_schedules.WarmupDecayLR(torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1e-3), **WARM)
+    assert sched.state_dict() == {"last_batch_iteration": -1} and optimizer.param_groups[0]["lr"] == 0.0
+    sched.step(6), oracle.step(6)
+    assert sched.get_last_lr() == pytest.approx(oracle.get_last_lr(), rel=1e-12) == [optimizer.param_groups[0]["lr"]]
+    x, y = make_batches(1, 2)[0]
+    engine.backward(engine(x, y).loss)
+    engine.step()
+    oracle.step()
+    assert sched.state_dict() == oracle.state_dict() == {"last_batch_iteration": 7}
+    assert sched.get_lr() == pytest.approx(oracle.get_lr(), rel=1e-12)
+    sched.load_state_dict({"last_batch_iteration": 2})
+    oracle.load_state_dict({"last_batch_iteration": 2})
+    assert sched.get_lr() == pytest.approx(oracle.get_lr(), rel=1e-12) == [engine.optimizer.param_groups[0]["lr"]]
+    with pytest.raises(ValueError) as e:
+        sched.step(last_batch_iteration=-2)
+    assert "last_batch_iteration must be an integer >= -1" in str(e.value) and "\n" not in str(e.value)
+    engine.close()
+
+
+@pytest.mark.parametrize("config_optimizer", [True, False])
+@pytest.mark.parametrize("count_on_device", [False, True])
+def test_the_groups_carry_the_configs_scheduled_lr(config_optimizer, count_on_device, monkeypatch):
+    """optimizer.param_groups (and engine.optimizer's) hold the next update's lr from construction on, as DeepSpeed's
+    scheduler writes it. `count_on_device` plays fp16 on a GPU, where the applied count is a device tensor: the
+    returned ZeroOptimizer's groups are then brought up to date when read, not after every step."""
+    from zero_core.optim.facade import EngineScheduler
+
+    monkeypatch.setattr(EngineScheduler, "_count_on_device", lambda self: count_on_device)
+    engine, optimizer, _, _ = _engine(config_optimizer, dtype="fp16" if count_on_device else "fp32")
+    lrs = []
+    for x, y in [(None, None), *make_batches(3, 2)]:
+        if x is not None:
+            engine.backward(engine(x, y).loss)
+            engine.step()
+            assert (getattr(optimizer, "stale", None) is not None) == (count_on_device and config_optimizer)
+        assert [g["lr"] for g in optimizer.param_groups] == engine.get_lr() == [
+            g["lr"] for g in engine.optimizer.param_groups]
+        lrs.append(engine.get_lr()[0])
+    assert lrs[:2] == [0.0, 0.0] and 0 < lrs[2] < lrs[3]  # warmup_min_lr at iterations -1 and 0, then warm-up
+    engine.close()
+
+
+def test_loading_without_optimizer_states_takes_the_runs_counters_as_deepspeed_does(tmp_path):
+    """load_optimizer_states=False (and load_lr_scheduler_states=False) keeps this engine's optimizer and schedule but
+    takes the saved step counters; load_module_only keeps the counters too. The path loaded comes back as a str."""
+    engine, *_ = _engine()
+    for x, y in make_batches(3, 2):
+        engine.backward(engine(x, y).loss)
+        engine.step()
+    engine.save_checkpoint(tmp_path, tag="t3")
+    engine.close()
+    fresh, *_ = _engine()
+    first = [fresh.get_lr()]
+    for x, y in make_batches(2, 2):
+        fresh.backward(fresh(x, y).loss)
+        fresh.step()
+        first.append(fresh.get_lr())
+    fresh.close()
+    for kw, steps in [({"load_optimizer_states": False, "load_lr_scheduler_states": False}, 3),
+                      ({"load_lr_scheduler_states": False}, 3), ({"load_module_only": True}, 0)]:
+        loaded, *_ = _engine()
+        folder, _ = loaded.load_checkpoint(tmp_path, **kw)
+        assert folder == str(tmp_path / "t3") and (loaded.global_steps, loaded.global_samples) == (steps, 2 * steps)
+        lrs = [loaded.get_lr()]  # the schedule was not loaded: it goes on from where this engine's was
+        for x, y in make_batches(2, 2):
+            loaded.backward(loaded(x, y).loss)
+            loaded.step()
+            lrs.append(loaded.get_lr())
+        assert lrs == first and loaded.global_steps == steps + 2, kw
+        loaded.close()

@@ -19,6 +19,7 @@ from helpers import FIXTURES
 
 UNIVERSAL = FIXTURES / "deepspeed_universal" / "3_2_fp32"
 ZERO = {stage: FIXTURES / "deepspeed" / f"{stage}_2_fp32" for stage in (1, 2, 3)}
+GROUPED = FIXTURES / "deepspeed" / "2_2_fp32_groups"  # two param groups: rank 1's moments carry DeepSpeed's padding
 GLOBAL_BATCH = {UNIVERSAL: 2}  # DeepSpeed's continuation: 1 rank x 2 for the universal one, else 2 ranks x 2
 _spec = importlib.util.spec_from_file_location("ds_fixtures", FIXTURES / "make_deepspeed_fixtures.py")
 ds_fixtures = importlib.util.module_from_spec(_spec)
@@ -26,7 +27,7 @@ _spec.loader.exec_module(ds_fixtures)
 
 
 def _engine(stage: int, offload: bool | str = False, micro: int = 2, model=None, bf16: bool = False,
-            clipping: float | None = None):
+            clipping: float | None = None, groups: bool = False):
     """`offload`: True for host memory, or a folder for NVMe-backed states; `clipping`: else the default's."""
     import zero_core.deepspeed as deepspeed
 
@@ -38,15 +39,14 @@ def _engine(stage: int, offload: bool | str = False, micro: int = 2, model=None,
     cfg = {"train_micro_batch_size_per_gpu": micro, "zero_optimization": zero,
            "optimizer": {"type": "AdamW", "params": {"lr": 0.05, "weight_decay": 0.01}}, "bf16": {"enabled": bf16},
            **({} if clipping is None else {"gradient_clipping": clipping})}
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
-                                      config=cfg)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=ds_fixtures.trainable(model, groups), config=cfg)
     return engine
 
 
 def _resume_and_train(rank: int, world: int, stage: int, offload: bool | str, source=UNIVERSAL) -> dict:
     """Resume `source`, then DeepSpeed's continuation batches, each split over the ranks."""
     size = GLOBAL_BATCH.get(source, 4)
-    engine = _engine(stage, offload, micro=size // world)
+    engine = _engine(stage, offload, micro=size // world, groups=source == GROUPED)
     folder, client = engine.load_checkpoint(source)
     out = {"steps": engine.global_steps, "folder": str(folder), "client": client, "losses": []}
     gen = torch.Generator().manual_seed(ds_fixtures.CONTINUE_SEED)
@@ -88,6 +88,18 @@ def test_a_zero_checkpoint_resumes_at_another_stage_and_trains_on_as_deepspeed_d
         assert torch.allclose(got["state"][name], w, rtol=0, atol=1e-6), name
 
 
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_a_checkpoint_of_two_param_groups_resumes_and_trains_on_as_deepspeed_does(stage):
+    """ZeRO-2 on 2 ranks, weight decay off for biases and norms: the second group's moments are saved with the
+    alignment padding its fp32 partition is saved without."""
+    got = _resume_and_train(0, 1, stage, False, GROUPED)
+    want, losses = _deepspeeds(GROUPED)
+    assert got["steps"] == 2 and got["after"] == 4
+    assert got["losses"] == pytest.approx(losses, rel=1e-6)
+    for name, w in want.items():
+        assert torch.allclose(got["state"][name], w, rtol=0, atol=1e-6), name
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("source, stage, offload", [(UNIVERSAL, 2, True), (UNIVERSAL, 3, False), (ZERO[2], 3, True),
                                                     (ZERO[3], 2, False)])
@@ -107,6 +119,12 @@ def test_weights_only_takes_the_fp32_weights_and_keeps_the_counters():
     fp32 = torch.load(UNIVERSAL / "global_step2_universal" / "zero" / "lin1.weight" / "fp32.pt", weights_only=True)
     fp32 = fp32["param"] if isinstance(fp32, dict) else fp32
     assert torch.equal(state["lin1.weight"], fp32.reshape(state["lin1.weight"].shape))
+    for source in (UNIVERSAL, ZERO[2]):  # without the optimizer states DeepSpeed still takes the run's counters
+        engine = _engine(2)
+        folder, _ = engine.load_checkpoint(source, load_optimizer_states=False)
+        assert isinstance(folder, str) and (engine.global_steps, engine.global_samples) == (2, 4)
+        assert engine.applied_steps() == 0 and float(engine.optimizer.applied) == 0.0  # this optimizer's own count
+        engine.close()
 
 
 @pytest.mark.parametrize("saved", ["1_2_bf16", "3_2_bf16"])

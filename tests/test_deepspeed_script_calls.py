@@ -72,6 +72,7 @@ def test_get_accelerator_names_this_machines_device():
     want = "cuda" if torch.cuda.is_available() else "cpu"
     assert acc.device_name() == want and acc.communication_backend_name() == ("nccl" if want == "cuda" else "gloo")
     assert torch.zeros(1, device=acc.current_device_name()).device.type == want
+    assert deepspeed.get_accelerator().device_name() == want  # also at the top level, as DeepSpeed exports it
 
 
 @pytest.mark.parametrize("make, torch_kind, offload", [
@@ -262,7 +263,8 @@ def test_get_mom_follows_a_schedule_that_cycles_momentum():
 
 def test_a_loop_written_for_deepspeed_gets_its_return_values(tmp_path):
     """`loss = engine.backward(loss)`, `get_global_grad_norm()` (None before the first step), numeric tags
-    (`save_checkpoint(dir, tag=epoch)`), and `load_checkpoint` of a first run's empty folder: (None, None)."""
+    (`save_checkpoint(dir, tag=epoch)`), `load_checkpoint` of a first run's empty folder: (None, None), and of a
+    checkpoint: the path it loaded as a str."""
     engine = _engine(dtype="fp32")
     assert engine.load_checkpoint(tmp_path / "ckpt") == (None, None)
     assert engine.get_global_grad_norm() is None
@@ -276,7 +278,8 @@ def test_a_loop_written_for_deepspeed_gets_its_return_values(tmp_path):
     assert (tmp_path / "ckpt" / "latest").read_text().strip() == "1"
     fresh = _engine(dtype="fp32")
     folder, client_state = fresh.load_checkpoint(tmp_path / "ckpt", tag=1)
-    assert folder.name == "1" and client_state == {} and fresh.global_steps == engine.global_steps
+    assert folder == str(tmp_path / "ckpt" / "1")  # the path it loaded, a str as DeepSpeed's
+    assert client_state == {} and fresh.global_steps == engine.global_steps
     assert fresh.get_global_grad_norm() is None  # loaded, not stepped
 
 

@@ -68,6 +68,27 @@ def test_deepspeed_init_accepts_deepspeed_arguments():
         assert torch.nn.Linear(2, 2).weight.device.type == "cpu"
 
 
+def test_parameters_built_under_zero_init_say_their_full_size():
+    """As under DeepSpeed's zero.Init, `ds_numel` and `ds_shape` (scripts count the model with them), from
+    construction on and still once `initialize` has sharded the model. No `ds_id`: code that finds it takes the
+    parameter for one of DeepSpeed's own and reads its `ds_status` / `ds_tensor`."""
+    from zero_core.deepspeed import zero
+
+    cfg = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3},
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
+    shape = GPTConfig(vocab_size=64, block_size=8, n_layer=2, n_head=2, n_embd=16)
+    want = {n: p.shape for n, p in GPT(shape).named_parameters()}
+    with zero.Init(config_dict_or_path=cfg):
+        model = GPT(shape)
+    engine = None
+    for stage in ("built", "initialized"):
+        assert {n: p.ds_shape for n, p in model.named_parameters()} == want, stage
+        assert sum(p.ds_numel for p in model.parameters()) == sum(s.numel() for s in want.values()), stage
+        assert not any(hasattr(p, "ds_id") or hasattr(p, "ds_status") for p in model.parameters())
+        engine = engine or zero_core.initialize(model, cfg)
+    engine.close()
+
+
 def test_meta_model_gets_each_modules_own_initialisation():
     """Built on the meta device without init_context: each module's reset_parameters runs, in module order
     (for a model of leaf layers that is the order eager construction initialised them in)."""

@@ -60,7 +60,8 @@ def _collect(staged: Path, world: int, wait_s: float) -> tuple[dict[str, Any], t
 
 
 class AsyncSaver:
-    """One engine's background save: at most one in flight; its host buffers are reused by the next."""
+    """One engine's saves: the background one in flight (at most one; its host buffers are reused by the next),
+    and the checkpoints this engine committed (keep_last deletes only those)."""
 
     def __init__(self, rank: int, world: int, wait_s: float) -> None:
         self.rank, self.world, self.wait_s = rank, world, wait_s
@@ -68,6 +69,7 @@ class AsyncSaver:
         self._thread: threading.Thread | None = None
         self._outcome: tuple[str, str] | None = None
         self._pending: tuple[Path, str] | None = None
+        self.saved: list[tuple[str, tuple[int, int] | None]] = []  # rank 0: this engine's commits, for keep_last
 
     def start(self, root: Path, tag: str, staged: Path, files: dict[str, Any], manifest: dict[str, Any] | None,
               move_latest: bool, keep_last: int | None) -> None:
@@ -108,7 +110,7 @@ class AsyncSaver:
         for rank in range(self.world):
             _marker(staged, rank).unlink()
         assert manifest is not None
-        return publish(root, tag, staged, {**manifest, "files": gathered}, move_latest, keep_last)
+        return publish(root, tag, staged, {**manifest, "files": gathered}, move_latest, keep_last, self.saved)
 
     @property
     def busy(self) -> bool:

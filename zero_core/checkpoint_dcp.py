@@ -94,7 +94,8 @@ def lightning_extras(folder: Path) -> dict[str, Any]:
     return meta
 
 
-def load_dcp(engine: "Engine", folder: Path, weights_only: bool, schedule: bool) -> tuple[Path, dict[str, Any]]:
+def load_dcp(engine: "Engine", folder: Path, weights_only: bool, schedule: bool,
+             counters: bool = False) -> tuple[Path, dict[str, Any]]:
     """Collective (each rank reads its own fragments). Returns (the folder, Lightning's entries of meta.pt, or {}: a
     DCP save holds no client_state otherwise)."""
     run = DcpRun(folder, {slot.name for slot in engine.layout.slots})
@@ -107,4 +108,4 @@ def load_dcp(engine: "Engine", folder: Path, weights_only: bool, schedule: bool)
     problems = run.verify()
     if problems:
         raise CheckpointError(f"{problems[0]}; nothing was loaded: copy the checkpoint again")
-    return load_foreign(engine, folder, run, weights_only, schedule)
+    return load_foreign(engine, folder, run, weights_only, schedule, counters)

@@ -22,7 +22,7 @@ from checkpoints.deepspeed_source import DeepSpeedSource
 from checkpoints.deepspeed_universal_source import UniversalSource
 from checkpoints.source import CheckpointError
 
-from .checkpoint_load import read_fragments, restore_counters
+from .checkpoint_load import read_fragments, restore_counters, restore_steps
 from .optim.client_optimizer import ClientOptimizer
 from .optim.states import NAMES, TensorStates
 
@@ -46,16 +46,16 @@ class _Reader:
 
 
 def load_deepspeed(engine: "Engine", folder: Path, kind: str, weights_only: bool,
-                   schedule: bool) -> tuple[Path, dict[str, Any]]:
+                   schedule: bool, counters: bool = False) -> tuple[Path, dict[str, Any]]:
     """Collective (each rank reads its own fragments). Returns (the folder, the run's client_state)."""
     source = UniversalSource(folder) if kind == "deepspeed-universal" else DeepSpeedSource(folder)
     if source.model is None:
         raise CheckpointError(f"{folder} has no model-states files beside zero/; copy them from the run that saved it")
-    return load_foreign(engine, folder, source, weights_only, schedule)
+    return load_foreign(engine, folder, source, weights_only, schedule, counters)
 
 
 def load_foreign(engine: "Engine", folder: Path, source: Any, weights_only: bool,
-                 schedule: bool) -> tuple[Path, dict[str, Any]]:
+                 schedule: bool, counters: bool = False) -> tuple[Path, dict[str, Any]]:
     """Load another tool's checkpoint through `source`: its `params()`, `load(name)`, `load_state(name, key)`,
     `check_states(keys)`, `read_problems()`, `loss_scaler()` and `model` (the run's trainable names, step, skipped
     count, scheduler state and client_state), as DeepSpeedSource has them (checkpoint_dcp.py adapts a DCP folder)."""
@@ -105,4 +105,7 @@ def load_foreign(engine: "Engine", folder: Path, source: Any, weights_only: bool
         scaler = source.loss_scaler()
         if scaler is not None and engine.scaler.dynamic:  # an fp16 run's scale and its window go on where they were
             engine.scaler.load_state_dict(scaler)
+    elif counters:
+        steps = int(model.step or 0)
+        restore_steps(engine, steps, steps * engine.gradient_accumulation_steps(), model.skipped)
     return folder, dict(model.client_state)

@@ -127,6 +127,13 @@ def restore_counters(engine: "Engine", folder: Path, applied: int, skipped: int,
             ) from None
 
 
+def restore_steps(engine: "Engine", step: int, micro_steps: int, skipped: int) -> None:
+    """The run's counters alone, as DeepSpeed's load_optimizer_states=False restores them; the optimizer's own count
+    of applied updates (Adam's step, the schedule's position) goes on."""
+    engine.optimizer.skipped.fill_(skipped)
+    engine.global_step, engine.micro_steps = step, micro_steps
+
+
 def nothing_to_resume(load_dir: str | os.PathLike) -> bool:
     """A first run's resume: no such folder, or one holding no `latest`, no checkpoint of any format and no
     complete zbench tag (where DeepSpeed's load_checkpoint warns and returns (None, None)). A folder with
@@ -148,28 +155,47 @@ def load(
     tag: str | None = None,
     weights_only: bool = False,
     schedule: bool = True,
+    counters: bool = False,
 ) -> tuple[Path, dict[str, Any]]:
     """Collective. Loads weights, optimizer state and counters into this engine (`weights_only`: the fp32
-    weights alone, the optimizer untouched); returns (the checkpoint folder, client_state)."""
+    weights alone, the optimizer untouched, and the step counters too with `counters`); returns (the checkpoint
+    folder, client_state)."""
     try:
-        folder = fmt.resolve(load_dir, tag)
-    except CheckpointError:
+        folder, refusal = fmt.resolve(load_dir, tag), None
+    except CheckpointError as e:
+        folder, refusal = None, e
+    if folder is None:  # outside the except block: another format's own errors are not shown chained to this one
         found = locate(load_dir, tag)
         if found is None or found[1] == "zbench":
-            raise
+            assert refusal is not None
+            raise refusal
         if found[1] in ("deepspeed", "deepspeed-universal"):
             from .checkpoint_deepspeed import load_deepspeed
 
-            return load_deepspeed(engine, found[0], found[1], weights_only, schedule)
+            return load_deepspeed(engine, found[0], found[1], weights_only, schedule, counters)
         if found[1] == "dcp":
             from .checkpoint_dcp import load_dcp
 
-            return load_dcp(engine, found[0], weights_only, schedule)
+            return load_dcp(engine, found[0], weights_only, schedule, counters)
         raise CheckpointError(
             f"{load_dir} holds a {found[1]} checkpoint; load_checkpoint resumes zbench, DeepSpeed and DCP checkpoints: "
             "start from its weights with deepspeed.utils.zero_to_fp32.load_state_dict_from_zero_checkpoint(model, "
             "dir) before initialize"
+        )
+    identity = fmt.folder_identity(folder)
+    try:
+        return _load_zbench(engine, folder, weights_only, schedule, counters)
+    except CheckpointError:
+        if fmt.folder_identity(folder) == identity:
+            raise
+        raise CheckpointError(
+            f"{folder} was replaced while it was read (another process saved that tag again); this engine's "
+            "states may be partly overwritten: load it again"
         ) from None
+
+
+def _load_zbench(engine: "Engine", folder: Path, weights_only: bool, schedule: bool,
+                 counters: bool) -> tuple[Path, dict[str, Any]]:
     manifest = mf.read(folder)
     current = param_entries(engine)
     _check_model(folder, manifest, current)
@@ -216,6 +242,8 @@ def load(
             state[name].data.copy_(t)
         engine.refresh_working_weights()
         if weights_only:
+            if counters:
+                restore_steps(engine, manifest["step"], manifest["micro_steps"], manifest["optimizer"]["skipped"])
             return folder, manifest["client_state"]
         o = manifest["optimizer"]
         engine.scaler.load_state_dict(manifest["loss_scaler"])

@@ -134,18 +134,23 @@ def _stage(engine: "Engine", root: Path, tag: str) -> Path:
 
 
 def publish(
-    root: Path, tag: str, staged: Path, manifest: dict[str, Any], move_latest: bool, keep_last: int | None
+    root: Path, tag: str, staged: Path, manifest: dict[str, Any], move_latest: bool, keep_last: int | None,
+    saved: list[tuple[str, tuple[int, int] | None]],
 ) -> tuple[str, str] | None:
-    """Rank 0: write the manifest, commit, prune; the problem (staging folder removed) or None."""
+    """Rank 0: write the manifest, commit, prune; the problem (staging folder removed) or None. `saved` is this
+    engine's committed checkpoints, oldest first: the only ones keep_last may delete. Once committed, the save
+    stands: what its clean-up could not delete is printed, not raised, and every rank hears of success."""
     try:
         mf.write(staged, manifest)
-        fmt.commit(root, tag, staged, move_latest)
+        note = fmt.commit(root, tag, staged, move_latest)
     except OSError as e:
         shutil.rmtree(staged, ignore_errors=True)  # made by this rank's _prepare
         what, fix = _cause(e)
         return (f"rank 0 could not write the manifest or commit {tag} ({what})", fix)
-    if keep_last:
-        fmt.prune(root, keep_last)
+    saved[:] = [s for s in saved if s[0] != tag] + [(tag, fmt.folder_identity(root / tag))]
+    notes = ([note] if note else []) + (fmt.prune(root, keep_last, saved) if keep_last else [])
+    for note in notes:
+        print(f"zero_core: checkpoint {tag} saved in {root}; {note}", flush=True)
     return None
 
 
@@ -199,7 +204,7 @@ def save(
         if problem is None:
             assert manifest is not None
             manifest["files"] = {k: v for g in gathered for k, v in g["files"].items()}
-            problem = publish(root, tag, staged, manifest, move_latest, keep_last)
+            problem = publish(root, tag, staged, manifest, move_latest, keep_last, saver.saved)
         else:
             shutil.rmtree(staged, ignore_errors=True)  # made by this rank's _prepare above
     problem = comm.broadcast_object(problem, what="broadcast of the checkpoint's commit status")

@@ -25,7 +25,7 @@ from .gathered import register as register_parameters
 from .loss_scaler import LossScaler
 from .host_schedules import GroupLrs, LrWrites, make_schedules
 from .optim import make_optimizer, offloads_optimizer
-from .optim.facade import ZeroOptimizer
+from .optim.facade import EngineScheduler, ZeroOptimizer
 from .optim.param_groups import plan_optimizer
 from .optim.affinity import describe as describe_cpus
 from .optim.affinity import ENV as PIN_ENV
@@ -50,6 +50,7 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         self._announce()
         self.stage, self.dtype = cfg.stage, cfg.dtype
         self.global_step = self.micro_steps = 0
+        self.steps_not_applied = 0  # optimizer steps counted without this optimizer (loaded without its states)
         self.norm_taken = False  # a step of this engine computed the gradient norm (get_global_grad_norm)
         self._boundary_set, self._window_passes = None, 0  # set_gradient_accumulation_boundary; backwards since a step
         self.gradients_ready = False  # a window's last backward has run and its step has not (safe_get_full_grad)
@@ -71,6 +72,8 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         self.host_schedule, self.lr_scheduler = make_schedules(cfg, plan, lr_scheduler, self.client_optimizer, self)
         if self.host_schedule is not None:
             self.optimizer.lr_at = None  # the host schedule writes each update's lrs
+        elif isinstance(self.lr_scheduler, EngineScheduler):  # the config's device schedule, at its position
+            self.optimizer.lr_at = self.lr_scheduler.shifted(self.optimizer.lr_at)
         no_schedule = self.host_schedule is None and self.lr_scheduler is None
         self._lr_writes = LrWrites(self.client_optimizer) if no_schedule else None  # until the loop sets an lr
         if deferred:  # each rank computes every weight once, in construction order, and keeps its shards
@@ -82,6 +85,8 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         self.scaler = self.optimizer.scaler = LossScaler(cfg, self.optimizer.states.device)
         if isinstance(self.client_optimizer, ZeroOptimizer):
             self.client_optimizer.scaler = self.scaler  # both answer `loss_scale` / `cur_scale` as DeepSpeed's do
+        if isinstance(self.lr_scheduler, EngineScheduler):  # the first update's lr, as DeepSpeed's scheduler writes it
+            self.lr_scheduler.publish()
         self.strategy.attach(self.optimizer, self.breakdown)
         side = comm.SideStream(self.device, enabled=cfg.zero_optimization.overlap_comm or self.stage == 3)
         self.reducer = GradReducer(self.params, self.layout, self.optimizer, self.strategy, comm_dtype=cfg.comm_dtype,
@@ -174,7 +179,9 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
             s.finish_update()
             self.global_step, self.norm_taken = self.global_step + 1, True
             if self.host_schedule is not None and not self.scaler.dynamic:  # step a torch scheduler now, as DeepSpeed
-                self.host_schedule.values(self.global_step)  # (under fp16 it catches up at the next update or read)
+                self.host_schedule.values(self.applied_steps())  # (under fp16 it catches up at the next update or read)
+            if isinstance(self.lr_scheduler, EngineScheduler):  # the next lr into the groups, as DeepSpeed's step()
+                self.lr_scheduler.publish()
             self.overflow_log.poll(self.global_step)
             self.breakdown.end_step()
             if getattr(self.optimizer, "auto", None) is not None:
@@ -193,8 +200,8 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
 
     def applied_steps(self) -> int:
         """Updates applied so far (skipped fp16 steps excluded): a host sync only under dynamic loss scaling,
-        where steps are skipped as a matter of course; otherwise every optimizer step counts."""
-        return int(self.optimizer.applied.item()) if self.scaler.dynamic else self.global_step
+        where steps are skipped as a matter of course; otherwise every optimizer step of this optimizer counts."""
+        return int(self.optimizer.applied.item()) if self.scaler.dynamic else self.global_step - self.steps_not_applied
 
     def _apply_host_schedule(self) -> None:
         assert self.host_schedule is not None

@@ -16,7 +16,7 @@ import torch
 from . import comm
 from .host_schedules import GroupLrs
 from .model_export import save_model_weights, settled
-from .optim.facade import ZeroOptimizer
+from .optim.facade import EngineScheduler, ZeroOptimizer
 
 
 class DeepSpeedEngineAPI:
@@ -230,7 +230,7 @@ class DeepSpeedEngineAPI:
                         exclude_frozen_parameters: bool = False) -> Path:
         """Collective: every rank writes its own partition; committed atomically; `latest` moves last
         (unless `save_latest=False`). `client_state` (JSON-serialisable: data position, epoch, ...) comes back
-        from `load_checkpoint`. `keep_last=k` prunes older complete checkpoints, never the newest.
+        from `load_checkpoint`. `keep_last=k` deletes this engine's own older checkpoints, never another's.
         `async_save` (default: the config's zero_core.async_checkpoint): return once the state is copied to
         host buffers; the write and commit go on in the background (`wait_for_checkpoint()`)."""
         from .checkpointing import save
@@ -253,11 +253,12 @@ class DeepSpeedEngineAPI:
     def load_checkpoint(self, load_dir: str | os.PathLike, tag: str | None = None, load_module_strict: bool = True,
                         load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
                         load_module_only: bool = False, custom_load_fn: Any = None
-                        ) -> tuple[Path, dict[str, Any]] | tuple[None, None]:
+                        ) -> tuple[str, dict[str, Any]] | tuple[None, None]:
         """Collective: load any zbench checkpoint (any world size, any stage) into this engine; returns
-        (the checkpoint folder, client_state), as DeepSpeed does; (None, None) when `load_dir` holds no checkpoint
-        and no tag is given (a first run's resume). `load_module_only` (or
-        `load_optimizer_states=False`) keeps this engine's optimizer states, step and schedule."""
+        (the checkpoint folder as a str, client_state), as DeepSpeed returns the path it loaded; (None, None) when
+        `load_dir` holds no checkpoint and no tag is given (a first run's resume). `load_optimizer_states=False`
+        keeps this engine's optimizer states and schedule but takes the run's step counters, as DeepSpeed does;
+        `load_module_only` keeps the counters too."""
         from .checkpoint_load import nothing_to_resume
         from .checkpointing import load
 
@@ -275,7 +276,14 @@ class DeepSpeedEngineAPI:
         self.wait_for_checkpoint()
         weights_only = load_module_only or not load_optimizer_states
         schedule = load_lr_scheduler_states and not weights_only
-        return load(self, load_dir, tag, weights_only=weights_only, schedule=schedule)
+        applied = self.applied_steps()
+        folder, client_state = load(self, load_dir, tag, weights_only=weights_only, schedule=schedule,
+                                    counters=not load_module_only)
+        # without its states this optimizer's applied count goes on, whatever step the run had reached
+        self.steps_not_applied = self.global_step - applied if weights_only else 0
+        if isinstance(self.lr_scheduler, EngineScheduler):
+            self.lr_scheduler.after_load(None if schedule else applied)
+        return str(folder), client_state
 
     def _refuse(self, call: str, instead: str) -> None:
         raise NotImplementedError(f"engine.{call} is not supported by zero_core; {instead}")

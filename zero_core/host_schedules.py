@@ -185,6 +185,17 @@ class GroupLrs(HostSchedule):
         return [float(g["lr"]) for g in groups], betas
 
 
+class AtPosition(HostSchedule):
+    """The config's host schedule (OneCycle) at its scheduler's position: the applied updates plus the steps the
+    script took on the scheduler itself (optim/facade.EngineScheduler)."""
+
+    def __init__(self, schedule: HostSchedule, handle: Any) -> None:
+        self.schedule, self.handle = schedule, handle
+
+    def values(self, applied: int) -> tuple[list[float], list[float] | None]:
+        return self.schedule.values(applied + self.handle.extra)
+
+
 class LrWrites:
     """Watches a run without any scheduler: until its loop writes a group's lr, the config's lr holds (on the
     device, and host updates may start during backward); `written()` says when it has."""
@@ -210,11 +221,11 @@ def make_schedules(
     if lr_scheduler is None:
         if cfg.scheduler is None:
             return None, None
+        handle = EngineScheduler(engine, cfg.scheduler.params.last_batch_iteration)
         if cfg.scheduler.type == "OneCycle":
-            return OneCycle(
-                cfg.scheduler.params, [g.lr for g in plan.groups], [g.betas[0] for g in plan.groups]
-            ), EngineScheduler(engine)
-        return None, EngineScheduler(engine)
+            cycle = OneCycle(cfg.scheduler.params, [g.lr for g in plan.groups], [g.betas[0] for g in plan.groups])
+            return AtPosition(cycle, handle), handle
+        return None, handle
     made = lr_scheduler
     if not _is_scheduler(made) and callable(made):
         try:  # DeepSpeed's form: a callable that builds a scheduler on the optimizer

@@ -8,8 +8,8 @@ Trainer and Lightning call, on zero_core's engine, so an existing DeepSpeed scri
 
 `deepspeed.zero.Init()`, `deepspeed.zero.GatheredParameters(...)`, `deepspeed.checkpointing.checkpoint(...)`,
 `deepspeed.init_distributed()`, `deepspeed.add_config_arguments(parser)`, `deepspeed.comm`,
-`deepspeed.accelerator.get_accelerator()`, `deepspeed.ops.adam`, `deepspeed.utils` (zero_to_fp32, log_dist, ...)
-and `deepspeed.runtime.utils.see_memory_usage` are here too. What DeepSpeed has
+`deepspeed.get_accelerator()` (also under `deepspeed.accelerator`), `deepspeed.ops.adam`, `deepspeed.utils`
+(zero_to_fp32, log_dist, ...) and `deepspeed.runtime.utils.see_memory_usage` are here too. What DeepSpeed has
 and zero_core does not (pipeline and model parallelism, MoE, its own ops) is refused in one line naming the call.
 """
 
@@ -25,9 +25,10 @@ import torch.distributed as dist
 from .. import comm as zero_comm
 from ..engine import Engine
 from . import accelerator, checkpointing, comm, ops, runtime, utils, zero
+from .accelerator import get_accelerator
 
 __all__ = ["initialize", "init_distributed", "add_config_arguments", "zero", "checkpointing", "comm", "accelerator",
-           "ops", "runtime", "utils", "DeepSpeedEngine"]
+           "ops", "runtime", "utils", "DeepSpeedEngine", "get_accelerator"]
 DeepSpeedEngine = Engine
 # the DeepSpeed release whose API this follows (scripts compare against it); the local label says it is zero_core
 __version__ = "0.19.8+zero_core"

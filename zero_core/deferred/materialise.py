@@ -52,8 +52,11 @@ def _places(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.Te
 
 
 def placeholder(p: torch.nn.Parameter, value: torch.Tensor) -> None:
-    """Give meta parameter `p` the contents `value` (any device and shape), keeping the object."""
+    """Give meta parameter `p` the contents `value` (any device and shape), keeping the object and its attributes
+    (the swap exchanges them too: zero.Init's ds_numel and ds_shape, a model's own markers)."""
+    kept = dict(p.__dict__)
     torch.utils.swap_tensors(p, torch.nn.Parameter(value, requires_grad=p.requires_grad))
+    p.__dict__.update(kept)
 
 
 class _Materialiser:

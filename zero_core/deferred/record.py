@@ -149,3 +149,16 @@ class Recorder:
         for m in reversed(self._modes):
             m.__exit__(*exc)
         self.recording.rng_end = torch.get_rng_state()
+        _full_sizes(self.recording)
+
+
+def _full_sizes(recording: Recording) -> None:
+    """As DeepSpeed's zero.Init does, each parameter built here says its full size as `ds_numel` and `ds_shape`
+    (scripts count the model with them); zero_core's parameters keep their full shape, so these equal numel() and
+    shape. Not `ds_id` / `ds_status`: code that finds those takes the parameter for one of DeepSpeed's own,
+    partitioned and fetched through its status, which zero_core's are not."""
+    for ref in recording.modules.values():
+        module = ref()
+        if module is not None:
+            for p in module.parameters(recurse=False):
+                p.ds_numel, p.ds_shape = p.numel(), p.shape

@@ -6,14 +6,15 @@ DeepSpeed: they hold the groups and answer the usual calls; the engine does the 
   and readers of `optimizer.param_groups[0]["lr"]` work; `loss_scale` / `cur_scale` read the engine's scale, as
   on DeepSpeed's ZeRO optimizers. `step()` refuses (the engine steps), `zero_grad()` does nothing (the engine
   frees gradients as it reduces them).
-- `EngineScheduler` stands for a schedule the engine runs itself (the config's "scheduler" section):
-  `get_last_lr()` reads the device (a host sync), `step()` does nothing, as in DeepSpeed, where the
-  engine steps its own scheduler.
+- `EngineScheduler` stands for the config's "scheduler" section, as DeepSpeed's scheduler object: the engine
+  steps it after every applied update, and a `step()` of the script's own moves it one iteration further, as
+  it does in DeepSpeed (a loop calling both `engine.step()` and `scheduler.step()` advances it twice per step).
+  Each move writes the next update's lr into the optimizer's groups.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -28,6 +29,21 @@ class ZeroOptimizer(ReportsLossScale, torch.optim.Optimizer):
         super().__init__(groups, defaults={"lr": plan.groups[0].lr, "betas": plan.groups[0].betas,
                                            "eps": plan.groups[0].eps, "weight_decay": plan.groups[0].weight_decay})
 
+    # Under fp16 on a GPU the scheduled lr depends on which steps were skipped, a device count: the groups are
+    # then brought up to date when they are read, not after every step (which would stall the device).
+    stale: Callable[[], None] | None = None
+
+    @property
+    def param_groups(self) -> list[dict]:  # type: ignore[override]
+        refresh, self.stale = self.stale, None
+        if refresh is not None:
+            refresh()
+        return self.__dict__["param_groups"]
+
+    @param_groups.setter
+    def param_groups(self, groups: list[dict]) -> None:
+        self.__dict__["param_groups"] = groups  # where torch's __setstate__ puts them too
+
     def step(self, closure: Any = None) -> None:  # type: ignore[override]
         raise RuntimeError("optimizer.step() is the engine's job: call engine.step() after engine.backward(loss)")
 
@@ -36,10 +52,43 @@ class ZeroOptimizer(ReportsLossScale, torch.optim.Optimizer):
 
 
 class EngineScheduler:
-    """The engine's own schedule, seen as a scheduler object."""
+    """The config's schedule, seen as DeepSpeed's scheduler object. Its position (DeepSpeed's
+    `last_batch_iteration`) is the config's starting iteration plus the updates applied plus the steps the script
+    took itself (`extra`); the engine evaluates its lrs there (lr_schedules.py, host_schedules.OneCycle)."""
 
-    def __init__(self, engine: Any) -> None:
-        self._engine = engine
+    def __init__(self, engine: Any, start: int) -> None:
+        self._engine, self._start = engine, start
+        self.extra = 0
+
+    @property
+    def last_batch_iteration(self) -> int:
+        return self._start + self._engine.applied_steps() + self.extra
+
+    def shifted(self, lr_at: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        """The device schedule `lr_at(applied)` (lr_schedules.py) at this scheduler's position instead."""
+        return lambda applied, *out: lr_at(applied + self.extra, *out)
+
+    def after_load(self, applied_before: int | None) -> None:
+        """engine.load_checkpoint: the saved position (`applied_before` None: the checkpoint's applied count), or,
+        where the scheduler's state was not loaded, the position it had (DeepSpeed leaves its scheduler alone)."""
+        self.extra = 0 if applied_before is None else self.extra + applied_before - self._engine.applied_steps()
+        self.publish()
+
+    def step(self, last_batch_iteration: int | None = None, batch_iteration: int | None = None) -> None:
+        """One iteration further (or to the one given: `batch_iteration` is OneCycle's name for it), its lr
+        written into the groups, as DeepSpeed's scheduler does."""
+        to = last_batch_iteration if last_batch_iteration is not None else batch_iteration
+        if to is None:
+            self.extra += 1
+            self.publish()
+        else:
+            self._move(to)
+
+    def _move(self, to: Any) -> None:
+        if isinstance(to, bool) or not isinstance(to, int) or to < -1:
+            raise ValueError(f"the scheduler's last_batch_iteration must be an integer >= -1, got {to!r}")
+        self.extra += to - self.last_batch_iteration
+        self.publish()
 
     def get_last_lr(self) -> list[float]:
         """The lrs of the next update, as a stepped DeepSpeed scheduler reports them (a host sync)."""
@@ -47,11 +96,32 @@ class EngineScheduler:
 
     get_lr = get_last_lr
 
-    def step(self, *args: Any, **kwargs: Any) -> None:
-        """The engine steps its schedule after every applied update; nothing to do here."""
-
     def state_dict(self) -> dict[str, Any]:
-        return {"last_batch_iteration": self._engine.applied_steps() - 1}
+        return {"last_batch_iteration": self.last_batch_iteration}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """The schedule follows the engine's applied-update count, which checkpoints restore."""
+        """Go to a saved position (a checkpoint's own schedule is restored by engine.load_checkpoint)."""
+        self._move(state.get("last_batch_iteration") if isinstance(state, dict) else None)
+
+    def publish(self) -> None:
+        """After a move: the lrs of the next update into the optimizer's groups (lazily where that needs the
+        device's count of applied updates and the groups can wait until they are read)."""
+        e, opt = self._engine, self._engine.client_optimizer
+        if e.scaler.dynamic and self._count_on_device() and isinstance(opt, ZeroOptimizer):
+            opt.stale = self._write
+        else:
+            self._write()
+
+    def _count_on_device(self) -> bool:
+        """Whether reading the applied-update count waits for the device."""
+        return self._engine.optimizer.applied.is_cuda
+
+    def _write(self) -> None:
+        e = self._engine
+        if e.host_schedule is not None or e.scaler.dynamic or not self._count_on_device():
+            lrs = e.get_lr()
+        else:  # every step counts as applied: the count is on the host, no device sync
+            lrs = e.optimizer.lr_at(torch.tensor([float(e.applied_steps())]), torch.float64).tolist()
+        groups = e.client_optimizer.param_groups
+        for group, lr in zip(groups, lrs):
+            group["lr"] = lr
