@@ -107,6 +107,25 @@ def test_what_zero_core_does_not_provide_is_refused_on_import(tmp_path, line, wo
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("call, words", [
+    ("deepspeed.initialize(model=model, model_parameters=model.parameters(), config={'train_batch_size': 0})",
+     "train_batch_size"),
+    ("deepspeed.initialize(model=model, model_parameters=model.parameters(), config={'train_batch_size': 1})"
+     "[0].load_checkpoint(sys.argv[1], tag='missing')", "missing"),
+])
+def test_an_uncaught_refusal_is_one_error_line(tmp_path, call, words):
+    (tmp_path / "ckpt" / "global_step1").mkdir(parents=True)
+    (tmp_path / "ckpt" / "latest").write_text("global_step1")
+    script = tmp_path / "train.py"
+    script.write_text(f"import sys\nimport torch\nimport deepspeed\nmodel = torch.nn.Linear(2, 2)\n{call}\n")
+    done = subprocess.run([sys.executable, "-m", "zero_core.deepspeed", str(script), str(tmp_path / "ckpt")],
+                          capture_output=True, text=True, env=_env(), timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("Error: ") and words in last and done.stderr.count("Error: ") == 1
+
+
+@pytest.mark.slow
 def test_a_missing_script_is_one_error_line(tmp_path):
     done = subprocess.run([sys.executable, "-m", "zero_core.deepspeed", str(tmp_path / "nope.py")],
                           capture_output=True, text=True, env=_env(), timeout=120)
