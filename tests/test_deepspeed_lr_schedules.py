@@ -101,7 +101,7 @@ def _train(scheduler=None, steps: int = 6, resume_at: int | None = None, tmp=Non
             engine = build()
             engine.load_checkpoint(tmp)
         lrs.append(engine.get_lr())
-        engine.backward(engine(x, y).loss)
+        engine.backward(engine(x.to(engine.device), y.to(engine.device)).loss)
         engine.step()
     state = engine.full_state_dict()
     engine.close()
@@ -151,7 +151,7 @@ def _stepped_twice(scheduler=None, offload: bool = False) -> tuple[dict, list]:
     engine, optimizer, _, sched = _engine(False, scheduler, offload=offload)
     seen = []
     for x, y in make_batches(3, 2):
-        engine.backward(engine(x, y).loss)
+        engine.backward(engine(x.to(engine.device), y.to(engine.device)).loss)
         engine.step()
         sched.step()  # the script's own step, besides the engine's
         seen.append((engine.get_lr(), [g["lr"] for g in optimizer.param_groups], sched.last_batch_iteration))
@@ -181,7 +181,7 @@ def test_the_configs_scheduler_jumps_saves_and_loads_its_position_as_deepspeeds_
     sched.step(6), oracle.step(6)
     assert sched.get_last_lr() == pytest.approx(oracle.get_last_lr(), rel=1e-12) == [optimizer.param_groups[0]["lr"]]
     x, y = make_batches(1, 2)[0]
-    engine.backward(engine(x, y).loss)
+    engine.backward(engine(x.to(engine.device), y.to(engine.device)).loss)
     engine.step()
     oracle.step()
     assert sched.state_dict() == oracle.state_dict() == {"last_batch_iteration": 7}
@@ -208,7 +208,7 @@ def test_the_groups_carry_the_configs_scheduled_lr(config_optimizer, count_on_de
     lrs = []
     for x, y in [(None, None), *make_batches(3, 2)]:
         if x is not None:
-            engine.backward(engine(x, y).loss)
+            engine.backward(engine(x.to(engine.device), y.to(engine.device)).loss)
             engine.step()
             assert (getattr(optimizer, "stale", None) is not None) == (count_on_device and config_optimizer)
         assert [g["lr"] for g in optimizer.param_groups] == engine.get_lr() == [
@@ -223,14 +223,14 @@ def test_loading_without_optimizer_states_takes_the_runs_counters_as_deepspeed_d
     takes the saved step counters; load_module_only keeps the counters too. The path loaded comes back as a str."""
     engine, *_ = _engine()
     for x, y in make_batches(3, 2):
-        engine.backward(engine(x, y).loss)
+        engine.backward(engine(x.to(engine.device), y.to(engine.device)).loss)
         engine.step()
     engine.save_checkpoint(tmp_path, tag="t3")
     engine.close()
     fresh, *_ = _engine()
     first = [fresh.get_lr()]
     for x, y in make_batches(2, 2):
-        fresh.backward(fresh(x, y).loss)
+        fresh.backward(fresh(x.to(fresh.device), y.to(fresh.device)).loss)
         fresh.step()
         first.append(fresh.get_lr())
     fresh.close()
@@ -241,7 +241,7 @@ def test_loading_without_optimizer_states_takes_the_runs_counters_as_deepspeed_d
         assert folder == str(tmp_path / "t3") and (loaded.global_steps, loaded.global_samples) == (steps, 2 * steps)
         lrs = [loaded.get_lr()]  # the schedule was not loaded: it goes on from where this engine's was
         for x, y in make_batches(2, 2):
-            loaded.backward(loaded(x, y).loss)
+            loaded.backward(loaded(x.to(loaded.device), y.to(loaded.device)).loss)
             loaded.step()
             lrs.append(loaded.get_lr())
         assert lrs == first and loaded.global_steps == steps + 2, kw
