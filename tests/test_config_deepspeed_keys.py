@@ -79,7 +79,7 @@ def test_every_deepspeed_key_at_its_default_loads(named):
     assert cfg.stage == 3 and cfg.optimizer.params.lr == 1e-3
     said = set(named())
     assert {"zero_optimization.zero_hpz_partition_size", "compile.deepcompile", "autotuning", "pipeline",
-            "optimizer.params.amsgrad", "bf16.immediate_grad_update", "dataloader_drop_last"} <= said
+            "optimizer.params.amsgrad", "bf16.immediate_grad_update"} <= said
     assert load_config(json.loads(describe(cfg)), 1).model_dump() == cfg.model_dump()  # the printed config reloads
     assert not {"hybrid_engine", "compile", "autotuning"} & set(json.loads(describe(load_config(MB, 1))))  # unset
 
@@ -124,7 +124,7 @@ def test_the_keys_found_refused_load(path):
 # for each key accepted only where it changes nothing: a value that would change something
 NON_DEFAULT = {
     "managed_gradient_accumulation": False, "sequence_parallel_size": 2, "gradient_allreduce_op": "sum",
-    "dataloader_drop_last": True, "optimizer.params.amsgrad": True, "optimizer.params.bias_correction": False,
+    "optimizer.params.amsgrad": True, "optimizer.params.bias_correction": False,
     "optimizer.params.maximize": True, "optimizer.params.fp32_optimizer_states": False,
     "fp16.fp16_master_weights_and_grads": True, "bf16.check_grad_overflow": False,
     "bf16.bf16_master_weights_and_grads": True, "bf16.bf16_optimizer_states": True,

@@ -235,6 +235,12 @@ def test_offload_loss_scale_and_loader_queries_answer_as_deepspeed_does():
     engine, _, loader, _ = deepspeed.initialize(model=make_model(), config=ds_config(2, "fp32", 2), training_data=data)
     assert engine.training_dataloader is loader and len(loader) == 4
     engine.close()
+    odd = torch.utils.data.TensorDataset(torch.randn(9, 4))  # 4 batches of 2 and one of 1
+    for drop, batches in ((False, 5), (True, 4)):
+        engine, _, loader, _ = deepspeed.initialize(model=make_model(), training_data=odd,
+                                                    config={**ds_config(2, "fp32", 2), "dataloader_drop_last": drop})
+        assert len(loader) == batches and [len(b[0]) for b in loader][-1] == (2 if drop else 1)
+        engine.close()
 
 
 def test_get_mom_follows_a_schedule_that_cycles_momentum():

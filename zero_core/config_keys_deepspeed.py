@@ -7,7 +7,7 @@ zero/offload_config.py, precision_config.py, compile/config.py, activation_check
 
 from __future__ import annotations
 
-from .config_keys_base import REFUSED, Key, ignored
+from .config_keys_base import REFUSED, SUPPORTED, Key, ignored
 
 _Z = "zero_optimization."
 _FP32 = "master weights, gradients and optimizer states are always fp32"
@@ -23,8 +23,7 @@ TOP = [
     Key("sequence_parallel_size", REFUSED, "sequence parallelism is out of scope", (1,)),
     *ignored("the data-parallel size is the world size", "data_parallel_size"),
     Key("gradient_allreduce_op", REFUSED, "gradients are always averaged over the ranks", ("mean",)),
-    Key("dataloader_drop_last", REFUSED, "the DataLoader that initialize builds from training_data keeps the last "
-        "partial batch (build your own DataLoader with drop_last=True)", (False,)),
+    Key("dataloader_drop_last", SUPPORTED),  # the DataLoader initialize builds from training_data
     *ignored("DeepSpeed's logger is not used", "log_level"),
     *ignored("DeepSpeed only warns when it is not a multiple of 8", "vocabulary_size"),
     *ignored("there are no expert-parallel groups (MoE is out of scope)", "use_data_before_expert_parallelism"),

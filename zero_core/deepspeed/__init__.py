@@ -85,7 +85,8 @@ def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer
     if training_data is not None:
         sampler = torch.utils.data.DistributedSampler(training_data, num_replicas=engine.world_size, rank=engine.rank)
         loader = torch.utils.data.DataLoader(training_data, batch_size=engine.train_micro_batch_size_per_gpu(),
-                                             sampler=sampler, collate_fn=collate_fn)
+                                             sampler=sampler, collate_fn=collate_fn,
+                                             drop_last=engine.config.dataloader_drop_last)
     engine.training_dataloader = loader  # as DeepSpeed's engine keeps it
     return engine, engine.client_optimizer, loader, engine.lr_scheduler
 
