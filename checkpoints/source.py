@@ -70,3 +70,14 @@ class CheckpointSource(Protocol):
     def verify(self) -> list[str]:
         """Integrity problems (checksum mismatch, truncated or missing file), each naming the file; [] if sound."""
         ...
+
+
+def full_state_dict(source: CheckpointSource, trainable_only: bool = False) -> dict[str, torch.Tensor]:
+    """Every state-dict entry of `source`, full and fp32 on the CPU, in model order; tied names share one tensor
+    (as in the module's state_dict()). `trainable_only` leaves out frozen parameters and buffers."""
+    state: dict[str, torch.Tensor] = {}
+    for info in source.params():
+        if trainable_only and not info.trainable:
+            continue
+        state[info.name] = state[info.tied_to] if info.tied_to in state else source.load(info.name)
+    return state

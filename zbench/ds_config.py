@@ -24,6 +24,7 @@ from zero_core.config_errors import show
 from .accelerate_config import load_accelerate_config
 from .bounds import MAX_BATCH
 from .limits import check_count
+from .plan_inputs import abs_path  # ~ and relative paths, as the data paths
 from .scenario import Scenario, VariantSpec
 
 
@@ -34,19 +35,14 @@ def _read_json(path: str) -> dict[str, Any]:
     return data
 
 
-def _path(path: str, base_dir: str) -> str:
-    path = os.path.expanduser(path)  # as nvme_path and the data paths
-    return path if os.path.isabs(path) else os.path.join(base_dir, path)
-
-
 def template(sc: Scenario, v: VariantSpec, base_dir: str) -> dict[str, Any]:
     """The variant's config with the scenario's defaults; "auto" values stay for `finalize`. ConfigError (the
     caller names the variant) for what would fail or be misread in the ranks: a micro-batch, stage or offload
     section of the wrong type."""
     if v.ds_config:
-        ds = _read_json(_path(v.ds_config, base_dir))
+        ds = _read_json(abs_path(v.ds_config, base_dir))
     elif v.accelerate_config:
-        ds = load_accelerate_config(_path(v.accelerate_config, base_dir))
+        ds = load_accelerate_config(abs_path(v.accelerate_config, base_dir))
     else:
         ds = {}
     ds = copy.deepcopy(ds)

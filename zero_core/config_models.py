@@ -23,7 +23,7 @@ from .config_feature_models import (
     TorchAutocastConfig,
 )
 from .config_optimizer_models import SCHEDULER_KEYS, OptimizerConfig, SchedulerConfig, SchedulerParams  # noqa: F401
-from .config_types import Bool, Section, choice, integer, number
+from .config_types import Bool, Opaque, Section, choice, integer, number
 from .config_zero_models import (  # noqa: F401 (the sections' home for the rest of zero_core)
     AioConfig,
     OffloadOptimizerConfig,
@@ -32,7 +32,6 @@ from .config_zero_models import (  # noqa: F401 (the sections' home for the rest
 )
 
 
-_SECTION = dict[str, Any] | None  # a section zero_core does not read: carried through as given
 _DTYPE_NAMES = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}
 _LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
@@ -61,9 +60,9 @@ class CheckpointConfig(Section):
     tag_validation: Annotated[str, choice({"ignore": "Ignore", "warn": "Warn", "fail": "Fail"})] = "Warn"
     load_universal: Bool = False
     use_node_local_storage: Bool = False
-    parallel_write: _SECTION = None
+    parallel_write: Opaque = None
     checkpoint_serialization: Bool = True
-    writer: _SECTION = None
+    writer: Opaque = None
 
 
 class ZeroCoreConfig(Section):
@@ -138,12 +137,12 @@ class ZeroConfig(Section):
     checkpoint: CheckpointConfig = CheckpointConfig()
     zero_core: ZeroCoreConfig = ZeroCoreConfig()
     # logging sections: carried through, not used by the engine
-    tensorboard: _SECTION = None
-    wandb: _SECTION = None
-    csv_monitor: _SECTION = None
-    comet: _SECTION = None
-    flops_profiler: _SECTION = None
-    comms_logger: _SECTION = None
+    tensorboard: Opaque = None
+    wandb: Opaque = None
+    csv_monitor: Opaque = None
+    comet: Opaque = None
+    flops_profiler: Opaque = None
+    comms_logger: Opaque = None
     # DeepSpeed's keys of features zero_core lacks or does its own way (config_keys_deepspeed.py)
     managed_gradient_accumulation: Bool = True
     disable_python_gc: Bool = False
@@ -161,12 +160,12 @@ class ZeroConfig(Section):
     compile: CompileConfig | None = None
     activation_checkpointing: ActivationCheckpointingConfig | None = None
     data_types: DataTypesConfig | None = None
-    pipeline: _SECTION = None
-    timers: _SECTION = None
-    autotuning: _SECTION = None
-    data_efficiency: _SECTION = None
-    expert_parallel: _SECTION = None
-    tensor_parallel: _SECTION = None
+    pipeline: Opaque = None
+    timers: Opaque = None
+    autotuning: Opaque = None
+    data_efficiency: Opaque = None
+    expert_parallel: Opaque = None
+    tensor_parallel: Opaque = None
     datastates_ckpt: Any = False  # DeepSpeed: anything but false turns DataStates checkpointing on
 
     @property

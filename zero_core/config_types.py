@@ -175,6 +175,7 @@ Names = Annotated[list[str] | None, PlainValidator(names)]
 Dtype = Annotated[str | None, choice(DTYPES, allow_none=True)]
 Text = Annotated[str | None, PlainValidator(optional_text)]
 Count = Annotated[int, integer(0, counts=True)]  # an element count (bucket sizes, thresholds)
+Opaque = dict[str, Any] | None  # a section zero_core does not read: carried through as given
 
 
 class Section(BaseModel):

@@ -13,10 +13,10 @@ from pydantic import model_validator
 
 from .config_errors import full_error
 from .config_keys import ZERO_ALIASES
-from .config_types import Bool, Count, OptionalBool, Section, Text, choice, integer, number, ratio_or_auto
+from .config_types import (Bool, Count, Opaque, OptionalBool, Section, Text, choice, integer, number,
+                           ratio_or_auto)
 
 _DEVICES = choice({"none": "none", "cpu": "cpu", "nvme": "nvme"})
-_SECTION = dict[str, Any] | None  # a section zero_core does not read: carried through as given
 
 
 class OffloadOptimizerConfig(Section):
@@ -81,12 +81,12 @@ class ZeroOptimizationConfig(Section):
     compute_grad_norm: Bool = True
     load_from_fp32_weights: Bool = True
     elastic_checkpoint: Bool = False
-    zenflow: _SECTION = None
+    zenflow: Opaque = None
     cpu_offload_use_pin_memory: OptionalBool = None
     stage3_model_persistence_threshold: Count = sys.maxsize
     stage3_module_granularity_threshold: Count = 0
     stage3_allgather_sequential: Bool = False
-    leaf_module: _SECTION = None
+    leaf_module: Opaque = None
     stage3_use_all_reduce_for_fetch_params: Bool = False
     ignore_unused_parameters: Bool = True
     legacy_stage1: Bool = False

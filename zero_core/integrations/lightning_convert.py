@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from checkpoints.detect import open_source, resolve
+from checkpoints.source import full_state_dict
 
 
 def convert_zero_checkpoint_to_fp32_state_dict(
@@ -37,9 +38,7 @@ def convert_zero_checkpoint_to_fp32_state_dict(
         extras = dict(source.manifest.get("client_state") or {})
     else:  # DeepSpeed's model-states file: what Lightning passed as client_state
         extras = dict(source.model.client_state)
-    weights: dict[str, torch.Tensor] = {}
-    for info in source.params():  # tied names share one tensor, as in the module's state_dict()
-        weights[info.name] = weights[info.tied_to] if info.tied_to in weights else source.load(info.name)
+    weights = full_state_dict(source)
     # checkpoints of Lightning < 2.1 name the weights under its wrapper; Lightning's converter drops that prefix too
     extras["state_dict"] = {name.removeprefix("_forward_module."): t for name, t in weights.items()}
     torch.save(extras, os.fspath(output_file))

@@ -16,7 +16,7 @@ import torch
 
 from checkpoints.consolidate import parse_size, write_consolidated
 from checkpoints.detect import open_source
-from checkpoints.source import CheckpointError
+from checkpoints.source import CheckpointError, full_state_dict
 
 
 def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir: str | os.PathLike, tag: str | None = None,
@@ -27,13 +27,7 @@ def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir: str | os.PathLike, 
     if lazy_mode:
         raise CheckpointError("lazy_mode=True is not supported by zero_core; read the whole state dict (or use "
                               "`zbench convert`, which streams it to safetensors with bounded memory)")
-    source = open_source(checkpoint_dir, tag)
-    state: dict[str, torch.Tensor] = {}
-    for info in source.params():
-        if exclude_frozen_parameters and not info.trainable:
-            continue
-        state[info.name] = state[info.tied_to] if info.tied_to in state else source.load(info.name)
-    return state
+    return full_state_dict(open_source(checkpoint_dir, tag), trainable_only=exclude_frozen_parameters)
 
 
 def load_state_dict_from_zero_checkpoint(model: torch.nn.Module, checkpoint_dir: str | os.PathLike,
