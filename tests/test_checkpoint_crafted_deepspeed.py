@@ -296,3 +296,21 @@ def test_a_negative_piece_is_refused_though_the_sizes_add_up():
     pieces = {"w": [layout.Piece(0, 0, 8), layout.Piece(1, 0, -4)]}
     with pytest.raises(CheckpointError, match="w reaches past the fp32 partition of rank 1"):
         layout.check_pieces(pieces, {"w": (4,)}, [8, 8], "crafted")
+
+
+@pytest.mark.parametrize("value, words", [
+    (5, "exp_avg of group 0 holds 130 elements for an fp32 partition of 129 (padding 5); the file is damaged"),
+    ("abc", "group_paddings[0] is 'abc'"),
+    (-1, "group_paddings[0] is -1"),
+])
+def test_moment_padding_beyond_the_partition(tmp_path, value, words):
+    """Two param groups at ZeRO-2: rank 1's moments carry DeepSpeed's alignment padding (group_paddings [1, 3]),
+    its fp32 partitions do not; any other difference is a damaged file, said in one line."""
+    tag = crafted(tmp_path, "2_2_fp32_groups")
+    victim = tag / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    DeepSpeedSource(tag).check_states(("exp_avg", "exp_avg_sq"))  # as saved: the padding is DeepSpeed's own
+    patch(victim, "group_paddings", value)
+    with pytest.raises(CheckpointError) as e:
+        DeepSpeedSource(tag).check_states(("exp_avg", "exp_avg_sq"))
+    line = str(e.value)
+    assert "\n" not in line and victim.name in line and words in line, line
