@@ -207,3 +207,20 @@ def test_a_generic_name_in_the_wrong_place_lists_the_sections_keys():
     assert msg.startswith("unknown key 'compile.enabled'; remove it or use one of the valid keys of 'compile': ")
     with pytest.raises(ConfigError, match="^unknown key 'mystery_key'; remove it"):
         load_config({**MB, "mystery_key": 1}, 1)
+
+
+@pytest.mark.parametrize("form, stage", [(True, 1), (False, 0)])
+def test_boolean_zero_optimization_is_read_as_deepspeed_reads_it(form, stage, capsys, monkeypatch):
+    """DeepSpeed's first format: true is stage 1 with the top-level allgather_size as its bucket, false stage 0;
+    rank 0 names the section to write instead."""
+    monkeypatch.setattr(config_module, "_NAMED", set())
+    cfg = load_config({**MB, "zero_optimization": form, "allgather_size": 12345}, world_size=2)
+    assert cfg.stage == stage
+    assert cfg.zero_optimization.allgather_bucket_size == (12345 if stage else 500_000_000)
+    note = capsys.readouterr().err
+    assert f'"zero_optimization": {str(form).lower()} is DeepSpeed\'s deprecated form' in note
+    assert f'"stage": {stage}' in note
+
+
+def test_allgather_size_beside_a_zero_section_is_an_unknown_key():
+    assert "unknown key 'allgather_size'" in error({**MB, "zero_optimization": {"stage": 2}, "allgather_size": 1})

@@ -147,12 +147,12 @@ _NAMED: set[str] = set()  # the lines already printed by this process
 def _name_keys_not_acted_on(cfg: ZeroConfig) -> None:
     """Rank 0 names, once per process, the keys the config sets that zero_core accepts without acting on."""
     rows = not_acted_on(set_keys(cfg))
-    if not rows or _rank() != 0:
-        return
-    line = "zero_core: accepted, not acted on: " + ", ".join(f"{k.path} ({k.why})" for k in rows)
-    if line not in _NAMED:
-        _NAMED.add(line)
-        print(line, file=sys.stderr, flush=True)
+    lines = [f"zero_core: {cfg._deprecated_form}"] if cfg._deprecated_form else []
+    lines += ["zero_core: accepted, not acted on: " + ", ".join(f"{k.path} ({k.why})" for k in rows)] if rows else []
+    for line in lines if _rank() == 0 else []:
+        if line not in _NAMED:
+            _NAMED.add(line)
+            print(line, file=sys.stderr, flush=True)
 
 
 def set_keys(model: BaseModel, prefix: str = "") -> list[str]:

@@ -9,6 +9,7 @@ optimizer and scheduler sections in `config_optimizer_models.py`.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any
 
 import torch
@@ -176,6 +177,7 @@ class ZeroConfig(Section):
     # The batch sizes as the user gave them (None = absent or "auto"), so that re-validating a resolved
     # config against another world size derives the missing ones again instead of failing.
     _given_batch: tuple[int | None, int | None, int | None] = PrivateAttr(default=(None, None, None))
+    _deprecated_form: str | None = PrivateAttr(default=None)  # a note on a deprecated form read
 
     @model_validator(mode="before")
     @classmethod
@@ -188,6 +190,25 @@ class ZeroConfig(Section):
                 )
             data = {("bf16" if k == "bfloat16" else k): v for k, v in data.items()}
         return data
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _zero_optimization_bool(cls, data: Any, handler: Any) -> Any:
+        # DeepSpeed still reads its first format, "zero_optimization": true (stage 1, buckets of the top-level
+        # "allgather_size") or false (stage 0), with a deprecation warning (runtime/zero/config.py, 0.19.8)
+        if not (isinstance(data, dict) and isinstance(data.get("zero_optimization"), bool)):
+            return handler(data)
+        data = dict(data)
+        section = {"stage": 1 if data["zero_optimization"] else 0}
+        size = data.pop("allgather_size", None)
+        if section["stage"] and size is not None:
+            section["allgather_bucket_size"] = size
+        form = str(data["zero_optimization"]).lower()
+        data["zero_optimization"] = section
+        cfg = handler(data)
+        cfg._deprecated_form = (f'"zero_optimization": {form} is DeepSpeed\'s deprecated form, read as '
+                                f'"zero_optimization": {json.dumps(section)}; write it that way')
+        return cfg
 
     @property
     def stage(self) -> int:
