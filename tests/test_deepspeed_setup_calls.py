@@ -25,6 +25,9 @@ def test_config_queries_answer_from_the_config(stage, offload):
     assert engine.checkpoint_tag_validation_enabled() and engine.checkpoint_tag_validation_fail()
     assert not (engine.amp_enabled() or engine.sparse_gradients_enabled() or engine.elasticity_enabled())
     assert (engine.mp_world_size, engine.seq_dp_world_size, engine.data_parallel_group) == (1, 1, None)
+    # DeepSpeed's stage 3 gives a model built outside zero.Init its ds_numel / ds_shape: scripts count with them
+    sizes = [(getattr(p, "ds_numel", None), getattr(p, "ds_shape", None)) for p in model.parameters()]
+    assert sizes == ([(p.numel(), p.shape) for p in model.parameters()] if stage == 3 else [(None, None)] * len(sizes))
     engine.close()
 
 

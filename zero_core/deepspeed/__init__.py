@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from .. import comm as zero_comm
+from ..deferred.record import mark_full_sizes
 from ..engine import Engine
 from . import accelerator, checkpointing, comm, ops, runtime, utils, zero
 from .accelerator import get_accelerator
@@ -81,6 +82,8 @@ def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer
                                   "zero_core; it trains data-parallel with ZeRO sharding only")
     engine = Engine(model, _config_from(args, config, config_params), model_parameters=model_parameters,
                     optimizer=optimizer, lr_scheduler=lr_scheduler)
+    if engine.zero_optimization_stage() == 3:  # DeepSpeed's stage 3 converts a model built outside zero.Init
+        mark_full_sizes(engine.module.parameters())
     loader = None
     if training_data is not None:
         sampler = torch.utils.data.DistributedSampler(training_data, num_replicas=engine.world_size, rank=engine.rank)

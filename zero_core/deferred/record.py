@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -160,5 +161,11 @@ def _full_sizes(recording: Recording) -> None:
     for ref in recording.modules.values():
         module = ref()
         if module is not None:
-            for p in module.parameters(recurse=False):
-                p.ds_numel, p.ds_shape = p.numel(), p.shape
+            mark_full_sizes(module.parameters(recurse=False))
+
+
+def mark_full_sizes(params: Iterable[torch.nn.Parameter]) -> None:
+    """Set `ds_numel` and `ds_shape` (see _full_sizes) on each parameter that lacks them."""
+    for p in params:
+        if not hasattr(p, "ds_numel"):
+            p.ds_numel, p.ds_shape = p.numel(), p.shape
