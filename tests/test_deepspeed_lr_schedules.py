@@ -246,3 +246,36 @@ def test_loading_without_optimizer_states_takes_the_runs_counters_as_deepspeed_d
             lrs.append(loaded.get_lr())
         assert lrs == first and loaded.global_steps == steps + 2, kw
         loaded.close()
+
+
+def test_a_checkpoint_keeps_the_iterations_a_script_added_to_the_configs_scheduler(tmp_path):
+    """A loop stepping the config's scheduler besides the engine (two iterations per update): the checkpoint saves
+    the position as DeepSpeed's state ({"last_batch_iteration": n}), and a resumed run trains on exactly as the
+    uninterrupted one."""
+    batches = make_batches(4, 2)
+
+    def train(engine, sched, some) -> list:
+        lrs = []
+        for x, y in some:
+            engine.backward(engine(x.to(engine.device), y.to(engine.device)).loss)
+            engine.step()
+            sched.step()
+            lrs.append(engine.get_lr())
+        return lrs
+
+    whole, _, _, sched = _engine()
+    lrs = train(whole, sched, batches)
+    want = whole.full_state_dict()
+    whole.close()
+    first, _, _, sched = _engine()
+    train(first, sched, batches[:2])
+    first.save_checkpoint(tmp_path, tag="t2")
+    first.close()
+    resumed, optimizer, _, sched = _engine()
+    resumed.load_checkpoint(tmp_path)
+    assert sched.state_dict() == {"last_batch_iteration": 3} and resumed.get_lr() == lrs[1]
+    assert [g["lr"] for g in optimizer.param_groups] == lrs[1]
+    assert train(resumed, sched, batches[2:]) == lrs[2:]
+    for k, v in resumed.full_state_dict().items():
+        assert torch.equal(v, want[k]), k
+    resumed.close()

@@ -117,6 +117,8 @@ def restore_counters(engine: "Engine", folder: Path, applied: int, skipped: int,
     engine.optimizer.applied.fill_(applied)
     engine.optimizer.skipped.fill_(skipped)
     engine.global_step, engine.micro_steps = step, micro_steps
+    if scheduler is not None and hasattr(engine.lr_scheduler, "saved_position"):  # the config's schedule
+        engine.lr_scheduler.saved_position(scheduler)
     if scheduler and engine.host_schedule is not None:
         try:
             engine.host_schedule.load_state_dict(scheduler)

@@ -252,8 +252,16 @@ def _manifest(
         },
         "rng": rng,
         "client_state": client_state,
-        "scheduler": engine.host_schedule.state_dict() if engine.host_schedule is not None else {},
+        "scheduler": _scheduler_state(engine),
     }
+
+
+def _scheduler_state(engine: Any) -> dict[str, Any]:
+    """The config's schedule at its position (DeepSpeed's own state, the script's extra steps included), else
+    the host schedule's state."""
+    if hasattr(engine.lr_scheduler, "saved_position"):
+        return engine.lr_scheduler.state_dict()
+    return engine.host_schedule.state_dict() if engine.host_schedule is not None else {}
 
 
 def _optimizer_states(opt: Any) -> dict[str, Any]:

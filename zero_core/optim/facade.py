@@ -59,6 +59,7 @@ class EngineScheduler:
     def __init__(self, engine: Any, start: int) -> None:
         self._engine, self._start = engine, start
         self.extra = 0
+        self._loaded: int | None = None  # the position a checkpoint being loaded saved, for after_load
 
     @property
     def last_batch_iteration(self) -> int:
@@ -68,10 +69,24 @@ class EngineScheduler:
         """The device schedule `lr_at(applied)` (lr_schedules.py) at this scheduler's position instead."""
         return lambda applied, *out: lr_at(applied + self.extra, *out)
 
+    def saved_position(self, state: Any) -> None:
+        """A loaded checkpoint's scheduler state: DeepSpeed's `{"last_batch_iteration": n}` (zbench saves the same),
+        or, from a DeepSpeed checkpoint, `{"scheduler": {...}}`; without one the applied count gives the position."""
+        inner = state.get("scheduler", state) if isinstance(state, dict) else None
+        to = inner.get("last_batch_iteration") if isinstance(inner, dict) else None
+        self._loaded = to if isinstance(to, int) and not isinstance(to, bool) and to >= -1 else None
+
     def after_load(self, applied_before: int | None) -> None:
-        """engine.load_checkpoint: the saved position (`applied_before` None: the checkpoint's applied count), or,
-        where the scheduler's state was not loaded, the position it had (DeepSpeed leaves its scheduler alone)."""
-        self.extra = 0 if applied_before is None else self.extra + applied_before - self._engine.applied_steps()
+        """engine.load_checkpoint: the saved position (`applied_before` None; the checkpoint's applied count where it
+        saved none), or, where the scheduler's state was not loaded, the position it had (DeepSpeed leaves its
+        scheduler alone)."""
+        if applied_before is None:
+            self.extra = 0
+            if self._loaded is not None:
+                self.extra = self._loaded - self.last_batch_iteration
+        else:
+            self.extra += applied_before - self._engine.applied_steps()
+        self._loaded = None
         self.publish()
 
     def step(self, last_batch_iteration: int | None = None, batch_iteration: int | None = None) -> None:
