@@ -41,13 +41,13 @@ def module(micro: int = MICRO) -> "object":
 
 
 def fit(strategy: object, world: int, epochs: int, ckpt_path: str | None = None, save_to: str | None = None,
-        micro: int = MICRO) -> dict:
+        micro: int = MICRO, clip: float | None = 1.0) -> dict:
     import lightning as L
 
     lit = module(micro)
     trainer = L.Trainer(accelerator="cpu", devices=world, strategy=strategy, max_epochs=epochs, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        gradient_clip_val=1.0, accumulate_grad_batches=ACCUMULATE, num_sanity_val_steps=0)
+                        gradient_clip_val=clip, accumulate_grad_batches=ACCUMULATE, num_sanity_val_steps=0)
     trainer.fit(lit, ckpt_path=ckpt_path)
     if save_to is not None:
         trainer.save_checkpoint(save_to)
@@ -56,7 +56,20 @@ def fit(strategy: object, world: int, epochs: int, ckpt_path: str | None = None,
         k: v.detach().clone() for k, v in lit.state_dict().items()}
     every = [None] * world
     dist.all_gather_object(every, lit.losses)
-    return {"losses": [math.fsum(s) / world for s in zip(*every)], "weights": weights, "step": trainer.global_step}
+    return {"losses": [math.fsum(s) / world for s in zip(*every)], "weights": weights, "step": trainer.global_step,
+            "clipping": engine.config.gradient_clipping if engine is not None else None}
+
+
+def clipping(rank: int, world: int) -> list:
+    """The clipping ZeroStrategy's engine applies for Trainer(gradient_clip_val=None / 0.5), and for a config
+    whose gradient_clipping is "auto" with no gradient_clip_val."""
+    from zero_core.integrations.lightning import ZeroStrategy
+
+    got = [fit(ZeroStrategy(stage=2, process_group_backend="gloo"), world, 1, clip=clip)["clipping"]
+           for clip in (None, 0.5)]
+    auto = ZeroStrategy(config={"zero_optimization": {"stage": 2}, "gradient_clipping": "auto"},
+                        process_group_backend="gloo")
+    return got + [fit(auto, world, 1, clip=None)["clipping"]]
 
 
 def run(rank: int, world: int, stage: int, folder: str) -> dict:

@@ -48,6 +48,11 @@ def test_zero_strategy_equals_ddp_and_resumes(tmp_path, stage):
     )
 
 
+def test_no_gradient_clip_val_means_no_clipping_as_in_lightnings_strategies():
+    """Lightning's DDP and DeepSpeed strategies do not clip unless Trainer(gradient_clip_val=...) says so."""
+    assert run_ranks(lw.clipping, 1) == [0.0, 0.5, 0.0]
+
+
 def test_registered_names_build_the_strategy():
     from lightning.pytorch.strategies import StrategyRegistry
 

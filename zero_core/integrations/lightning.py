@@ -138,8 +138,8 @@ class ZeroStrategy(DDPStrategy):
         if "optimizer" in raw:
             optimizer = None  # the config's optimizer, as Lightning's DeepSpeed strategy does
         raw.setdefault("train_micro_batch_size_per_gpu", 1)  # only logged: the batches are the dataloader's
-        if trainer.gradient_clip_val is not None:
-            raw.setdefault("gradient_clipping", trainer.gradient_clip_val)
+        clip = float(trainer.gradient_clip_val or 0.0)  # none given: no clipping, as Lightning's strategies
+        raw.setdefault("gradient_clipping", clip)
         if (
             raw.setdefault("gradient_accumulation_steps", trainer.accumulate_grad_batches)
             != trainer.accumulate_grad_batches
@@ -154,6 +154,7 @@ class ZeroStrategy(DDPStrategy):
         auto = AutoValues(
             world_size=self.world_size,
             gradient_accumulation_steps=trainer.accumulate_grad_batches,
+            max_grad_norm=clip,
             fp16=fp16,
             bf16=bf16,
             learning_rate=lr,
