@@ -119,8 +119,8 @@ def _resolve(root: Path, tag: str | None, kind: str | None, follow_symlinks: boo
         return aside, "zbench"
     if not found:
         tags = _tags(root, kind)
-        raise CheckpointError(f"tag {tag!r} ({via}) is not a checkpoint in {root}; tags present: "
-                              f"{', '.join(tags) or 'none'}; pass --tag with one of them")
+        fix = f"tags present: {', '.join(tags)}; pass --tag with one of them" if tags else "it holds none"
+        raise CheckpointError(f"tag {tag!r} ({via}) is not a checkpoint in {root}; {fix}")
     return folder, found
 
 

@@ -212,6 +212,7 @@ def resolve(path: str | os.PathLike, tag: str | None = None, follow_symlinks: bo
         aside = set_aside_copy(root, tag)
         if aside is not None:
             return aside
-        present = ", ".join(t for _, t in complete_tags(root)) or "none"
-        raise CheckpointError(f"no complete checkpoint '{tag}' in {root} (tags present: {present}); pick one of those")
+        present = ", ".join(t for _, t in complete_tags(root))
+        fix = f"tags present: {present}; pick one of those" if present else "it holds none; load another folder"
+        raise CheckpointError(f"no complete checkpoint '{tag}' in {root} ({fix})")
     return folder

@@ -15,6 +15,9 @@ from .deferred import init_context
 from .engine import Engine
 from .overflow_log import NonFiniteError
 from .pretrained import load_pretrained
+from .refusal_hook import install as _install_refusal_hook
+
+_install_refusal_hook()  # an uncaught refusal of the user's input is its one line, not a traceback
 
 __all__ = [
     "initialize",
