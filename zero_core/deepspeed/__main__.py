@@ -6,8 +6,8 @@ y`) get zero_core.deepspeed.
 
 The script runs as `python train.py ...` would run it (its own arguments, its folder on sys.path). torchrun sets
 the rank variables `deepspeed.init_distributed()` reads; it does not pass DeepSpeed's launcher's `--local_rank`.
-A refusal of the script's config or checkpoint (ConfigError, CheckpointError) that the script does not catch
-ends the run with its one line, `Error: ...`, and exit status 1, instead of a traceback.
+A refusal of the script's config or checkpoint that the script does not catch ends the run with its one line,
+`Error: ...`, and exit status 1, instead of a traceback (zero_core/refusal_hook.py).
 """
 
 from __future__ import annotations
@@ -16,9 +16,6 @@ import runpy
 import sys
 from pathlib import Path
 
-from checkpoints.source import CheckpointError
-
-from ..config_errors import ConfigError
 from .alias import install
 
 USAGE = "usage: python -m zero_core.deepspeed SCRIPT [SCRIPT'S ARGUMENTS...]"
@@ -36,11 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     install()
     sys.argv = [str(script), *args[1:]]
     sys.path.insert(0, str(script.resolve().parent))
-    try:
-        runpy.run_path(str(script), run_name="__main__")
-    except (ConfigError, CheckpointError) as e:  # zero_core's refusals of the user's input: the line says the fix
-        print(f"Error: {e}", file=sys.stderr)
-        return 1
+    runpy.run_path(str(script), run_name="__main__")  # an uncaught refusal: its one line (refusal_hook.py)
     return 0
 
 
