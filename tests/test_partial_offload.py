@@ -238,7 +238,7 @@ def test_breakdown_shows_gpu_adam_and_overlapped_cpu_adam():
     from zero_core.step_timer import format_breakdown
 
     cfg = ds_config(2, "fp32", 2, reduce_bucket_size=300, offload_optimizer={"device": "cpu", "ratio": 0.5})
-    cfg["zero_core"] = {"overlap_host_update": 1.0}
+    cfg["zero_core"] = {"overlap_host_update": 1.0, "overlap_weight_gather": True}
     engine = zero_core.initialize(make_model(), cfg)
     _train(engine, 3)
     b = engine.breakdown.summary()

@@ -81,7 +81,9 @@ def test_a_forward_that_does_not_wait_reads_stale_shards(results):
 
 
 def _engine(**zero):
-    return zero_core.initialize(make_model(), ds_config(3, "fp32", 2, clip=0.05, **{**PARAM, **zero}))
+    """The overlapped host update (zero_core.overlap_weight_gather, off by default)."""
+    return zero_core.initialize(make_model(), {**ds_config(3, "fp32", 2, clip=0.05, **{**PARAM, **zero}),
+                                               "zero_core": {"overlap_weight_gather": True}})
 
 
 def _train(engine, steps: int) -> None:
@@ -132,8 +134,7 @@ def test_a_failing_host_update_is_one_error_on_the_training_thread(monkeypatch):
 
 
 def test_overlap_off_keeps_the_update_in_step():
-    engine = zero_core.initialize(make_model(), {**ds_config(3, "fp32", 2, **PARAM),
-                                                 "zero_core": {"overlap_weight_gather": False}})
+    engine = zero_core.initialize(make_model(), ds_config(3, "fp32", 2, **PARAM))  # the default: off
     assert engine.strategy.inflight is None and engine.optimizer.adam_key == "cpu_adam"
     engine.close()
     engine = _engine()

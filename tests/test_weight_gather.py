@@ -228,3 +228,38 @@ def test_stage2_training_repeats_bitwise(overlap):
     assert first["losses"] == second["losses"]
     for k, v in first["state"].items():
         assert torch.equal(second["state"][k], v), k
+
+
+def _weights_after_step(rank: int, world: int, stage: int) -> bool:
+    """The config as a DeepSpeed script writes it (no zero_core section): the model's parameters read right after
+    step() are the ones the next forward uses, as under DeepSpeed (gathers lazy, so a deferred one would show)."""
+    import zero_core.deepspeed as deepspeed
+
+    _lazy_gathers()
+    micro = 2
+    model = make_model()
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                      config=ds_config(stage, "bf16", micro))
+    same = []
+    for x, y in make_batches(3, micro * world):
+        xs, ys = (t[rank * micro : (rank + 1) * micro].to(engine.device) for t in (x, y))
+        engine.backward(engine(xs, ys).loss)
+        engine.step()
+        read = [p.detach().clone() for p in engine.module.parameters()]  # an EMA's or a weight log's read
+        engine.wait_for_weights()
+        same.append(all(torch.equal(a, p) for a, p in zip(read, engine.module.parameters())))
+    engine.close()
+    return all(same)
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_weights_read_after_step_are_current_by_default(stage):
+    assert run_ranks(_weights_after_step, 2, stage)
+
+
+def test_zbench_runs_turn_the_overlap_on_unless_the_config_says():
+    from zbench.variants.zero import with_overlapped_weight_gather
+
+    assert with_overlapped_weight_gather({"a": 1})["zero_core"] == {"overlap_weight_gather": True}
+    mine = {"zero_core": {"overlap_weight_gather": False, "async_checkpoint": True}}
+    assert with_overlapped_weight_gather(mine)["zero_core"] == mine["zero_core"]

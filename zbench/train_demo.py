@@ -55,9 +55,11 @@ def run_rank(job: TrainJob) -> dict:
     """One rank's training loop (the launcher's entrypoint); returns rank 0's summary."""
     import zero_core
 
+    from .variants.zero import with_overlapped_weight_gather
+
     torch.manual_seed(job.seed)
     model = GPT(GPTConfig(**job.model))
-    engine = zero_core.initialize(model, job.ds_config)
+    engine = zero_core.initialize(model, with_overlapped_weight_gather(job.ds_config))  # reads no weight mid-loop
     micro = engine.config.train_micro_batch_size_per_gpu
     gen = torch.Generator().manual_seed(job.seed + 1)
     vocab = job.model["vocab_size"]

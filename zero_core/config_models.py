@@ -77,9 +77,11 @@ class ZeroCoreConfig(Section):
     max_consecutive_nonfinite: Annotated[int, integer(0)] = 0
     # stages 1-2: each bucket's weight all-gather starts right after its update and is waited for only by the
     # modules that read it (stages/deferred_gather.py); with optimizer offload (stages 1-3) the host update itself
-    # runs on after step() returns, the next forward waiting per module (stages/host_step_overlap.py); false: all
-    # in step()
-    overlap_weight_gather: Bool = True
+    # runs on after step() returns, the next forward waiting per module (stages/host_step_overlap.py). Off by
+    # default: until that forward the model's weights are partly old, and a loop that reads them after step()
+    # (an EMA, a weight log) would read wrong values, as it never does under DeepSpeed. zbench run turns it on:
+    # its loop reads weights only through a forward or after wait_for_weights()
+    overlap_weight_gather: Bool = False
     # save_checkpoint() returns once the state is copied into reusable host buffers; writing, checksums,
     # fsync and the atomic commit go on in a background thread (engine.wait_for_checkpoint())
     async_checkpoint: Bool = False

@@ -6,7 +6,7 @@ bucket is about to run: a forward pre-hook on each unit (the parameters outside 
 then each block, grouped as stage 3 groups them) waits for exactly the buckets holding its parameters.
 The engine's own readers (checkpoints, full_state_dict, backward, the next step) and `module.state_dict()`
 wait for everything; code that reads parameters directly between `step()` and the next forward calls
-`engine.wait_for_weights()` first (or sets zero_core.overlap_weight_gather: false).
+`engine.wait_for_weights()` first, which is why zero_core.overlap_weight_gather is off unless turned on.
 """
 
 from __future__ import annotations

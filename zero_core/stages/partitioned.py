@@ -11,7 +11,7 @@ Where this rank's 16-bit shard of each unit comes from when it is gathered:
 - with parameter offload, that partition lives in pinned host memory (`offload_param.device: cpu`) or in a
   file mapping under `offload_param.nvme_path` ("nvme": param_file.py), and is copied up per unit.
 
-With optimizer offload and `zero_core.overlap_weight_gather` (the default) the host update runs on after
+With optimizer offload and `zero_core.overlap_weight_gather` (off by default) the host update runs on after
 `step()` returns, and each unit's forward waits until the update has published its shard range
 (host_step_overlap.py): uploaded into the device partition, or, where the partition lives on the host,
 written there by the update itself.

@@ -27,6 +27,7 @@ from zbench import ds_config
 from zbench.models.gpt import GPT
 from zbench.scenario import Scenario
 from zbench.train_demo import preset_config
+from zbench.variants.zero import with_overlapped_weight_gather
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -59,7 +60,7 @@ def config(overrides: list[str], drops: list[str]) -> dict:
             node = node[p]
         node.pop(last, None)
     cfg = ds_config.finalize(ds, sc=sc, batch=16, world_size=1, total_steps=1000, hidden=1600)
-    return cfg
+    return with_overlapped_weight_gather(cfg)  # as zbench run configures its zero_core variants
 
 
 def main() -> None:

@@ -21,6 +21,7 @@ import torch.distributed as dist
 import zero_core
 from zbench.models.gpt import GPT
 from zbench.train_demo import preset_config
+from zbench.variants.zero import with_overlapped_weight_gather
 
 
 def merged_busy(intervals: list[tuple[float, float]]) -> float:
@@ -45,7 +46,7 @@ def main() -> None:
     with open(args.config) as f:
         cfg = json.load(f)
     torch.manual_seed(0)
-    engine = zero_core.initialize(GPT(preset_config(args.model)), cfg)
+    engine = zero_core.initialize(GPT(preset_config(args.model)), with_overlapped_weight_gather(cfg))  # as zbench run
     micro = engine.config.train_micro_batch_size_per_gpu
     vocab = preset_config(args.model).vocab_size
     x = torch.randint(0, vocab, (micro, args.seq_len), device=engine.device)
