@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from .dcp_metadata import read_metadata
+from .dtypes import name_of
 from .paths import inside
 from .source import CheckpointError, ParamInfo, SourceSummary, step_count
 
@@ -144,7 +145,7 @@ class DcpSource:
             )
         self._tensors = tensors
         self._infos = [
-            ParamInfo(n, tuple(tensors[k].size), str(tensors[k].properties.dtype).removeprefix("torch."))
+            ParamInfo(n, tuple(tensors[k].size), name_of(tensors[k].properties.dtype))
             for n, k in self._keys.items()
         ]
         path_of = {k: tuple((getattr(md, "planner_data", None) or {}).get(k) or k.split(".")) for k in tensors}

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from .deepspeed_pickle import bad_field, checked_number, shown
+from .dtypes import name_of
 from .torch_file_reader import TorchFileReader
 from .paths import inside
 from .source import CheckpointError, ParamInfo
@@ -35,7 +36,7 @@ DEEPSPEED_KEYS = {
 
 
 def _dtype_name(t: torch.Tensor) -> str:
-    return str(t.dtype).removeprefix("torch.")
+    return name_of(t.dtype)
 
 
 def _count(path: Path, state: dict, key: str, lo: int, hi: int, default: int | None, prefix: str = "") -> int | None:

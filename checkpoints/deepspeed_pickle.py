@@ -12,9 +12,11 @@ load here memory-maps zip-format files, so only the pages a caller touches are r
 
 from __future__ import annotations
 
+import errno
 import math
 import pickle
 import re
+import warnings
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -83,8 +85,10 @@ def load_pickle(path: Path, mmap: bool = True, map_location: str = "cpu") -> Any
             f"missing file {path}; the checkpoint is incomplete: copy it again from where it was saved"
         )
     use_mmap = mmap and map_location == "cpu" and zipfile.is_zipfile(path)  # mmap needs the zip format
-    try:
-        with torch.serialization.safe_globals([(cls, name) for name, cls in STAND_INS.items()]):
+    try:  # torch's warnings about the file (an old pickle protocol, ...) would break the one-line report
+        with torch.serialization.safe_globals([(cls, name) for name, cls in STAND_INS.items()]), \
+                warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             return torch.load(path, map_location=map_location, weights_only=True, mmap=use_mmap)
     except pickle.UnpicklingError as e:
         refused = re.search(r"GLOBAL ([\w.]+)|unrecognized function (\S+)|but got (\S+)", str(e))
@@ -97,7 +101,12 @@ def load_pickle(path: Path, mmap: bool = True, map_location: str = "cpu") -> Any
         raise CheckpointError(
             f"{path} is truncated or corrupt ({_first_line(e)}); copy the file again from where it was saved"
         ) from None
-    except OSError as e:  # the file is there but cannot be opened or read (permissions, I/O error)
+    except OSError as e:  # cannot be opened or read (permissions, I/O error); EINVAL: torch's read of a cut zip
+        if e.errno == errno.EINVAL:
+            raise CheckpointError(
+                f"{path} is truncated or corrupt (its records run past its end); copy the file again from where it "
+                "was saved"
+            ) from None
         raise CheckpointError(
             f"cannot read {path}: {e.strerror or _first_line(e)}; check that the file is readable"
         ) from None

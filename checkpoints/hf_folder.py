@@ -17,7 +17,7 @@ from pathlib import Path
 
 from safetensors import safe_open
 
-from .paths import inside
+from .paths import inside, read_regular
 from .source import CheckpointError
 
 HF_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -61,11 +61,17 @@ def copy_hf_files(files: list[tuple[Path, str]], out: str | Path, copied: list[s
         shutil.copyfile(path, Path(out) / name)
 
 
+MAX_HF_CONFIG_BYTES = 16 << 20  # a config.json is kilobytes
+
+
 def check_hf_config(hf_config: str | Path) -> Path:
     """`--hf-config`, checked before anything is written: a readable JSON object."""
     config = Path(hf_config)
     try:
-        if not isinstance(json.loads(config.read_text(encoding="utf-8")), dict):
+        raw = read_regular(config, MAX_HF_CONFIG_BYTES)  # never a FIFO or /dev/zero read without end
+        if len(raw) > MAX_HF_CONFIG_BYTES:
+            raise ValueError(f"larger than {MAX_HF_CONFIG_BYTES >> 20} MiB")
+        if not isinstance(json.loads(raw.decode("utf-8")), dict):
             raise ValueError("not a JSON object")
     except (OSError, ValueError) as e:
         raise CheckpointError(f"--hf-config {config}: {e}; pass a Hugging Face config.json") from None

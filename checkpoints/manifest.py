@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from . import checksums
+from .dtypes import code_of, name_of
 from .manifest_checks import structure_problem
 from .paths import inside, read_regular
 from .source import CheckpointError
@@ -65,7 +66,7 @@ def param_entries(named: Iterable[tuple[str, Any]], slot_of: dict[int, int]) -> 
         entry: dict[str, Any] = {
             "name": name,
             "shape": list(t.shape),
-            "dtype": str(t.dtype).removeprefix("torch."),
+            "dtype": name_of(t.dtype) if code_of(t.dtype, name) else "",  # refused before anything is written
             "trainable": id(t) in slot_of,
             "tied_to": first_name.get(id(t)),
             "slot": None,

@@ -15,24 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from .checksums import entry_problem
+from .dtypes import FLOAT_NAMES, NAME_OF_CODE, NAMES
 from .paths import plain_name
 from .source import CheckpointError
 
 POINTERS = ("latest", "latest_universal")  # files beside the tag folders
 
-DTYPES = {
-    "float32": 4,
-    "bfloat16": 2,
-    "float16": 2,
-    "float64": 8,
-    "int64": 8,
-    "int32": 4,
-    "int16": 2,
-    "int8": 1,
-    "uint8": 1,
-    "bool": 1,
-}
-FLOATS = {"float32", "bfloat16", "float16", "float64"}
 MAX_NUMEL = 1 << 48  # elements in one tensor or one partition: far beyond any model, far below overflow
 MAX_DIMS = 32
 _STATE_KEY = re.compile(r"state\.[A-Za-z_][A-Za-z0-9_]{0,63}")
@@ -101,7 +89,7 @@ def _params_problem(params: list[Any]) -> str | None:
             and all(_int(d) for d in p["shape"])
             and numel(p["shape"]) <= MAX_NUMEL
             and isinstance(p.get("dtype"), str)
-            and p["dtype"] in DTYPES
+            and p["dtype"] in NAMES
             and isinstance(p.get("trainable"), bool)
             and (p.get("slot") is None or _int(p["slot"]))
             and (p.get("tied_to") is None or isinstance(p["tied_to"], str))
@@ -119,7 +107,7 @@ def _params_problem(params: list[Any]) -> str | None:
             if p.get("slot") is not None:
                 return f"tied entry {name!r} has a slot of its own"
         elif p["trainable"]:
-            if p.get("slot") is None or p["dtype"] not in FLOATS:
+            if p.get("slot") is None or p["dtype"] not in FLOAT_NAMES:
                 return f"trainable {name!r} has no slot or is not floating point"
             slots.append(p["slot"])
         elif p.get("slot") is not None:
@@ -236,18 +224,6 @@ def _state_problem(m: dict[str, Any]) -> str | None:
 
 
 # -- headers against the manifest -------------------------------------------------------------------
-_CODES = {
-    "F32": "float32",
-    "BF16": "bfloat16",
-    "F16": "float16",
-    "F64": "float64",
-    "I64": "int64",
-    "I32": "int32",
-    "I16": "int16",
-    "I8": "int8",
-    "U8": "uint8",
-    "BOOL": "bool",
-}
 
 
 def expected_tensors(fname: str, m: dict[str, Any]) -> dict[str, tuple[str, list[int]]]:
@@ -267,7 +243,7 @@ def header_problem(path: Path, fname: str, m: dict[str, Any]) -> str | None:
 
     try:
         with SafetensorsFile(path) as f:
-            found = {name: (_CODES[t["dtype"]], list(t["shape"])) for name, t in f.tensors.items()}
+            found = {name: (NAME_OF_CODE[t["dtype"]], list(t["shape"])) for name, t in f.tensors.items()}
     except CheckpointError as e:
         return str(e).split("; ")[0]
     want = expected_tensors(fname, m)

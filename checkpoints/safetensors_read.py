@@ -15,24 +15,12 @@ from typing import BinaryIO
 
 import torch
 
+from .dtypes import ITEM_BYTES, SAFETENSORS
 from .source import CheckpointError
 
-_DTYPES = {
-    "F32": torch.float32,
-    "BF16": torch.bfloat16,
-    "F16": torch.float16,
-    "F64": torch.float64,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
 
 
 MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit
-_ITEM = {"F32": 4, "BF16": 2, "F16": 2, "F64": 8, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 
 
 def header_problem(header: object, data_bytes: int) -> str | None:
@@ -51,7 +39,7 @@ def header_problem(header: object, data_bytes: int) -> str | None:
         if not (
             isinstance(t, dict)
             and isinstance(t.get("dtype"), str)
-            and t["dtype"] in _ITEM
+            and t["dtype"] in ITEM_BYTES
             and isinstance(t.get("shape"), list)
             and len(t["shape"]) <= 32
             and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 48 for d in t["shape"])
@@ -64,9 +52,9 @@ def header_problem(header: object, data_bytes: int) -> str | None:
         n = 1
         for d in t["shape"]:
             n *= d
-        if 0 <= a <= b and b - a == n * _ITEM[t["dtype"]] and b > data_bytes:
+        if 0 <= a <= b and b - a == n * ITEM_BYTES[t["dtype"]] and b > data_bytes:
             return f"the file is truncated: tensor {str(name)[:60]!r} runs past its end"
-        if not 0 <= a <= b <= data_bytes or b - a != n * _ITEM[t["dtype"]]:
+        if not 0 <= a <= b <= data_bytes or b - a != n * ITEM_BYTES[t["dtype"]]:
             return f"tensor {str(name)[:60]!r} has offsets {a}..{b} that do not fit its shape or the file"
         spans.append((a, b))
     spans.sort()
@@ -109,7 +97,7 @@ class SafetensorsFile:
         self._data_start = 8 + n
 
     def dtype(self, name: str) -> torch.dtype:
-        return _DTYPES[self.tensors[name]["dtype"]]
+        return SAFETENSORS[self.tensors[name]["dtype"]]
 
     def numel(self, name: str) -> int:
         return int(torch.Size(self.tensors[name]["shape"]).numel())

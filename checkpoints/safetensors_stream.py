@@ -18,20 +18,9 @@ from typing import Any, Sequence
 import torch
 
 from . import checksums
+from .dtypes import code_of
 from .staged_write import StagedWriter
 
-_CODES = {
-    torch.float32: "F32",
-    torch.bfloat16: "BF16",
-    torch.float16: "F16",
-    torch.float64: "F64",
-    torch.int64: "I64",
-    torch.int32: "I32",
-    torch.int16: "I16",
-    torch.int8: "I8",
-    torch.uint8: "U8",
-    torch.bool: "BOOL",
-}
 
 
 def flat_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -59,7 +48,8 @@ class StreamingWriter:
         self._plan: list[tuple[str, torch.dtype, int]] = []
         for name, dtype, shape in tensors:
             nbytes = int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
-            header[name] = {"dtype": _CODES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+            header[name] = {"dtype": code_of(dtype, name), "shape": list(shape),
+                            "data_offsets": [offset, offset + nbytes]}
             self._plan.append((name, dtype, nbytes))
             offset += nbytes
         if metadata:

@@ -56,6 +56,7 @@ def test_convert_bf16_sharded(tmp_path):
     assert result.exit_code == 0, result.output
     index = json.loads((tmp_path / "out" / "model.safetensors.index.json").read_text())
     model = load_file(folder / "expected_model.safetensors")  # the run's own bf16 weights
+    assert set(index["weight_map"]) == set(model) and "head.weight" in model  # the tied alias mapped too
     for name, shard in index["weight_map"].items():
         key = {"head.weight": "emb.weight"}.get(name, name)
         assert torch.equal(load_file(tmp_path / "out" / shard)[key], model[name].to(torch.bfloat16)), (

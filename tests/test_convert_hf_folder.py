@@ -4,6 +4,7 @@ index lists each name only with the shard that holds it, as save_pretrained writ
 
 from __future__ import annotations
 
+import os
 import json
 from pathlib import Path
 
@@ -78,9 +79,16 @@ def test_hf_config_supplies_the_config(saved, tmp_path):
     try:
         bad = tmp_path / "bad.json"
         bad.write_text("[1]")
-        line = one_line_error(cli("convert", bare / "checkpoint-1", "--to", "fp32", "--out", tmp_path / "o1",
-                                  "--hf-config", bad))
-        assert "--hf-config" in line and not (tmp_path / "o1").exists()
+        fifo = tmp_path / "fifo.json"
+        os.mkfifo(fifo)
+        huge = tmp_path / "huge.json"
+        with open(huge, "wb") as f:
+            f.truncate(17 << 20)
+        for config, words in ((bad, "not a JSON object"), (fifo, "not a regular file"), ("/dev/zero", "regular"),
+                              (huge, "larger than 16 MiB")):  # never read without end, nor waited on
+            line = one_line_error(cli("convert", bare / "checkpoint-1", "--to", "fp32", "--out", tmp_path / "o1",
+                                      "--hf-config", config))
+            assert "--hf-config" in line and words in line and not (tmp_path / "o1").exists(), line
         result = cli("convert", bare / "checkpoint-1", "--to", "fp32", "--out", tmp_path / "o2",
                      "--hf-config", run / "config.json")
         assert result.exit_code == 0, result.output

@@ -165,8 +165,9 @@ def convert(
             verify=not no_verify,
         )  # checked in the same pass
         copied: list[str] = []
-        try:  # from_pretrained-loadable: tied names as save_pretrained writes them, and the HF files
-            tie_index(out)
+        try:  # an HF folder, from_pretrained-loadable: tied names as save_pretrained writes them, and its files
+            if hf:
+                tie_index(out)
             copy_hf_files(hf, out, copied)
         except BaseException:
             _remove_written(out, files, copied, existed)

@@ -181,8 +181,8 @@ def save(
         raise CheckpointError(
             f"client_state is not JSON-serialisable ({e}); pass plain data (numbers, text, lists, dicts)"
         ) from None
+    entries = param_entries(engine)  # first: a tensor no file can hold is refused before anything is written
     staged = _stage(engine, root, tag)
-    entries = param_entries(engine)
     files = contents(engine, entries, saver.buffers if async_save else None)  # sync: the live tensors, streamed
     rng = comm.all_gather_object(capture_rng(engine.device), what="all-gather of the RNG states")
     manifest = (
