@@ -70,3 +70,14 @@ def test_lazy_mode_is_refused_in_one_line():
     with pytest.raises(CheckpointError) as e:
         get_fp32_state_dict_from_zero_checkpoint(DS / "1_2_bf16", lazy_mode=True)
     assert "lazy_mode" in str(e.value) and "zbench convert" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_an_output_folder_with_files_is_kept_and_named_as_the_argument(tmp_path):
+    """DeepSpeed would write over the files; zero_core keeps them and names its own argument, not a CLI flag."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(CheckpointError) as e:
+        convert_zero_checkpoint_to_fp32_state_dict(DS / "1_2_bf16", out)
+    assert "output_dir" in str(e.value) and "--out" not in str(e.value)
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
