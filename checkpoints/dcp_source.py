@@ -69,12 +69,17 @@ def model_keys(tensors: dict[str, Any], paths: dict[str, Any], key: str | None) 
             key = next((f"{p[0]}.model" for p in path_of.values() if len(p) > 2 and p[1] == "model"), None)
     if key is not None:
         prefix = key.rstrip(".") + "."
-        return {user_name(k[len(prefix) :]): k for k in tensors if k.startswith(prefix) and len(k) > len(prefix)}
-    return {
-        user_name(k): k
-        for k, p in path_of.items()
-        if (len(p) == 1 or k not in paths) and not re.match(r"^(optim|optimizer)(_\d+)?\.", k)
-    }
+        pairs = [(user_name(k[len(prefix) :]), k) for k in tensors if k.startswith(prefix) and len(k) > len(prefix)]
+    else:
+        pairs = [(user_name(k), k) for k, p in path_of.items()
+                 if (len(p) == 1 or k not in paths) and not re.match(r"^(optim|optimizer)(_\d+)?\.", k)]
+    names: dict[str, str] = {}
+    for name, k in pairs:
+        if name in names:  # e.g. `emb.weight` and `_orig_mod.emb.weight`: which one is the model's is unknown
+            raise CheckpointError(f"the DCP entries {names[name]!r} and {k!r} are both the parameter {name!r}; "
+                                  "this save holds two models' weights: save one model's state dict")
+        names[name] = k
+    return names
 
 
 # an optimizer's per-parameter state as get_state_dict / Accelerate / Lightning save it: `optim.state.<fqn>.exp_avg`,

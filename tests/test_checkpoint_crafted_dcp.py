@@ -173,3 +173,17 @@ def test_a_keyboard_interrupt_nested_in_checkpoint_exceptions_propagates(monkeyp
     with pytest.raises(KeyboardInterrupt):
         DcpSource(MODEL_OPTIM).load("lin1.bias")
 
+
+
+def test_two_entries_for_one_parameter_name_are_refused_not_merged(tmp_path):
+    """`emb.weight` beside a compiled model's `_orig_mod.emb.weight`: both name one parameter, so neither can be
+    picked silently."""
+    import torch.distributed.checkpoint as dcp
+
+    state = {"model": {"emb.weight": torch.zeros(2, 3), "_orig_mod.emb.weight": torch.ones(2, 3)}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(state, checkpoint_id=str(tmp_path / "dcp"), no_dist=True)
+    with pytest.raises(CheckpointError) as e:
+        DcpSource(tmp_path / "dcp").params()
+    assert "'model.emb.weight' and 'model._orig_mod.emb.weight' are both the parameter 'emb.weight'" in str(e.value)
