@@ -205,11 +205,11 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
 
     def _apply_host_schedule(self) -> None:
         assert self.host_schedule is not None
-        lrs, beta1 = self.host_schedule.values(self.applied_steps())
+        lrs, betas = self.host_schedule.values(self.applied_steps())
         host = torch.tensor(lrs, dtype=torch.float32)
         self.optimizer.lr.copy_(host.pin_memory() if self.optimizer.lr.is_cuda else host, non_blocking=True)
-        for group, b1 in zip(self.optimizer.groups, beta1 or ()):
-            group.beta1 = b1
+        for group, (beta1, beta2) in zip(self.optimizer.groups, betas or ()):
+            group.beta1, group.beta2 = beta1, beta2
         for group, lr in zip(self.client_optimizer.param_groups, lrs):  # readers of the optimizer's groups
             group["lr"] = lr
 

@@ -112,14 +112,13 @@ class DeepSpeedEngineAPI:
 
     def get_mom(self) -> list:
         """Each group's momentum as DeepSpeed reports it: SGD's `momentum`, else Adam's (beta1, beta2) as the next
-        update uses them (a schedule that cycles momentum moves beta1)."""
+        update uses them (OneCycle's momentum cycling moves beta1 and sets beta2 0.99)."""
         groups = self.client_optimizer.param_groups
         if not isinstance(self.client_optimizer, ZeroOptimizer):  # the caller's optimizer: its own groups' values
             key = "momentum" if type(self.client_optimizer).__name__ in ("SGD", "RMSprop") else "betas"
             return [g.get(key, 0.0) for g in groups]
-        hyper = self.optimizer.groups
-        beta1 = self.host_schedule.values(self.applied_steps())[1] if self.host_schedule is not None else None
-        return [(b1, h.beta2) for b1, h in zip(beta1 or [h.beta1 for h in hyper], hyper)]
+        betas = self.host_schedule.values(self.applied_steps())[1] if self.host_schedule is not None else None
+        return betas or [(h.beta1, h.beta2) for h in self.optimizer.groups]
 
     def dynamic_loss_scale(self) -> bool:
         """fp16 with a loss scale that adapts (the config's `fp16.loss_scale` 0)."""

@@ -1,7 +1,7 @@
 """Schedules evaluated on the host, once per update, as DeepSpeed evaluates them: OneCycle (which also
-cycles beta1), the caller's torch LRScheduler, or a `lambda step: lr`.
+cycles beta1 and sets beta2 0.99), the caller's torch LRScheduler, or a `lambda step: lr`.
 
-Each gives the lr of every group (and, for momentum cycling, beta1) for the update that follows
+Each gives the lr of every group (and, for momentum cycling, its (beta1, beta2)) for the update that follows
 `applied` applied updates. The engine copies the lrs to the device without waiting for it. Only
 whether the last step was applied needs the device: under dynamic loss scaling (fp16), where steps
 are skipped as a matter of course, the engine reads the applied count (one host sync per step);
@@ -19,10 +19,13 @@ import torch
 from .config_models import SchedulerParams
 
 
-class HostSchedule:
-    """Base: `values(applied)` -> (lr per group, beta1 per group or None)."""
+Betas = list[tuple[float, float]]  # (beta1, beta2) per group
 
-    def values(self, applied: int) -> tuple[list[float], list[float] | None]:
+
+class HostSchedule:
+    """Base: `values(applied)` -> (lr per group, (beta1, beta2) per group or None: the optimizer's own)."""
+
+    def values(self, applied: int) -> tuple[list[float], Betas | None]:
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, Any]:
@@ -32,9 +35,14 @@ class HostSchedule:
         pass
 
 
+# DeepSpeed's OneCycle writes every group's betas as (momentum, 0.99) whenever it cycles momentum, whatever
+# beta2 the optimizer had (runtime/lr_schedules.py, OneCycle._initialize_momentum, 0.19.8)
+CYCLE_BETA2 = 0.99
+
+
 class OneCycle(HostSchedule):
     """DeepSpeed's OneCycle: a triangular lr cycle between cycle_min_lr and cycle_max_lr (and beta1 the other
-    way between cycle_max_mom and cycle_min_mom), then decay."""
+    way between cycle_max_mom and cycle_min_mom, beta2 then CYCLE_BETA2), then decay."""
 
     def __init__(self, p: SchedulerParams, group_lrs: list[float], group_beta1: list[float]) -> None:
         self.p, self.groups = p, len(group_lrs)
@@ -62,13 +70,13 @@ class OneCycle(HostSchedule):
             scale = math.floor(step) / stairs
         return scale
 
-    def values(self, applied: int) -> tuple[list[float], list[float] | None]:
+    def values(self, applied: int) -> tuple[list[float], Betas | None]:
         p = self.p
         it = p.last_batch_iteration + applied  # the scheduler's last_batch_iteration for this update
         if applied == 0:  # what the scheduler wrote at construction (nothing when resuming)
             fresh = p.last_batch_iteration == -1
             lrs = [p.cycle_min_lr] * self.groups if fresh else self.own_lrs
-            return lrs, ([p.cycle_min_mom] * self.groups if fresh and p.cycle_momentum else None)
+            return lrs, (self._betas(p.cycle_min_mom) if fresh and p.cycle_momentum else None)
         if it < self.total:
             s = self._scale(it)
             lr = p.cycle_min_lr + (p.cycle_max_lr - p.cycle_min_lr) * s
@@ -85,7 +93,10 @@ class OneCycle(HostSchedule):
                 if self.skip_decay or math.isclose(p.decay_mom_rate, 0)
                 else (p.cycle_max_mom * (1 + p.decay_mom_rate * interval))
             )
-        return [lr] * self.groups, ([mom] * self.groups if p.cycle_momentum else None)
+        return [lr] * self.groups, (self._betas(mom) if p.cycle_momentum else None)
+
+    def _betas(self, momentum: float) -> Betas:
+        return [(momentum, CYCLE_BETA2)] * self.groups
 
 
 class TorchScheduler(HostSchedule):
@@ -95,15 +106,14 @@ class TorchScheduler(HostSchedule):
     def __init__(self, scheduler: Any) -> None:
         self.scheduler, self.stepped = scheduler, 0
 
-    def values(self, applied: int) -> tuple[list[float], list[float] | None]:
+    def values(self, applied: int) -> tuple[list[float], Betas | None]:
         with warnings.catch_warnings():  # "lr_scheduler.step() before optimizer.step()": the engine steps it
             warnings.simplefilter("ignore")
             while self.stepped < applied:
                 self.scheduler.step()
                 self.stepped += 1
         groups = self.scheduler.optimizer.param_groups
-        betas = [g["betas"][0] for g in groups] if all("betas" in g for g in groups) else None
-        return [float(g["lr"]) for g in groups], betas
+        return [float(g["lr"]) for g in groups], _group_betas(groups)
 
     def state_dict(self) -> dict[str, Any]:
         return {"scheduler": self.scheduler.state_dict(), "stepped": self.stepped}
@@ -149,6 +159,13 @@ def _plain(value: Any, depth: int = 0) -> bool:
     return False
 
 
+def _group_betas(groups: list[dict]) -> Betas | None:
+    """Each group's (beta1, beta2) as its optimizer would step with them (a scheduler may have moved both)."""
+    if not all("betas" in g for g in groups):
+        return None
+    return [(float(g["betas"][0]), float(g["betas"][1])) for g in groups]
+
+
 def is_lr(value: Any) -> bool:
     """A finite number >= 0 (a bool is not one)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
@@ -160,7 +177,7 @@ class StepFunction(HostSchedule):
     def __init__(self, fn: Callable[[int], float], groups: int) -> None:
         self.fn, self.groups = fn, groups
 
-    def values(self, applied: int) -> tuple[list[float], list[float] | None]:
+    def values(self, applied: int) -> tuple[list[float], Betas | None]:
         lr = self.fn(applied)
         if isinstance(lr, torch.Tensor):
             lr = float(lr)
@@ -170,19 +187,18 @@ class StepFunction(HostSchedule):
 
 
 class GroupLrs(HostSchedule):
-    """The lrs (and beta1) a training loop writes into the optimizer's groups itself, with no scheduler
+    """The lrs (and betas) a training loop writes into the optimizer's groups itself, with no scheduler
     (`for g in optimizer.param_groups: g["lr"] = lr`), read at each update as DeepSpeed's optimizer reads them."""
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         self.optimizer = optimizer
 
-    def values(self, applied: int) -> tuple[list[float], list[float] | None]:
+    def values(self, applied: int) -> tuple[list[float], Betas | None]:
         groups = self.optimizer.param_groups
         bad = next((i for i, g in enumerate(groups) if not is_lr(g["lr"])), None)
         if bad is not None:
             raise ValueError(f"optimizer.param_groups[{bad}]['lr'] is {groups[bad]['lr']!r}; set a finite lr >= 0")
-        betas = [float(g["betas"][0]) for g in groups] if all("betas" in g for g in groups) else None
-        return [float(g["lr"]) for g in groups], betas
+        return [float(g["lr"]) for g in groups], _group_betas(groups)
 
 
 class AtPosition(HostSchedule):
@@ -192,7 +208,7 @@ class AtPosition(HostSchedule):
     def __init__(self, schedule: HostSchedule, handle: Any) -> None:
         self.schedule, self.handle = schedule, handle
 
-    def values(self, applied: int) -> tuple[list[float], list[float] | None]:
+    def values(self, applied: int) -> tuple[list[float], Betas | None]:
         return self.schedule.values(applied + self.handle.extra)
 
 

@@ -9,7 +9,7 @@ DeepSpeed: they hold the groups and answer the usual calls; the engine does the 
 - `EngineScheduler` stands for the config's "scheduler" section, as DeepSpeed's scheduler object: the engine
   steps it after every applied update, and a `step()` of the script's own moves it one iteration further, as
   it does in DeepSpeed (a loop calling both `engine.step()` and `scheduler.step()` advances it twice per step).
-  Each move writes the next update's lr into the optimizer's groups.
+  Each move writes the next update's lr (and OneCycle's betas) into the optimizer's groups.
 """
 
 from __future__ import annotations
@@ -119,8 +119,8 @@ class EngineScheduler:
         self._move(state.get("last_batch_iteration") if isinstance(state, dict) else None)
 
     def publish(self) -> None:
-        """After a move: the lrs of the next update into the optimizer's groups (lazily where that needs the
-        device's count of applied updates and the groups can wait until they are read)."""
+        """After a move: the lrs (and OneCycle's betas) of the next update into the optimizer's groups (lazily where
+        that needs the device's count of applied updates and the groups can wait until they are read)."""
         e, opt = self._engine, self._engine.client_optimizer
         if e.scaler.dynamic and self._count_on_device() and isinstance(opt, ZeroOptimizer):
             opt.stale = self._write
@@ -132,11 +132,16 @@ class EngineScheduler:
         return self._engine.optimizer.applied.is_cuda
 
     def _write(self) -> None:
-        e = self._engine
-        if e.host_schedule is not None or e.scaler.dynamic or not self._count_on_device():
+        e, betas = self._engine, None
+        if e.host_schedule is not None:
+            lrs, betas = e.host_schedule.values(e.applied_steps())
+        elif e.scaler.dynamic or not self._count_on_device():
             lrs = e.get_lr()
         else:  # every step counts as applied: the count is on the host, no device sync
             lrs = e.optimizer.lr_at(torch.tensor([float(e.applied_steps())]), torch.float64).tolist()
         groups = e.client_optimizer.param_groups
         for group, lr in zip(groups, lrs):
-            group["lr"] = lr
+            group["lr"] = float(lr)
+        for group, pair in zip(groups, betas or ()):
+            if "betas" in group:  # DeepSpeed's OneCycle leaves an optimizer without betas alone
+                group["betas"] = pair

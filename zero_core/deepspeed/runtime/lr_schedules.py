@@ -6,13 +6,14 @@
 
 Each takes DeepSpeed's arguments (positional in DeepSpeed's order, or by name), checked as the config's
 `scheduler` section is, and evaluates the same formulas as the config's schedules (zero_core/lr_schedules.py,
-host_schedules.py): `step()` writes the lr of the next update (and OneCycle's beta1) into the optimizer's groups,
+host_schedules.py): `step()` writes the lr of the next update (and OneCycle's betas) into the optimizer's groups,
 `state_dict()` is `{"last_batch_iteration": ...}`. Passed to `initialize`, the engine steps it after each applied
 update, as DeepSpeed does. LRRangeTest is refused: zero_core does not implement it.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -21,6 +22,7 @@ from pydantic import ValidationError
 from ...config_errors import ConfigError, from_validation_error
 from ...config_keys import SCHEDULER_ARGUMENTS
 from ...config_optimizer_models import SchedulerConfig
+from ...host_schedules import Betas
 from ...host_schedules import OneCycle as _HostOneCycle
 from ...lr_schedules import lr_schedule_of
 
@@ -42,6 +44,7 @@ def _torch_optimizer(optimizer: Any) -> torch.optim.Optimizer:
 
 class _Schedule:
     kind = ""
+    _cycles_betas = False  # OneCycle's momentum cycling, where the optimizer has betas
 
     def __init__(self, optimizer: Any, *args: Any, **kwargs: Any) -> None:
         self.optimizer = _torch_optimizer(optimizer)
@@ -70,21 +73,20 @@ class _Schedule:
         self._write()  # the values of the first update (the groups' own lr when resuming)
 
     def _prepare(self) -> None:
-        """Build the formula from the checked arguments and the groups' own lrs (and beta1)."""
+        """Build the formula from the checked arguments and the groups' own lrs."""
         raise NotImplementedError
 
-    def _values(self, updates: int) -> tuple[list[float], list[float] | None]:
-        """(lr per group, beta1 per group or None) after `updates` steps from construction."""
+    def _values(self, updates: int) -> tuple[list[float], Betas | None]:
+        """(lr per group, (beta1, beta2) per group or None) after `updates` steps from construction."""
         raise NotImplementedError
 
     def _write(self) -> None:
-        lrs, beta1 = self._values(self.last_batch_iteration - self.start)
-        for group, lr, b1 in zip(self.optimizer.param_groups, lrs, beta1 or [None] * len(lrs)):
+        lrs, betas = self._values(self.last_batch_iteration - self.start)
+        for group, lr in zip(self.optimizer.param_groups, lrs):
             group["lr"] = lr
-            if b1 is not None and "betas" in group:
-                group["betas"] = (b1, group["betas"][1])
-            elif b1 is not None and "momentum" in group:
-                group["momentum"] = b1
+        if betas is not None and self._cycles_betas:
+            for group, pair in zip(self.optimizer.param_groups, betas):
+                group["betas"] = pair
         self._last_lr = list(lrs)
 
     def step(self, last_batch_iteration: int | None = None) -> None:
@@ -119,7 +121,7 @@ class _DeviceFormula(_Schedule):
     def _prepare(self) -> None:
         self._lr_at = lr_schedule_of(self.config, self.own_lrs, torch.float64)  # Python floats, as DeepSpeed
 
-    def _values(self, updates: int) -> tuple[list[float], list[float] | None]:
+    def _values(self, updates: int) -> tuple[list[float], Betas | None]:
         return self._lr_at(torch.tensor(float(max(updates, 0)))).tolist(), None
 
 
@@ -141,8 +143,13 @@ class OneCycle(_Schedule):
     def _prepare(self) -> None:
         own_beta1 = [g["betas"][0] if "betas" in g else g.get("momentum", 0.0) for g in self.optimizer.param_groups]
         self._host = _HostOneCycle(self.config.params, self.own_lrs, own_beta1)
+        # DeepSpeed cycles momentum only for an optimizer with betas: SGD's momentum is left alone, with a warning
+        self._cycles_betas = self.config.params.cycle_momentum and "betas" in self.optimizer.defaults
+        if self.config.params.cycle_momentum and not self._cycles_betas:
+            warnings.warn(f"OneCycle: {type(self.optimizer).__name__} has no betas, so its momentum is not cycled (as "
+                          "in DeepSpeed); pass cycle_momentum=False to silence this", stacklevel=3)
 
-    def _values(self, updates: int) -> tuple[list[float], list[float] | None]:
+    def _values(self, updates: int) -> tuple[list[float], Betas | None]:
         return self._host.values(max(updates, 0))
 
 
