@@ -224,3 +224,30 @@ def test_boolean_zero_optimization_is_read_as_deepspeed_reads_it(form, stage, ca
 
 def test_allgather_size_beside_a_zero_section_is_an_unknown_key():
     assert "unknown key 'allgather_size'" in error({**MB, "zero_optimization": {"stage": 2}, "allgather_size": 1})
+
+
+
+@pytest.mark.parametrize("old, new", [("cpu_offload", "offload_optimizer"), ("cpu_offload_param", "offload_param")])
+def test_deprecated_offload_booleans_are_read_as_deepspeed_reads_them(old, new, capsys, monkeypatch):
+    """DeepSpeed 0.19.8 reads false as no offload section ({"stage": 2, "cpu_offload": false} is its CIFAR example's)
+    and true as the section with device "cpu", and refuses either beside that section; rank 0 names what it read."""
+    monkeypatch.setattr(config_module, "_NAMED", set())
+    stage = 2 if old == "cpu_offload" else 3
+    assert getattr(load_config({**MB, "zero_optimization": {"stage": stage, old: False}}, 2).zero_optimization,
+                   new) is None
+    deprecated = {**MB, "zero_optimization": {"stage": stage, old: True}}
+    cfg = load_config(deprecated, 2)
+    load_config(deprecated, 2)  # named once
+    section = {**MB, "zero_optimization": {"stage": stage, new: {"device": "cpu"}}}
+    assert cfg.model_dump() == load_config(section, 2).model_dump()
+    assert [line for line in capsys.readouterr().err.splitlines() if "deprecated form" in line] == [
+        f"zero_core: zero_optimization.{old}: false is DeepSpeed's deprecated form, read as no {new}; remove it",
+        f'zero_core: zero_optimization.{old}: true is DeepSpeed\'s deprecated form, read as "{new}": {{"device": '
+        '"cpu"}; write it that way',
+    ]
+    for value in (True, False):
+        msg = error({**MB, "zero_optimization": {"stage": stage, old: value, new: {"device": "cpu"}}}, 2)
+        assert msg == (f"zero_optimization.{old} is DeepSpeed's deprecated form of {new}, and DeepSpeed refuses "
+                       f"both together; keep only '{new}'")
+    assert error({**MB, "zero_optimization": {"stage": stage, old: "yes"}}, 2).startswith(
+        f"zero_optimization.{old} must be true or false")

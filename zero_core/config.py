@@ -147,7 +147,8 @@ _NAMED: set[str] = set()  # the lines already printed by this process
 def _name_keys_not_acted_on(cfg: ZeroConfig) -> None:
     """Rank 0 names, once per process, the keys the config sets that zero_core accepts without acting on."""
     rows = not_acted_on(set_keys(cfg))
-    lines = [f"zero_core: {cfg._deprecated_form}"] if cfg._deprecated_form else []
+    notes = (cfg._deprecated_form, cfg.zero_optimization._deprecated_form)  # deprecated forms read
+    lines = [f"zero_core: {note}" for note in notes if note]
     lines += ["zero_core: accepted, not acted on: " + ", ".join(f"{k.path} ({k.why})" for k in rows)] if rows else []
     for line in lines if _rank() == 0 else []:
         if line not in _NAMED:

@@ -98,6 +98,8 @@ KEYS: list[Key] = [
         _Z + "stage3_param_persistence_threshold",
         _Z + "stage3_max_live_parameters",
         _Z + "stage3_max_reuse_distance",
+        _Z + "cpu_offload",  # DeepSpeed's deprecated booleans, read as the offload sections (config_zero_models.py)
+        _Z + "cpu_offload_param",
     ),
     Key(_Z + "contiguous_gradients", IGNORED, "gradients always land in contiguous buckets"),
     Key(_Z + "reduce_scatter", IGNORED, "stages 1-3 always reduce-scatter the gradient buckets"),
@@ -148,8 +150,6 @@ KEYS: list[Key] = [
     # DeepSpeed keys that the models lack on purpose: refused whenever present, with the fix
     Key("amp", REFUSED, "use 'fp16' or 'bf16' instead"),
     Key("elasticity", REFUSED, "set the batch sizes explicitly instead"),
-    Key(_Z + "cpu_offload", REFUSED, "it is deprecated in DeepSpeed too; use zero_optimization.offload_optimizer"),
-    Key(_Z + "cpu_offload_param", REFUSED, "it is deprecated in DeepSpeed too; use zero_optimization.offload_param"),
     Key(
         "optimizer.params.max_grad_norm",
         REFUSED,

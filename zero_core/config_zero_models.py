@@ -9,14 +9,17 @@ from __future__ import annotations
 import sys
 from typing import Annotated, Any
 
-from pydantic import model_validator
+from pydantic import PrivateAttr, model_validator
 
 from .config_errors import full_error
 from .config_keys import ZERO_ALIASES
-from .config_types import (Bool, Count, Opaque, OptionalBool, Section, Text, choice, integer, number,
+from .config_types import (Bool, Count, Opaque, OptionalBool, Section, Text, as_bool, choice, integer, number,
                            ratio_or_auto)
 
 _DEVICES = choice({"none": "none", "cpu": "cpu", "nvme": "nvme"})
+# DeepSpeed's deprecated booleans and the sections they stand for (runtime/zero/config.py, 0.19.8): true is the
+# section with device "cpu", false none; DeepSpeed refuses one beside its section, whatever its value
+_OFFLOAD_BOOLEANS = {"cpu_offload": "offload_optimizer", "cpu_offload_param": "offload_param"}
 
 
 class OffloadOptimizerConfig(Section):
@@ -76,6 +79,9 @@ class ZeroOptimizationConfig(Section):
     offload_optimizer: OffloadOptimizerConfig | None = None
     offload_param: OffloadParamConfig | None = None
     aio: AioConfig | None = None
+    # read as the offload sections by _deprecated_offload_booleans; left set only at null, which changes nothing
+    cpu_offload: OptionalBool = None
+    cpu_offload_param: OptionalBool = None
     # DeepSpeed's keys of features zero_core lacks or does its own way (config_keys_deepspeed.py)
     use_multi_rank_bucket_allreduce: Bool = True
     compute_grad_norm: Bool = True
@@ -101,6 +107,29 @@ class ZeroOptimizationConfig(Section):
     log_trace_cache_warnings: Bool = False
     enable_sanity_checks: Bool = False
     save_muon_momentum_buffer_in_memory: Bool = False
+    _deprecated_form: str | None = PrivateAttr(default=None)  # a note on the deprecated keys read (config.py prints it)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _deprecated_offload_booleans(cls, data: Any, handler: Any) -> Any:
+        given = {k: as_bool(data[k]) for k in _OFFLOAD_BOOLEANS if isinstance(data, dict) and k in data}
+        read = {k: on for k, on in given.items() if on is not None}  # anything else: the field's own error
+        if not read:
+            return handler(data)
+        data = {k: v for k, v in data.items() if k not in read}
+        notes = []
+        for old, on in read.items():
+            new = _OFFLOAD_BOOLEANS[old]
+            if new in data:
+                raise full_error(f"zero_optimization.{old} is DeepSpeed's deprecated form of {new}, and DeepSpeed "
+                                 f"refuses both together; keep only '{new}'", drop=old)
+            if on:
+                data[new] = {"device": "cpu"}
+            notes.append(f"zero_optimization.{old}: {str(on).lower()} is DeepSpeed's deprecated form, read as "
+                         + (f'"{new}": {{"device": "cpu"}}; write it that way' if on else f"no {new}; remove it"))
+        section = handler(data)
+        section._deprecated_form = "; ".join(notes)
+        return section
 
     @model_validator(mode="before")
     @classmethod
