@@ -30,7 +30,8 @@ SCRIPT = textwrap.dedent(
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
     config = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
-              "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
+              "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+              "zero_core": {"overlap_weight_gather": True}}  # the host update runs on after step()
     engine, *_ = deepspeed.initialize(model=model, config=config, model_parameters=model.parameters())
     loss = engine(torch.randn(2, 16)).pow(2).mean()
     engine.backward(loss)
