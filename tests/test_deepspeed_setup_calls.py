@@ -4,7 +4,7 @@ either name, the process group (a GPU script's hard-coded nccl on CPUs), and the
 from __future__ import annotations
 
 import pytest
-from parity_workers import ds_config, make_model
+from parity_workers import ds_config, make_batches, make_model
 
 import zero_core.deepspeed as deepspeed
 
@@ -65,3 +65,36 @@ def test_the_config_comes_from_deepspeeds_arguments_under_either_name(tmp_path):
     both = parser.parse_args(["--deepspeed_config", str(path), "--deepscale_config", str(path)])
     with pytest.raises(ValueError, match="pass one"):
         deepspeed.initialize(args=both, model=make_model(), model_parameters=None)
+
+
+def test_was_step_applied_is_true_only_after_an_update():
+    """As DeepSpeed's: False before any step and after a step() inside an accumulation window."""
+    cfg = {**ds_config(2, "fp32", 2), "gradient_accumulation_steps": 2}
+    model = make_model()
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    applied = [engine.was_step_applied()]
+    for x, y in make_batches(4, 2):
+        engine.backward(engine(x, y).loss)
+        engine.step()
+        applied.append(engine.was_step_applied())
+    assert applied == [False, False, True, False, True]
+    engine.close()
+
+
+def test_without_any_optimizer_the_model_runs_forward_but_backward_is_one_line():
+    """DeepSpeed builds no optimizer without a config section or optimizer= and asserts at backward; zero_core
+    does not invent one."""
+    import torch
+
+    from zero_core import ConfigError
+
+    cfg = {k: v for k, v in ds_config(2, "fp32", 2).items() if k != "optimizer"}
+    model = make_model()
+    engine, optimizer, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    x, y = make_batches(1, 2)[0]
+    loss = engine(x, y).loss
+    assert torch.isfinite(loss)
+    with pytest.raises(ConfigError) as e:
+        engine.backward(loss)
+    assert "no optimizer" in str(e.value) and "'optimizer' section" in str(e.value) and "\n" not in str(e.value)
+    engine.close()

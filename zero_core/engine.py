@@ -17,7 +17,7 @@ import torch
 from . import comm
 from .checkpoint_async import saver_of
 from .checkpoint_snapshot import reserve_for
-from .config import ZeroConfig, describe, load_config
+from .config import ConfigError, ZeroConfig, describe, load_config
 from .deferred import is_deferred
 from .deferred.shards import materialise_whole, shard_into
 from .engine_api import DeepSpeedEngineAPI
@@ -39,6 +39,8 @@ from .step_timer import StepBreakdown, enabled_for
 class Engine(torch.nn.Module, DeepSpeedEngineAPI):
     """Wraps a model for ZeRO data-parallel training; build it with `zero_core.initialize`. Like DeepSpeed's
     engine it is a Module holding the model as `module`: calling it runs the model's forward."""
+
+    training_refused: str | None = None  # why backward() is refused (deepspeed.initialize without any optimizer)
 
     def __init__(self, model: torch.nn.Module, config: dict | str | ZeroConfig, *, model_parameters: Any = None,
                  optimizer: Any = None, lr_scheduler: Any = None, auto: Any = None) -> None:
@@ -138,6 +140,8 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         """Backward of `loss` scaled by the loss scale and 1/accumulation steps; reduces gradients.
         `scale_wrt_gas=False` (DeepSpeed's flag) leaves out 1/accumulation steps, for a loss its caller
         already normalised over the accumulated batch (Hugging Face Trainer's); `retain_graph` as torch's."""
+        if self.training_refused:
+            raise ConfigError(self.training_refused)
         self.wait_for_weights()  # buckets no module's forward read (unused parameters)
         boundary = self.is_gradient_accumulation_boundary()
         every = self.strategy.reduces_every_micro_step
@@ -165,6 +169,7 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
                                       "arguments at the step (set the lr in the scheduler or the optimizer's groups)")
         boundary = self.is_gradient_accumulation_boundary()
         self.micro_steps += 1
+        self.last_step_updated = boundary  # was_step_applied(): only a boundary's step updates
         if boundary:
             self._window_passes, self.gradients_ready = 0, False
             if self._lr_writes is not None and self._lr_writes.written():  # the loop set an lr: read it from now on

@@ -194,8 +194,9 @@ class DeepSpeedEngineAPI:
         return float(self.optimizer.grad_norm.item()) if self.norm_taken else None
 
     def was_step_applied(self) -> bool:
-        """Whether the last optimizer step changed the weights (not skipped for non-finite gradients; a host sync)."""
-        return int(self.optimizer.overflow.item()) == 0
+        """Whether the last step() changed the weights: an accumulation boundary's, not skipped for non-finite
+        gradients (a host sync); False before any step, as DeepSpeed's."""
+        return getattr(self, "last_step_updated", False) and int(self.optimizer.overflow.item()) == 0
 
     def zero_grad(self) -> None:
         """Nothing to do: gradients are released as they are reduced."""

@@ -82,6 +82,11 @@ def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer
                                   "zero_core; it trains data-parallel with ZeRO sharding only")
     engine = Engine(model, _config_from(args, config, config_params), model_parameters=model_parameters,
                     optimizer=optimizer, lr_scheduler=lr_scheduler)
+    if optimizer is None and not engine.config.optimizer_given:  # DeepSpeed: forward only, backward asserts
+        engine.training_refused = ("no optimizer: the config has no 'optimizer' section and initialize got no "
+                                   "optimizer=, so there is nothing to train with (DeepSpeed refuses backward too); "
+                                   "add an 'optimizer' section such as {\"type\": \"AdamW\", \"params\": {\"lr\": "
+                                   "1e-4}}, or pass optimizer=")
     if engine.zero_optimization_stage() == 3:  # DeepSpeed's stage 3 converts a model built outside zero.Init
         mark_full_sizes(engine.module.parameters())
     loader = None
