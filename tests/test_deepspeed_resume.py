@@ -142,6 +142,9 @@ def test_a_bf16_runs_masters_and_moments_are_taken(saved):
         assert torch.equal(state[name], want[name]), name
         assert float(safe_get_full_optimizer_state(engine.module.get_parameter(name), "exp_avg_sq").sum()) > 0
     assert engine.global_steps == 2
+    model_state = load_file(str(folder / "expected_model.safetensors"))  # DeepSpeed keeps its fp32 buffer fp32
+    mix = engine.module.get_buffer("mix")
+    assert model_state["mix"].dtype == torch.float32 and torch.equal(mix, model_state["mix"])
     engine.close()
 
 

@@ -66,16 +66,13 @@ def _check(row: Key, value: Any) -> Iterator[Problem]:
 
 
 def _data_types(cfg: ZeroConfig) -> Iterator[Problem]:
-    """DeepSpeed requires param_dtype to be the working precision; zero_core runs floating buffers in it too."""
+    """DeepSpeed requires param_dtype to be the working precision (buffer_dtype may name any: buffer_dtypes.py)."""
     types = cfg.data_types
     working = {"torch.float16": "fp16", "torch.bfloat16": "bf16"}.get(str(cfg.dtype), "fp32")
-    for key in ("param_dtype", "buffer_dtype"):
-        given = getattr(types, key) if types is not None else None
-        if given is not None and given != working:
-            yield Problem(
-                (f"data_types.{key}",),
-                f"data_types.{key}='{given}' is not the working precision '{working}' (set by fp16/bf16.enabled), "
-                f"which zero_core runs {'parameters' if key == 'param_dtype' else 'floating buffers'} in; set "
-                f"'{working}' or remove it",
-                lacking=key == "buffer_dtype",
-            )
+    given = types.param_dtype if types is not None else None
+    if given is not None and given != working:
+        yield Problem(
+            ("data_types.param_dtype",),
+            f"data_types.param_dtype='{given}' is not the working precision '{working}' (set by fp16/bf16.enabled), "
+            "which the parameters run in; set it to that or remove it",
+        )

@@ -118,10 +118,9 @@ SECTIONS = [
     *ignored(_RECOMPUTE, *(f"activation_checkpointing.{k}" for k in (
         "contiguous_memory_optimization", "number_checkpoints", "synchronize_checkpoint_boundary", "profile"))),
     Key("data_types.grad_accum_dtype", REFUSED, "gradients always accumulate in fp32", ("fp32", None)),
-    *ignored("parameters and floating buffers run in the precision fp16 or bf16 enables (it must name that one)",
-             "data_types.param_dtype", "data_types.buffer_dtype"),
-    Key("data_types.keep_in_fp32_modules", REFUSED,
-        "floating buffers run in the precision fp16 or bf16 enables", ("auto", [])),
+    *ignored("parameters run in the precision fp16 or bf16 enables (it must name that one)", "data_types.param_dtype"),
+    Key("data_types.buffer_dtype", SUPPORTED),  # buffer_dtypes.py: every floating buffer cast to it
+    Key("data_types.keep_in_fp32_modules", SUPPORTED),  # buffer_dtypes.py: these buffers stay in fp32
     *ignored("only a PipelineModule reads it, and deepspeed.pipe is not in zero_core", "pipeline"),
     *ignored("no timers are printed", "timers"),
     Key("autotuning", REFUSED, "autotuning is not implemented; run zbench scenarios to tune", (False,), "enabled"),

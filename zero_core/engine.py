@@ -17,6 +17,7 @@ import torch
 from . import comm
 from .checkpoint_async import saver_of
 from .checkpoint_snapshot import reserve_for
+from .buffer_dtypes import buffer_targets
 from .config import ConfigError, ZeroConfig, describe, load_config
 from .deferred import is_deferred
 from .deferred.shards import materialise_whole, shard_into
@@ -56,7 +57,7 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         self.norm_taken = False  # a step of this engine computed the gradient norm (get_global_grad_norm)
         self._boundary_set, self._window_passes = None, 0  # set_gradient_accumulation_boundary; backwards since a step
         self.gradients_ready = False  # a window's last backward has run and its step has not (safe_get_full_grad)
-        deferred = is_deferred(model)  # built inside zero_core.init_context, or on the meta device
+        deferred = built_in_context = is_deferred(model)  # built inside zero_core.init_context, or on meta
         if deferred and self.stage != 3:  # stages 0-2 hold every weight anyway
             materialise_whole(model)
             deferred = False
@@ -83,7 +84,7 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
             self.strategy.flatten_from_masters(self.optimizer.states)
         else:
             self.strategy.flatten(self.optimizer.states.writer())
-        self._cast_frozen_and_buffers(model, {id(p) for p in self.params})
+        self._cast_frozen_and_buffers(model, {id(p) for p in self.params}, built_in_context)
         self.scaler = self.optimizer.scaler = LossScaler(cfg, self.optimizer.states.device)
         if isinstance(self.client_optimizer, ZeroOptimizer):
             self.client_optimizer.scaler = self.scaler  # both answer `loss_scale` / `cur_scale` as DeepSpeed's do
@@ -118,8 +119,10 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
                   f"{threads} threads ({PIN_ENV}=0 turns this off)", flush=True)
         return cpus
 
-    def _cast_frozen_and_buffers(self, model: torch.nn.Module, trainable: set[int]) -> None:
-        """Frozen parameters and floating buffers run in the working precision, replicated, as rank 0 has them."""
+    def _cast_frozen_and_buffers(self, model: torch.nn.Module, trainable: set[int], built_in_context: bool) -> None:
+        """Frozen parameters run in the working precision and floating buffers in the dtype buffer_dtypes.py gives
+        them, replicated, as rank 0 has them."""
+        targets = buffer_targets(model, self.config, built_in_context)
         with torch.no_grad():
             for p in model.parameters():
                 if id(p) not in trainable:
@@ -127,8 +130,8 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
                         p.data = p.data.to(self.dtype)
                     comm.broadcast_(p.data, what="broadcast of frozen parameters")
             for b in model.buffers():
-                if b.is_floating_point():
-                    b.data = b.data.to(self.dtype)
+                if id(b) in targets:
+                    b.data = b.data.to(targets[id(b)])
                 comm.broadcast_(b.data, what="broadcast of buffers")
 
     # -- training ---------------------------------------------------------------------------------
