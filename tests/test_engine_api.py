@@ -37,7 +37,7 @@ def _state_dict_at_stage_3(rank: int, world: int) -> dict:
     try:
         engine.module.state_dict()
         refused = None
-    except RuntimeError as e:
+    except ValueError as e:
         refused = str(e)
     with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
         gathered = {k: v.float().clone() for k, v in engine.module.state_dict().items()}

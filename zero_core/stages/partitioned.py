@@ -148,7 +148,7 @@ class PartitionedStage(Stage):
             if keep_vars or held:  # parameter objects, not values (the engine's own bookkeeping), or gathered
                 return
             if world_size > 1:
-                raise RuntimeError(
+                raise ValueError(  # a refusal: one line when uncaught (refusal_hook.py)
                     f"module.state_dict() at ZeRO stage 3 on {world_size} ranks: each rank holds "
                     "1/N of the weights. Call engine.full_state_dict() or engine.save_16bit_model(dir) "
                     "on every rank, or read them inside zero_core.deepspeed.zero.GatheredParameters("
