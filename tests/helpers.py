@@ -18,6 +18,12 @@ from forked_cli import run_zbench
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
+
+
+def repo_pythonpath() -> str:
+    """PYTHONPATH for a child Python: this repository first, then what the environment had (a GPU image's
+    site folder of carried wheels, say)."""
+    return os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
 FIXTURES = TESTS / "fixtures"
 QUICKSTART = REPO / "scenarios" / "quickstart.yaml"
 TINY = str(REPO / "zbench" / "model_configs" / "tiny-gpt.json")  # a str: scenarios hold it as YAML text

@@ -31,7 +31,7 @@ class WithBuffers(torch.nn.Module):
 
 def _trained(model: torch.nn.Module):
     engine = zero_core.initialize(model, CONFIG)
-    engine.backward(engine(torch.randn(2, 4, generator=torch.Generator().manual_seed(0))))
+    engine.backward(engine(torch.randn(2, 4, generator=torch.Generator().manual_seed(0)).to(engine.device)))
     engine.step()
     return engine
 
@@ -46,11 +46,12 @@ def test_complex_unsigned_and_float8_buffers_save_resume_and_convert(tmp_path):
         b.zero_()
     fresh.load_checkpoint(tmp_path / "ck")
     for k, b in fresh.module.named_buffers():
-        assert b.dtype == want[k].dtype and torch.equal(b.view(torch.uint8), want[k].view(torch.uint8)), k
+        assert b.dtype == want[k].dtype and torch.equal(b.cpu().view(torch.uint8), want[k].cpu().view(torch.uint8)), k
     fresh.close()
     result = cli("convert", tmp_path / "ck", "--to", "fp32", "--out", tmp_path / "out")
     assert result.exit_code == 0, result.output
     out = load_file(str(tmp_path / "out" / "model.safetensors"))
+    want = {k: v.cpu() for k, v in want.items()}
     assert out["freqs_cis"].dtype == torch.complex64 and torch.equal(out["freqs_cis"], want["freqs_cis"])
     assert out["counts"].dtype == torch.uint16 and torch.equal(out["counts"], want["counts"])
     assert torch.equal(out["scale8"], want["scale8"].float())  # a float: --to fp32 casts it

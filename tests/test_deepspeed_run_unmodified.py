@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from dist_harness import free_port
-from helpers import REPO
+from helpers import repo_pythonpath
 
 SCRIPT = '''
 import argparse, json
@@ -54,7 +54,7 @@ CONFIG = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2}
 
 def _env() -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")}
-    return {**env, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""}
+    return {**env, "PYTHONPATH": repo_pythonpath(), "CUDA_VISIBLE_DEVICES": ""}
 
 
 def _write(tmp_path, imports: str, name: str):

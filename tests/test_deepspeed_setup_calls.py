@@ -37,13 +37,13 @@ def test_a_hard_coded_nccl_backend_runs_on_gloo_without_a_gpu():
     import subprocess
     import sys
 
-    from helpers import REPO
+    from helpers import repo_pythonpath
 
     code = ("import torch.distributed as dist, zero_core.deepspeed as deepspeed\n"
             "deepspeed.init_distributed(dist_backend='nccl')\nprint('backend', dist.get_backend())")
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env={**env, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO)})
+                          env={**env, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": repo_pythonpath()})
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines() == ["zero_core: init_distributed(dist_backend='nccl') without a CUDA device uses "
                                         "gloo", "backend gloo"]
@@ -74,7 +74,7 @@ def test_was_step_applied_is_true_only_after_an_update():
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     applied = [engine.was_step_applied()]
     for x, y in make_batches(4, 2):
-        engine.backward(engine(x, y).loss)
+        engine.backward(engine(x.to(engine.device), y.to(engine.device)).loss)
         engine.step()
         applied.append(engine.was_step_applied())
     assert applied == [False, False, True, False, True]
@@ -92,7 +92,7 @@ def test_without_any_optimizer_the_model_runs_forward_but_backward_is_one_line()
     model = make_model()
     engine, optimizer, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     x, y = make_batches(1, 2)[0]
-    loss = engine(x, y).loss
+    loss = engine(x.to(engine.device), y.to(engine.device)).loss
     assert torch.isfinite(loss)
     with pytest.raises(ConfigError) as e:
         engine.backward(loss)

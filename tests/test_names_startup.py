@@ -12,7 +12,7 @@ import tomllib
 
 import pytest
 
-from helpers import REPO, TINY, tiny_data, write_scenario, zbench
+from helpers import REPO, TINY, repo_pythonpath, tiny_data, write_scenario, zbench
 from zbench.models.configs import load_arch
 from zbench.models.registry import REGISTRY_DIR, names
 
@@ -20,7 +20,7 @@ HEAVY = ("torch", "zero_core", "checkpoints", "pandas", "matplotlib", "wandb", "
 
 
 def _python(code: str, cwd) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": repo_pythonpath()}
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd, env=env, timeout=120)
 
 

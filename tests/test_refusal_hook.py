@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from helpers import REPO
+from helpers import repo_pythonpath
 
 MODEL = "import torch, zero_core\nmodel = torch.nn.Linear(4, 2)\n"
 SCRIPTS = {
@@ -29,7 +29,7 @@ def _run(code: str, tmp_path, **env: str) -> subprocess.CompletedProcess:
     dropped = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "ZERO_CORE_TRACEBACK")
     clean = {k: v for k, v in os.environ.items() if k not in dropped}
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                          env={**clean, "PYTHONPATH": str(REPO), **env})
+                          env={**clean, "PYTHONPATH": repo_pythonpath(), **env})
 
 
 @pytest.mark.slow  # fresh interpreters importing torch: outside the fast tier
