@@ -91,7 +91,9 @@ _FOLLOW = click.option(
 @click.option(
     "--world-size", default=None, type=click.IntRange(1), help="Ranks of the resharded checkpoint (--to zbench)."
 )
-@click.option("--no-verify", is_flag=True, help="Skip the checksum/CRC check of the source files before converting.")
+@click.option("--no-verify", is_flag=True,
+              help="Skip verifying the source files' checksums and CRCs (otherwise checked in the same pass as the "
+                   "conversion).")
 @click.option(
     "--hf-config",
     default=None,

@@ -2,8 +2,8 @@
 
 Errors here are one line (`ScenarioError`) and nothing has started yet: unknown keys, a missing model
 config or data folder, a DeepSpeed variant without DeepSpeed, more GPUs than the machine has, a zero
-variant whose DeepSpeed dict zero_core rejects. A variant that asks for something zero_core does not
-support yet (CPU/NVMe offload) is not an error: it becomes a "not supported yet" row of the table, so
+variant whose DeepSpeed dict zero_core rejects. A variant that asks for something its engine does not
+support yet (FSDP2 with fp16) is not an error: it becomes a "not supported yet" row of the table, so
 the article's scenario still runs its other variants and picks the variant up once the engine can.
 """
 

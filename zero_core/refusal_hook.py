@@ -1,8 +1,9 @@
 """A refusal of the user's input that the user's script does not catch ends the program with its one line.
 
 zero_core refuses bad configs, checkpoints and calls with one-line messages that name the fix (ConfigError,
-CheckpointError, and ValueError / NotImplementedError raised in zero_core's own code). Uncaught, Python would
-print them under a traceback of the user's script, Trainer's or Lightning's internals, on every rank. The hook
+CheckpointError, and ValueError / NotImplementedError / ModuleNotFoundError raised in zero_core's own code).
+Uncaught, Python would print them under a traceback of the user's script, Trainer's or Lightning's internals, on
+every rank. The hook
 prints `Error: <the line>` instead (the exit status stays 1); anything else keeps the hook that was there before.
 `ZERO_CORE_TRACEBACK=1` shows the full traceback again. It changes nothing for code that catches the exception.
 """
@@ -24,10 +25,11 @@ _previous: Any = None
 
 
 def is_refusal(error: BaseException, tb: TracebackType | None) -> bool:
-    """One of zero_core's refusals: its own error types, or a ValueError / NotImplementedError raised in its code."""
+    """One of zero_core's refusals: its own error types, or a ValueError / NotImplementedError (or the import error
+    naming a DeepSpeed module zero_core does not provide) raised in its code."""
     if isinstance(error, (ConfigError, CheckpointError)):
         return True
-    if not isinstance(error, (ValueError, NotImplementedError)) or tb is None:
+    if not isinstance(error, (ValueError, NotImplementedError, ModuleNotFoundError)) or tb is None:
         return False
     while tb.tb_next is not None:
         tb = tb.tb_next
