@@ -14,7 +14,8 @@ from checkpoints.layout import FlatLayout
 
 def block_units(model: torch.nn.Module, trainable: set[int]) -> tuple[list[torch.nn.Parameter], list[int], list]:
     """Order parameters by unit. Each child of an nn.ModuleList (a transformer block) is one unit with its
-    whole subtree, and every parameter outside the blocks (embeddings, final norm, a tied head, relative
+    whole subtree (a child that is itself a ModuleList or ModuleDict, as in `for attn, ff in self.layers`, is never
+    called: its own children are the units), and every parameter outside the blocks (embeddings, final norm, a tied head, relative
     position tables read by a parent) forms one root unit, gathered for the whole forward and backward,
     as FSDP2 wraps the root. A model without blocks gets one unit per module that owns parameters.
 
@@ -43,8 +44,12 @@ def block_units(model: torch.nn.Module, trainable: set[int]) -> tuple[list[torch
     outside: list[torch.nn.Module] = []
 
     def split(module: torch.nn.Module, is_block: bool) -> None:
-        if is_block:
-            blocks.append(module)
+        if is_block and isinstance(module, (torch.nn.ModuleList, torch.nn.ModuleDict)):
+            for child in module.children():  # a container is never called: its children are the blocks
+                split(child, True)
+            return
+        if is_block and not isinstance(module, (torch.nn.ParameterList, torch.nn.ParameterDict)):
+            blocks.append(module)  # (parameter containers are read, not called: they join the root unit)
             return
         outside.append(module)
         for child in module.children():
