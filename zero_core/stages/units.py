@@ -14,10 +14,11 @@ from checkpoints.layout import FlatLayout
 
 def block_units(model: torch.nn.Module, trainable: set[int]) -> tuple[list[torch.nn.Parameter], list[int], list]:
     """Order parameters by unit. Each child of an nn.ModuleList (a transformer block) is one unit with its
-    whole subtree (a child that is itself a ModuleList or ModuleDict, as in `for attn, ff in self.layers`, is never
-    called: its own children are the units), and every parameter outside the blocks (embeddings, final norm, a tied head, relative
-    position tables read by a parent) forms one root unit, gathered for the whole forward and backward,
-    as FSDP2 wraps the root. A model without blocks gets one unit per module that owns parameters.
+    whole subtree (a child that is itself a ModuleList or ModuleDict, as in `for attn, ff in self.layers`,
+    is never called: its own children are the units), and every parameter outside the blocks (embeddings,
+    final norm, a tied head, relative position tables read by a parent) forms one root unit, gathered for the
+    whole forward and backward, as FSDP2 wraps the root. A model without blocks gets one unit per module that
+    owns parameters.
 
     Block-sized units keep all-gathers and reduce-scatters large; the root unit covers parameters that
     a module reads without calling the module that holds them. A unit that reuses a parameter owned by
