@@ -13,7 +13,6 @@ from checkpoints.deepspeed_pickle import load_pickle
 from checkpoints.source import CheckpointError
 
 
-
 @pytest.mark.parametrize("cut", ["one byte", "half"])
 def test_a_cut_rank_file_is_named_truncated_not_unreadable(tmp_path, cut):
     """torch reports a zip cut short as EINVAL: that is damage to copy again, not a permission to check."""
