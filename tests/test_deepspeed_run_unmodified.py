@@ -103,7 +103,7 @@ def test_what_zero_core_does_not_provide_is_refused_on_import(tmp_path, line, wo
     script.write_text(line + "\n")
     done = subprocess.run([sys.executable, "-m", "zero_core.deepspeed", str(script)], capture_output=True, text=True,
                           env=_env(), timeout=120)
-    assert done.returncode == 1 and f"ModuleNotFoundError: {words}" in done.stderr
+    assert done.returncode == 1 and done.stderr.startswith(f"Error: {words}") and "Traceback" not in done.stderr
 
 
 @pytest.mark.slow

@@ -52,12 +52,3 @@ def test_the_scripts_own_errors_keep_their_traceback(tmp_path):
     assert not any(line.startswith("Error: ") for line in done.stderr.splitlines())
     assert "ValueError: the script said no" in done.stderr
 
-
-@pytest.mark.slow
-def test_a_deepspeed_module_zero_core_lacks_is_one_line_from_the_import(tmp_path):
-    script = tmp_path / "moe.py"
-    script.write_text("import deepspeed.moe\n")
-    done = subprocess.run([sys.executable, "-m", "zero_core.deepspeed", str(script)], capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path, env={**os.environ, "PYTHONPATH": repo_pythonpath()})
-    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
-    assert done.stderr.startswith("Error: deepspeed.moe is not provided by zero_core"), done.stderr[-2000:]
