@@ -63,10 +63,11 @@ def param_entries(named: Iterable[tuple[str, Any]], slot_of: dict[int, int]) -> 
     first_name: dict[int, str] = {}
     entries = []
     for name, t in named:
+        code_of(t.dtype, name)  # a dtype no file can hold is refused here, before anything is written
         entry: dict[str, Any] = {
             "name": name,
             "shape": list(t.shape),
-            "dtype": name_of(t.dtype) if code_of(t.dtype, name) else "",  # refused before anything is written
+            "dtype": name_of(t.dtype),
             "trainable": id(t) in slot_of,
             "tied_to": first_name.get(id(t)),
             "slot": None,

@@ -15,8 +15,7 @@ from typing import Any
 
 import torch
 
-_NAMED = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-
+from .config_models import TORCH_DTYPES
 
 def _pattern(model: torch.nn.Module, setting: Any, working: torch.dtype) -> re.Pattern[str] | None:
     """The names to keep in fp32, as one regular expression (None: none)."""
@@ -38,7 +37,7 @@ def buffer_targets(model: torch.nn.Module, cfg: Any, built_deferred: bool) -> di
     """id(buffer) -> the dtype it runs in, for each floating buffer of `model` (its own dtype where nothing applies)."""
     working = cfg.dtype
     types = cfg.data_types
-    named = _NAMED.get(types.buffer_dtype) if types is not None and types.buffer_dtype is not None else None
+    named = TORCH_DTYPES[types.buffer_dtype] if types is not None and types.buffer_dtype is not None else None
     keep = _pattern(model, types.keep_in_fp32_modules if types is not None else "auto", working)
     targets = {}
     for name, b in model.named_buffers():

@@ -25,6 +25,7 @@ from checkpoints.verified_read import read_verified
 from checkpoints.zbench_source import FragmentReader, read_frozen
 
 from .optim.client_optimizer import ClientOptimizer
+from .optim.facade import EngineScheduler
 from .optim.states import NAMES, TensorStates
 from .rng_state import restore_rng
 
@@ -117,7 +118,7 @@ def restore_counters(engine: "Engine", folder: Path, applied: int, skipped: int,
     engine.optimizer.applied.fill_(applied)
     engine.optimizer.skipped.fill_(skipped)
     engine.global_step, engine.micro_steps = step, micro_steps
-    if scheduler is not None and hasattr(engine.lr_scheduler, "saved_position"):  # the config's schedule
+    if scheduler is not None and isinstance(engine.lr_scheduler, EngineScheduler):  # the config's schedule
         engine.lr_scheduler.saved_position(scheduler)
     if scheduler and engine.host_schedule is not None:
         try:

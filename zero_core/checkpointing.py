@@ -35,6 +35,7 @@ from . import comm
 from .checkpoint_load import load, param_entries  # noqa: F401  (load is re-exported for the engine)
 from .checkpoint_snapshot import NvmeStates, contents
 from .optim.client_optimizer import ClientOptimizer
+from .optim.facade import EngineScheduler
 from .optim.states import NAMES
 from .rng_state import capture_rng
 
@@ -259,7 +260,7 @@ def _manifest(
 def _scheduler_state(engine: Any) -> dict[str, Any]:
     """The config's schedule at its position (DeepSpeed's own state, the script's extra steps included), else
     the host schedule's state."""
-    if hasattr(engine.lr_scheduler, "saved_position"):
+    if isinstance(engine.lr_scheduler, EngineScheduler):
         return engine.lr_scheduler.state_dict()
     return engine.host_schedule.state_dict() if engine.host_schedule is not None else {}
 

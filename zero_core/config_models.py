@@ -111,6 +111,9 @@ class ZeroCoreConfig(Section):
 
 
 
+TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}  # the short names' dtypes
+
+
 class ZeroConfig(Section):
     """The whole config. Build it with `load_config`, which also resolves the batch sizes."""
 
@@ -226,8 +229,7 @@ class ZeroConfig(Section):
     @property
     def comm_dtype(self) -> torch.dtype:
         """Gradient reduction dtype: communication_data_type, else the working precision."""
-        named = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-        return named[self.communication_data_type] if self.communication_data_type else self.dtype
+        return TORCH_DTYPES[self.communication_data_type] if self.communication_data_type else self.dtype
 
     @property
     def dynamic_loss_scale(self) -> bool:

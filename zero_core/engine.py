@@ -42,6 +42,7 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
     engine it is a Module holding the model as `module`: calling it runs the model's forward."""
 
     training_refused: str | None = None  # why backward() is refused (deepspeed.initialize without any optimizer)
+    last_step_updated = False  # whether the last step() was a boundary's (was_step_applied)
 
     def __init__(self, model: torch.nn.Module, config: dict | str | ZeroConfig, *, model_parameters: Any = None,
                  optimizer: Any = None, lr_scheduler: Any = None, auto: Any = None) -> None:

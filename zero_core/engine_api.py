@@ -196,7 +196,7 @@ class DeepSpeedEngineAPI:
     def was_step_applied(self) -> bool:
         """Whether the last step() changed the weights: an accumulation boundary's, not skipped for non-finite
         gradients (a host sync); False before any step, as DeepSpeed's."""
-        return getattr(self, "last_step_updated", False) and int(self.optimizer.overflow.item()) == 0
+        return self.last_step_updated and int(self.optimizer.overflow.item()) == 0
 
     def zero_grad(self) -> None:
         """Nothing to do: gradients are released as they are reduced."""
