@@ -31,7 +31,7 @@ def _train(offload: bool, overlap: float = 0.0, write=None, scheduler=None, step
                                                    lr_scheduler=scheduler)
     lrs = []
     for step, (x, y) in enumerate(make_batches(STEPS, 2)[:steps]):
-        engine.backward(engine(x, y).loss)
+        engine.backward(engine(x.to(engine.device), y.to(engine.device)).loss)
         if speculated is not None:
             speculated.append(len(engine.optimizer.speculative.ranges))
         if engine_groups:  # set through engine.optimizer instead of the returned optimizer

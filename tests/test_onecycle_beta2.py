@@ -80,7 +80,7 @@ def _train(params: dict, source: str) -> tuple[list[float], list, list]:
     for x, y in _batches():
         moms.append([tuple(m) for m in engine.get_mom()])
         groups.append([tuple(g["betas"]) for g in optimizer.param_groups])
-        loss = ((engine(x) - y) ** 2).mean()
+        loss = ((engine(x.to(engine.device)) - y.to(engine.device)) ** 2).mean()
         losses.append(loss.item())
         engine.backward(loss)
         engine.step()
@@ -111,7 +111,7 @@ def test_a_loop_writing_betas_into_the_groups_gets_both_as_deepspeeds_optimizer_
     for x, y in _batches():
         for group in optimizer.param_groups:
             group["lr"], group["betas"] = 0.02, (0.8, 0.95)
-        loss = ((engine(x) - y) ** 2).mean()
+        loss = ((engine(x.to(engine.device)) - y.to(engine.device)) ** 2).mean()
         losses.append(loss.item())
         engine.backward(loss)
         engine.step()

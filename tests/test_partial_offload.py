@@ -65,7 +65,7 @@ def test_partial_offload_equals_full_offload_bitwise(results, index):
 
 def _train(engine, steps: int, first: int = 0) -> None:
     for x, y in make_batches(first + steps, 2)[first:]:
-        engine.backward(engine(x, y).loss)
+        engine.backward(engine(x.to(engine.device), y.to(engine.device)).loss)
         engine.step()
 
 
@@ -124,6 +124,16 @@ def test_auto_ratio_with_nvme_is_refused():
         load_config(cfg, 1)
 
 
+def _assert_continues_as_full_offload(got: dict, full: dict) -> None:
+    """Bitwise on the CPU, where both shares run the same host AdamW; on a GPU the device share runs the fused
+    kernel, which agrees with the host's to rounding."""
+    for k, v in full.items():
+        if torch.cuda.is_available():  # the engine runs where CUDA is
+            assert torch.allclose(got[k].cpu(), v.cpu(), rtol=1e-5, atol=1e-6), k
+        else:
+            assert torch.equal(got[k], v), k
+
+
 class FakeProbe:
     def __init__(self, limit: int | None, peak: int) -> None:
         self.limit, self.peak = limit, peak
@@ -165,8 +175,7 @@ def test_auto_ratio_moves_what_fits_after_the_first_step_and_trains_the_same(mon
     if room_elements:
         assert split <= room_elements
     full_state, _, _ = run(1.0)
-    for k, v in full_state.items():  # the re-split run continues exactly as the fully offloaded one
-        assert torch.equal(auto_state[k], v), k
+    _assert_continues_as_full_offload(auto_state, full_state)  # the re-split run continues as full offload
 
 
 @pytest.mark.parametrize("ratio, noted", [(0.999, True), (0.5, False), (1.0, False)])
@@ -201,7 +210,7 @@ def test_auto_ratio_gives_the_host_back_what_the_moved_states_held():
         if probe is not None:
             first.auto.probe = probe
         for step, (x, y) in enumerate(make_batches(4, 2)):
-            engine.backward(engine(x, y).loss)
+            engine.backward(engine(x.to(engine.device), y.to(engine.device)).loss)
             if step == 0 and probe is not None:
                 seen["backup"] = weakref.ref(first.host_opt.speculative._backup["master"])
                 seen["staging"] = first.host_opt.staging.data_ptr()
@@ -219,8 +228,7 @@ def test_auto_ratio_gives_the_host_back_what_the_moved_states_held():
     itemsize = opt.host_opt.staging.element_size()
     assert opt.host_opt.staging.data_ptr() == seen["staging"] + opt.split * itemsize
     full_state, _, _, _ = run(1.0)
-    for k, v in full_state.items():
-        assert torch.equal(auto_state[k], v), k
+    _assert_continues_as_full_offload(auto_state, full_state)
 
 
 @pytest.mark.parametrize("value, ok", [(0.0, True), (0.5, True), (1, True), (1.5, False), ("yes", False)])
