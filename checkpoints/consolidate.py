@@ -113,17 +113,19 @@ def write_consolidated(
     progress: bool = True,
     protect: Iterable[str | Path] = (),
     verify: bool = False,
+    out_name: str = "--out",
 ) -> list[Path]:
     """Stream every parameter of `source` into safetensors under `out_dir`; returns the files written.
     With `verify`, the source's integrity check runs in the same pass; its first problem fails it, nothing written.
 
-    `out_dir` must be new or empty and outside the source's folder and the `protect` folders."""
+    `out_dir` must be new or empty and outside the source's folder and the `protect` folders; refusals name it as
+    `out_name` (the CLI's flag by default, a parameter's name for the Python API)."""
     with ThreadPoolExecutor(2, thread_name_prefix="zbench-convert") as pool:
         check: Callable[[], list[str]] | None = None
         if verify:  # checked as read where the source can, else by a thread reading every file beside the conversion
             check = getattr(source, "read_problems", None) or pool.submit(source.verify).result
         try:
-            files = _write(source, out_dir, dtype, max_shard_size, progress, protect, pool, check)
+            files = _write(source, out_dir, dtype, max_shard_size, progress, protect, pool, check, out_name)
         except CheckpointError:
             problems = check() if check is not None else []
             if problems:  # a damaged file explains a failure better than its symptom
@@ -141,6 +143,7 @@ def _write(
     protect: Iterable[str | Path],
     pool: ThreadPoolExecutor,
     check: Callable[[], list[str]] | None,
+    out_name: str,
 ) -> list[Path]:
     out_dir = Path(out_dir)
     protect = [*protect, *([source.folder] if hasattr(source, "folder") else [])]
@@ -158,7 +161,7 @@ def _write(
     aliases = {i.name: i.tied_to for i in infos if i.tied_to}
 
     total = sum(_nbytes(i, out_dtypes[i.name]) for i in stored)
-    with claimed_output(out_dir, protect) as tmp, _progress(progress, total) as bar:
+    with claimed_output(out_dir, protect, out_name) as tmp, _progress(progress, total) as bar:
         for fname, shard in zip(names, shards):
             meta = {"format": "pt"}
             if len(shards) == 1:

@@ -4,8 +4,8 @@
 unpickler allows only DCP's metadata dataclasses and enum, torch.Size, dtypes and layouts, paths and a few
 builtin containers; then every field we use (entries, sizes, dtypes, chunk lists, file names, offsets,
 lengths) has its type checked, so what reaches DCP's reader and the chunk-file checks is plain data.
-Each tensor's chunks must tile it exactly: the reader fills a tensor made with torch.empty from its chunks, so
-an element no chunk covers would be uninitialised memory in the output, and overlapping chunks are refused too.
+Each tensor's chunks must tile it exactly (dcp_tiling.py): the reader fills a tensor made with torch.empty from
+its chunks, so an element no chunk covers would be uninitialised memory in the output; overlaps are refused too.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from .dcp_tiling import tiling_problem as _tiling_problem
 from .paths import inside
 from .source import CheckpointError
 
@@ -76,6 +77,12 @@ def read_metadata(folder: Path, follow_symlinks: bool = False) -> Any:
             f"{path} is not valid torch.distributed.checkpoint metadata ({problem}); "
             "the checkpoint is damaged or crafted: copy the folder again from where it was saved"
         )
+    problem = _data_problem(md)
+    if problem:
+        raise CheckpointError(
+            f"{path} does not match the checkpoint's data files ({problem}); it is damaged or is not this "
+            "checkpoint's DCP metadata: copy the folder again from where it was saved"
+        )
     return md
 
 
@@ -88,26 +95,34 @@ def _counts(x: object, dims: int) -> bool:
     return isinstance(x, tuple) and len(x) == dims and all(_count(d) for d in x)
 
 
-Box = tuple[tuple[int, ...], tuple[int, ...]]  # a chunk's (offsets, sizes)
+def _data_problem(md: Any) -> str | None:
+    """The first tensor chunk (of well-typed metadata) whose bytes no storage entry holds, or that claims more
+    bytes than its entry's length, or None: a tensor is allocated from its claimed size before any byte is read."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-
-def _tiling_problem(size: tuple[int, ...], boxes: list[Box]) -> str | None:
-    """How the chunks fail to cover a tensor of `size` exactly once (as a phrase about them), or None."""
-    if any(o + n > d for offsets, sizes in boxes for o, n, d in zip(offsets, sizes, size)):
-        return "reach past its size"
-    # a trailing dimension of 1 gives a 0-d tensor's chunk a dimension to sweep; chunks of no elements hold none
-    boxes = [((*offsets, 0), (*sizes, 1)) for offsets, sizes in boxes if math.prod(sizes)]
-    # sweep along the dimension the chunks split most: only chunks still open there can overlap the next one
-    dim = max(range(len(size) + 1), key=lambda d: len({offsets[d] for offsets, _ in boxes}))
-    still_open: list[Box] = []
-    for offsets, sizes in sorted(boxes, key=lambda box: box[0][dim]):
-        still_open = [(o, n) for o, n in still_open if o[dim] + n[dim] > offsets[dim]]
-        if any(all(a < b + m and b < a + n for a, n, b, m in zip(offsets, sizes, other, other_sizes))
-               for other, other_sizes in still_open):
-            return "overlap"
-        still_open.append((offsets, sizes))
-    covered, elements = sum(math.prod(sizes) for _, sizes in boxes), math.prod(size)
-    return f"cover {covered:,} of its {elements:,} elements" if covered != elements else None
+    stored = {}
+    for index, info in md.storage_data.items():
+        if isinstance(index.offset, tuple):
+            try:
+                stored[(index.fqn, index.offset)] = info
+            except TypeError:  # offsets holding unhashable values: no chunk's
+                continue
+    for key, entry in md.state_dict_metadata.items():
+        if not isinstance(entry, TensorStorageMetadata):
+            continue
+        dtype = entry.properties.dtype
+        for chunk in entry.chunks:
+            need = math.prod(chunk.sizes) * dtype.itemsize
+            if not need:
+                continue
+            info = stored.get((key, chunk.offsets))
+            if info is None:
+                return f"no file holds the chunk at {str(tuple(chunk.offsets))[:60]} of tensor {key[:60]!r}"
+            if need > info.length and not info.transform_descriptors:  # torch.save'd or raw: never fewer bytes
+                return (f"tensor {key[:60]!r} claims {math.prod(chunk.sizes):,} {str(dtype).removeprefix('torch.')} "
+                        f"elements ({need:,} bytes) in its chunk at {str(tuple(chunk.offsets))[:60]}, which "
+                        f"{info.relative_path[:60]!r} stores in {info.length:,} bytes")
+    return None
 
 
 def _field_problem(md: Any) -> str | None:

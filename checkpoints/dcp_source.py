@@ -102,6 +102,7 @@ class DcpSource:
     """The logical per-parameter view of a torch.distributed.checkpoint folder."""
 
     kind = "dcp"
+    records_roles = False  # DCP saves every entry alike: which are tied, frozen parameters or buffers is not kept
 
     def __init__(self, folder: Path, follow_symlinks: bool = False, key: str | None = None,
                  states_only: bool = False) -> None:
@@ -159,7 +160,7 @@ class DcpSource:
         )
 
     def params(self) -> list[ParamInfo]:
-        """The model's tensors in save order (DCP keeps no frozen/tied distinction: all are listed)."""
+        """The model's tensors in save order, each listed as trainable and untied (DCP keeps no such marks)."""
         return list(self._infos)
 
     def _read(self, key: str) -> torch.Tensor:
@@ -170,8 +171,8 @@ class DcpSource:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.api import CheckpointException  # a BaseException, not an Exception
 
+        out = {k: self._empty(k) for k in keys}
         try:
-            out = {k: torch.empty(tuple(self._tensors[k].size), dtype=self._tensors[k].properties.dtype) for k in keys}
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # "no process group: loading in a single process" is what we want
                 dcp.load(out, storage_reader=self._reader, no_dist=True)  # local, also beside a process group
@@ -191,6 +192,17 @@ class DcpSource:
                 f"({(lines[-1] if lines else type(e).__name__)[:100]}); copy the folder again"
             ) from None
         return out
+
+    def _empty(self, key: str) -> torch.Tensor:
+        """A tensor for `key` as its metadata describes it; one line if this machine cannot hold it."""
+        shape, dtype = tuple(self._tensors[key].size), self._tensors[key].properties.dtype
+        try:
+            return torch.empty(shape, dtype=dtype)
+        except (RuntimeError, MemoryError):
+            raise CheckpointError(
+                f"cannot hold {key} in memory: .metadata gives it shape {shape} of {dtype}, "
+                f"{math.prod(shape) * dtype.itemsize:,} bytes; free memory or convert on a machine with more"
+            ) from None
 
     def load(self, name: str) -> torch.Tensor:
         """The full tensor `name` on the CPU, fp32 if it is floating point."""
@@ -236,7 +248,9 @@ class DcpSource:
             num_params=sum(dtypes.values()),
             dtypes=dtypes,
             bytes_on_disk=size,
-            extra={"files": len(self._files)},
+            extra={"files": len(self._files),
+                   "optimizer states": f"for {sum(n in self._states for n in self._keys)} of {len(self._keys)} tensors",
+                   },
         )
 
     def verify(self) -> list[str]:

@@ -149,8 +149,11 @@ def checked_number(
 
 def _first_line(e: BaseException) -> str:
     """The first sentence of an exception's message (torch's reader errors run on for lines)."""
-    lines = [line for line in str(e).splitlines() if line.strip()]
+    lines = [_ENFORCE.sub("", line) for line in str(e).splitlines() if _ENFORCE.sub("", line).strip()]
     return (lines[0].split(". ")[0] if lines else type(e).__name__)[:120]
+
+
+_ENFORCE = re.compile(r"^\s*\[enforce fail at [^\]]*\][\s.]*")  # the C++ source line torch's reader errors start with
 
 
 def check_zip_file(path: Path) -> str | None:

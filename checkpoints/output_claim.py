@@ -43,59 +43,62 @@ def staging_dir(out: str | os.PathLike) -> Path:
     return out.parent / name
 
 
-def check_output(out: str | os.PathLike, protect: Iterable[str | os.PathLike] = ()) -> None:
+def check_output(out: str | os.PathLike, protect: Iterable[str | os.PathLike] = (), name: str = "--out") -> None:
     """Refuse, before any work, an `out` inside a `protect` folder, holding files, or being written by another
-    convert."""
+    convert. `name`: how the messages name the argument that gave `out` (the CLI flag, or an API parameter)."""
     out = Path(out)
     long = next((p for p in out.parts if len(os.fsencode(p)) > NAME_MAX_BYTES), None)
     if long is not None:
         raise CheckpointError(
-            f"--out has a folder name longer than {NAME_MAX_BYTES} bytes ({long[:40]}...); pass a shorter --out"
+            f"{name} has a folder name longer than {NAME_MAX_BYTES} bytes ({long[:40]}...); pass a shorter {name}"
         )
     if out.name in ("", ".", ".."):  # the output is published by renaming onto OUT, which these cannot take
-        raise CheckpointError(f"--out {out} names a folder by '.' or '..', which a convert cannot replace; pass a "
-                              "new folder's name, e.g. --out converted")
+        raise CheckpointError(f"{name} {out} names a folder by '.' or '..', which a convert cannot replace; pass a "
+                              f"new folder's name, e.g. {name} converted")
     if os.path.islink(out):
-        raise CheckpointError(f"--out {out} is a symbolic link (to {os.readlink(out)}); pass the folder it points "
+        raise CheckpointError(f"{name} {out} is a symbolic link (to {os.readlink(out)}); pass the folder it points "
                               "to, or a new folder")
     target = Path(os.path.realpath(out))
     for folder in protect:
         real = Path(os.path.realpath(folder))
         if target == real:
             raise CheckpointError(
-                f"--out {out} is the checkpoint {folder} itself: it already holds files, and writing "
-                "there would change the source; pass an --out outside it"
+                f"{name} {out} is the checkpoint {folder} itself: it already holds files, and writing "
+                f"there would change the source; pass an {name} outside it"
             )
         if real in target.parents:
             raise CheckpointError(
-                f"--out {out} is inside the checkpoint {folder}; writing there would change the "
-                "source; pass an --out outside it"
+                f"{name} {out} is inside the checkpoint {folder}; writing there would change the "
+                f"source; pass an {name} outside it"
             )
     if os.path.lexists(out) and not out.is_dir():
-        raise CheckpointError(f"--out {out} is a file, not a folder; pass a new or empty folder as --out")
+        raise CheckpointError(f"{name} {out} is a file, not a folder; pass a new or empty folder as {name}")
     if os.path.lexists(out) and any(out.iterdir()):
-        raise CheckpointError(f"output folder {out} already holds files; pass an empty or new --out")
+        raise CheckpointError(f"output folder {out} already holds files; pass an empty or new {name}")
     staging = staging_dir(out)
     if os.path.lexists(staging):
-        problem = _taken(out, staging)
+        problem = _taken(out, staging, name)
         if problem:
             raise CheckpointError(problem)
 
 
 @contextmanager
-def claimed_output(out: str | os.PathLike, protect: Iterable[str | os.PathLike] = ()) -> Iterator[Path]:
-    """Claim `out`, yield the staging folder to fill, then rename it onto `out`; on failure remove only ours."""
+def claimed_output(
+    out: str | os.PathLike, protect: Iterable[str | os.PathLike] = (), name: str = "--out"
+) -> Iterator[Path]:
+    """Claim `out`, yield the staging folder to fill, then rename it onto `out`; on failure remove only ours.
+    `name`: the argument that gave `out`, as the messages name it (check_output)."""
     out = Path(out)
     protect = list(protect)
     staging = staging_dir(out)
     for _ in range(3):  # a claim released between our mkdir and our look at its owner is tried again
-        check_output(out, protect)
+        check_output(out, protect, name)
         made = _make_folders(staging.parent)
         try:
             os.mkdir(staging)
             break
         except FileExistsError:
-            problem = _taken(out, staging)
+            problem = _taken(out, staging, name)
             _remove_if_empty(made)
             if problem:
                 raise CheckpointError(problem) from None
@@ -107,14 +110,14 @@ def claimed_output(out: str | os.PathLike, protect: Iterable[str | os.PathLike] 
     try:
         _write_owner(staging)
         yield staging
-        _commit(out, staging)
+        _commit(out, staging, name)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)  # ours: made by the exclusive mkdir above
         _remove_if_empty(made)
         raise
 
 
-def _commit(out: Path, staging: Path) -> None:
+def _commit(out: Path, staging: Path, name: str) -> None:
     os.unlink(staging / OWNER_FILE)
     try:
         os.rename(staging, out)  # atomic; refused by the kernel if `out` appeared and holds anything
@@ -122,7 +125,7 @@ def _commit(out: Path, staging: Path) -> None:
         if e.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
             raise CheckpointError(
                 f"output folder {out} already holds files (written while this convert ran; "
-                "left as it is); pass an empty or new --out"
+                f"left as it is); pass an empty or new {name}"
             ) from None
         raise
 
@@ -215,7 +218,7 @@ def _runs(owner: dict) -> bool:
     return recorded is None or _process_start(owner["pid"]) in (None, recorded)
 
 
-def _taken(out: Path, staging: Path) -> str | None:
+def _taken(out: Path, staging: Path, name: str) -> str | None:
     """Why `staging` blocks `out`, or None if it went away (its convert finished or gave up)."""
     deadline = time.monotonic() + _OWNER_WAIT_S
     owner = _read_owner(staging)
@@ -226,15 +229,15 @@ def _taken(out: Path, staging: Path) -> str | None:
         if not os.path.lexists(staging):
             return None
         return (
-            f"{staging} is in the way of --out {out} and names no zbench convert that owns it; "
+            f"{staging} is in the way of {name} {out} and names no zbench convert that owns it; "
             "if no convert is writing there, delete it and run again"
         )
     pid, host = owner["pid"], owner.get("host")
     if host != socket.gethostname():
         return (
-            f"another zbench convert (pid {pid} on {host}) is writing {out}; wait for it or pass another --out "
+            f"another zbench convert (pid {pid} on {host}) is writing {out}; wait for it or pass another {name} "
             f"(if it no longer runs, delete {staging} and run again)"
         )
     if _runs(owner):
-        return f"another zbench convert (pid {pid}) is writing {out}; wait for it or pass another --out"
+        return f"another zbench convert (pid {pid}) is writing {out}; wait for it or pass another {name}"
     return f"{staging} is left by a zbench convert that was killed (pid {pid} no longer runs); delete it and run again"

@@ -183,11 +183,13 @@ class _MappedFile:
 def _open(path: Path) -> _PositionedFile | _MappedFile:
     if not meta_offsets_supported() or not zipfile.is_zipfile(path):
         return _MappedFile(path)
-    structure = load_pickle(path, map_location="meta")
-    try:
+    try:  # before unpickling: a damaged zip directory is named here rather than through torch's reaction to it
         stored, _ = stored_records(path)
-    except (ZipCorrupt, zipfile.BadZipFile, OSError) as e:
+    except (ZipCorrupt, zipfile.BadZipFile) as e:
         raise CheckpointError(f"{path} is truncated or corrupt ({e}); copy the file again from where it was saved")
+    except OSError as e:
+        raise CheckpointError(f"cannot read {path}: {e.strerror or e}; check that the file is readable") from None
+    structure = load_pickle(path, map_location="meta")
     by_start = {r.start: r for r in stored}
     order = next((r for r in stored if r.name.endswith("/byteorder")), None)
     tensors = _tensors(structure)

@@ -36,18 +36,42 @@ class Record:
     crc: int
 
 
+def _folder_problem(infos: list[zipfile.ZipInfo]) -> str | None:
+    """torch.save puts every record in one top folder (`<archive>/data.pkl`, `<archive>/data/0`, ...), and torch
+    refuses a file where one lies elsewhere: the first record outside the first one's folder, or None."""
+    folder = infos[0].filename.partition("/")[0] + "/" if infos else ""
+    stray = next((i.filename for i in infos if not i.filename.startswith(folder) or folder == "/"), None)
+    return None if stray is None else f"record {stray!r} lies outside the archive's folder {folder!r}"
+
+
+def _local_name(raw: int, info: zipfile.ZipInfo, header: bytes) -> str:
+    """The record name its local header gives, decoded as zipfile decodes the directory's."""
+    length = int.from_bytes(header[26:28], "little")
+    name = os.pread(raw, length, info.header_offset + _LOCAL_HEADER)
+    return name.decode("utf-8" if info.flag_bits & 0x800 else "cp437", errors="replace")
+
+
 def stored_records(path: Path) -> tuple[list[Record], list[zipfile.ZipInfo]]:
-    """(stored records in directory order, compressed records) of the zip `path`; ZipCorrupt if malformed."""
+    """(stored records in directory order, compressed records) of the zip `path`; ZipCorrupt if malformed.
+
+    Names are not covered by the CRCs: a record whose directory name differs from its local header's, or that
+    lies outside the archive's one folder, is reported here (torch would refuse to load the file)."""
     size = os.path.getsize(path)
     stored: list[Record] = []
     with zipfile.ZipFile(path) as zf, open(path, "rb", buffering=0) as raw:
         infos = zf.infolist()
+        problem = _folder_problem(infos)
+        if problem:
+            raise ZipCorrupt(problem)
         for info in infos:
             if info.compress_type != zipfile.ZIP_STORED:
                 continue
             header = os.pread(raw.fileno(), _LOCAL_HEADER, info.header_offset)
             if len(header) != _LOCAL_HEADER or header[:4] != b"PK\x03\x04":
                 raise ZipCorrupt(f"record {info.filename} has no local header at byte {info.header_offset}")
+            local = _local_name(raw.fileno(), info, header)
+            if local != info.orig_filename:
+                raise ZipCorrupt(f"record {info.orig_filename!r} is named {local!r} in its local header")
             start = info.header_offset + _LOCAL_HEADER + int.from_bytes(header[26:28], "little") + int.from_bytes(
                 header[28:30], "little")
             if start + info.compress_size > size:

@@ -38,9 +38,10 @@ def _chunk(offset: int, size: int) -> ChunkStorageMetadata:
 
 
 CRAFTS = {
-    "a chunk dropped": (lambda e: setattr(e, "chunks", e.chunks[:1]), "cover 7 of its 13 elements"),
-    "no chunks": (lambda e: setattr(e, "chunks", []), "cover 0 of its 13 elements"),
-    "a larger size declared": (lambda e: setattr(e, "size", torch.Size([26])), "cover 13 of its 26 elements"),
+    "a chunk dropped": (lambda e: setattr(e, "chunks", e.chunks[:1]), "hold 7 of its 13 elements, leaving a gap"),
+    "no chunks": (lambda e: setattr(e, "chunks", []), "hold 0 of its 13 elements, leaving a gap"),
+    "a larger size declared": (lambda e: setattr(e, "size", torch.Size([26])),
+                               "hold 13 of its 26 elements, leaving a gap"),
     "overlapping chunks": (lambda e: setattr(e, "chunks", [_chunk(0, 7), _chunk(6, 7)]), "overlap"),
     "a chunk past the end": (lambda e: setattr(e, "chunks", [_chunk(0, 7), _chunk(7, 7)]), "reach past its size"),
 }

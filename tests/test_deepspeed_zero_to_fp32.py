@@ -81,3 +81,35 @@ def test_an_output_folder_with_files_is_kept_and_named_as_the_argument(tmp_path)
         convert_zero_checkpoint_to_fp32_state_dict(DS / "1_2_bf16", out)
     assert "output_dir" in str(e.value) and "--out" not in str(e.value)
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
+
+
+def test_an_output_path_holding_the_cli_flags_text_is_named_as_given(tmp_path):
+    """The refusals name the argument (`output_dir`) by parameter, so a path that itself holds "--out" is shown
+    unchanged."""
+    out = tmp_path / "run--out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(CheckpointError) as e:
+        convert_zero_checkpoint_to_fp32_state_dict(DS / "1_2_bf16", out)
+    assert str(e.value) == f"output folder {out} already holds files; pass an empty or new output_dir"
+    (tmp_path / "--out").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(CheckpointError) as e:
+        convert_zero_checkpoint_to_fp32_state_dict(DS / "1_2_bf16", tmp_path / "--out")
+    assert str(e.value).startswith(f"output_dir {tmp_path / '--out'} is a symbolic link"), str(e.value)
+    assert [p.name for p in out.iterdir()] == ["notes.txt"] and not (tmp_path / "elsewhere").exists()
+
+
+def test_every_output_refusal_names_the_argument_it_is_given(tmp_path):
+    from checkpoints.output_claim import check_output, staging_dir
+
+    (tmp_path / "a file").write_text("x")
+    (tmp_path / "src").mkdir()
+    staging_dir(tmp_path / "taken").mkdir()  # a staging folder no convert owns
+    outs = [tmp_path / ("n" * 300), tmp_path / "..", tmp_path / "a file", tmp_path / "src" / "o", tmp_path / "src",
+            tmp_path / "taken"]
+    for out in outs:
+        for name in ("--out", "output_dir"):
+            with pytest.raises(CheckpointError) as e:
+                check_output(out, protect=[tmp_path / "src"], name=name)
+            other = "output_dir" if name == "--out" else "--out"
+            assert name in str(e.value) and other not in str(e.value), str(e.value)

@@ -25,7 +25,7 @@ from checkpoints.detect import kinds, open_source
 from checkpoints.hf_folder import check_hf_config, copy_hf_files, hf_files, tie_index
 from checkpoints.io_errors import ACCESS, SPACE, write_cause
 from checkpoints.output_claim import check_output
-from checkpoints.source import CheckpointError, CheckpointSource
+from checkpoints.source import CheckpointError, CheckpointSource, ParamInfo
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -204,6 +204,19 @@ def _cannot_write(out: str, e: OSError) -> click.ClickException:
     return click.ClickException(f"cannot write {out}: {what}; {fix}; nothing was written")
 
 
+def _records_roles(source: CheckpointSource) -> bool:
+    """Whether the source's format marks tied, frozen and buffer entries (DCP saves every entry alike)."""
+    return getattr(source, "records_roles", True)
+
+
+def _roles(source: CheckpointSource, infos: list[ParamInfo]) -> str:
+    """The tensor count with its tied and frozen-or-buffer counts, where the format records them."""
+    if not _records_roles(source):
+        return f"{len(infos)} (a {source.kind} checkpoint does not record which are tied, frozen or buffers)"
+    tied = sum(1 for i in infos if i.tied_to)
+    return f"{len(infos)} ({tied} tied, {sum(1 for i in infos if not i.trainable and not i.tied_to)} frozen or buffers)"
+
+
 @click.command()
 @click.argument("src", type=click.Path())
 @click.option("--tag", default=None, help="Checkpoint tag folder inside SRC (default: the one named by SRC/latest).")
@@ -227,12 +240,8 @@ def inspect(src: str, tag: str | None, kind: str | None, as_json: bool, key: str
             ("step", s.step),
             ("stage", s.stage),
             ("world size", s.world_size),
-            (
-                "tensors",
-                f"{len(infos)} ({sum(1 for i in infos if i.tied_to)} tied, "
-                f"{sum(1 for i in infos if not i.trainable and not i.tied_to)} frozen or buffers)",
-            ),
-            ("elements", f"{s.num_params:,} (tied counted once)"),
+            ("tensors", _roles(source, infos)),
+            ("elements", f"{s.num_params:,} ({'tied counted once' if _records_roles(source) else 'all counted'})"),
             ("dtypes", ", ".join(f"{k} {v:,}" for k, v in s.dtypes.items())),
             ("size on disk", _human(s.bytes_on_disk)),
             *((k, v) for k, v in s.extra.items()),

@@ -52,7 +52,5 @@ def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir: str | os.PathLike
         raise CheckpointError("exclude_frozen_parameters=True is not supported here; write every weight, or use "
                               "get_fp32_state_dict_from_zero_checkpoint(..., exclude_frozen_parameters=True)")
     source = open_source(checkpoint_dir, tag)
-    try:
-        return write_consolidated(source, output_dir, torch.float32, parse_size(max_shard_size), progress=False)
-    except CheckpointError as e:  # the output checks speak of the command line's --out: name this argument
-        raise CheckpointError(str(e).replace("--out", "output_dir")) from None
+    return write_consolidated(source, output_dir, torch.float32, parse_size(max_shard_size), progress=False,
+                              out_name="output_dir")
