@@ -7,7 +7,9 @@ Forward: gather in a pre-hook, release in a post-hook, and prefetch the next uni
 recorded on the first step. Backward: a pass-through autograd node on the module's outputs
 re-gathers the unit before its gradients are computed; the gradient reducer releases it once its
 gradients are reduced. Units under the persistence threshold are never released, and a unit whose backward
-comes soon after its forward (stage3_max_reuse_distance) is kept between the two.
+comes soon after its forward (stage3_max_reuse_distance) is kept between the two. A released unit's parameters
+are gathered when a forward or backward reads them outside the unit's own forward, and refuse reads elsewhere
+(released_params.py).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import torch
 
 from .. import comm
 from checkpoints.layout import FlatLayout
+
+from .released_params import ReleasedReads
 
 
 class _PreBackward(torch.autograd.Function):
@@ -66,6 +70,8 @@ class ParamGatherer:
         max_live_numel: int,
         side: comm.SideStream,
         max_reuse_numel: int = 0,
+        params: Sequence[torch.nn.Parameter] = (),
+        root: torch.nn.Module | None = None,
     ) -> None:
         self.layout = layout
         self.full = list(full)  # per-group full buffers; parameters are views of these
@@ -88,6 +94,10 @@ class ParamGatherer:
         for module, needed in units:
             self._handles.append(module.register_forward_pre_hook(self._pre_hook(needed)))
             self._handles.append(module.register_forward_hook(self._post_hook(needed)))
+        owned = [[params[s.index] for s in grp.slots] if params else [] for grp in layout.groups]
+        self.reads = ReleasedReads(owned, [[s.name for s in grp.slots] for grp in layout.groups],
+                                   ([root] if root is not None else []) + [m for m, _ in units],
+                                   self.borrow, self.settle)
         for g in range(len(self.full)):
             self._free(g)
 
@@ -100,6 +110,7 @@ class ParamGatherer:
             self.full[g].untyped_storage().resize_(0)
             self.live_numel -= self.layout.groups[g].padded_numel
         self.fresh[g] = False
+        self.reads.mark_released(g)  # its parameters' elements are gone: reading one gathers or refuses
 
     def _is_allocated(self, g: int) -> bool:
         return self.full[g].untyped_storage().size() > 0
@@ -139,10 +150,11 @@ class ParamGatherer:
         ev = self.pending.pop(g, None)
         if ev is not None:
             torch.cuda.current_stream().wait_event(ev)
+        self.reads.mark_gathered(g)
 
     def _release(self, g: int) -> None:
         if (self.refs[g] == 0 and not self.held_for_backward[g] and not self.kept_for_reuse[g]
-                and not self.persistent[g] and g not in self.pending):
+                and not self.reads.borrowed[g] and not self.persistent[g] and g not in self.pending):
             self._free(g)
 
     def _keep_for_backward(self, g: int) -> bool:
@@ -216,10 +228,24 @@ class ParamGatherer:
         self._release(g)
 
     def end_backward(self) -> None:
-        """Release units held by a backward whose gradients never arrived (e.g. unused outputs)."""
+        """Release units held by a backward whose gradients never arrived (e.g. unused outputs), and those a
+        forward or backward read outside their own forward."""
         for g in range(len(self.full)):
-            self.held_for_backward[g] = self.kept_for_reuse[g] = False
+            self.held_for_backward[g] = self.kept_for_reuse[g] = self.reads.borrowed[g] = False
             self._release(g)
+
+    def borrow(self, g: int) -> None:
+        """A forward or backward reads unit g's parameters outside the unit's own forward: gather it and keep it
+        until the backward ends (autograd may have saved them), or until a forward without grad returns."""
+        self._ensure(g)
+        self.reads.borrowed[g] = True
+
+    def settle(self) -> None:
+        """A forward without grad returned: the units it borrowed go back."""
+        for g in range(len(self.full)):
+            if self.reads.borrowed[g]:
+                self.reads.borrowed[g] = False
+                self._release(g)
 
     def after_step(self) -> None:
         """The optimizer rewrote the local shards: every gathered copy is stale."""
@@ -228,7 +254,7 @@ class ParamGatherer:
             torch.cuda.current_stream().wait_event(ev)
         self.pending.clear()
         for g in range(len(self.full)):
-            self.fresh[g] = self.kept_for_reuse[g] = False
+            self.fresh[g] = self.kept_for_reuse[g] = self.reads.borrowed[g] = False
             if not self.persistent[g]:
                 self._free(g)
 
@@ -251,3 +277,4 @@ class ParamGatherer:
     def remove(self) -> None:
         for h in self._handles:
             h.remove()
+        self.reads.remove()

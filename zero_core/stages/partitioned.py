@@ -92,6 +92,8 @@ class PartitionedStage(Stage):
             max_live_numel=zero.stage3_max_live_parameters,
             max_reuse_numel=zero.stage3_max_reuse_distance,
             side=comm.SideStream(self.device),  # its own stream: prefetches must not queue behind reductions
+            params=self.params,
+            root=self.model,
         )
         self.initial_masters = None
         if optimizer.on_host and self.cfg.zero_core.overlap_weight_gather:
