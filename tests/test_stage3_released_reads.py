@@ -42,11 +42,15 @@ class _Net(nn.Module):
         self.out = _Reader(8, 1)
         object.__setattr__(self.out, "src", self.blocks[0])
         object.__setattr__(self.out, "mode", mode)
+        if mode == "registered":  # DeepSpeed's form of the parent's read: declared, then read as "parent" does
+            from zero_core.deepspeed.zero import register_external_parameter
+
+            register_external_parameter(self, self.blocks[0].bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for b in self.blocks:
             x = torch.tanh(b(x))
-        if self.mode == "parent":
+        if self.mode in ("parent", "registered"):
             x = x + self.blocks[0].bias  # block 0 has been released by now
         elif self.mode == "matmul":
             x = x @ self.blocks[0].weight  # autograd keeps the weight for the backward
@@ -134,11 +138,23 @@ def _agree(got: dict) -> None:
         assert torch.allclose(s3["weights"][name], value, atol=1e-6), name
 
 
-@pytest.mark.parametrize("mode", ["parent", "matmul", "later"])
+@pytest.mark.parametrize("mode", ["parent", "matmul", "later", "registered"])
 def test_forward_reads_of_a_released_block_train_as_deepspeed(mode):
     got = run_ranks(_train, 1, mode)
-    assert got[3]["losses"] == pytest.approx(DEEPSPEED_LOSSES[mode], abs=1e-6)
+    assert got[3]["losses"] == pytest.approx(DEEPSPEED_LOSSES["parent" if mode == "registered" else mode], abs=1e-6)
     _agree(got)
+
+
+@pytest.mark.parametrize("call", ["register_external_parameter", "unregister_external_parameter"])
+def test_external_parameter_calls_check_their_arguments(call):
+    from zero_core.deepspeed import zero
+
+    lin = nn.Linear(2, 2)
+    getattr(zero, call)(lin, lin.weight)  # nothing to register: any forward's read is gathered
+    with pytest.raises(ValueError, match=f"deepspeed.zero.{call}: the second argument must be a torch.nn.Parameter"):
+        getattr(zero, call)(lin, "weight")
+    with pytest.raises(ValueError, match="the first argument must be a torch.nn.Module, not Parameter"):
+        getattr(zero, call)(lin.weight, lin.weight)
 
 
 def test_forward_reads_through_parameters_train_as_stage_2():

@@ -1,4 +1,5 @@
-"""`deepspeed.zero`: Init (a context around model construction) and GatheredParameters."""
+"""`deepspeed.zero`: Init (a context around model construction), GatheredParameters and the external-parameter
+registration calls."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 from ..deferred import init_context
 from ..gathered import GatheredParameters
 
-__all__ = ["Init", "GatheredParameters"]
+__all__ = ["Init", "GatheredParameters", "register_external_parameter", "unregister_external_parameter"]
 
 
 class Init:
@@ -47,3 +48,26 @@ class Init:
 
     def __exit__(self, *exc: Any) -> Any:
         return self._context.__exit__(*exc)
+
+
+def register_external_parameter(module: Any, parameter: Any) -> None:
+    """DeepSpeed's call for a parameter a module's forward reads from outside it (a tied embedding read by the
+    head). zero_core's stage 3 gathers any released parameter a forward reads, registered or not
+    (stages/released_params.py), so this only checks its arguments."""
+    _check_registration("register_external_parameter", module, parameter)
+
+
+def unregister_external_parameter(module: Any, parameter: Any) -> None:
+    """The inverse of register_external_parameter: nothing to undo here."""
+    _check_registration("unregister_external_parameter", module, parameter)
+
+
+def _check_registration(call: str, module: Any, parameter: Any) -> None:
+    import torch
+
+    if not isinstance(module, torch.nn.Module):
+        raise ValueError(f"deepspeed.zero.{call}: the first argument must be a torch.nn.Module, not "
+                         f"{type(module).__name__}; pass the module whose forward reads the parameter")
+    if not isinstance(parameter, torch.nn.Parameter):
+        raise ValueError(f"deepspeed.zero.{call}: the second argument must be a torch.nn.Parameter, not "
+                         f"{type(parameter).__name__}; pass the parameter itself (e.g. other.weight)")
