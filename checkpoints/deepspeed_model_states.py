@@ -12,12 +12,13 @@ saves no frozen fragments: its frozen parameters are the module's own entries.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .deepspeed_pickle import bad_field, checked_number, shown
+from .deepspeed_pickle import NumpyArray, NumpyDtype, bad_field, checked_number, shown
 from .dtypes import name_of
 from .torch_file_reader import TorchFileReader
 from .paths import inside
@@ -86,6 +87,30 @@ def _names(path: Path, key: str, value: Any, pairs: bool = False) -> Any:
     return value
 
 
+def _materialized(files: TorchFileReader, path: Path, obj: Any, done: dict[int, Any]) -> Any:
+    """A copy of the loaded structure `obj` of `path` with each placeholder tensor read from the file; shared parts
+    copied once. Recursion is bounded: load_pickle refused cycles and nesting deeper than MAX_DEPTH."""
+    if id(obj) in done:
+        return done[id(obj)]
+    if isinstance(obj, torch.Tensor):
+        out: Any = files.tensor(path, obj)
+    elif isinstance(obj, (NumpyArray, NumpyDtype)):
+        out = obj.array if isinstance(obj, NumpyArray) else obj.real()
+    elif isinstance(obj, dict):
+        out = type(obj)() if type(obj) in (dict, OrderedDict) else {}
+        done[id(obj)] = out
+        out.update((k, _materialized(files, path, v, done)) for k, v in obj.items())
+    elif isinstance(obj, list):
+        out = done[id(obj)] = []
+        out.extend(_materialized(files, path, v, done) for v in obj)
+    elif isinstance(obj, tuple) and type(obj) is tuple:
+        out = tuple(_materialized(files, path, v, done) for v in obj)
+    else:
+        return obj
+    done[id(obj)] = out
+    return out
+
+
 def rank_paths(folder: Path, name: str, world: int, follow_symlinks: bool = False) -> list[Path]:
     """`folder / name.format(r)` for each rank r < `world`, else "missing rank file" naming the first one absent:
     the walk stops there, so its work is bounded by the files on disk whatever a file says `world` is."""
@@ -128,7 +153,8 @@ class ModelStates:
         self.skipped: int = _count(first, state, "skipped_steps", 0, MAX_COUNT if self.step is None else self.step, 0)
         self.lr_scheduler = _typed(first, state, "lr_scheduler", dict, "a dict")
         # what the run's save_checkpoint(client_state=...) added: every key DeepSpeed does not write itself
-        self.client_state = {k: v for k, v in state.items() if k not in DEEPSPEED_KEYS}
+        self._client_meta = {k: v for k, v in state.items() if k not in DEEPSPEED_KEYS}
+        self._client: dict[str, Any] | None = None
         self.ds_version: str | None = _typed(first, state, "ds_version", str, "a version string")
         if self.ds_version is not None and (len(self.ds_version) > 64 or not self.ds_version.isprintable()):
             raise bad_field(first, "ds_version", self.ds_version, "a version string")
@@ -155,6 +181,20 @@ class ModelStates:
         self.order = list(module) + [n for n in self.trainable if n not in module]
         self._stored = {n: _dtype_name(frags[n] if n in frags else module[n]) for n in module}
         self._module_full = {n: tuple(module[n].shape) for n in module if not self.zero3 or n in self.buffers}
+
+    @property
+    def client_state(self) -> dict[str, Any]:
+        """What the run's save_checkpoint(client_state=...) added, its tensors read from the file (CPU tensors of
+        their own, CRC-checked with the file's other reads), as DeepSpeed's load_checkpoint returns it."""
+        if self._client is None:
+            done: dict[int, Any] = {}
+            client = _materialized(self.files, self.paths[0], self._client_meta, done)
+            if any(isinstance(v, torch.Tensor) for v in done.values()):
+                problems = self.files.file_problems(self.paths[0])
+                if problems:
+                    raise CheckpointError(f"{problems[0]}; copy the file again from the run that saved it")
+            self._client = client
+        return self._client
 
     def infos(self, trainable_dtype: str = "float32") -> list[ParamInfo]:
         """ParamInfo for every entry: optimizer params (fp32 masters), frozen params, buffers, tied aliases."""

@@ -62,6 +62,57 @@ class FragmentAddress:
     start: int = 0
 
 
+class NumpyDtype:
+    """Stand-in for numpy.dtype as pickled (`dtype(name, align, copy)` then its byte order): plain kinds only."""
+
+    def __init__(self, name: Any = None, *_: Any) -> None:
+        self.name, self.order = name, "="
+
+    def __setstate__(self, state: Any) -> None:
+        self.order = state[1] if isinstance(state, tuple) and len(state) > 1 and state[1] in "<>|=" else "?"
+
+    def real(self) -> Any:
+        """The numpy dtype; None for object, structured or unknown ones (never read from a file)."""
+        import numpy as np
+
+        ok = isinstance(self.name, str) and len(self.name) < 8 and (self.name.isalnum() or self.name == "?") \
+            and self.name[:1] in "biufcSU?" and self.order != "?"
+        return np.dtype(self.order + self.name if self.order in "<>" else self.name) if ok else None
+
+
+class NumpyArray:
+    """Stand-in for a pickled numpy array: `array` rebuilt from its bytes for a plain dtype, else `problem` says
+    why not (walk refuses it); numpy's own reconstruction, which can rebuild any object, is never called."""
+
+    def __init__(self, *_: Any) -> None:
+        self.array, self.problem = None, "an array numpy did not pickle"
+
+    def __setstate__(self, state: Any) -> None:
+        import numpy as np
+
+        _, shape, dtype, fortran, raw = (*state, None, None, None, None, None)[:5] if isinstance(state, tuple) \
+            else (None,) * 5
+        real = dtype.real() if isinstance(dtype, NumpyDtype) else None
+        if real is None or not isinstance(raw, bytes):
+            self.problem = f"a numpy array of dtype {getattr(dtype, 'name', '?')!s:.20} (objects or records)"
+            return
+        sizes = shape if isinstance(shape, tuple) and all(type(d) is int and d >= 0 for d in shape) else None
+        if sizes is None or math.prod(sizes) * real.itemsize != len(raw):
+            self.problem = "a numpy array whose bytes do not match its shape"
+            return
+        flat = np.frombuffer(raw, dtype=real).copy()
+        self.array, self.problem = flat.reshape(sizes, order="F" if fortran else "C"), None
+
+
+def _reconstruct(*_: Any) -> NumpyArray:
+    return NumpyArray()
+
+
+# numpy's array pickling (as DeepSpeed client states hold, e.g. np.random.get_state()), read by the stand-ins
+NUMPY: dict[str, Any] = {
+    "numpy._core.multiarray._reconstruct": _reconstruct, "numpy.core.multiarray._reconstruct": _reconstruct,
+    "numpy.ndarray": NumpyArray, "numpy.dtype": NumpyDtype,
+}
 # DeepSpeed names that appear in ZeRO and universal checkpoints, mapped to inert stand-ins.
 STAND_INS: dict[str, type] = {
     "deepspeed.runtime.fp16.loss_scaler.LossScaler": DeepSpeedObject,
@@ -76,6 +127,63 @@ STAND_INS: dict[str, type] = {
 }
 
 
+MAX_DEPTH = 64  # nesting of a loaded structure: DeepSpeed's deepest (its config, the optimizer state) is under 10
+
+
+def _children(o: Any) -> Any:
+    if isinstance(o, dict):
+        return o.values()
+    if isinstance(o, (list, tuple, set, frozenset)):
+        return o
+    return vars(o).values() if hasattr(o, "__dict__") else ()
+
+
+def walk(path: Path, obj: Any) -> list[torch.Tensor]:
+    """Every tensor in a loaded structure of dicts, lists, tuples and stand-in objects, each once. A structure
+    that contains itself, or nests deeper than MAX_DEPTH, is refused with a CheckpointError naming its top-level
+    entry: each container is entered once (shared ones too), so the walk is bounded by the file's size."""
+    found: list[torch.Tensor] = []
+    done: set[int] = set()  # containers and tensors seen (ids: the structure holds them for the walk's length)
+    open_: set[int] = set()  # containers on the current path from the root
+    stack: list[tuple[Any, int, Any, bool]] = [(obj, 0, None, False)]
+    while stack:
+        o, depth, top, leaving = stack.pop()
+        if leaving:
+            open_.discard(id(o))
+            continue
+        if isinstance(o, NumpyArray) and o.problem:
+            raise CheckpointError(f"{path}: {_where(top)} {o.problem}, which zbench does not read (numpy arrays of "
+                                  "numbers, booleans or text only); save such client_state entries as plain data")
+        if isinstance(o, torch.Tensor):
+            if id(o) not in done:
+                done.add(id(o))
+                found.append(o)
+            continue
+        kids = _children(o)
+        if id(o) in open_:
+            raise CheckpointError(f"{path}: {_where(top)} a {type(o).__name__} that contains itself; {_NOT_SAVED}")
+        if not kids or id(o) in done:
+            continue
+        if depth >= MAX_DEPTH:
+            raise CheckpointError(f"{path}: {_where(top)} containers nested deeper than {MAX_DEPTH} levels; "
+                                  f"{_NOT_SAVED}")
+        done.add(id(o))
+        open_.add(id(o))
+        stack.append((o, depth, top, True))
+        if depth == 0 and isinstance(o, dict):
+            stack.extend((v, 1, k, False) for k, v in o.items())
+        else:
+            stack.extend((v, depth + 1, top, False) for v in kids)
+    return found
+
+
+def _where(top: Any) -> str:
+    return f"its entry {shown(top)} holds" if top is not None else "it holds"
+
+
+_NOT_SAVED = "torch.save of a training run never writes that: copy the file again from the run that saved it"
+
+
 def load_pickle(path: Path, mmap: bool = True, map_location: str = "cpu") -> Any:
     """torch.load `path` with DeepSpeed stand-ins, on the CPU (memory-mapped when `mmap` and the file is a zip)
     or with meta tensors that read nothing; every failure is a one-line CheckpointError."""
@@ -86,10 +194,10 @@ def load_pickle(path: Path, mmap: bool = True, map_location: str = "cpu") -> Any
         )
     use_mmap = mmap and map_location == "cpu" and zipfile.is_zipfile(path)  # mmap needs the zip format
     try:  # torch's warnings about the file (an old pickle protocol, ...) would break the one-line report
-        with torch.serialization.safe_globals([(cls, name) for name, cls in STAND_INS.items()]), \
+        with torch.serialization.safe_globals([(cls, name) for name, cls in {**STAND_INS, **NUMPY}.items()]), \
                 warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return torch.load(path, map_location=map_location, weights_only=True, mmap=use_mmap)
+            loaded = torch.load(path, map_location=map_location, weights_only=True, mmap=use_mmap)
     except pickle.UnpicklingError as e:
         refused = re.search(r"GLOBAL ([\w.]+)|unrecognized function (\S+)|but got (\S+)", str(e))
         if refused:
@@ -114,6 +222,8 @@ def load_pickle(path: Path, mmap: bool = True, map_location: str = "cpu") -> Any
         raise CheckpointError(
             f"{path} is truncated or corrupt ({_first_line(e)}); copy the file again from where it was saved"
         ) from None
+    walk(path, loaded)  # refuses a structure that contains itself before anything walks or prints it
+    return loaded
 
 
 REWRITE = "the file is damaged or was not written by DeepSpeed: copy it again from the run that saved it"

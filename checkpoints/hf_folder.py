@@ -73,6 +73,9 @@ def check_hf_config(hf_config: str | Path) -> Path:
             raise ValueError(f"larger than {MAX_HF_CONFIG_BYTES >> 20} MiB")
         if not isinstance(json.loads(raw.decode("utf-8")), dict):
             raise ValueError("not a JSON object")
+    except RecursionError:
+        raise CheckpointError(f"--hf-config {config}: nested too deeply for a config; pass a Hugging Face "
+                              "config.json") from None
     except (OSError, ValueError) as e:
         raise CheckpointError(f"--hf-config {config}: {e}; pass a Hugging Face config.json") from None
     return config

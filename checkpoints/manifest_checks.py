@@ -23,6 +23,8 @@ POINTERS = ("latest", "latest_universal")  # files beside the tag folders
 
 MAX_NUMEL = 1 << 48  # elements in one tensor or one partition: far beyond any model, far below overflow
 MAX_DIMS = 32
+MAX_COUNT = 1 << 53  # optimizer update counts: whole numbers a float64 holds exactly
+MAX_CLIENT_STATE_DEPTH = 64  # lists/dicts inside client_state: plenty for a script's state, safe for the stack
 _STATE_KEY = re.compile(r"state\.[A-Za-z_][A-Za-z0-9_]{0,63}")
 _TOP = (
     ("tag", str),
@@ -39,6 +41,21 @@ _TOP = (
     ("client_state", dict),
     ("layout", dict),
 )
+
+
+def too_deep(value: Any, limit: int) -> str | None:
+    """Where plain data `value` nests more than `limit` lists/dicts deep (a short path), else None. Iterative:
+    data too deep for Python's stack (or holding itself) is told, never a RecursionError."""
+    stack: list[tuple[Any, int, str]] = [(value, 0, "")]
+    while stack:
+        node, depth, where = stack.pop()
+        if isinstance(node, (dict, list, tuple)) and depth >= limit:
+            return (where if len(where) <= 60 else where[:57] + "...") or "the top"
+        if isinstance(node, dict):
+            stack += [(v, depth + 1, f"{where}.{str(k)[:20]}" if where else str(k)[:20]) for k, v in node.items()]
+        elif isinstance(node, (list, tuple)):
+            stack += [(v, depth + 1, f"{where}[{i}]") for i, v in enumerate(node)]
+    return None
 
 
 def _int(x: Any, lo: int = 0, hi: int = MAX_NUMEL) -> bool:
@@ -210,8 +227,19 @@ def _state_problem(m: dict[str, Any]) -> str | None:
     if not (isinstance(scalars, dict) and len(scalars) <= 32 and all(_number(v) for v in scalars.values())):
         return "optimizer.client_scalars is not a table of numbers"
     for key in ("applied", "skipped"):
-        if not (_number(opt.get(key)) and opt[key] >= 0):
-            return f"optimizer.{key} is missing or not a non-negative number"
+        if not (_number(opt.get(key)) and 0 <= opt[key] <= MAX_COUNT and float(opt[key]).is_integer()):
+            return f"optimizer.{key} is missing or not a whole number of updates in 0..2**53"
+    lrs = opt.get("group_lrs")
+    if lrs is not None and not (
+        isinstance(lrs, list) and 0 < len(lrs) <= 1 << 16 and all(_number(v) and v >= 0 for v in lrs)
+    ):
+        return "optimizer.group_lrs is not a list of non-negative numbers"
+    for key in ("lr", "eps", "weight_decay"):
+        if opt.get(key) is not None and not _number(opt[key]):
+            return f"optimizer.{key} is not a finite number"
+    betas = opt.get("betas")
+    if betas is not None and not (isinstance(betas, list) and len(betas) <= 4 and all(_number(b) for b in betas)):
+        return "optimizer.betas is not a list of finite numbers"
     for key, value in m["loss_scaler"].items():
         if not (_number(value) or (isinstance(value, list) and len(value) == 1 and _number(value[0]))):
             return f"loss_scaler.{key!r} is not a number"

@@ -7,6 +7,7 @@ so memory stays near one fragment, not one partition.
 
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
 from typing import Any, Iterable
@@ -23,6 +24,16 @@ from .source import CheckpointError
 from .zbench_source import FragmentReader, ZbenchSource
 
 _CHUNK = 1 << 24  # elements per read: bounds memory for very large fragments
+MAX_WORLD = 1 << 16  # ranks of a resharded checkpoint: far past any run, and a file per rank
+
+
+def check_world_size(world_size: int) -> None:
+    """Refuse a world size past MAX_WORLD (a rank file each) before anything is read or written."""
+    if world_size > MAX_WORLD:
+        raise CheckpointError(
+            f"--world-size {world_size} is more than {MAX_WORLD} ranks (one file each); pass --world-size "
+            f"{MAX_WORLD} or fewer"
+        )
 
 
 def reshard_to_zbench(source: object, out: str | Path, world_size: int, protect: Iterable[str | Path] = ()) -> Path:
@@ -33,10 +44,17 @@ def reshard_to_zbench(source: object, out: str | Path, world_size: int, protect:
         raise CheckpointError("--to zbench reshards zbench checkpoints only; convert other kinds with --to fp32")
     if world_size < 1:
         raise CheckpointError(f"--world-size must be >= 1, got {world_size}")
+    check_world_size(world_size)
     out = Path(out)
     protect = [*protect, source.folder]
     m = source.manifest
     trainable = sorted((p for p in m["params"] if p.get("slot") is not None), key=lambda p: p["slot"])
+    elements = sum(math.prod(p["shape"]) for p in trainable)
+    if m["stage"] != 0 and world_size > max(elements, 1):
+        raise CheckpointError(
+            f"--world-size {world_size} is more ranks than this checkpoint has trainable elements to shard "
+            f"({elements}); pass --world-size {max(elements, 1)} or fewer"
+        )
     bounds = [group[0] for group in m["layout"]["groups"]]
     new_world = 1 if m["stage"] == 0 else world_size  # stage 0 keeps one replicated copy; a 1-rank save splits
     layout = build_layout(

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from . import direct_io
-from .deepspeed_pickle import check_zip_file, load_pickle
+from .deepspeed_pickle import check_zip_file, load_pickle, walk
 from .page_drop import drop_file_pages
 from .source import CheckpointError
 from .zip_crc import PIECE, ZipCorrupt, crc_of_range, stored_records
@@ -46,22 +46,6 @@ def meta_offsets_supported() -> bool:
     torch.save(torch.zeros(1), buf)
     buf.seek(0)
     return hasattr(torch.load(buf, map_location="meta", weights_only=True).untyped_storage(), "_checkpoint_offset")
-
-
-def _tensors(obj: Any) -> list[torch.Tensor]:
-    """Every tensor in a loaded structure of dicts, lists, tuples and stand-in objects."""
-    found, stack = [], [obj]
-    while stack:
-        o = stack.pop()
-        if isinstance(o, torch.Tensor):
-            found.append(o)
-        elif isinstance(o, dict):
-            stack.extend(o.values())
-        elif isinstance(o, (list, tuple)):
-            stack.extend(o)
-        elif hasattr(o, "__dict__"):
-            stack.extend(vars(o).values())
-    return found
 
 
 def _bytes_of(t: torch.Tensor) -> memoryview:
@@ -192,7 +176,7 @@ def _open(path: Path) -> _PositionedFile | _MappedFile:
     structure = load_pickle(path, map_location="meta")
     by_start = {r.start: r for r in stored}
     order = next((r for r in stored if r.name.endswith("/byteorder")), None)
-    tensors = _tensors(structure)
+    tensors = walk(path, structure)
     offsets = {getattr(t.untyped_storage(), "_checkpoint_offset", None) for t in tensors}
     if not offsets <= by_start.keys() or (order and _read(path, order) != sys.byteorder.encode()):
         return _MappedFile(path)  # a writer other than torch's, or bytes to swap: let torch read them
@@ -251,6 +235,10 @@ class TorchFileReader:
         self._file(path).read(t, t.storage_offset(), flat)
         out = flat.as_strided(tuple(t.shape), tuple(t.stride()))
         return out if out.is_contiguous() else out.contiguous()
+
+    def file_problems(self, path: Path) -> list[str]:
+        """CRC failures in what was read of `path` (and its structure records): at most one line."""
+        return self._file(path).problems()
 
     def problems(self) -> list[str]:
         """CRC failures in what was read (and the structure records), one line per file, in opening order."""

@@ -27,7 +27,8 @@ from .paths import inside, plain_name, read_pointer
 from .source import CheckpointError
 
 LATEST = "latest"
-_AUX = re.compile(r"^\.(?P<tag>.+)\.(?P<kind>partial|old|pruned)-(?P<pid>\d+)-[0-9a-f]+$")
+_AUX = re.compile(r"^\.(?P<tag>.+)\.(?P<kind>partial|old|pruned|tmp)-(?P<pid>\d+)-[0-9a-f]+$")
+_PID_MAX = 1 << 22  # Linux's ceiling for pid_max: a larger number names no process that could exist
 
 
 def new_token() -> str:
@@ -49,21 +50,37 @@ def fsync_path(path: Path) -> None:
 
 
 def _pid_alive(pid: int) -> bool:
+    """Whether a process `pid` runs now; a number no process can have (0, out of range) is not alive."""
+    if not 0 < pid < _PID_MAX:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
+    except (OverflowError, ValueError, OSError):
+        return False
     return True
 
 
+def _aux_kind(d: Path) -> re.Match[str] | None:
+    """The name's parts when `d` is a staging or set-aside folder, or a temporary `latest` file, of a save."""
+    m = _AUX.match(d.name)
+    if m is None or d.is_symlink():
+        return None
+    if m["kind"] == "tmp":
+        return m if m["tag"] == LATEST and d.is_file() else None
+    return m if d.is_dir() else None
+
+
 def leftovers(root: Path) -> list[Path]:
-    """Staging and set-aside folders under `root` whose owning process no longer runs (saves that died)."""
+    """Staging and set-aside folders, and temporary `latest` files, under `root` whose owning process no longer
+    runs (saves that died)."""
     out = []
     for d in root.iterdir() if root.is_dir() else []:
-        m = _AUX.match(d.name)
-        if m and d.is_dir() and not d.is_symlink() and not _pid_alive(int(m["pid"])):
+        m = _aux_kind(d)
+        if m and not _pid_alive(int(m["pid"])):
             out.append(d)
     return sorted(out)
 
@@ -94,15 +111,22 @@ def folder_identity(folder: Path) -> tuple[int, int] | None:
 
 def _write_latest(root: Path, tag: str) -> None:
     tmp = root / f".{LATEST}.tmp-{new_token()}"
-    tmp.write_text(tag + "\n", encoding="utf-8")
-    fsync_path(tmp)
-    os.replace(tmp, root / LATEST)
-    fsync_path(root)
+    try:
+        tmp.write_text(tag + "\n", encoding="utf-8")
+        fsync_path(tmp)
+        os.replace(tmp, root / LATEST)
+    except OSError:
+        try:
+            tmp.unlink(missing_ok=True)  # made by this very call
+        except OSError:
+            pass
+        raise
 
 
 def commit(root: Path, tag: str, staged: Path, move_latest: bool = True) -> str | None:
     """Publish the complete folder `staged` as ROOT/<tag>, then point `latest` at it (rank 0 only). An OSError
-    means nothing was published; once it is, only a note (the replaced copy left on disk) can come back."""
+    means nothing was published (a failed move of `latest` puts the replaced copy back and the new one back in
+    `staged`); once it is, only a note (the replaced copy left on disk) can come back."""
     fsync_path(staged)
     final = root / tag
     old = None
@@ -112,9 +136,35 @@ def commit(root: Path, tag: str, staged: Path, move_latest: bool = True) -> str 
     os.replace(staged, final)
     fsync_path(root)
     if move_latest:
-        _write_latest(root, tag)
+        try:
+            _write_latest(root, tag)
+        except OSError as e:
+            note = _roll_back(root, tag, staged, old)
+            if note is None:
+                raise
+            return f"'{LATEST}' could not be updated ({e.strerror or e}) and {note}"
+        fsync_path(root)  # `latest` is moved: a failure here is no longer undone
     if old is not None:  # the copy this save replaced, moved aside by this very call
         return _removed(old, "the copy it replaced")
+    return None
+
+
+def _roll_back(root: Path, tag: str, staged: Path, old: Path | None) -> str | None:
+    """Undo commit's renames (new copy back to `staged`, the replaced one back as `tag`); None once undone,
+    else what is where now: the new copy stands as `tag` and `latest` still names what it named."""
+    final = root / tag
+    try:
+        os.replace(final, staged)
+    except OSError as e:
+        where = f"; the copy it replaced is in {old}" if old is not None else ""
+        return f"could not be undone ({e.strerror or e}): {tag} holds this save, '{LATEST}' is unchanged{where}"
+    try:
+        if old is not None:
+            os.replace(old, final)
+        fsync_path(root)
+    except OSError as e:
+        return (f"could not be undone ({e.strerror or e}): this save is in {staged} and the copy it replaced in "
+                f"{old}; rename that one back to {tag}")
     return None
 
 
@@ -147,11 +197,17 @@ def prune(root: Path, keep_last: int, saved: list[tuple[str, tuple[int, int] | N
     one rename first, so a reader sees it whole or not at all. Returns notes on what could not be deleted."""
     if keep_last < 1:
         raise ValueError(f"keep_last must be >= 1, got {keep_last}")
-    notes = []
+    notes: list[str] = []
     while len(saved) > keep_last:
         tag, identity = saved.pop(0)
         folder = root / tag
-        if identity is None or folder_identity(folder) != identity or read_latest(root) == tag:
+        try:
+            named = read_latest(root)
+        except (CheckpointError, OSError) as e:
+            saved.insert(0, (tag, identity))
+            notes.append(f"older checkpoints were not pruned (keep_last): {e}")
+            break
+        if identity is None or folder_identity(folder) != identity or named == tag:
             continue  # saved again by someone else, or what readers resume from: no longer this saver's to delete
         doomed = root / f".{tag}.pruned-{new_token()}"
         try:

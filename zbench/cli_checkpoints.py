@@ -124,6 +124,13 @@ def convert(
         raise click.ClickException("--to zbench needs --world-size M (the number of ranks to reshard for)")
     if to != "zbench" and world_size is not None:
         raise click.ClickException(f"--world-size applies to --to zbench only; drop it for --to {to}")
+    if world_size is not None:
+        from checkpoints.reshard import check_world_size
+
+        try:
+            check_world_size(world_size)
+        except CheckpointError as e:
+            raise click.ClickException(str(e))
     if hf_config is not None:
         if to == "zbench":
             raise click.ClickException("--hf-config applies to --to fp32|bf16|fp16 only; drop it for --to zbench")

@@ -96,16 +96,15 @@ def load_foreign(engine: "Engine", folder: Path, source: Any, weights_only: bool
             state[name].data.copy_(t)
         engine.refresh_working_weights()
     model = source.model
+    steps = int(model.step or 0)
+    applied = steps - model.skipped
+    saved = {"scheduler": model.lr_scheduler, "stepped": applied} if isinstance(model.lr_scheduler, dict) else None
     if not weights_only:
-        steps = int(model.step or 0)
-        applied = steps - model.skipped
-        saved = {"scheduler": model.lr_scheduler, "stepped": applied} if isinstance(model.lr_scheduler, dict) else None
         restore_counters(engine, folder, applied, model.skipped, steps, steps * engine.gradient_accumulation_steps(),
-                         saved if schedule else None)
+                         saved, schedule)
         scaler = source.loss_scaler()
         if scaler is not None and engine.scaler.dynamic:  # an fp16 run's scale and its window go on where they were
             engine.scaler.load_state_dict(scaler)
     elif counters:
-        steps = int(model.step or 0)
-        restore_steps(engine, steps, steps * engine.gradient_accumulation_steps(), model.skipped)
+        restore_steps(engine, steps, steps * engine.gradient_accumulation_steps(), model.skipped, saved)
     return folder, dict(model.client_state)

@@ -113,14 +113,15 @@ def _read_in_one_pass(
 
 
 def restore_counters(engine: "Engine", folder: Path, applied: int, skipped: int, step: int, micro_steps: int,
-                     scheduler: Any) -> None:
-    """The update counts a checkpoint saved, and its scheduler state (None: the schedule follows the counts)."""
+                     scheduler: Any, schedule: bool = True, lrs: Any = None) -> None:
+    """The update counts a checkpoint saved, and its scheduler state (None: the schedule follows the counts), loaded
+    where `schedule`; `lrs`: the lrs its optimizer's groups held (the config's scheduler takes both to after_load)."""
     engine.optimizer.applied.fill_(applied)
     engine.optimizer.skipped.fill_(skipped)
     engine.global_step, engine.micro_steps = step, micro_steps
-    if scheduler is not None and isinstance(engine.lr_scheduler, EngineScheduler):  # the config's schedule
-        engine.lr_scheduler.saved_position(scheduler)
-    if scheduler and engine.host_schedule is not None:
+    if isinstance(engine.lr_scheduler, EngineScheduler):  # the config's schedule
+        engine.lr_scheduler.saved_position(scheduler, lrs)
+    if schedule and scheduler and engine.host_schedule is not None:
         try:
             engine.host_schedule.load_state_dict(scheduler)
         except ValueError as e:
@@ -130,11 +131,14 @@ def restore_counters(engine: "Engine", folder: Path, applied: int, skipped: int,
             ) from None
 
 
-def restore_steps(engine: "Engine", step: int, micro_steps: int, skipped: int) -> None:
+def restore_steps(engine: "Engine", step: int, micro_steps: int, skipped: int, scheduler: Any = None) -> None:
     """The run's counters alone, as DeepSpeed's load_optimizer_states=False restores them; the optimizer's own count
-    of applied updates (Adam's step, the schedule's position) goes on."""
+    of applied updates (Adam's step) goes on. The config's scheduler is given the saved scheduler state, which it
+    takes where load_lr_scheduler_states (as DeepSpeed's does); a scheduler passed to initialize keeps its own."""
     engine.optimizer.skipped.fill_(skipped)
     engine.global_step, engine.micro_steps = step, micro_steps
+    if isinstance(engine.lr_scheduler, EngineScheduler):
+        engine.lr_scheduler.saved_position(scheduler)
 
 
 def nothing_to_resume(load_dir: str | os.PathLike) -> bool:
@@ -246,12 +250,13 @@ def _load_zbench(engine: "Engine", folder: Path, weights_only: bool, schedule: b
         engine.refresh_working_weights()
         if weights_only:
             if counters:
-                restore_steps(engine, manifest["step"], manifest["micro_steps"], manifest["optimizer"]["skipped"])
+                restore_steps(engine, manifest["step"], manifest["micro_steps"], manifest["optimizer"]["skipped"],
+                              manifest.get("scheduler"))
             return folder, manifest["client_state"]
         o = manifest["optimizer"]
         engine.scaler.load_state_dict(manifest["loss_scaler"])
     restore_counters(engine, folder, o["applied"], o["skipped"], manifest["step"], manifest["micro_steps"],
-                     manifest.get("scheduler") if schedule else None)
+                     manifest.get("scheduler"), schedule, o.get("group_lrs"))
     if restore is not None:
         restore(engine.device)
     return folder, manifest["client_state"]

@@ -26,7 +26,7 @@ import torch
 from checkpoints import manifest as mf
 from checkpoints import zbench_format as fmt
 from checkpoints.io_errors import ACCESS, SPACE, write_cause
-from checkpoints.manifest_checks import POINTERS
+from checkpoints.manifest_checks import MAX_CLIENT_STATE_DEPTH, POINTERS, too_deep
 from checkpoints.paths import plain_name
 from checkpoints.safetensors_stream import StreamingWriter, write_tensors
 from checkpoints.source import CheckpointError
@@ -176,6 +176,13 @@ def save(
                               "pass another tag")
     if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
         raise CheckpointError(f"keep_last must be a whole number >= 1 or None, got {keep_last!r}")
+    if client_state is not None and not isinstance(client_state, dict):
+        raise CheckpointError(f"client_state must be a dict (or None), got a {type(client_state).__name__}; "
+                              "pass a dict of plain data, e.g. {'epoch': 3}")
+    deep = too_deep(client_state or {}, MAX_CLIENT_STATE_DEPTH)
+    if deep is not None:
+        raise CheckpointError(f"client_state is nested more than {MAX_CLIENT_STATE_DEPTH} levels deep (at {deep}); "
+                              "pass flatter plain data")
     try:
         client_state = json.loads(json.dumps(client_state or {}))  # a copy: the caller may change it while we write
     except (TypeError, ValueError) as e:
@@ -246,6 +253,7 @@ def _manifest(
             "gradient_clipping": c.gradient_clipping,
             "applied": float(opt.applied),
             "skipped": float(opt.skipped),
+            "group_lrs": engine.get_lr(),  # what DeepSpeed's saved groups hold: the next update's lr of each group
             **_optimizer_states(opt),
         },
         "loss_scaler": {

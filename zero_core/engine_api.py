@@ -257,8 +257,8 @@ class DeepSpeedEngineAPI:
         """Collective: load any zbench checkpoint (any world size, any stage) into this engine; returns
         (the checkpoint folder as a str, client_state), as DeepSpeed returns the path it loaded; (None, None) when
         `load_dir` holds no checkpoint and no tag is given (a first run's resume). `load_optimizer_states=False`
-        keeps this engine's optimizer states and schedule but takes the run's step counters, as DeepSpeed does;
-        `load_module_only` keeps the counters too."""
+        keeps this engine's optimizer states but takes the run's step counters, as DeepSpeed does; `load_module_only`
+        keeps the counters and the schedule too. The next update takes the lrs the loaded optimizer's groups held."""
         from .checkpoint_load import nothing_to_resume
         from .checkpointing import load
 
@@ -275,14 +275,14 @@ class DeepSpeedEngineAPI:
         settled(self)  # a delayed update must not write the states while they are loaded
         self.wait_for_checkpoint()
         weights_only = load_module_only or not load_optimizer_states
-        schedule = load_lr_scheduler_states and not weights_only
-        applied = self.applied_steps()
+        schedule = load_lr_scheduler_states and not load_module_only
+        applied, lrs = self.applied_steps(), self.get_lr() if isinstance(self.lr_scheduler, EngineScheduler) else None
         folder, client_state = load(self, load_dir, tag, weights_only=weights_only, schedule=schedule,
                                     counters=not load_module_only)
         # without its states this optimizer's applied count goes on, whatever step the run had reached
         self.steps_not_applied = self.global_step - applied if weights_only else 0
         if isinstance(self.lr_scheduler, EngineScheduler):
-            self.lr_scheduler.after_load(None if schedule else applied)
+            self.lr_scheduler.after_load(schedule, not weights_only, applied, lrs)
         return str(folder), client_state
 
     def _refuse(self, call: str, instead: str) -> None:

@@ -209,7 +209,8 @@ class AtPosition(HostSchedule):
         self.schedule, self.handle = schedule, handle
 
     def values(self, applied: int) -> tuple[list[float], Betas | None]:
-        return self.schedule.values(applied + self.handle.extra)
+        held = self.handle.held_lrs(applied)  # the lrs a checkpoint load left in the groups, for its next update
+        return (held, None) if held is not None else self.schedule.values(applied + self.handle.extra)
 
 
 class LrWrites:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from checkpoints.paths import inside
+from checkpoints.paths import inside, read_regular
 from checkpoints.safetensors_read import SafetensorsFile
 
 from .deferred.shards import assembler_for
@@ -33,22 +33,53 @@ SINGLE = "model.safetensors"
 MAX_INDEX_BYTES = 64 << 20
 
 
+def _link_root(folder: Path) -> Path:
+    """Where links in `folder` may point: the folder itself, or for a Hugging Face hub cache snapshot
+    (.../models--ORG--NAME/snapshots/REV[/SUB]) the whole models--*/ folder, whose blobs/ the snapshot links into."""
+    real = folder.resolve()
+    for up in (real, *real.parents):
+        if up.name == "snapshots" and up.parent.name.startswith("models--"):
+            return up.parent
+    return real
+
+
+def _weight_file(folder: Path, rel: str, what: str) -> Path:
+    """folder/rel, a regular file whose real location lies in `_link_root(folder)`; ValueError otherwise. Links
+    are followed the same way for an index, its shards and a single model.safetensors (weights are only read)."""
+    path = inside(folder, rel, what=what, follow_symlinks=True)  # no absolute name, no '..'
+    real, root = path.resolve(), _link_root(folder)
+    if not real.is_relative_to(root):
+        raise ValueError(f"{what} {path} links to {real}, outside {root}; pretrained= reads links only within the "
+                         f"folder (or a hub cache's models--*/ folder): copy the files into one folder "
+                         f"(cp -rL {folder} NEW) and pass NEW")
+    if not real.is_file():
+        raise ValueError(f"{what} {path} is not a regular file; point at a folder written by save_pretrained")
+    return path
+
+
 def _files_by_name(folder: Path) -> dict[str, Path]:
     """Tensor name -> the safetensors file holding it."""
-    if (folder / INDEX).is_file():
-        if (folder / INDEX).stat().st_size > MAX_INDEX_BYTES:
-            raise ValueError(f"{folder / INDEX} is larger than {MAX_INDEX_BYTES} bytes; it is not a weight index")
+    if os.path.lexists(folder / INDEX):
+        index = _weight_file(folder, INDEX, "weight index")
+        fix = "write the folder with save_pretrained"
         try:
-            weight_map = json.loads((folder / INDEX).read_text())["weight_map"]
+            raw = read_regular(index, MAX_INDEX_BYTES)
+            if len(raw) > MAX_INDEX_BYTES:
+                raise ValueError(f"{index} is larger than {MAX_INDEX_BYTES} bytes; it is not a weight index")
+            weight_map = json.loads(raw.decode("utf-8"))["weight_map"]
+        except RecursionError:
+            raise ValueError(f"{index} is nested too deeply to be a safetensors index; {fix}") from None
+        except OSError as e:
+            raise ValueError(f"cannot read {index} ({e.strerror}); {fix}") from None
         except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-            raise ValueError(f"{folder / INDEX} is not a safetensors index (JSON with a weight_map); "
-                             "write the folder with save_pretrained") from None
+            raise ValueError(f"{index} is not a safetensors index (JSON with a weight_map); {fix}") from None
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-            raise ValueError(f"{folder / INDEX}: weight_map must map tensor names to file names")
-        return {name: inside(folder, rel, what="weight file") for name, rel in weight_map.items()}
-    if (folder / SINGLE).is_file():
-        with SafetensorsFile(folder / SINGLE) as f:
-            return {name: folder / SINGLE for name in f.tensors}
+            raise ValueError(f"{index}: weight_map must map tensor names to file names")
+        return {name: _weight_file(folder, rel, "weight file") for name, rel in weight_map.items()}
+    if os.path.lexists(folder / SINGLE):
+        single = _weight_file(folder, SINGLE, "weight file")
+        with SafetensorsFile(single) as f:
+            return {name: single for name in f.tensors}
     raise ValueError(f"{folder} has neither {SINGLE} nor {INDEX}; point at a folder written by save_pretrained "
                      "(safetensors)")
 

@@ -19,15 +19,12 @@ __all__ = ["init_context", "is_deferred", "materialiser", "placeholder"]
 
 def _stage_of(config: Any) -> int:
     """The ZeRO stage `config` asks for (a dict, a JSON path or a ZeroConfig), without resolving batch sizes."""
-    from ..config import ZeroConfig, load_config
+    from ..config import ZeroConfig, load_config, read_config_file
 
     if isinstance(config, ZeroConfig):
         return config.stage
     if isinstance(config, (str, os.PathLike)):
-        import json
-
-        with open(config) as f:
-            config = json.load(f)
+        config = read_config_file(os.fspath(config))  # initialize's reader: no FIFO wait, no duplicate keys
     if not isinstance(config, dict):
         raise ValueError(
             f"init_context takes a DeepSpeed config (dict, JSON path or ZeroConfig), not {type(config).__name__}"

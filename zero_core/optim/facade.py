@@ -14,6 +14,7 @@ DeepSpeed: they hold the groups and answer the usual calls; the engine does the 
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import torch
@@ -60,6 +61,11 @@ class EngineScheduler:
         self._engine, self._start = engine, start
         self.extra = 0
         self._loaded: int | None = None  # the position a checkpoint being loaded saved, for after_load
+        self._loaded_lrs: list[float] | None = None  # the lrs its optimizer's groups held, where it recorded them
+        # (applied count, lrs): what a load left in the groups for the update after that many applied updates, as
+        # DeepSpeed's groups keep a loaded optimizer's lrs until its scheduler next steps; None: the schedule's
+        self._held: tuple[int, list[float]] | None = None
+        self._held_on: dict[torch.device, torch.Tensor] = {}
 
     @property
     def last_batch_iteration(self) -> int:
@@ -67,33 +73,70 @@ class EngineScheduler:
 
     def shifted(self, lr_at: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
         """The device schedule `lr_at(applied)` (lr_schedules.py) at this scheduler's position instead."""
-        return lambda applied, *out: lr_at(applied + self.extra, *out)
 
-    def saved_position(self, state: Any) -> None:
+        def at(applied: torch.Tensor, *out: torch.dtype) -> torch.Tensor:
+            lrs = lr_at(applied + self.extra, *out)
+            if self._held is None:
+                return lrs
+            held = self._held_on.get(lrs.device)
+            if held is None:
+                held = self._held_on[lrs.device] = torch.tensor(self._held[1], dtype=torch.float64).to(lrs.device)
+            # the count compared on the device: no host sync in the step
+            return torch.where(applied.reshape(-1)[:1] == self._held[0], held.to(lrs.dtype), lrs)
+
+        return at
+
+    def held_lrs(self, applied: int) -> list[float] | None:
+        """The lrs a load left in the groups, where the update after `applied` applied updates takes them."""
+        return self._held[1] if self._held is not None and self._held[0] == applied else None
+
+    def saved_position(self, state: Any, lrs: Any = None) -> None:
         """A loaded checkpoint's scheduler state: DeepSpeed's `{"last_batch_iteration": n}` (zbench saves the same),
-        or, from a DeepSpeed checkpoint, `{"scheduler": {...}}`; without one the applied count gives the position."""
+        or, from a DeepSpeed checkpoint, `{"scheduler": {...}}`; without one the applied count gives the position.
+        `lrs`: the lrs its optimizer's groups held for the next update (a zbench save records them)."""
         inner = state.get("scheduler", state) if isinstance(state, dict) else None
         to = inner.get("last_batch_iteration") if isinstance(inner, dict) else None
         self._loaded = to if isinstance(to, int) and not isinstance(to, bool) and to >= -1 else None
+        fits = isinstance(lrs, list) and len(lrs) == len(self._engine.optimizer.groups) and all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0 for x in lrs)
+        self._loaded_lrs = [float(x) for x in lrs] if fits else None
 
-    def after_load(self, applied_before: int | None) -> None:
-        """engine.load_checkpoint: the saved position (`applied_before` None; the checkpoint's applied count where it
-        saved none), or, where the scheduler's state was not loaded, the position it had (DeepSpeed leaves its
-        scheduler alone)."""
-        if applied_before is None:
+    def after_load(self, schedule: bool, optimizer: bool, applied_before: int, lrs_before: list[float]) -> None:
+        """engine.load_checkpoint, as DeepSpeed's: with `schedule` the saved position (the checkpoint's applied count
+        where it saved none and the optimizer was loaded), else the position it had. The next update takes the lrs
+        the groups then hold: with `optimizer` the saved groups' (where the save recorded none, this schedule's at
+        the saved position), else those of before the load (`lrs_before`); the scheduler's next step writes its own."""
+        loaded, saved_lrs = self._loaded, self._loaded_lrs
+        self._loaded = self._loaded_lrs = None
+        if schedule and (loaded is not None or optimizer):
             self.extra = 0
-            if self._loaded is not None:
-                self.extra = self._loaded - self.last_batch_iteration
+            if loaded is not None:
+                self.extra = loaded - self.last_batch_iteration
         else:
             self.extra += applied_before - self._engine.applied_steps()
-        self._loaded = None
+        self._held, self._held_on = None, {}
+        held = lrs_before if not optimizer else saved_lrs
+        if held is None and not schedule and loaded is not None:
+            held = self._lrs_at(loaded)
+        if held is not None:
+            self._held = (self._engine.applied_steps(), [float(x) for x in held])
         self.publish()
+
+    def _lrs_at(self, position: int) -> list[float]:
+        """This schedule's lrs at `position` (DeepSpeed's groups after its scheduler stepped there)."""
+        extra = self.extra
+        self.extra += position - self.last_batch_iteration
+        try:
+            return self._engine.get_lr()
+        finally:
+            self.extra = extra
 
     def step(self, last_batch_iteration: int | None = None, batch_iteration: int | None = None) -> None:
         """One iteration further (or to the one given: `batch_iteration` is OneCycle's name for it), its lr
         written into the groups, as DeepSpeed's scheduler does."""
         to = last_batch_iteration if last_batch_iteration is not None else batch_iteration
         if to is None:
+            self._held = None
             self.extra += 1
             self.publish()
         else:
@@ -102,6 +145,7 @@ class EngineScheduler:
     def _move(self, to: Any) -> None:
         if isinstance(to, bool) or not isinstance(to, int) or to < -1:
             raise ValueError(f"the scheduler's last_batch_iteration must be an integer >= -1, got {to!r}")
+        self._held = None
         self.extra += to - self.last_batch_iteration
         self.publish()
 
@@ -122,6 +166,8 @@ class EngineScheduler:
         """After a move: the lrs (and OneCycle's betas) of the next update into the optimizer's groups (lazily where
         that needs the device's count of applied updates and the groups can wait until they are read)."""
         e, opt = self._engine, self._engine.client_optimizer
+        if self._held is not None and not e.scaler.dynamic and e.applied_steps() != self._held[0]:
+            self._held = None  # an update took the loaded lrs (the count is on the host here)
         if e.scaler.dynamic and self._count_on_device() and isinstance(opt, ZeroOptimizer):
             opt.stale = self._write
         else:

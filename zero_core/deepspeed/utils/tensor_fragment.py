@@ -4,7 +4,9 @@ from the engine that trains it; and `safe_set_full_fp32_param(param, value)` /
 `safe_set_full_optimizer_state(param, value, key)`, which write the first two.
 Collective, as in DeepSpeed: every rank calls them for the same parameter (a read all-gathers its group; a write
 takes the whole value on every rank and keeps this rank's share). A parameter no zero_core engine trains reads
-as None, as DeepSpeed's does for one it does not partition, and is not written.
+as None, as DeepSpeed's does for one it does not partition, and is not written. At stage 3 the same holds for a
+parameter whose requires_grad is False when it is called (frozen after initialize), on any number of ranks, as
+DeepSpeed's ZeRO-3 answers; at stages 1-2 it reads and writes as before it was frozen, as DeepSpeed's do.
 
 As in DeepSpeed, a write changes the fp32 state only: the 16-bit weights the forward uses follow at the next
 step, which updates from the written master. With NVMe offload a write streams the whole state file once.
@@ -28,7 +30,7 @@ from ...model_export import gathered_group, settled
 def _slot_of(param: torch.Tensor, name: str) -> tuple[Any, Any, Any] | None:
     """(engine, layout group, slot) of a parameter an engine trains, with `name` among its states; else None."""
     engine = _OWNER.get(id(param))
-    if engine is None:
+    if engine is None or (engine.stage == 3 and not param.requires_grad):  # DeepSpeed's ZeRO-3: frozen now
         return None
     found = next(((g, s) for g in engine.layout.groups for s in g.slots if engine.params[s.index] is param), None)
     if found is None:  # frozen: it has no master or moments
