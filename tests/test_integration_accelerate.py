@@ -34,8 +34,8 @@ def _loop(rank: int, world: int, zero: bool, folder: str) -> dict:
         acc = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=2)
     model = tw.tiny_model("gpt2")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
-    # Accelerate's DDP steps a scheduler once per process per update; the engine once per update, as DeepSpeed
-    per_update = (lambda s: min(1.0, (s + 1) / 3)) if zero else (lambda s: min(1.0, (s // world + 1) / 3))
+    # a torch scheduler steps once per process per update, on Accelerate's DDP and DeepSpeed paths alike
+    per_update = lambda s: min(1.0, (s // world + 1) / 3)  # noqa: E731
     sched = torch.optim.lr_scheduler.LambdaLR(opt, per_update)
     loader = torch.utils.data.DataLoader(tw.Samples("gpt2", 32, 1), batch_size=2)
     model, opt, loader, sched = acc.prepare(model, opt, loader, sched)

@@ -9,8 +9,9 @@
 The DeepSpeed plugin is read for its config and never handed to Accelerate, which runs as plain multi-process
 data parallel (so DeepSpeed need not be installed). `prepare` builds zero_core's engine from the model, the
 optimizer (or `DummyOptim` with the config's optimizer) and the scheduler (or `DummyScheduler`); `backward`
-runs the engine's backward and step, as Accelerate's DeepSpeed path does, so the loop's `optimizer.step()`,
-`scheduler.step()` and `zero_grad()` do nothing. Dataloaders are Accelerate's. `save_state`/`load_state`
+runs the engine's backward and, at Accelerate's `sync_gradients`, its step, as Accelerate's DeepSpeed path does,
+so the loop's `optimizer.step()` and `zero_grad()` do nothing (schedulers: accelerate_schedules.py).
+Dataloaders are Accelerate's. `save_state`/`load_state`
 write and read zbench checkpoints (any world size or stage), with the JSON states of the objects registered for
 checkpointing (accelerate_registered.py); `get_state_dict` gathers the full weights.
 """
@@ -31,7 +32,8 @@ from ..config import read_config_file
 from ..config_auto import AutoValues, is_auto
 from ..engine import Engine
 from .accelerate_registered import REGISTERED, registered_states, restore_registered
-from .handles import EngineOptimizer, EngineSchedule, backward_and_step, hidden_size
+from .accelerate_schedules import PreparedSchedule, engine_scheduler, is_deepspeed_schedule
+from .handles import EngineOptimizer, EngineSchedule, hidden_size
 
 
 def _plugin_config(plugin: DeepSpeedPlugin) -> dict[str, Any]:
@@ -78,7 +80,9 @@ def check_against_config(config: dict[str, Any], optimizer: Any, scheduler: Any)
             "DummyScheduler needs a 'scheduler' section in the DeepSpeed config (or its lr_scheduler_callable); add "
             "one or pass a torch scheduler"
         )
-    if isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler) and "scheduler" in config:
+    if (isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler) or is_deepspeed_schedule(scheduler)) and (
+        "scheduler" in config
+    ):
         raise ValueError(
             "prepare() got a torch scheduler and the DeepSpeed config has its own 'scheduler' section; drop one, or "
             "pass DummyScheduler to train with the config's"
@@ -146,7 +150,8 @@ class Accelerator(accelerate.Accelerator):
         if len(models) > 1 or (self.engine is not None and models):
             raise ValueError("zero_core's Accelerator trains one model, prepared once; pass it to one prepare() call")
         optimizers = [o for o in objects if isinstance(o, (torch.optim.Optimizer, DummyOptim))]
-        schedulers = [o for o in objects if isinstance(o, (torch.optim.lr_scheduler.LRScheduler, DummyScheduler))]
+        torch_or_dummy = (torch.optim.lr_scheduler.LRScheduler, DummyScheduler)
+        schedulers = [o for o in objects if isinstance(o, torch_or_dummy) or is_deepspeed_schedule(o)]
         if (optimizers or schedulers) and not models:  # the engine was built (or will be) without them
             raise ValueError(
                 "zero_core's Accelerator builds the engine at the prepare() call that gets the model; pass the "
@@ -172,7 +177,9 @@ class Accelerator(accelerate.Accelerator):
             elif optimizers and o is optimizers[0]:
                 out.append(handle)
             elif schedulers and o is schedulers[0]:
-                out.append(EngineSchedule(self.engine, handle))
+                given = None if isinstance(o, DummyScheduler) else self.engine.lr_scheduler
+                out.append(EngineSchedule(self.engine, handle) if given is None
+                           else PreparedSchedule(self.engine, handle, given))
             else:  # dataloaders and the rest: Accelerate's
                 out.append(super().prepare(o))
         return tuple(out) if len(out) > 1 else out[0]
@@ -185,6 +192,7 @@ class Accelerator(accelerate.Accelerator):
             groups, optimizer = list(optimizer.params), None
         if isinstance(scheduler, DummyScheduler):
             scheduler = scheduler.lr_scheduler_callable  # None: the config's scheduler
+        scheduler = engine_scheduler(scheduler, self.num_processes, self.split_batches)
         lr = optimizer.param_groups[0]["lr"] if isinstance(optimizer, torch.optim.Optimizer) else None
         auto = AutoValues(
             world_size=self.num_processes,
@@ -215,7 +223,11 @@ class Accelerator(accelerate.Accelerator):
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         if self.engine is None:
             return super().backward(loss, **kwargs)
-        backward_and_step(self.engine, loss)  # 1/accumulation applied by the engine
+        # as DeepSpeedEngineWrapper: Accelerate's sync_gradients (accumulate(), the dataloader's end) is the boundary
+        self.engine.set_gradient_accumulation_boundary(self.sync_gradients)
+        self.engine.backward(loss)  # 1/accumulation applied by the engine
+        if self.sync_gradients:
+            self.engine.step()
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: int = 2) -> Any:
         """The engine clips at its step (the config's gradient_clipping), as Accelerate's DeepSpeed path does, whatever

@@ -1,0 +1,63 @@
+"""How Accelerate's DeepSpeed path steps the scheduler a script passes to `prepare`, on zero_core's engine.
+
+- One of `deepspeed.runtime.lr_schedules` (found by its class name, as Accelerate does) goes to the engine, which
+  steps it once per update; the script's `scheduler.step()` does nothing (DeepSpeedSchedulerWrapper).
+- Any other torch scheduler stays outside DeepSpeed, in an AcceleratedScheduler: at each update it is stepped once
+  per process (the dataloader's batch counts one process's samples), or once with `split_batches`. Here the
+  engine steps it at the update through `PerProcessSteps`, so zbench checkpoints keep its position.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .handles import EngineSchedule
+
+DEEPSPEED_SCHEDULES = ("LRRangeTest", "OneCycle", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR")
+
+
+def is_deepspeed_schedule(obj: Any) -> bool:
+    """One of deepspeed.runtime.lr_schedules' schedulers (VALID_LR_SCHEDULES), by class name."""
+    return type(obj).__name__ in DEEPSPEED_SCHEDULES
+
+
+class PerProcessSteps:
+    """A torch scheduler stepped `steps` times per update, as AcceleratedScheduler.step() does at a sync."""
+
+    def __init__(self, scheduler: Any, steps: int) -> None:
+        self.scheduler, self.steps = scheduler, steps
+        self.optimizer = scheduler.optimizer
+
+    def step(self) -> None:
+        for _ in range(self.steps):
+            total = getattr(self.scheduler, "total_steps", None)  # OneCycleLR: never past its last step
+            if total is None or self.scheduler._step_count <= total:
+                self.scheduler.step()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state)
+
+    def get_last_lr(self) -> list[float]:
+        return self.scheduler.get_last_lr()
+
+
+class PreparedSchedule(EngineSchedule):
+    """What `prepare` hands back for a scheduler object the engine steps: `step()` does nothing, the rest is the
+    scheduler's."""
+
+    def __init__(self, engine: Any, optimizer: Any, scheduler: Any) -> None:
+        super().__init__(engine, optimizer)
+        self.scheduler = scheduler
+
+    def get_last_lr(self) -> list[float]:
+        return list(self.scheduler.get_last_lr())
+
+
+def engine_scheduler(scheduler: Any, processes: int, split_batches: bool) -> Any:
+    """What the engine is given for the script's scheduler (None, a callable, or a scheduler object)."""
+    if scheduler is None or is_deepspeed_schedule(scheduler) or callable(scheduler):
+        return scheduler
+    return PerProcessSteps(scheduler, 1 if split_batches else processes)
