@@ -22,6 +22,7 @@ from .config import ConfigError, ZeroConfig, describe, load_config
 from .deferred import is_deferred
 from .deferred.shards import materialise_whole, shard_into
 from .engine_api import DeepSpeedEngineAPI
+from .engine_queries import EngineQueries, LossScaleValue, given_dict, with_items
 from .gathered import register as register_parameters
 from .loss_scaler import LossScaler
 from .host_schedules import GroupLrs, LrWrites, make_schedules
@@ -37,7 +38,7 @@ from .stages.grad_buckets import GradReducer
 from .step_timer import StepBreakdown, enabled_for
 
 
-class Engine(torch.nn.Module, DeepSpeedEngineAPI):
+class Engine(torch.nn.Module, DeepSpeedEngineAPI, EngineQueries):
     """Wraps a model for ZeRO data-parallel training; build it with `zero_core.initialize`. Like DeepSpeed's
     engine it is a Module holding the model as `module`: calling it runs the model's forward."""
 
@@ -50,7 +51,8 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         self.device = comm.pick_device()
         comm.ensure_process_group(self.device)
         self.world_size, self.rank = comm.world_size(), comm.rank()
-        self.config: ZeroConfig = (cfg := load_config(config, self.world_size, auto=auto))
+        cfg = with_items(load_config(config, self.world_size, auto=auto), given_dict(config))
+        self.config: ZeroConfig = cfg
         self._announce()
         self.stage, self.dtype = cfg.stage, cfg.dtype
         self.global_step = self.micro_steps = 0
@@ -64,6 +66,7 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
             deferred = False
         self.module = model if deferred else model.to(self.device)
         plan = plan_optimizer(model, cfg, model_parameters, optimizer)
+        self._client_given = plan.client
         group_of = plan.group_of()
         self.strategy = make_stage(model, cfg, self.world_size, self.rank, self.device, group_of)
         self.layout, self.params = self.strategy.layout, self.strategy.params
@@ -152,6 +155,7 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         gas = self.gradient_accumulation_steps()
         window_pos = self.micro_steps % gas if self._boundary_set is None else self._window_passes
         self._window_passes += 1
+        self.strategy.before_backward()
         self.reducer.begin(reduce_now=every or boundary, accumulate=every and window_pos > 0,
                            scale=self.scaler.inv_scale / self.world_size, final=boundary)
         (loss * (self.scaler.scale.squeeze() / (gas if scale_wrt_gas else 1))).backward(retain_graph=retain_graph)
@@ -261,9 +265,10 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI):
         return full_state_dict(self)
 
     @property
-    def loss_scale(self) -> float:
-        """Current loss scale (reads the device: a host sync)."""
-        return float(self.scaler.scale.item())
+    def loss_scale(self) -> LossScaleValue:
+        """Current loss scale (reads the device: a host sync); called, as DeepSpeed's `engine.loss_scale()`, the
+        config's static fp16 loss scale (0.0 when dynamic or unset)."""
+        return LossScaleValue(float(self.scaler.scale.item()), self.config.fp16.loss_scale)
 
     @property
     def skipped_steps(self) -> int:

@@ -14,6 +14,7 @@ from typing import Any, Iterator
 import torch
 
 from . import comm
+from .engine_queries import global_grad_norm
 from .host_schedules import GroupLrs
 from .model_export import save_model_weights, settled
 from .optim.facade import EngineScheduler, ZeroOptimizer
@@ -188,10 +189,10 @@ class DeepSpeedEngineAPI:
     def empty_partition_cache(self) -> None:
         """Nothing is cached to release: stage 3 frees each gathered unit after its forward and its backward."""
 
-    def get_global_grad_norm(self) -> float | None:
-        """The global gradient norm of the last step, before clipping (a host sync); None before this engine's
-        first step, as DeepSpeed."""
-        return float(self.optimizer.grad_norm.item()) if self.norm_taken else None
+    def get_global_grad_norm(self) -> Any:
+        """The global gradient norm of the last step, before clipping: a 0-dim fp32 tensor on the CPU (a host sync);
+        None before this engine's first step, and at stage 0 in fp32 (DeepSpeed's torch optimizer keeps none)."""
+        return global_grad_norm(self)
 
     def was_step_applied(self) -> bool:
         """Whether the last step() changed the weights: an accumulation boundary's, not skipped for non-finite

@@ -243,7 +243,8 @@ class Accelerator(accelerate.Accelerator):
                       f"gradient_clipping ({shown}), as Accelerate's DeepSpeed path does; set "
                       "DeepSpeedPlugin(gradient_clipping=...) or the config's gradient_clipping to change it",
                       flush=True)
-        return torch.tensor(self.engine.get_global_grad_norm())
+        norm = self.engine.get_global_grad_norm()  # Accelerate's DeepSpeed path hands back a float, or None
+        return norm.item() if isinstance(norm, torch.Tensor) else norm
 
     def unwrap_model(self, model: Any, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True) -> Any:
         if isinstance(model, Engine):

@@ -84,6 +84,9 @@ class Stage:
         comm.reduce_scatter_sum(reduced, bucket, what=f"reduce-scatter of gradient bucket {group.index}")
         return reduced
 
+    def before_backward(self) -> None:
+        """A backward is about to run."""
+
     def on_group_reduced(self, g: int) -> None:
         """Group g's gradients are reduced."""
 

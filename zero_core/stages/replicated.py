@@ -3,6 +3,10 @@
 Gradients accumulate in persistent flat buckets across micro-steps and are all-reduced once per
 optimizer step, at the accumulation boundary; every rank then runs the same update over the whole
 partition, writing the 16-bit weights straight into the working buffer.
+
+As DeepSpeed's stage 0, the rank-averaged gradient is left in each parameter's `.grad` after the backward
+that ends an accumulation window (fp32 parameters: views of the optimizer's fp32 gradient, no copy), and
+the step takes `.grad` as the script left it (clipped by `clip_grad_norm_`, say); `.grad` is None after it.
 """
 
 from __future__ import annotations
@@ -18,10 +22,60 @@ from .base import Stage
 class ReplicatedStage(Stage):
     persistent_buckets = True
     reduces_every_micro_step = False
+    _exposed: list[tuple[torch.nn.Parameter, torch.Tensor]] = []  # (parameter, its gradient view) until the step
+    _reduced = False  # this backward reduced the buckets (an accumulation boundary)
 
     def attach(self, optimizer: Any, breakdown: Any) -> None:
         assert not optimizer.on_host, "the config refuses optimizer offload at stage 0"
         self.local = self.output = self.flat  # the layout has one shard: the whole buffer
+        self.optimizer = optimizer
+
+    def before_backward(self) -> None:
+        self._release()  # a backward without a step in between: autograd must not add into the views
+        self._reduced = False
+
+    def on_group_reduced(self, g: int) -> None:
+        self._reduced = True
+
+    def after_backward(self) -> None:
+        """Expose the reduced gradients as `.grad` (fp32 parameters only: `.grad` must have the parameter's dtype)."""
+        if not self._reduced or not hasattr(self.optimizer, "gradient"):
+            return
+        exposed = []
+        for s in self.layout.slots:
+            p = self.params[s.index]
+            if p.dtype != torch.float32:
+                continue
+            start = self.layout.groups[s.group].partition_offset + s.offset
+            view = self.optimizer.gradient_of(start, start + s.numel)  # every bucket was reduced: a view
+            p.grad = view.view(p.shape)
+            exposed.append((p, p.grad))
+        self._exposed = exposed
+
+    def begin_update(self) -> None:
+        """Take the exposed gradients as the script left them: replaced tensors are copied back, and the norm
+        and non-finite flag the step uses are recomputed."""
+        if self._exposed:
+            opt = self.optimizer
+            with torch.no_grad():
+                for p, view in self._exposed:
+                    if p.grad is None:
+                        view.zero_()
+                    elif p.grad is not view:
+                        view.copy_(p.grad.reshape(view.shape))
+                grad = opt.gradient_of(0, opt.states.numel)
+                opt.sumsq.copy_(grad.double().pow(2).sum().float().reshape(1))
+                opt.nonfinite.copy_((~torch.isfinite(grad).all()).int().reshape(1))
+        super().begin_update()
+
+    def finish_update(self) -> None:
+        self._release()
+        super().finish_update()
+
+    def _release(self) -> None:
+        for p, _ in self._exposed:
+            p.grad = None
+        self._exposed = []
 
     def reduce(self, bucket: torch.Tensor, group: Any) -> torch.Tensor:
         comm.all_reduce_sum(bucket, what=f"all-reduce of gradient bucket {group.index}")
