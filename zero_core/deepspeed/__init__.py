@@ -27,10 +27,12 @@ from ..deferred.record import mark_full_sizes
 from ..engine import Engine
 from . import accelerator, checkpointing, comm, ops, runtime, utils, zero
 from .accelerator import get_accelerator
+from .utils import OnDevice
 
 __all__ = ["initialize", "init_distributed", "add_config_arguments", "zero", "checkpointing", "comm", "accelerator",
-           "ops", "runtime", "utils", "DeepSpeedEngine", "get_accelerator"]
+           "ops", "runtime", "utils", "DeepSpeedEngine", "get_accelerator", "OnDevice"]
 DeepSpeedEngine = Engine
+zero.partition_parameters = runtime.zero.partition_parameters  # as DeepSpeed's deepspeed.zero has it
 # the DeepSpeed release whose API this follows (scripts compare against it); the local label says it is zero_core
 __version__ = "0.19.8+zero_core"
 
@@ -89,6 +91,7 @@ def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer
                                    "1e-4}}, or pass optimizer=")
     if engine.zero_optimization_stage() == 3:  # DeepSpeed's stage 3 converts a model built outside zero.Init
         mark_full_sizes(engine.module.parameters())
+        runtime.zero.partition_parameters.mark_zero_params(engine.module.parameters())
     loader = None
     if training_data is not None:
         sampler = torch.utils.data.DistributedSampler(training_data, num_replicas=engine.world_size, rank=engine.rank)

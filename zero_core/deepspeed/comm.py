@@ -1,9 +1,11 @@
-"""`deepspeed.comm` as training scripts call it (`import deepspeed.comm as dist`). DeepSpeed's initialize always
-creates a process group; zero_core creates none for a single process, so here a world of one answers without
-one (rank 0 of 1; collectives leave their tensors as they are). Anything else is torch.distributed's."""
+"""`deepspeed.comm` as training scripts call it (`import deepspeed.comm as dist`). DeepSpeed's initialize always creates
+a process group; zero_core creates none for a single process, so here a world of one answers without one (rank 0 of
+1; collectives leave their tensors as they are). Names DeepSpeed adds (allgather_fn, reduce_scatter_fn, has_*, ...)
+are over torch.distributed; anything else is torch.distributed's, and a name neither has is refused in one line."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -64,5 +66,94 @@ def log_summary(show_straggler: bool = False, return_dict: bool = False) -> dict
     return {} if return_dict else None
 
 
+def allgather_fn(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any = None,
+                 async_op: bool = False, debug: Any = None) -> Any:
+    """Each rank's `input_tensor` side by side into `output_tensor` (all_gather_into_tensor)."""
+    if dist.is_initialized():
+        return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
+    output_tensor.copy_(input_tensor.reshape(output_tensor.shape))
+    return None
+
+
+def reduce_scatter_fn(output_tensor: torch.Tensor, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM,
+                      group: Any = None, async_op: bool = False, prof: bool = False, debug: Any = None) -> Any:
+    """This rank's part of `tensor` reduced over the ranks, into `output_tensor` (reduce_scatter_tensor)."""
+    if dist.is_initialized():
+        return dist.reduce_scatter_tensor(output_tensor, tensor, op=op, group=group, async_op=async_op)
+    output_tensor.copy_(tensor.reshape(output_tensor.shape))
+    return None
+
+
+def inference_all_reduce(tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, group: Any = None,
+                         async_op: bool = False, prof: bool = False, log_name: str = "all_reduce",
+                         debug: Any = None) -> Any:
+    return all_reduce(tensor, op=op, group=group, async_op=async_op)
+
+
+def has_all_gather_into_tensor() -> bool:
+    return hasattr(dist, "all_gather_into_tensor")
+
+
+def has_reduce_scatter_tensor() -> bool:
+    return hasattr(dist, "reduce_scatter_tensor")
+
+
+def has_all_reduce_coalesced() -> bool:
+    return hasattr(dist, "all_reduce_coalesced")
+
+
+def get_world_group() -> Any:
+    return dist.group.WORLD
+
+
+def get_all_ranks_from_group(group: Any = None) -> list[int]:
+    """The global ranks of `group`'s members (the whole world's without one)."""
+    if not dist.is_initialized():
+        return [0]
+    return dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
+
+
+def get_world_rank_from_launcher() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def get_world_size_from_launcher() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+class _CommsLogger:
+    """DeepSpeed's comms logger, off: zero_core records no per-collective log (see log_summary)."""
+
+    enabled, prof_all, verbose, debug = False, False, False, False
+
+    def __init__(self) -> None:
+        self.prof_ops: list[str] = []
+        self.comms_dict: dict = {}
+
+    def configure(self, comms_config: Any = None) -> None:
+        """Accepted; nothing is logged."""
+
+
+comms_logger = _CommsLogger()
+
+
+def configure(deepspeed_config: Any = None, enabled: bool | None = None, prof_all: bool | None = None,
+              prof_ops: list[str] | None = None, verbose: bool | None = None, debug: bool | None = None) -> None:
+    """DeepSpeed's comms-logger settings: accepted, nothing is logged (see log_summary)."""
+
+
+def timed_op(func: Any) -> Any:
+    """DeepSpeed's timing wrapper of a collective: the collective itself (zero_core times none)."""
+    return func
+
+
+def init_deepspeed_backend(ds_backend: Any, timeout: Any, init_method: Any) -> None:
+    """DeepSpeed's own (ccl, mpi, ...) backends are not used: zero_core communicates through torch.distributed,
+    whose group init_distributed creates."""
+
+
 def __getattr__(name: str) -> Any:  # ReduceOp, new_group, ...: torch.distributed's own
-    return getattr(dist, name)
+    if name.startswith("__") or hasattr(dist, name):
+        return getattr(dist, name)
+    raise AttributeError(f"deepspeed.comm.{name} is not provided by zero_core (neither among its deepspeed.comm "
+                         "calls nor in torch.distributed); docs/deepspeed.md lists what deepspeed.comm answers")

@@ -156,8 +156,8 @@ class Recorder:
 def _full_sizes(recording: Recording) -> None:
     """As DeepSpeed's zero.Init does, each parameter built here says its full size as `ds_numel` and `ds_shape`
     (scripts count the model with them); zero_core's parameters keep their full shape, so these equal numel() and
-    shape. Not `ds_id` / `ds_status`: code that finds those takes the parameter for one of DeepSpeed's own,
-    partitioned and fetched through its status, which zero_core's are not."""
+    shape. `ds_id` / `ds_status` come at stage 3's `deepspeed.initialize`, when the parameters are partitioned
+    (deepspeed/runtime/zero/partition_parameters.py)."""
     for ref in recording.modules.values():
         module = ref()
         if module is not None:

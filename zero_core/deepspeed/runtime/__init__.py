@@ -1,7 +1,7 @@
-"""`deepspeed.runtime`: the helpers scripts import from it (`utils.see_memory_usage`,
-`dataloader.RepeatingLoader`, the schedulers of `lr_schedules`, `engine.DeepSpeedEngine`, `zero`'s `Init`,
-`GatheredParameters` and memory estimators)."""
+"""`deepspeed.runtime`: the helpers scripts import from it (`utils.see_memory_usage`, `dataloader.RepeatingLoader` and
+`DeepSpeedDataLoader`, `activation_checkpointing.checkpointing`, the schedulers of `lr_schedules`,
+`engine.DeepSpeedEngine`, `zero`'s `Init`, `GatheredParameters` and memory estimators)."""
 
-from . import dataloader, engine, lr_schedules, utils, zero
+from . import activation_checkpointing, dataloader, engine, lr_schedules, utils, zero
 
-__all__ = ["dataloader", "engine", "lr_schedules", "utils", "zero"]
+__all__ = ["activation_checkpointing", "dataloader", "engine", "lr_schedules", "utils", "zero"]

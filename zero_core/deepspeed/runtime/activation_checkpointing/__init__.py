@@ -1,1 +1,5 @@
 """`deepspeed.runtime.activation_checkpointing`: where DeepSpeed keeps `deepspeed.checkpointing`."""
+
+from . import checkpointing
+
+__all__ = ["checkpointing"]
