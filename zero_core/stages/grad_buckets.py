@@ -10,6 +10,16 @@ When a group is complete and this pass reduces (every micro-step for stages 2-3,
 boundary for 0-1) it is reduced on the side stream while backward goes on, by the collective its stage
 chooses (all-reduce at stage 0, reduce-scatter otherwise), and handed to the optimizer, which folds it into
 its fp32 gradient wherever its states live (zero_core/optim/).
+
+Every rank issues these collectives in one agreed order of the groups, whatever order its own groups complete
+in: a rank whose forward skipped some parameters (a branch another rank took, an expert it routed nothing to)
+completes different groups, or the same ones in another order, and pairing collectives by arrival would sum
+one rank's bucket into another's. A group is reduced once it and every group before it in that order are
+complete; the rest at the end of backward, the gradients that never arrived as zeros (the average DDP with
+`find_unused_parameters` takes). The first reducing backward uses the reverse layout order (the order backward
+completes groups in for models that register their modules in the order they call them), and rank 0's own
+completion order in that backward becomes everyone's order from then on (one broadcast), so every later
+backward reduces each group as soon as it is complete when all ranks use every parameter.
 """
 
 from __future__ import annotations
@@ -60,6 +70,11 @@ class GradReducer:
             None if self.keep_buffers else _gap_index(g, device) for g in layout.groups
         ]
         self.reduce_now = False
+        self.order = list(range(len(layout.groups) - 1, -1, -1))  # the order every rank reduces the groups in
+        self._agreed = False  # the order was learned from rank 0's first reducing backward
+        self._ready = [False] * len(layout.groups)  # complete in this pass
+        self._next = 0  # position in `order` of the next group to reduce in this pass
+        self._completed: list[int] = []  # groups in the order they completed in this pass
         self._handles = [p.register_post_accumulate_grad_hook(self._make_hook(i)) for i, p in enumerate(self.params)]
 
     def begin(self, reduce_now: bool, accumulate: bool, scale: torch.Tensor, final: bool = True) -> None:
@@ -68,20 +83,46 @@ class GradReducer:
         self.reduce_now = reduce_now
         self.arrived = [0] * len(self.layout.groups)
         self.reduced = [False] * len(self.layout.groups)
+        self._ready = [False] * len(self.layout.groups)
+        self._next = 0
+        self._completed = []
         self._seen = set()
         self._pending = {}
         if reduce_now:
             self.opt.begin_pass(scale, accumulate, final)
 
     def finish(self) -> None:
-        """After backward: reduce groups some of whose parameters got no gradient, then join the side stream."""
+        """After backward: reduce groups some of whose parameters got no gradient, then join the side stream
+        (after the first reducing backward, agree on the order of later ones)."""
         if self.reduce_now:
-            for g in range(len(self.layout.groups)):
+            for g in self.order[self._next :]:
                 if not self.reduced[g]:
                     self._zero_missing(g)
                     self._reduce(g)
+            self._next = len(self.order)
         self.opt.end_pass()
         self.side.join()
+        if self.reduce_now and not self._agreed:
+            self._agree_order()
+
+    def _complete(self, g: int) -> None:
+        """Group g has all its gradients: reduce it, and the groups after it in the order that waited for it."""
+        self._ready[g] = True
+        self._completed.append(g)
+        order = self.order
+        while self._next < len(order) and self._ready[order[self._next]]:
+            self._reduce(order[self._next])
+            self._next += 1
+
+    def _agree_order(self) -> None:
+        """Rank 0's completion order of this backward (the groups it did not complete after it) becomes every
+        rank's reduction order."""
+        done = set(self._completed)
+        seq = self._completed + [g for g in self.order if g not in done]
+        agreed = torch.tensor(seq, dtype=torch.int64, device=self.device)
+        comm.broadcast_(agreed, what="broadcast of the gradient buckets' reduction order")
+        self.order = [int(g) for g in agreed.tolist()]
+        self._agreed = True
 
     def _buffer(self, g: int) -> torch.Tensor:
         buf = self.buffers[g]
@@ -142,7 +183,7 @@ class GradReducer:
             p.grad = None
             self.arrived[slot.group] += 1
             if self.reduce_now and self.arrived[slot.group] == len(self.layout.groups[slot.group].slots):
-                self._reduce(slot.group)
+                self._complete(slot.group)
 
         return hook
 

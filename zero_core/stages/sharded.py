@@ -35,6 +35,7 @@ class ShardedStage(Stage):
         self.reduces_every_micro_step = cfg.stage == 2
         self.deferred: DeferredWeightGather | None = None
         self.inflight: HostStepInFlight | None = None  # offload: the host update still running (host_step_overlap.py)
+        self._gathered_to = 0  # with `inflight`: buckets [0, this) are all-gathered since the update began
 
     def attach(self, optimizer: Any, breakdown: Any) -> None:
         groups = self.layout.groups
@@ -54,7 +55,7 @@ class ShardedStage(Stage):
             optimizer.bind_device_output([self.shard_view(g) for g in groups])  # a share kept on the device (ratio < 1)
             if self.cfg.zero_core.overlap_weight_gather:  # the host update runs on while the next forward starts
                 inflight = HostStepInFlight(self._bucket_units(), ends, self.model, breakdown, uploader=self.uploader,
-                                            gather=lambda i: self._all_gather(groups[i]))
+                                            gather=self._gather_in_order)
                 if optimizer.run_host_update_with(inflight.launch):
                     self.inflight, self.publish_chunk = inflight, inflight.publish
                 else:
@@ -81,6 +82,15 @@ class ShardedStage(Stage):
             self.full[g.index], self.shard_view(g), what=f"all-gather of updated weights (bucket {g.index})"
         )
 
+    def _gather_in_order(self, bucket: int) -> None:
+        """With `inflight`: a forward that needs `bucket` all-gathers it and every bucket before it not gathered
+        yet (all published: the update publishes in partition order), in index order. Every rank then issues
+        the same all-gathers in the same order even where the ranks' forwards read different buckets (a branch
+        one rank takes and another does not)."""
+        while self._gathered_to <= bucket:
+            self._all_gather(self.layout.groups[self._gathered_to])
+            self._gathered_to += 1
+
     def _all_gather(self, g: Any) -> None:
         comm.all_gather_flat(
             self.full[g.index], self.shard_view(g), what=f"all-gather of updated weights (bucket {g.index})"
@@ -92,6 +102,7 @@ class ShardedStage(Stage):
         self.wait_for_weights()  # the update rewrites the shards the last gathers read
         if self.inflight is not None:
             self.inflight.begin()
+            self._gathered_to = 0
 
     def finish_update(self) -> None:
         if self.inflight is not None:
