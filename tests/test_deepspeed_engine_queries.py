@@ -29,7 +29,7 @@ def _queries(rank: int, world: int, stage: int) -> dict:
            "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 0.01, "warmup_num_steps": 3}}}
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     before = engine.get_global_grad_norm()
-    engine.backward(engine(torch.randn(2, 6)).pow(2).mean())
+    engine.backward(engine(torch.randn(2, 6).to(engine.device)).pow(2).mean())
     engine.step()
     norm = engine.get_global_grad_norm()
     return {"before": before, "norm": None if norm is None else (type(norm).__name__, norm.dim(), norm.item()),

@@ -35,7 +35,7 @@ def _engine(stage: int):
            "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0}}
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     for _ in range(2):
-        engine.backward(engine(torch.randn(2, 6)).pow(2).mean())
+        engine.backward(engine(torch.randn(2, 6).to(engine.device)).pow(2).mean())
         engine.step()
     return engine
 

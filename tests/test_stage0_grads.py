@@ -26,7 +26,7 @@ def _manual_clip(rank: int, world: int) -> dict:
     g = torch.Generator().manual_seed(3 + rank)
     norms, losses, after_step = [], [], []
     for _ in range(4):
-        loss = engine(torch.randn(2, 6, generator=g)).pow(2).mean()
+        loss = engine(torch.randn(2, 6, generator=g).to(engine.device)).pow(2).mean()
         engine.backward(loss)
         norms.append(float(torch.nn.utils.clip_grad_norm_(engine.module.parameters(), 0.05)))
         engine.step()

@@ -94,15 +94,17 @@ def _worst_error(rank: int, world: int, stage: int, model_kind: str, pattern: st
                 x, y = _batch(r, i)
                 (torch.nn.functional.mse_loss(ref(x, table[i % len(table)][r]), y) / (world * gas)).backward()
             x, y = _batch(rank, i)
-            engine.backward(torch.nn.functional.mse_loss(engine(x, table[i % len(table)][rank]), y))
+            out = engine(x.to(engine.device), table[i % len(table)][rank])
+            engine.backward(torch.nn.functional.mse_loss(out, y.to(engine.device)))
             if micro < gas - 1:
                 engine.step()  # counts the micro-step; the window's last one updates below
         for (name, p), q in zip(engine.module.named_parameters(), ref.parameters()):
             got = safe_get_full_grad(p)
             want = q.grad if q.grad is not None else torch.zeros_like(q)
-            worst = max(worst, float((got - want).abs().max()))
+            worst = max(worst, float((got.cpu() - want).abs().max()))
         engine.step()
-        ref.load_state_dict(engine.full_state_dict())  # both go on from the engine's updated weights
+        # both go on from the engine's updated weights
+        ref.load_state_dict({k: v.cpu() for k, v in engine.full_state_dict().items()})
     engine.close()
     return worst
 
@@ -140,7 +142,8 @@ def _train(rank: int, world: int, stage: int, offload: bool, overlap: bool) -> d
     table = PATTERNS["mixed"]
     for i in range(6):
         x, y = _batch(rank, i)
-        engine.backward(torch.nn.functional.mse_loss(engine(x, table[i % len(table)][rank]), y))
+        out = engine(x.to(engine.device), table[i % len(table)][rank])
+        engine.backward(torch.nn.functional.mse_loss(out, y.to(engine.device)))
         engine.step()
     state = {k: v.clone() for k, v in engine.full_state_dict().items()}
     engine.close()
@@ -179,7 +182,7 @@ def _reduction_events(rank: int, world: int) -> dict:
     for i in range(3):
         events.clear()
         x, y = _batch(rank, i)
-        engine.backward(torch.nn.functional.mse_loss(engine(x), y))
+        engine.backward(torch.nn.functional.mse_loss(engine(x.to(engine.device)), y.to(engine.device)))
         engine.step()
         passes.append(list(events))
     orders = [None] * world

@@ -87,13 +87,13 @@ def _train(rank: int, world: int, mode: str) -> dict:
         losses, held = [], []
         for _ in range(3):
             x = torch.randn(2 * world, 8)[2 * rank : 2 * rank + 2]
-            loss = engine(x)
+            loss = engine(x.to(engine.device))
             engine.backward(loss)
             held.append(_held(engine) if stage == 3 else 0)
             engine.step()
             losses.append(loss.item())
         with torch.no_grad():
-            evaluated = engine(torch.ones(2, 8)).item()
+            evaluated = engine(torch.ones(2, 8, device=engine.device)).item()
         out[stage] = {"losses": losses, "weights": engine.full_state_dict(), "eval": evaluated,
                       "held": held + [_held(engine) if stage == 3 else 0]}
     return out
@@ -104,11 +104,11 @@ def _refusals(rank: int, world: int) -> dict:
     from zero_core.deepspeed.zero import GatheredParameters
 
     engine, model = _engine(3, "parent")
-    engine.backward(engine(torch.ones(2, 8)))
+    engine.backward(engine(torch.ones(2, 8, device=engine.device)))
     engine.step()
     p = model.blocks[0].bias
     meta = (tuple(p.shape), p.numel(), p.dtype, p.requires_grad, p.grad, tuple(torch.zeros_like(p).shape))
-    model.to("cpu")  # changes nothing: allowed
+    model.to(engine.device)  # changes nothing: allowed
     refused = {}
     reads = {"sum": lambda: p.sum(), "add": lambda: torch.ones(8) + p, "repr": lambda: repr(p),
              "detach": lambda: p.detach(), "data": lambda: p.data, "deepcopy": lambda: copy.deepcopy(model),
@@ -122,7 +122,7 @@ def _refusals(rank: int, world: int) -> dict:
     with GatheredParameters([p]):
         gathered = p.detach().clone()
     full = engine.full_state_dict()
-    loss = engine(torch.ones(2, 8))  # the engine trains on
+    loss = engine(torch.ones(2, 8, device=engine.device))  # the engine trains on
     engine.backward(loss)
     engine.step()
     return {"meta": meta, "refused": refused, "gathered": gathered, "full": full, "loss": loss.item(),
@@ -172,7 +172,7 @@ def test_reads_after_the_step_refused_in_one_line_metadata_answers():
         assert "GatheredParameters" in message and "\n" not in message, (what, message)
     assert got["refused"]["sum"].startswith("blocks.0.bias was read (sum) at ZeRO stage 3 outside the model's forward")
     assert got["refused"]["data"].startswith("blocks.0.bias was read (.data) ")
-    assert torch.equal(got["gathered"], got["full"]["blocks.0.bias"])
+    assert torch.equal(got["gathered"].cpu(), got["full"]["blocks.0.bias"].cpu())
     assert got["held"] == 0 and got["loss"] == pytest.approx(got["loss"])  # finite
 
 
