@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import socket
+import stat
 import time
 from contextlib import contextmanager
 from datetime import datetime
@@ -71,6 +72,10 @@ def check_output(out: str | os.PathLike, protect: Iterable[str | os.PathLike] = 
                 f"{name} {out} is inside the checkpoint {folder}; writing there would change the "
                 f"source; pass an {name} outside it"
             )
+    if os.path.lexists(out) and os.path.ismount(out):  # a rename cannot land on it, and staging beside it is elsewhere
+        raise CheckpointError(f"{name} {out} is a mount point: the output is written beside it and renamed onto "
+                              f"it, which a mount point cannot take; pass a new folder inside it, e.g. "
+                              f"{name} {out / 'out'}")
     if os.path.lexists(out) and not out.is_dir():
         raise CheckpointError(f"{name} {out} is a file, not a folder; pass a new or empty folder as {name}")
     if os.path.lexists(out) and any(out.iterdir()):
@@ -119,6 +124,7 @@ def claimed_output(
 
 def _commit(out: Path, staging: Path, name: str) -> None:
     os.unlink(staging / OWNER_FILE)
+    _keep_attributes(out, staging)
     try:
         os.rename(staging, out)  # atomic; refused by the kernel if `out` appeared and holds anything
     except OSError as e:
@@ -241,3 +247,17 @@ def _taken(out: Path, staging: Path, name: str) -> str | None:
     if _runs(owner):
         return f"another zbench convert (pid {pid}) is writing {out}; wait for it or pass another {name}"
     return f"{staging} is left by a zbench convert that was killed (pid {pid} no longer runs); delete it and run again"
+
+
+def _keep_attributes(out: Path, staging: Path) -> None:
+    """An empty `out` the user made (a setgid group folder, say) is replaced by the rename: the output takes its
+    permission bits, and its owner where this process may give it."""
+    try:
+        st = os.stat(out)
+    except FileNotFoundError:
+        return
+    os.chmod(staging, stat.S_IMODE(st.st_mode))
+    try:
+        os.chown(staging, st.st_uid, st.st_gid)
+    except PermissionError:
+        pass  # not root: the output keeps this process's owner

@@ -266,3 +266,24 @@ def test_the_owner_record_is_whole_whenever_its_name_exists(tmp_path, monkeypatc
     output_claim._write_owner(tmp_path)
     assert json.loads((tmp_path / OWNER_FILE).read_text())["pid"] == os.getpid()
     assert [p.name for p in tmp_path.iterdir()] == [OWNER_FILE]
+
+
+def test_an_empty_out_the_user_made_keeps_its_permission_bits(tmp_path):
+    out = tmp_path / "group_share"
+    out.mkdir()
+    os.chmod(out, 0o2770)  # setgid, group-writable: what a shared project folder is given
+    with claimed_output(out) as staging:
+        (staging / "model.safetensors").write_bytes(b"x")
+    assert (out / "model.safetensors").read_bytes() == b"x"
+    assert os.stat(out).st_mode & 0o7777 == 0o2770
+
+
+def test_an_out_that_is_a_mount_point_is_refused_before_any_work(tmp_path, monkeypatch):
+    out = tmp_path / "mnt"
+    out.mkdir()
+    real_ismount = os.path.ismount
+    monkeypatch.setattr(os.path, "ismount", lambda p: Path(p) == out or real_ismount(p))  # no mount without root
+    with pytest.raises(CheckpointError, match=r"is a mount point: .*inside it, e\.g\. --out .*mnt/out"):
+        with claimed_output(out):
+            pytest.fail("claimed a mount point")
+    assert list(tmp_path.iterdir()) == [out] and not any(out.iterdir())  # nothing staged beside it, nothing inside
