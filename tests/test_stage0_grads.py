@@ -42,3 +42,32 @@ def test_stage0_script_clipping_of_p_grad_reaches_the_step():
     assert got["losses"] == pytest.approx(DS_RANK0_LOSSES, abs=2e-6)
     assert got["w"] == pytest.approx(DS_WEIGHT_SUMS, abs=2e-5)
     assert all(all(step) for step in got["after_step"])  # None after the step, as DeepSpeed's zero_grad
+
+
+def _engine_norms(rank: int, world: int, change: str) -> tuple[list[float], list[float]]:
+    """The norm of `.grad` as the script leaves it, and the norm the engine's step took, over 3 steps."""
+    from zero_core import deepspeed
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.Tanh(), torch.nn.Linear(4, 3))
+    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), config={
+        "train_micro_batch_size_per_gpu": 2, "gradient_clipping": 1.0, "zero_optimization": {"stage": 0}})
+    g = torch.Generator().manual_seed(5)
+    left, taken = [], []
+    for _ in range(3):
+        engine.backward(engine(torch.randn(2, 6, generator=g).to(engine.device)).pow(2).mean())
+        for p in engine.module.parameters():
+            if change == "in place":
+                p.grad.mul_(4.0)
+            elif change == "replaced":
+                p.grad = p.grad * 4.0
+        left.append(float(torch.linalg.vector_norm(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))))
+        engine.step()
+        taken.append(float(engine.optimizer.grad_norm))
+    return left, taken
+
+
+@pytest.mark.parametrize("change", ["in place", "replaced", "none"])
+def test_the_configs_clipping_takes_the_norm_of_grad_as_the_script_left_it(change):
+    left, taken = run_ranks(_engine_norms, 1, change)
+    assert taken == pytest.approx(left, rel=1e-5)

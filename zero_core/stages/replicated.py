@@ -24,6 +24,7 @@ class ReplicatedStage(Stage):
     reduces_every_micro_step = False
     _exposed: list[tuple[torch.nn.Parameter, torch.Tensor]] = []  # (parameter, its gradient view) until the step
     _reduced = False  # this backward reduced the buckets (an accumulation boundary)
+    _exposed_version = 0  # the gradient views' version counter when exposed: an in-place change moves it
 
     def attach(self, optimizer: Any, breakdown: Any) -> None:
         assert not optimizer.on_host, "the config refuses optimizer offload at stage 0"
@@ -51,11 +52,15 @@ class ReplicatedStage(Stage):
             p.grad = view.view(p.shape)
             exposed.append((p, p.grad))
         self._exposed = exposed
+        self._exposed_version = exposed[0][1]._version if exposed else 0  # views share their base's counter
 
     def begin_update(self) -> None:
-        """Take the exposed gradients as the script left them: replaced tensors are copied back, and the norm
-        and non-finite flag the step uses are recomputed."""
-        if self._exposed:
+        """Take the exposed gradients as the script left them: replaced tensors are copied back, and where the
+        script changed any (in place, or replaced), the norm and non-finite flag the step uses are recomputed;
+        untouched, the reduction's own statistics stand."""
+        touched = bool(self._exposed) and (self._exposed[0][1]._version != self._exposed_version
+                                           or any(p.grad is not view for p, view in self._exposed))
+        if touched:
             opt = self.optimizer
             with torch.no_grad():
                 for p, view in self._exposed:
