@@ -75,7 +75,8 @@ def _files_by_name(folder: Path) -> dict[str, Path]:
             raise ValueError(f"{index} is not a safetensors index (JSON with a weight_map); {fix}") from None
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
             raise ValueError(f"{index}: weight_map must map tensor names to file names")
-        return {name: _weight_file(folder, rel, "weight file") for name, rel in weight_map.items()}
+        files = {rel: _weight_file(folder, rel, "weight file") for rel in dict.fromkeys(weight_map.values())}
+        return {name: files[rel] for name, rel in weight_map.items()}
     if os.path.lexists(folder / SINGLE):
         single = _weight_file(folder, SINGLE, "weight file")
         with SafetensorsFile(single) as f:
