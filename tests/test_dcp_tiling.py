@@ -17,7 +17,7 @@ from checkpoints import dcp_tiling
 from checkpoints.dcp_metadata import read_metadata
 from checkpoints.dcp_tiling import odd_corners, tiling_problem
 from checkpoints.source import CheckpointError
-from test_checkpoint_crafted_dcp import _draw, painted_once
+from test_checkpoint_crafted_dcp import _draw, damage, painted_once
 
 
 def _grid(size: tuple[int, ...], cuts: list[list[int]]) -> list:
@@ -38,17 +38,7 @@ def _cases() -> list:
     for _ in range(600):  # random grids, up to 4 dimensions, then one chunk dropped, doubled, moved, grown or swapped
         size = tuple(_draw(gen, 1, 6) for _ in range(_draw(gen, 1, 5)))
         boxes = _grid(size, [[_draw(gen, 0, d + 1) for _ in range(3)] for d in size])
-        victim, axis, how = _draw(gen, 0, len(boxes)), _draw(gen, 0, len(size)), _draw(gen, 0, 6)
-        if how == 1:
-            boxes.pop(victim)
-        elif how == 2:
-            boxes.append(boxes[victim])
-        elif how in (3, 4):
-            offsets, sizes = map(list, boxes[victim])
-            (offsets if how == 3 else sizes)[axis] += 1
-            boxes[victim] = (tuple(offsets), tuple(sizes))
-        elif how == 5:  # one chunk in another's place: the counts still add up only if they are the same size
-            boxes[victim] = boxes[(victim + 1) % len(boxes)]
+        damage(boxes, _draw(gen, 0, len(boxes)), _draw(gen, 0, len(size)), _draw(gen, 0, 6))
         cases.append((size, boxes))
     return cases
 
