@@ -87,6 +87,11 @@ class HostStepInFlight:
                 self.uploader.side.join()
             self._published, self._ready = max(self.bucket_ends, default=0), set(range(len(self.bucket_ends)))
 
+    @property
+    def running(self) -> bool:
+        """An update was launched and not yet waited for: the shards are still being rewritten."""
+        return self._thread is not None
+
     # -- the waits ----------------------------------------------------------------------------------
     def _waiter(self, buckets: tuple[int, ...]) -> Callable[..., None]:
         def before_forward(module: torch.nn.Module, args: Any) -> None:

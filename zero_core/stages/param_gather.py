@@ -90,6 +90,7 @@ class ParamGatherer:
         self.order: list[int] = []  # forward order of units, recorded on the first step
         self.recording = True
         self.ready: Callable[[int], bool] = lambda g: True  # unit g's shard holds this step's weights (no wait)
+        self.wait_for: Callable[[int], None] = lambda g: None  # block until it does (an overlapped host update)
         self._handles = []
         for module, needed in units:
             self._handles.append(module.register_forward_pre_hook(self._pre_hook(needed)))
@@ -97,7 +98,7 @@ class ParamGatherer:
         owned = [[params[s.index] for s in grp.slots] if params else [] for grp in layout.groups]
         self.reads = ReleasedReads(owned, [[s.name for s in grp.slots] for grp in layout.groups],
                                    ([root] if root is not None else []) + [m for m, _ in units],
-                                   self.borrow, self.settle)
+                                   self.borrow, self.settle, alone=comm.world_size() == 1)
         for g in range(len(self.full)):
             self._free(g)
 
@@ -236,7 +237,9 @@ class ParamGatherer:
 
     def borrow(self, g: int) -> None:
         """A forward or backward reads unit g's parameters outside the unit's own forward: gather it and keep it
-        until the backward ends (autograd may have saved them), or until a forward without grad returns."""
+        until the backward ends (autograd may have saved them), or until a forward without grad returns. (On one
+        rank, also a read anywhere of a kept unit whose overlapped update was still running.)"""
+        self.wait_for(g)  # its module's forward may not have waited for the update yet
         self._ensure(g)
         self.reads.borrowed[g] = True
 
@@ -247,8 +250,12 @@ class ParamGatherer:
                 self.reads.borrowed[g] = False
                 self._release(g)
 
-    def after_step(self) -> None:
-        """The optimizer rewrote the local shards: every gathered copy is stale."""
+    def after_step(self, update_in_flight: bool) -> None:
+        """The optimizer rewrote the local shards: every gathered copy is stale. Units kept whole are gathered
+        again now, on every rank (all run the step), so a read before the next forward sees the new weights, as
+        DeepSpeed's persistent parameters do; while the host update still runs (`update_in_flight`), they are
+        marked stale instead: their next forward gathers them, and a read elsewhere waits or is refused
+        (released_params.py)."""
         self.recording = False
         for ev in self.pending.values():
             torch.cuda.current_stream().wait_event(ev)
@@ -257,6 +264,10 @@ class ParamGatherer:
             self.fresh[g] = self.kept_for_reuse[g] = self.reads.borrowed[g] = False
             if not self.persistent[g]:
                 self._free(g)
+            elif update_in_flight:
+                self.reads.mark_stale(g)
+            else:
+                self._ensure(g)
 
     def gather_all(self) -> None:
         """Materialise every unit (for evaluation helpers that bypass module hooks)."""

@@ -110,6 +110,7 @@ class PartitionedStage(Stage):
             return
         self.inflight, self.publish_chunk = inflight, inflight.publish
         self.gatherer.ready = lambda g: inflight.ready((g,))
+        self.gatherer.wait_for = lambda g: inflight.wait((g,))
 
     def _partition_buffer(self) -> torch.Tensor:
         """Where this rank's 16-bit partition lives: a file mapping (param_file.py), pinned host memory, or the
@@ -183,7 +184,7 @@ class PartitionedStage(Stage):
         elif self.local is not None and self.output is not self.local:
             self.local.copy_(self.output, non_blocking=True)
         assert self.gatherer is not None
-        self.gatherer.after_step()  # every gathered copy is stale now
+        self.gatherer.after_step(self.inflight is not None and self.inflight.running)  # gathered copies are stale
 
     def wait_for_weights(self) -> None:
         if self.inflight is not None:

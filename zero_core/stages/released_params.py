@@ -97,10 +97,14 @@ class ReleasedReads:
     one (gathered through `borrow(unit)`) from reads elsewhere (refused)."""
 
     def __init__(self, unit_params: list[list[torch.nn.Parameter]], names: list[list[str]],
-                 modules: list[torch.nn.Module], borrow: Callable[[int], None], settle: Callable[[], None]) -> None:
+                 modules: list[torch.nn.Module], borrow: Callable[[int], None], settle: Callable[[], None], *,
+                 alone: bool = False) -> None:
         self.unit_params = unit_params
         self.released = [False] * len(unit_params)
         self.borrowed = [False] * len(unit_params)  # gathered for a read outside the unit's forward
+        # kept whole, but holding the last step's weights while the overlapped host update writes the new ones
+        self.stale = [False] * len(unit_params)
+        self.alone = alone  # one rank: a gather needs no peer, so a read anywhere may gather
         self.depth = 0  # forwards of the root and the units under way
         self.borrow, self.settle = borrow, settle
         me = weakref.ref(self)
@@ -128,7 +132,12 @@ class ReleasedReads:
                     p.__class__ = ReleasedParameter
             self.released[g] = True
 
+    def mark_stale(self, g: int) -> None:
+        self.mark_released(g)
+        self.stale[g] = True
+
     def mark_gathered(self, g: int) -> None:
+        self.stale[g] = False
         if self.released[g]:
             for p in self.unit_params[g]:
                 if type(p) is ReleasedParameter:
@@ -137,12 +146,14 @@ class ReleasedReads:
 
     def use(self, g: int, name: str, what: str) -> None:
         """Unit g's parameter `name` is about to be read (`what`): gather the unit, or refuse."""
-        if self.depth > 0 or torch._C._current_graph_task_id() != -1:
+        if self.depth > 0 or torch._C._current_graph_task_id() != -1 or (self.alone and self.stale[g]):
             self.borrow(g)
             return
+        why = ("while zero_core.overlap_weight_gather's host update still writes its unit's new weights" if
+               self.stale[g] else "while its unit's weights are released")
         raise ValueError(
-            f"{name} was read ({what}) at ZeRO stage 3 outside the model's forward and backward, while its unit's "
-            "weights are released (each rank keeps only its shard; gathering them needs every rank): read it inside "
+            f"{name} was read ({what}) at ZeRO stage 3 outside the model's forward and backward, {why} (each rank "
+            "keeps only its shard; gathering them needs every rank): read it inside "
             "`with deepspeed.zero.GatheredParameters([param]):` on every rank (zero_core.deepspeed.zero), or its "
             "fp32 value with deepspeed.utils.safe_get_full_fp32_param(param)"
         )
