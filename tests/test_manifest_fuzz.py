@@ -113,6 +113,15 @@ def test_one_corrupted_value_anywhere(tmp_path, path, value):
         (("files", "frozen.safetensors", "bytes"), -1, "bad file entry"),
         (("files", "rank_00000.safetensors", "bytes"), 8, "too few for its partition"),
         (("loss_scaler", "cur_scale"), [[1.0] * 1000], "not a number"),
+        (("loss_scaler", "cur_scale"), [0.0], "not a positive number"),  # every gradient infinite
+        (("loss_scaler", "cur_scale"), -4.0, "not a positive number"),
+        (("loss_scaler", "cur_iter"), [2.5], "whole number"),
+        (("loss_scaler", "last_overflow_iter"), [-2], "whole number"),
+        (("loss_scaler", "dynamic"), 7, "not 0 or 1"),
+        (("scheduler",), {"last_batch_iteration": 10**30}, "last_batch_iteration"),  # overflows float lrs
+        (("scheduler",), {"last_batch_iteration": -2}, "last_batch_iteration"),
+        (("scheduler",), {"scheduler": {"last_batch_iteration": 1.5}}, "scheduler.scheduler.last_batch"),
+        (("scheduler",), {"scheduler": {}, "stepped": -1}, "stepped"),
         (("tag",), "../x", "not a plain folder name"),
         (("tag",), ".hid", "not a plain folder name"),  # a reshard would write a folder readers refuse
         (("tag",), "a\\b", "not a plain folder name"),
@@ -123,6 +132,7 @@ def test_one_corrupted_value_anywhere(tmp_path, path, value):
 )
 def test_inconsistent_values_are_named(tmp_path, path, value, expected):
     m = _valid()
+    m["scheduler"] = {}
     node = m
     for part in path[:-1]:
         node = node[part]
