@@ -10,11 +10,11 @@ a tensor of 10**24 elements. Each check returns a short problem text (None when 
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 from typing import Any
 
 from .checksums import entry_problem
+from .manifest_state_checks import state_problem
 from .dtypes import FLOAT_NAMES, NAME_OF_CODE, NAMES
 from .paths import plain_name
 from .source import CheckpointError
@@ -23,9 +23,7 @@ POINTERS = ("latest", "latest_universal")  # files beside the tag folders
 
 MAX_NUMEL = 1 << 48  # elements in one tensor or one partition: far beyond any model, far below overflow
 MAX_DIMS = 32
-MAX_COUNT = 1 << 53  # optimizer update counts: whole numbers a float64 holds exactly
 MAX_CLIENT_STATE_DEPTH = 64  # lists/dicts inside client_state: plenty for a script's state, safe for the stack
-_STATE_KEY = re.compile(r"state\.[A-Za-z_][A-Za-z0-9_]{0,63}")
 _TOP = (
     ("tag", str),
     ("step", int),
@@ -62,10 +60,6 @@ def _int(x: Any, lo: int = 0, hi: int = MAX_NUMEL) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and lo <= x <= hi
 
 
-def _number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
 def numel(shape: list[int]) -> int:
     return math.prod(shape)
 
@@ -88,7 +82,7 @@ def structure_problem(m: dict[str, Any]) -> str | None:
         or _layout_problem(m)
         or _fragments_problem(m)
         or _files_problem(m)
-        or _state_problem(m)
+        or state_problem(m)
     )
 
 
@@ -210,78 +204,6 @@ def _files_problem(m: dict[str, Any]) -> str | None:
     for fname in m["fragments"]:
         if m["files"][fname]["bytes"] < need:
             return f"{fname} is listed with {m['files'][fname]['bytes']} bytes, too few for its partition"
-    return None
-
-
-def _state_problem(m: dict[str, Any]) -> str | None:
-    opt = m["optimizer"]
-    keys = opt.get("state_keys", ["exp_avg", "exp_avg_sq"])
-    if not (
-        isinstance(keys, list)
-        and len(keys) <= 32
-        and len(set(keys)) == len(keys)
-        and all(isinstance(k, str) and (k in ("exp_avg", "exp_avg_sq") or _STATE_KEY.fullmatch(k)) for k in keys)
-    ):
-        return "optimizer.state_keys is not a list of state names"
-    scalars = opt.get("client_scalars", {})
-    if not (isinstance(scalars, dict) and len(scalars) <= 32 and all(_number(v) for v in scalars.values())):
-        return "optimizer.client_scalars is not a table of numbers"
-    for key in ("applied", "skipped"):
-        if not (_number(opt.get(key)) and 0 <= opt[key] <= MAX_COUNT and float(opt[key]).is_integer()):
-            return f"optimizer.{key} is missing or not a whole number of updates in 0..2**53"
-    lrs = opt.get("group_lrs")
-    if lrs is not None and not (
-        isinstance(lrs, list) and 0 < len(lrs) <= 1 << 16 and all(_number(v) and v >= 0 for v in lrs)
-    ):
-        return "optimizer.group_lrs is not a list of non-negative numbers"
-    for key in ("lr", "eps", "weight_decay"):
-        if opt.get(key) is not None and not _number(opt[key]):
-            return f"optimizer.{key} is not a finite number"
-    betas = opt.get("betas")
-    if betas is not None and not (isinstance(betas, list) and len(betas) <= 4 and all(_number(b) for b in betas)):
-        return "optimizer.betas is not a list of finite numbers"
-    problem = _loss_scaler_problem(m["loss_scaler"]) or _scheduler_problem(m.get("scheduler", {}))
-    if problem:
-        return problem
-    for rank, state in m["rng"].items():
-        if not (isinstance(state, dict) and isinstance(state.get("torch"), str) and len(state["torch"]) < 1 << 16):
-            return f"rng state of rank {rank!r} is not plain data"
-    return None
-
-
-def _whole(x: Any, lo: int) -> bool:
-    return _number(x) and lo <= x <= MAX_COUNT and float(x).is_integer()
-
-
-def _loss_scaler_problem(scaler: dict[str, Any]) -> str | None:
-    """Numbers the scaler can run on: a scale of 0 would make every gradient infinite (each step skipped), a
-    huge count overflow the schedule's arithmetic."""
-    for key, value in scaler.items():
-        v = value[0] if isinstance(value, list) and len(value) == 1 else value
-        if not _number(v):
-            return f"loss_scaler.{key!r} is not a number"
-        if key == "cur_scale" and not 0 < v <= 2.0**126:  # its inverse stays a normal fp32
-            return "loss_scaler.cur_scale is not a positive number up to 2**126"
-        if key == "dynamic" and v not in (0, 1):
-            return "loss_scaler.dynamic is not 0 or 1"
-        if key in ("cur_iter", "cur_hysteresis", "min_scale_overflows", "last_overflow_iter") and not _whole(
-                v, -1 if key == "last_overflow_iter" else 0):
-            return f"loss_scaler.{key} is not a whole number of steps in range"
-    return None
-
-
-def _scheduler_problem(scheduler: Any) -> str | None:
-    """DeepSpeed's position (`last_batch_iteration`, -1 before the first step, at the top or under
-    `scheduler`) and a torch scheduler's `stepped` count are whole numbers a float64 holds exactly."""
-    if not isinstance(scheduler, dict):
-        return "'scheduler' is not an object"
-    inner = scheduler.get("scheduler")
-    for where, table in (("scheduler", scheduler), ("scheduler.scheduler", inner)):
-        if isinstance(table, dict) and "last_batch_iteration" in table and not _whole(
-                table["last_batch_iteration"], -1):
-            return f"{where}.last_batch_iteration is not a whole number of steps in -1..2**53"
-    if "stepped" in scheduler and not _whole(scheduler["stepped"], 0):
-        return "scheduler.stepped is not a whole number of steps in 0..2**53"
     return None
 
 
