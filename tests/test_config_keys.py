@@ -148,3 +148,10 @@ def test_docs_tables_match_the_code():
     text = config_table.DOC.read_text(encoding="utf-8")
     assert config_table.doc_block(text) == config_table.block(), "run `python tests/config_table.py --write`"
     assert len(text.splitlines()) < 300  # the repository's limit for a file
+
+
+def test_steps_per_print_inf_reads_as_never():
+    """Accelerate's DeepSpeed plugin writes `steps_per_print: inf` into every config it passes on."""
+    assert load_config({**MB, "steps_per_print": float("inf")}, 1).steps_per_print is None
+    with pytest.raises(ValueError, match="steps_per_print must be an integer >= 1"):
+        load_config({**MB, "steps_per_print": float("-inf")}, 1)

@@ -123,8 +123,8 @@ class ZeroConfig(Section):
     # DeepSpeed clips at 1.0 unless told otherwise (runtime/constants.py GRADIENT_CLIPPING_DEFAULT, 0.19.8);
     # 0 turns it off
     gradient_clipping: Annotated[float, number(0.0)] = 1.0
-    # None: no periodic log (newer DeepSpeed's default; older versions used 10)
-    steps_per_print: Annotated[int | None, integer(1, optional=True)] = None
+    # None: no periodic log (newer DeepSpeed's default; older versions used 10); inf too
+    steps_per_print: Annotated[int | None, integer(1, optional=True, infinite_is_none=True)] = None
     wall_clock_breakdown: Bool = False
     communication_data_type: Annotated[str | None, choice(_DTYPE_NAMES, allow_none=True)] = None
     prescale_gradients: Bool = False

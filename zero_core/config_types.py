@@ -43,9 +43,11 @@ def boolean(optional: bool = False) -> PlainValidator:
 
 
 def integer(
-    lo: int | None = None, hi: int | None = None, *, counts: bool = False, optional: bool = False
+    lo: int | None = None, hi: int | None = None, *, counts: bool = False, optional: bool = False,
+    infinite_is_none: bool = False,
 ) -> PlainValidator:
-    """An int in [lo, hi]; `counts` also takes whole floats (element counts written as 5e8)."""
+    """An int in [lo, hi]; `counts` also takes whole floats (element counts written as 5e8); `infinite_is_none`
+    reads +inf as null (Accelerate writes `steps_per_print: inf` for "never")."""
     if lo is not None and hi is not None:
         what = f"an integer {lo}-{hi}"
     else:
@@ -56,7 +58,7 @@ def integer(
         what += " or null"
 
     def check(v: Any) -> int | None:
-        if v is None and optional:
+        if (v is None and optional) or (infinite_is_none and isinstance(v, float) and v == math.inf):
             return None
         if counts and isinstance(v, float) and math.isfinite(v) and v.is_integer():
             v = int(v)

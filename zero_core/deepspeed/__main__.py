@@ -6,19 +6,40 @@ y`) get zero_core.deepspeed.
 
 The script runs as `python train.py ...` would run it (its own arguments, its folder on sys.path). torchrun sets
 the rank variables `deepspeed.init_distributed()` reads; it does not pass DeepSpeed's launcher's `--local_rank`.
+Without torchrun the runner sets them for a world of one (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, a free
+MASTER_PORT), as DeepSpeed's launcher does for one process: Hugging Face Trainer and Accelerate start their
+process group from them. `importlib.metadata` finds a "deepspeed" distribution of the shim's version, so their
+DeepSpeed version checks pass (package_metadata.py).
 A refusal of the script's config or checkpoint that the script does not catch ends the run with its one line,
 `Error: ...`, and exit status 1, instead of a traceback (zero_core/refusal_hook.py).
 """
 
 from __future__ import annotations
 
+import os
 import runpy
+import socket
 import sys
 from pathlib import Path
 
 from .alias import install
 
 USAGE = "usage: python -m zero_core.deepspeed SCRIPT [SCRIPT'S ARGUMENTS...]"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _world_of_one_unless_launched() -> None:
+    """A launcher's rank variables for one process, where no launcher set them."""
+    if any(k in os.environ for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK")):
+        return
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))  # not a fixed port: two runs on one host both start
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Error: no script at {script}; name the training script to run, then its arguments", file=sys.stderr)
         return 2
     install()
+    _world_of_one_unless_launched()
     sys.argv = [str(script), *args[1:]]
     sys.path.insert(0, str(script.resolve().parent))
     runpy.run_path(str(script), run_name="__main__")  # an uncaught refusal: its one line (refusal_hook.py)

@@ -11,6 +11,7 @@ import sys
 from types import ModuleType
 
 from . import NOT_PROVIDED
+from .package_metadata import ShimDistributionFinder
 
 
 class _DeepSpeedAlias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -36,8 +37,12 @@ class _DeepSpeedAlias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def install() -> None:
-    """From now on in this process, `deepspeed` means zero_core.deepspeed (ahead of an installed DeepSpeed)."""
+    """From now on in this process, `deepspeed` means zero_core.deepspeed (ahead of an installed DeepSpeed), to
+    importlib.metadata too: libraries that check DeepSpeed's installed version before importing it find the
+    shim's (package_metadata.py)."""
     if not any(isinstance(f, _DeepSpeedAlias) for f in sys.meta_path):
         sys.meta_path.insert(0, _DeepSpeedAlias())
+    if not any(isinstance(f, ShimDistributionFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, ShimDistributionFinder())
     for name in [n for n in sys.modules if n == "deepspeed" or n.startswith("deepspeed.")]:
         del sys.modules[name]  # an installed DeepSpeed imported earlier is not what the script gets
