@@ -70,6 +70,7 @@ class AsyncSaver:
         self._outcome: tuple[str, str] | None = None
         self._pending: tuple[Path, str] | None = None
         self.saved: list[tuple[str, tuple[int, int] | None]] = []  # rank 0: this engine's commits, for keep_last
+        self.recovery_script = False  # rank 0 writes zero_to_fp32.py after each commit (checkpointing.save sets it)
 
     def start(self, root: Path, tag: str, staged: Path, files: dict[str, Any], manifest: dict[str, Any] | None,
               move_latest: bool, keep_last: int | None) -> None:
@@ -110,7 +111,8 @@ class AsyncSaver:
         for rank in range(self.world):
             _marker(staged, rank).unlink()
         assert manifest is not None
-        return publish(root, tag, staged, {**manifest, "files": gathered}, move_latest, keep_last, self.saved)
+        return publish(root, tag, staged, {**manifest, "files": gathered}, move_latest, keep_last, self.saved,
+                       self.recovery_script)
 
     @property
     def busy(self) -> bool:

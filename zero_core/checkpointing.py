@@ -31,7 +31,7 @@ from checkpoints.paths import plain_name
 from checkpoints.safetensors_stream import StreamingWriter, write_tensors
 from checkpoints.source import CheckpointError
 
-from . import comm
+from . import comm, recovery_script
 from .checkpoint_load import load, param_entries  # noqa: F401  (load is re-exported for the engine)
 from .checkpoint_snapshot import NvmeStates, contents
 from .optim.client_optimizer import ClientOptimizer
@@ -136,7 +136,7 @@ def _stage(engine: "Engine", root: Path, tag: str) -> Path:
 
 def publish(
     root: Path, tag: str, staged: Path, manifest: dict[str, Any], move_latest: bool, keep_last: int | None,
-    saved: list[tuple[str, tuple[int, int] | None]],
+    saved: list[tuple[str, tuple[int, int] | None]], script: bool = False,
 ) -> tuple[str, str] | None:
     """Rank 0: write the manifest, commit, prune; the problem (staging folder removed) or None. `saved` is this
     engine's committed checkpoints, oldest first: the only ones keep_last may delete. Once committed, the save
@@ -150,6 +150,8 @@ def publish(
         return (f"rank 0 could not write the manifest or commit {tag} ({what})", fix)
     saved[:] = [s for s in saved if s[0] != tag] + [(tag, fmt.folder_identity(root / tag))]
     notes = ([note] if note else []) + (fmt.prune(root, keep_last, saved) if keep_last else [])
+    script_note = recovery_script.place(root) if script else None  # zero_to_fp32.py, as DeepSpeed's save leaves
+    notes += [script_note] if script_note else []
     for note in notes:
         print(f"zero_core: checkpoint {tag} saved in {root}; {note}", flush=True)
     return None
@@ -198,6 +200,7 @@ def save(
         if engine.rank == 0
         else None
     )
+    saver.recovery_script = engine.leaves_recovery_script
     if async_save:
         saver.start(root, tag, staged, files, manifest, move_latest, keep_last)
         return root / tag
@@ -212,7 +215,7 @@ def save(
         if problem is None:
             assert manifest is not None
             manifest["files"] = {k: v for g in gathered for k, v in g["files"].items()}
-            problem = publish(root, tag, staged, manifest, move_latest, keep_last, saver.saved)
+            problem = publish(root, tag, staged, manifest, move_latest, keep_last, saver.saved, saver.recovery_script)
         else:
             shutil.rmtree(staged, ignore_errors=True)  # made by this rank's _prepare above
     problem = comm.broadcast_object(problem, what="broadcast of the checkpoint's commit status")

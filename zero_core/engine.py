@@ -75,7 +75,7 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI, EngineQueries):
         self.breakdown = StepBreakdown(self.device, enabled_for(self.offload_optimizer))  # step-time breakdown
         self.optimizer = make_optimizer(cfg, self.layout, self.device, self.rank, self.breakdown, plan,
                                         [group_of[id(p)] for p in self.params])
-        self.client_optimizer = self.optimizer.facade = plan.client or ZeroOptimizer(plan)  # `initialize` hands it back
+        self.client_optimizer = self.optimizer.facade = plan.client or ZeroOptimizer(plan, self)  # handed back
         self.host_schedule, self.lr_scheduler = make_schedules(cfg, plan, lr_scheduler, self.client_optimizer, self)
         if self.host_schedule is not None:
             self.optimizer.lr_at = None  # the host schedule writes each update's lrs

@@ -23,8 +23,6 @@ from .optim.facade import EngineScheduler, ZeroOptimizer
 class DeepSpeedEngineAPI:
     """Mixed into `zero_core.Engine`."""
 
-    training_dataloader: Any = None  # deepspeed.initialize(training_data=...) sets the loader it built
-
     def train_batch_size(self) -> int:
         return int(self.config.train_batch_size)
 

@@ -84,7 +84,36 @@ class LossScaleValue(float):
 
 
 class EngineQueries:
-    """Mixed into the engine: DeepSpeed's getters of ZeRO, optimizer and scheduler settings."""
+    """Mixed into the engine: DeepSpeed's getters of ZeRO, optimizer and scheduler settings, and its `_config`,
+    `monitor` and `timers` attributes (each made on first use)."""
+
+    training_dataloader: Any = None  # deepspeed.initialize(training_data=...) sets the loader it built
+    leaves_recovery_script = False  # deepspeed.initialize's engines leave zero_to_fp32.py (recovery_script.py)
+
+    @property
+    def _config(self) -> Any:
+        """DeepSpeed's DeepSpeedConfig object, read-only (engine_ds_config.py)."""
+        from .engine_ds_config import DeepSpeedConfigView
+
+        return DeepSpeedConfigView(self)
+
+    @property
+    def monitor(self) -> Any:
+        """DeepSpeed's MonitorMaster: `write_events([(tag, value, step), ...])` (engine_monitor.py)."""
+        if "_monitor" not in self.__dict__:
+            from .engine_monitor import EngineMonitor
+
+            self.__dict__["_monitor"] = EngineMonitor(self.config, self.rank)
+        return self.__dict__["_monitor"]
+
+    @property
+    def timers(self) -> Any:
+        """DeepSpeed's wall-clock timers: `timers(name).start()` / `.stop()`, `timers.log([names])`."""
+        if "_timers" not in self.__dict__:
+            from .engine_timers import EngineTimers
+
+            self.__dict__["_timers"] = EngineTimers(self.device, self.rank)
+        return self.__dict__["_timers"]
 
     def zero_reduce_bucket_size(self) -> int:
         return int(self.config.zero_optimization.reduce_bucket_size)

@@ -99,6 +99,7 @@ def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer
                                              sampler=sampler, collate_fn=collate_fn,
                                              drop_last=engine.config.dataloader_drop_last)
     engine.training_dataloader = loader  # as DeepSpeed's engine keeps it
+    engine.leaves_recovery_script = True  # DeepSpeed's save leaves zero_to_fp32.py beside its checkpoints
     return engine, engine.client_optimizer, loader, engine.lr_scheduler
 
 

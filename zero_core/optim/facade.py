@@ -15,6 +15,7 @@ DeepSpeed: they hold the groups and answer the usual calls; the engine does the 
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -24,7 +25,8 @@ from .param_groups import OptimizerPlan
 
 
 class ZeroOptimizer(ReportsLossScale, torch.optim.Optimizer):
-    def __init__(self, plan: OptimizerPlan) -> None:
+    def __init__(self, plan: OptimizerPlan, engine: Any = None) -> None:
+        self._engine = weakref.ref(engine) if engine is not None else lambda: None  # no cycle: the engine holds us
         groups = [{"params": g.params, "lr": g.lr, "betas": g.betas, "eps": g.eps, "weight_decay": g.weight_decay}
                   for g in plan.groups]
         super().__init__(groups, defaults={"lr": plan.groups[0].lr, "betas": plan.groups[0].betas,
@@ -50,6 +52,18 @@ class ZeroOptimizer(ReportsLossScale, torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Nothing to do: the engine releases each gradient once it is reduced."""
+
+    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+        """This rank's partition of the optimizer states, plain CPU tensors (optim/partition_state.py)."""
+        from .partition_state import partition_state_dict
+
+        return partition_state_dict(self._engine(), self.param_groups)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
+        """What `state_dict()` returned on this same partition (same stage, world size and rank)."""
+        from .partition_state import load_partition_state_dict
+
+        load_partition_state_dict(self._engine(), state_dict, self.param_groups)
 
 
 class EngineScheduler:

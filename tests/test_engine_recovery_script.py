@@ -1,0 +1,89 @@
+"""`zero_to_fp32.py` beside `latest` after engine.save_checkpoint on an engine of `zero_core.deepspeed.initialize`,
+as DeepSpeed leaves one: it converts with `zbench convert --to fp32`; a user's file of that name is never replaced;
+resume, pruning and `zbench inspect` do not take it for a checkpoint."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from click.testing import CliRunner
+from parity_workers import ds_config, make_batches, make_model
+from safetensors.torch import load_file
+
+import zero_core
+import zero_core.deepspeed as deepspeed
+from zero_core.recovery_script import MARKER, NAME, SCRIPT
+
+
+def _engine(through_deepspeed: bool = True):
+    cfg = ds_config(2, "fp32", 2)
+    if not through_deepspeed:
+        return zero_core.initialize(make_model(), cfg)
+    model = make_model()
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    return engine
+
+
+def _step(engine, batch):
+    x, y = batch
+    engine.backward(engine(x[:2].to(engine.device), y[:2].to(engine.device)).loss)
+    engine.step()
+
+
+@pytest.mark.slow  # a fresh Python imports torch and zbench to run the script
+def test_the_script_converts_as_zbench_convert(tmp_path):
+    engine = _engine()
+    _step(engine, make_batches(1, 2)[0])
+    engine.save_checkpoint(tmp_path / "ck")
+    script = tmp_path / "ck" / NAME
+    assert script.read_text() == SCRIPT and os.stat(script).st_mode & 0o100
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "ck"), str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    written = {}
+    for f in (tmp_path / "out").glob("*.safetensors"):
+        written.update(load_file(f))
+    full = engine.full_state_dict()
+    assert written and all(torch.equal(written[k], full[k]) for k in written)
+
+
+def test_a_users_file_is_kept_and_an_older_one_of_ours_updated(tmp_path):
+    engine = _engine()
+    batches = make_batches(2, 2)
+    _step(engine, batches[0])
+    mine = tmp_path / NAME
+    mine.write_text("print('my own converter')\n")
+    engine.save_checkpoint(tmp_path)
+    assert mine.read_text() == "print('my own converter')\n"
+    mine.write_text(f"#!/usr/bin/env python\n{MARKER}\nprint('an older version')\n")
+    _step(engine, batches[1])
+    engine.save_checkpoint(tmp_path, async_save=True)
+    engine.wait_for_checkpoint()
+    assert mine.read_text() == SCRIPT
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_resume_pruning_and_inspect_pass_over_it(tmp_path):
+    from zbench.cli import main
+
+    engine = _engine()
+    for i, batch in enumerate(make_batches(3, 2)):
+        _step(engine, batch)
+        engine.save_checkpoint(tmp_path, keep_last=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step3", "latest", NAME]
+    fresh = _engine()
+    folder, _ = fresh.load_checkpoint(tmp_path)
+    assert folder == str(tmp_path / "global_step3") and fresh.global_steps == 3
+    shown = CliRunner().invoke(main, ["inspect", str(tmp_path)])
+    assert shown.exit_code == 0 and "global_step3" in shown.output, shown.output
+
+
+def test_zero_core_initialize_engines_write_no_script(tmp_path):
+    engine = _engine(through_deepspeed=False)
+    _step(engine, make_batches(1, 2)[0])
+    engine.save_checkpoint(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step1", "latest"]

@@ -1,0 +1,113 @@
+"""`zero_to_fp32.py` beside `latest`, as DeepSpeed's save_checkpoint leaves one: users run
+`python zero_to_fp32.py CHECKPOINT_DIR OUTPUT_DIR` to get the fp32 weights. Ours runs `zbench convert --to fp32`
+(the same reader and writer) with DeepSpeed's arguments.
+
+Rank 0 writes it after a commit, only where the name is free or holds a script this module wrote (recognised by
+its marker line): a file of the user's, or DeepSpeed's own script, is never replaced. The file appears whole or
+not at all (written aside, then linked or renamed into place). Checkpoint listings look at folders only, so the
+file is never taken for a checkpoint, and pruning never touches it."""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+NAME = "zero_to_fp32.py"
+MARKER = "# zero_core recovery script: engine.save_checkpoint writes and updates this file"
+_LARGEST_OURS = 64 * 1024  # ours is far smaller: a larger file is not read, and not ours
+
+SCRIPT = f'''#!/usr/bin/env python
+{MARKER}
+"""The fp32 weights of the zbench checkpoint in this folder as safetensors, as DeepSpeed's zero_to_fp32.py
+makes them: python zero_to_fp32.py CHECKPOINT_DIR OUTPUT_DIR [--max_shard_size 5GB] [-t TAG].
+It runs `zbench convert CHECKPOINT_DIR --to fp32 --out OUTPUT_DIR`."""
+
+import argparse
+import sys
+
+parser = argparse.ArgumentParser(description=__doc__)
+parser.add_argument("checkpoint_dir", help="this folder (the one holding 'latest'), or one checkpoint in it")
+parser.add_argument("output_dir", help="a new or empty folder for the safetensors files")
+parser.add_argument("--max_shard_size", default="5GB", help="largest file before the output is split")
+parser.add_argument("--safe_serialization", action="store_true", help="accepted: the output is always safetensors")
+parser.add_argument("-t", "--tag", default=None, help="the checkpoint's folder name (default: the one 'latest' names)")
+parser.add_argument("--exclude_frozen_parameters", action="store_true", help="not supported: every weight is written")
+parser.add_argument("-d", "--debug", action="store_true", help="accepted, no effect")
+args = parser.parse_args()
+if args.exclude_frozen_parameters:
+    sys.exit("Error: --exclude_frozen_parameters is not supported; drop it (every weight is written)")
+try:
+    from zbench.cli import main
+except ImportError:
+    sys.exit("Error: zbench is not installed in this Python; run this script with the Python that trained")
+command = ["convert", args.checkpoint_dir, "--to", "fp32", "--out", args.output_dir,
+           "--max-shard-size", args.max_shard_size]
+main(command + (["--tag", args.tag] if args.tag is not None else []), prog_name="zbench")
+'''
+
+
+def _current(path: Path) -> str | None:
+    """What `path` holds now: 'absent', 'same' (ours, up to date), 'ours' (an older one of ours) or None (another's:
+    a user's file, a symlink, a folder, one unreadable)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return "absent"
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode) or st.st_size > _LARGEST_OURS:
+        return None
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    if text == SCRIPT:
+        return "same"
+    return "ours" if MARKER in text.splitlines()[:3] else None
+
+
+def _link(aside: str, target: Path) -> None:
+    """`aside` as `target`, which is free: a hard link fails if a file appeared there meanwhile (that one is kept);
+    where the filesystem has no hard links, a rename after one more look."""
+    try:
+        os.link(aside, target)
+    except FileExistsError:
+        raise
+    except OSError:
+        if os.path.lexists(target):
+            raise FileExistsError(str(target)) from None
+        os.replace(aside, target)
+
+
+def place(root: Path) -> str | None:
+    """Rank 0, after a commit: put the script in `root`; a note when it could not (the checkpoint stands)."""
+    target = root / NAME
+    state = _current(target)
+    if state == "same":
+        return None
+    if state is None:
+        return f"{NAME} there is not zero_core's and was left as it is; convert with `zbench convert DIR --to fp32`"
+    try:
+        fd, aside = tempfile.mkstemp(dir=root, prefix=f".{NAME}.", suffix=".tmp")
+    except OSError as e:
+        return f"{NAME} was not written ({e.strerror})"
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(SCRIPT)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(aside, 0o755)  # runnable as ./zero_to_fp32.py, as DeepSpeed makes its own
+        if state == "absent":
+            _link(aside, target)
+        else:
+            os.replace(aside, target)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        return f"{NAME} was not written ({e.strerror})"
+    finally:
+        if os.path.lexists(aside):
+            os.unlink(aside)
+    return None
