@@ -173,9 +173,9 @@ def save(
     saver.wait()  # the previous save first: its buffers are reused, its failure is reported here
     root = Path(save_dir)
     tag = plain_name(tag or f"global_step{engine.global_step}", "checkpoint tag", "pass a plain folder name as tag")
-    if tag in POINTERS:
-        raise CheckpointError(f"checkpoint tag {tag!r} is the name of the pointer file beside the checkpoints; "
-                              "pass another tag")
+    if tag in POINTERS or tag == recovery_script.NAME:
+        raise CheckpointError(f"checkpoint tag {tag!r} is the name of a file written beside the checkpoints (the "
+                              "pointer file, zero_to_fp32.py); pass another tag")
     if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
         raise CheckpointError(f"keep_last must be a whole number >= 1 or None, got {keep_last!r}")
     if client_state is not None and not isinstance(client_state, dict):
