@@ -77,7 +77,7 @@ def read_metadata(folder: Path, follow_symlinks: bool = False) -> Any:
             f"{path} is not valid torch.distributed.checkpoint metadata ({problem}); "
             "the checkpoint is damaged or crafted: copy the folder again from where it was saved"
         )
-    problem = _data_problem(md)
+    problem = _data_problem(md) or _shared_bytes_problem(md)
     if problem:
         raise CheckpointError(
             f"{path} does not match the checkpoint's data files ({problem}); it is damaged or is not this "
@@ -122,6 +122,22 @@ def _data_problem(md: Any) -> str | None:
                 return (f"tensor {key[:60]!r} claims {math.prod(chunk.sizes):,} {str(dtype).removeprefix('torch.')} "
                         f"elements ({need:,} bytes) in its chunk at {str(tuple(chunk.offsets))[:60]}, which "
                         f"{info.relative_path[:60]!r} stores in {info.length:,} bytes")
+    return None
+
+
+def _shared_bytes_problem(md: Any) -> str | None:
+    """Two storage entries whose byte ranges in one file overlap, or None. DCP's writer gives every item bytes of
+    its own; entries sharing bytes would let a small crafted checkpoint claim (and a convert write) its files'
+    size many times over, and have each read and checked again."""
+    by_file: dict[str, list[tuple[int, int]]] = {}
+    for info in md.storage_data.values():
+        if info.length:
+            by_file.setdefault(info.relative_path, []).append((info.offset, info.offset + info.length))
+    for name, ranges in by_file.items():
+        ranges.sort()
+        for (a, end), (b, _) in zip(ranges, ranges[1:]):
+            if b < end:
+                return f"{name[:60]!r} gives bytes {b:,}-{end:,} to two entries (at {a:,} and {b:,})"
     return None
 
 

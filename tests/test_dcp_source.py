@@ -69,3 +69,17 @@ def test_truncated_and_flipped_chunk_files_are_named(tmp_path):
     victim.unlink()
     with pytest.raises(CheckpointError, match=r"missing rank file .*__1_0\.distcp"):
         DcpSource(folder)
+
+
+def test_entries_that_share_bytes_are_refused(tmp_path):
+    """Each storage entry of a real DCP checkpoint has bytes of its own. Pointing every tensor at the largest
+    chunk's bytes would let a small folder claim its files' size many times over (and a convert write it)."""
+    folder = tmp_path / "ck"
+    shutil.copytree(DCP[0], folder)
+    md = DcpSource(folder).metadata
+    largest = max(md.storage_data.values(), key=lambda i: i.length)
+    md.storage_data = {index: largest for index in md.storage_data}
+    (folder / ".metadata").write_bytes(pickle.dumps(md))
+    with pytest.raises(CheckpointError, match=r"gives bytes .* to two entries") as e:
+        open_source(folder)
+    assert "\n" not in str(e.value)

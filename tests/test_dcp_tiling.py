@@ -4,6 +4,8 @@ the chunks for hundreds of thousands of one-element chunks (counted in corners, 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pickle
 import shutil
 import warnings
@@ -95,8 +97,8 @@ def test_a_layout_past_the_corner_budget_is_still_decided_exactly(monkeypatch):
 
 
 def _crafted(tmp_path: Path, rows: int, cols: int, change=None) -> Path:
-    """A DCP folder whose (rows, cols) tensor `w` is listed as one-element chunks, each with a storage entry
-    (all pointing at the saved chunk's bytes: only `.metadata` is read here)."""
+    """A DCP folder whose (rows, cols) tensor `w` is listed as one-element chunks, each with a storage entry of 4
+    bytes of its own inside the saved chunk's (only `.metadata` is read here)."""
     import torch.distributed.checkpoint as dcp
 
     folder = tmp_path / "ck"
@@ -111,7 +113,9 @@ def _crafted(tmp_path: Path, rows: int, cols: int, change=None) -> Path:
                     for i in range(rows) for j in range(cols)]
     if change:
         change(entry)
-    md.storage_data = {MetadataIndex("model.w", c.offsets, k): info for k, c in enumerate(entry.chunks)}
+    md.storage_data = {MetadataIndex("model.w", c.offsets, k): dataclasses.replace(info, offset=info.offset + 4 * k,
+                                                                                    length=4)
+                       for k, c in enumerate(entry.chunks)}
     (folder / ".metadata").write_bytes(pickle.dumps(md))
     return folder
 
