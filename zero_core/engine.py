@@ -22,6 +22,7 @@ from .config import ConfigError, ZeroConfig, describe, load_config
 from .deferred import is_deferred
 from .deferred.shards import materialise_whole, shard_into
 from .engine_api import DeepSpeedEngineAPI
+from .engine_monitor import write_update_events
 from .engine_queries import EngineQueries, LossScaleValue, given_dict, with_items
 from .gathered import register as register_parameters
 from .loss_scaler import LossScaler
@@ -195,6 +196,7 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI, EngineQueries):
                 self.host_schedule.values(self.applied_steps())  # (under fp16 it catches up at the next update or read)
             if isinstance(self.lr_scheduler, EngineScheduler):  # the next lr into the groups, as DeepSpeed's step()
                 self.lr_scheduler.publish()
+            write_update_events(self)  # DeepSpeed's per-update monitor events (nothing when the monitor is off)
             self.overflow_log.poll(self.global_step)
             self.breakdown.end_step()
             if getattr(self.optimizer, "auto", None) is not None:

@@ -5,6 +5,10 @@ The config's "csv_monitor" section writes DeepSpeed's layout: one `<output_path>
 then `step,value` rows appended. "tensorboard" writes scalars with torch's SummaryWriter into
 `<output_path>/<job_name>`. "wandb" and "comet" send to services zero_core does not talk to: their events are
 dropped, and said so once.
+
+The engine's own events, as DeepSpeed's engine writes them after every accumulation boundary's step (not only at
+steps_per_print), x-axis the samples trained so far: `Train/Samples/lr` (the first group's lr for the next
+update) and, under fp16, `Train/Samples/loss_scale` (`write_update_events`).
 """
 
 from __future__ import annotations
@@ -137,3 +141,16 @@ class EngineMonitor:
         events = [_event(e) for e in event_list]  # checked on every rank: a bad call fails everywhere alike
         for writer in self.writers:
             writer.write(events)
+
+
+def write_update_events(engine: Any) -> None:
+    """After a boundary's step: the engine's lr (and fp16 loss scale) events on rank 0. Reading them syncs with the
+    device, so nothing is read where no writer takes them (monitor off, or another rank)."""
+    monitor = engine.monitor  # made at the first update; a property read after that
+    if not monitor.writers:
+        return
+    samples = engine.global_samples
+    events = [("Train/Samples/lr", engine.get_lr()[0], samples)]
+    if engine.fp16_enabled():
+        events.append(("Train/Samples/loss_scale", float(engine.scaler.scale.item()), samples))
+    monitor.write_events(events)

@@ -13,7 +13,8 @@ runs the engine's backward and, at Accelerate's `sync_gradients`, its step, as A
 so the loop's `optimizer.step()` and `zero_grad()` do nothing (schedulers: accelerate_schedules.py).
 Dataloaders are Accelerate's. `save_state`/`load_state`
 write and read zbench checkpoints (any world size or stage), with the JSON states of the objects registered for
-checkpointing (accelerate_registered.py); `get_state_dict` gathers the full weights.
+checkpointing (accelerate_registered.py) and `accelerator.step` (accumulate()'s place in its window, which
+Accelerate saves too); `get_state_dict` gathers the full weights.
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ from ..config import read_config_file
 from ..config_auto import AutoValues, is_auto
 from ..engine import Engine
 from .accelerate_registered import REGISTERED, registered_states, restore_registered
-from .accelerate_schedules import PreparedSchedule, engine_scheduler, is_deepspeed_schedule
-from .handles import EngineOptimizer, EngineSchedule, hidden_size
+from .accelerate_schedules import engine_scheduler, is_deepspeed_schedule, prepared_schedule
+from .handles import EngineOptimizer, hidden_size
+
+ACCUMULATION_STEP = "accelerate_step"  # the client_state key of Accelerator.step
 
 
 def _plugin_config(plugin: DeepSpeedPlugin) -> dict[str, Any]:
@@ -177,9 +180,7 @@ class Accelerator(accelerate.Accelerator):
             elif optimizers and o is optimizers[0]:
                 out.append(handle)
             elif schedulers and o is schedulers[0]:
-                given = None if isinstance(o, DummyScheduler) else self.engine.lr_scheduler
-                out.append(EngineSchedule(self.engine, handle) if given is None
-                           else PreparedSchedule(self.engine, handle, given))
+                out.append(prepared_schedule(self.engine, handle, isinstance(o, DummyScheduler)))
             else:  # dataloaders and the rest: Accelerate's
                 out.append(super().prepare(o))
         return tuple(out) if len(out) > 1 else out[0]
@@ -192,7 +193,8 @@ class Accelerator(accelerate.Accelerator):
             groups, optimizer = list(optimizer.params), None
         if isinstance(scheduler, DummyScheduler):
             scheduler = scheduler.lr_scheduler_callable  # None: the config's scheduler
-        scheduler = engine_scheduler(scheduler, self.num_processes, self.split_batches)
+        scheduler = engine_scheduler(scheduler, self.num_processes, self.split_batches,
+                                     self.step_scheduler_with_optimizer)
         lr = optimizer.param_groups[0]["lr"] if isinstance(optimizer, torch.optim.Optimizer) else None
         auto = AutoValues(
             world_size=self.num_processes,
@@ -264,7 +266,8 @@ class Accelerator(accelerate.Accelerator):
         if output_dir is None:
             raise ValueError("save_state needs output_dir with zero_core's Accelerator")
         registered = registered_states(self._custom_objects)  # refused before the collective save starts
-        self.engine.save_checkpoint(output_dir, client_state={REGISTERED: registered} if registered else None)
+        state = {ACCUMULATION_STEP: self.step} | ({REGISTERED: registered} if registered else {})
+        self.engine.save_checkpoint(output_dir, client_state=state)
         return output_dir
 
     def load_state(self, input_dir: str | None = None, **kwargs: Any) -> None:
@@ -275,6 +278,9 @@ class Accelerator(accelerate.Accelerator):
         folder, client_state = self.engine.load_checkpoint(input_dir)
         if folder is not None:
             restore_registered(self._custom_objects, client_state.get(REGISTERED, []), input_dir)
+            step = client_state.get(ACCUMULATION_STEP)  # where accumulate() is in its window, as Accelerate keeps it
+            if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+                self.step = step
 
 
 def prepare(*objects: Any, zero_config: Any = None, **accelerator_kwargs: Any) -> tuple[Accelerator, Any]:

@@ -5,6 +5,10 @@
 - Any other torch scheduler stays outside DeepSpeed, in an AcceleratedScheduler: at each update it is stepped once
   per process (the dataloader's batch counts one process's samples), or once with `split_batches`. Here the
   engine steps it at the update through `PerProcessSteps`, so zbench checkpoints keep its position.
+- With `Accelerator(step_scheduler_with_optimizer=False)` that AcceleratedScheduler steps it once at each
+  `scheduler.step()` of the script, update or not. Here the script's call steps it (`StepsWhenCalled`) and the engine
+  holds it through `ScriptSteps`, which never steps it: each update reads the lr the scheduler last set in the
+  optimizer's groups, and zbench checkpoints keep its position. DeepSpeed's schedulers ignore the flag.
 """
 
 from __future__ import annotations
@@ -44,6 +48,16 @@ class PerProcessSteps:
         return self.scheduler.get_last_lr()
 
 
+class ScriptSteps(PerProcessSteps):
+    """A torch scheduler the script steps itself: the engine's step of it does nothing, its state is saved."""
+
+    def __init__(self, scheduler: Any) -> None:
+        super().__init__(scheduler, 0)
+
+    def step(self) -> None:
+        """Nothing: `step_scheduler_with_optimizer=False` leaves each step to the script's `scheduler.step()`."""
+
+
 class PreparedSchedule(EngineSchedule):
     """What `prepare` hands back for a scheduler object the engine steps: `step()` does nothing, the rest is the
     scheduler's."""
@@ -56,8 +70,27 @@ class PreparedSchedule(EngineSchedule):
         return list(self.scheduler.get_last_lr())
 
 
-def engine_scheduler(scheduler: Any, processes: int, split_batches: bool) -> Any:
+class StepsWhenCalled(PreparedSchedule):
+    """What `prepare` hands back for a torch scheduler under `step_scheduler_with_optimizer=False`: each `step()`
+    steps it once, as AcceleratedScheduler then does whatever the gradients' sync."""
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        self.scheduler.scheduler.step(*args, **kwargs)
+
+
+def engine_scheduler(scheduler: Any, processes: int, split_batches: bool, with_optimizer: bool = True) -> Any:
     """What the engine is given for the script's scheduler (None, a callable, or a scheduler object)."""
     if scheduler is None or is_deepspeed_schedule(scheduler) or callable(scheduler):
         return scheduler
+    if not with_optimizer:
+        return ScriptSteps(scheduler)
     return PerProcessSteps(scheduler, 1 if split_batches else processes)
+
+
+def prepared_schedule(engine: Any, optimizer: Any, dummy: bool) -> EngineSchedule:
+    """The scheduler `prepare` hands back for the script's (`dummy`: a DummyScheduler, the engine's own schedule);
+    the script's `step()` steps it only for a `ScriptSteps`."""
+    given = None if dummy else engine.lr_scheduler
+    if given is None:
+        return EngineSchedule(engine, optimizer)
+    return (StepsWhenCalled if isinstance(given, ScriptSteps) else PreparedSchedule)(engine, optimizer, given)
