@@ -94,6 +94,13 @@ class DeepSpeedSource:
                                   "copy it again from the run that saved this checkpoint")
         return meta
 
+    def saved_param_groups(self) -> list[dict] | None:
+        """The param_groups (plain data, unchecked) of the optimizer state rank 0 saved, or None without them."""
+        meta = self._meta(self.optim_files[0])
+        inner = meta.get("base_optimizer_state" if self.stage < 3 else "optimizer_state_dict")
+        groups = inner.get("param_groups") if isinstance(inner, dict) else None
+        return groups if isinstance(groups, list) and all(isinstance(g, dict) for g in groups) else None
+
     def _stage(self, metas: list[dict]) -> int:
         """The ZeRO stage every rank file names (DeepSpeed's ZeroStageEnum loads as its plain int value)."""
         for f, m in zip(self.optim_files, metas):

@@ -6,7 +6,8 @@ Each rank reads, for every parameter it holds a fragment of, its whole fp32 weig
 through the checkpoint's source (checkpoints/deepspeed_source.py, deepspeed_universal_source.py: one parameter at a
 time, so memory stays near the largest one) and keeps its fragment. Names and shapes are checked, and every file
 this rank needs is found, before anything changes. The config's schedule goes on from the applied update count; a
-passed scheduler is given the saved scheduler state (when the run saved one); an fp16 run's dynamic loss scale goes
+passed scheduler is given the saved scheduler state (when the run saved one); the first update takes the lrs and
+betas the saved optimizer's groups held, as DeepSpeed's loaded groups do; an fp16 run's dynamic loss scale goes
 on from its saved scale, iteration, last overflow and hysteresis. Not carried over: the RNG states.
 """
 
@@ -51,14 +52,26 @@ def load_deepspeed(engine: "Engine", folder: Path, kind: str, weights_only: bool
     source = UniversalSource(folder) if kind == "deepspeed-universal" else DeepSpeedSource(folder)
     if source.model is None:
         raise CheckpointError(f"{folder} has no model-states files beside zero/; copy them from the run that saved it")
-    return load_foreign(engine, folder, source, weights_only, schedule, counters)
+    groups = saved_groups(source) if isinstance(source, DeepSpeedSource) else None
+    return load_foreign(engine, folder, source, weights_only, schedule, counters, groups)
+
+
+def saved_groups(source: DeepSpeedSource) -> tuple[list[Any], list[Any]] | None:
+    """(lr, betas) of each group of the optimizer state rank 0 saved: what DeepSpeed's groups hold after loading
+    it, the next update's; None where the file does not hold them as plain numbers (the load then takes the
+    schedule's lr at the saved position)."""
+    groups = source.saved_param_groups()
+    if groups is None:
+        return None
+    return [g.get("lr") for g in groups], [g.get("betas") for g in groups]  # checked where they are taken
 
 
 def load_foreign(engine: "Engine", folder: Path, source: Any, weights_only: bool,
-                 schedule: bool, counters: bool = False) -> tuple[Path, dict[str, Any]]:
+                 schedule: bool, counters: bool = False, groups: Any = None) -> tuple[Path, dict[str, Any]]:
     """Load another tool's checkpoint through `source`: its `params()`, `load(name)`, `load_state(name, key)`,
     `check_states(keys)`, `read_problems()`, `loss_scaler()` and `model` (the run's trainable names, step, skipped
-    count, scheduler state and client_state), as DeepSpeedSource has them (checkpoint_dcp.py adapts a DCP folder)."""
+    count, scheduler state and client_state), as DeepSpeedSource has them (checkpoint_dcp.py adapts a DCP folder).
+    `groups`: (lrs, betas) the saved optimizer's groups held, where the checkpoint has them."""
     infos = {i.name: i for i in source.params()}
     rank = engine.rank if engine.layout.world_size > 1 else 0
     mine = engine.layout.fragments(rank)
@@ -101,10 +114,11 @@ def load_foreign(engine: "Engine", folder: Path, source: Any, weights_only: bool
     saved = {"scheduler": model.lr_scheduler, "stepped": applied} if isinstance(model.lr_scheduler, dict) else None
     if not weights_only:
         restore_counters(engine, folder, applied, model.skipped, steps, steps * engine.gradient_accumulation_steps(),
-                         saved, schedule)
+                         saved, schedule, *(groups or (None, None)))
         scaler = source.loss_scaler()
         if scaler is not None and engine.scaler.dynamic:  # an fp16 run's scale and its window go on where they were
             engine.scaler.load_state_dict(scaler)
     elif counters:
-        restore_steps(engine, steps, steps * engine.gradient_accumulation_steps(), model.skipped, saved)
+        restore_steps(engine, folder, steps, steps * engine.gradient_accumulation_steps(), model.skipped, saved,
+                      schedule)
     return folder, dict(model.client_state)

@@ -24,6 +24,7 @@ from checkpoints.source import CheckpointError
 from checkpoints.verified_read import read_verified
 from checkpoints.zbench_source import FragmentReader, read_frozen
 
+from .host_schedules import TorchScheduler
 from .optim.client_optimizer import ClientOptimizer
 from .optim.facade import EngineScheduler
 from .optim.states import NAMES, TensorStates
@@ -113,32 +114,51 @@ def _read_in_one_pass(
 
 
 def restore_counters(engine: "Engine", folder: Path, applied: int, skipped: int, step: int, micro_steps: int,
-                     scheduler: Any, schedule: bool = True, lrs: Any = None) -> None:
+                     scheduler: Any, schedule: bool = True, lrs: Any = None, betas: Any = None) -> None:
     """The update counts a checkpoint saved, and its scheduler state (None: the schedule follows the counts), loaded
-    where `schedule`; `lrs`: the lrs its optimizer's groups held (the config's scheduler takes both to after_load)."""
+    where `schedule`; `lrs`, `betas`: what its optimizer's groups held, where it says (the config's scheduler takes
+    them to after_load; a passed torch scheduler not loaded stays where it was, its groups taking the lrs)."""
+    if isinstance(engine.lr_scheduler, EngineScheduler):  # the config's schedule, before the counts move
+        engine.lr_scheduler.saved_position(scheduler, lrs, betas)
+    applied_before = engine.applied_steps()
     engine.optimizer.applied.fill_(applied)
     engine.optimizer.skipped.fill_(skipped)
     engine.global_step, engine.micro_steps = step, micro_steps
-    if isinstance(engine.lr_scheduler, EngineScheduler):  # the config's schedule
-        engine.lr_scheduler.saved_position(scheduler, lrs)
+    engine.steps_not_applied = 0  # the loaded optimizer's count is the run's
+    if not schedule and isinstance(engine.host_schedule, TorchScheduler):
+        engine.host_schedule.stay(engine.applied_steps() - applied_before, lrs, betas)
     if schedule and scheduler and engine.host_schedule is not None:
-        try:
-            engine.host_schedule.load_state_dict(scheduler)
-        except ValueError as e:
-            raise CheckpointError(
-                f"{folder}: {e}; build the same scheduler as the run that saved it, or pass "
-                "load_lr_scheduler_states=False"
-            ) from None
+        _load_scheduler(engine, folder, scheduler)
 
 
-def restore_steps(engine: "Engine", step: int, micro_steps: int, skipped: int, scheduler: Any = None) -> None:
+def _load_scheduler(engine: "Engine", folder: Path, scheduler: Any) -> None:
+    try:
+        engine.host_schedule.load_state_dict(scheduler)
+    except ValueError as e:
+        raise CheckpointError(
+            f"{folder}: {e}; build the same scheduler as the run that saved it, or pass "
+            "load_lr_scheduler_states=False"
+        ) from None
+
+
+def restore_steps(engine: "Engine", folder: Path, step: int, micro_steps: int, skipped: int, scheduler: Any = None,
+                  schedule: bool = False) -> None:
     """The run's counters alone, as DeepSpeed's load_optimizer_states=False restores them; the optimizer's own count
     of applied updates (Adam's step) goes on. The config's scheduler is given the saved scheduler state, which it
-    takes where load_lr_scheduler_states (as DeepSpeed's does); a scheduler passed to initialize keeps its own."""
+    takes where `schedule` (load_lr_scheduler_states, as DeepSpeed's does); so does a torch scheduler passed to
+    initialize, while its groups keep their lrs (DeepSpeed loads no optimizer groups then)."""
+    if isinstance(engine.lr_scheduler, EngineScheduler):  # before the counts move
+        engine.lr_scheduler.saved_position(scheduler)
     engine.optimizer.skipped.fill_(skipped)
     engine.global_step, engine.micro_steps = step, micro_steps
-    if isinstance(engine.lr_scheduler, EngineScheduler):
-        engine.lr_scheduler.saved_position(scheduler)
+    torch_scheduler = engine.host_schedule
+    if schedule and scheduler and isinstance(torch_scheduler, TorchScheduler):
+        groups = torch_scheduler.scheduler.optimizer.param_groups
+        lrs, stepped = [g["lr"] for g in groups], torch_scheduler.stepped
+        _load_scheduler(engine, folder, scheduler)
+        torch_scheduler.stepped = stepped  # stepped as often as this optimizer's own count of updates, which goes on
+        for group, lr in zip(groups, lrs):
+            group["lr"] = lr
 
 
 def nothing_to_resume(load_dir: str | os.PathLike) -> bool:
@@ -250,8 +270,8 @@ def _load_zbench(engine: "Engine", folder: Path, weights_only: bool, schedule: b
         engine.refresh_working_weights()
         if weights_only:
             if counters:
-                restore_steps(engine, manifest["step"], manifest["micro_steps"], manifest["optimizer"]["skipped"],
-                              manifest.get("scheduler"))
+                restore_steps(engine, folder, manifest["step"], manifest["micro_steps"],
+                              manifest["optimizer"]["skipped"], manifest.get("scheduler"), schedule)
             return folder, manifest["client_state"]
         o = manifest["optimizer"]
         engine.scaler.load_state_dict(manifest["loss_scaler"])

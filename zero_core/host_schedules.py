@@ -118,6 +118,20 @@ class TorchScheduler(HostSchedule):
     def state_dict(self) -> dict[str, Any]:
         return {"scheduler": self.scheduler.state_dict(), "stepped": self.stepped}
 
+    def stay(self, moved: int, lrs: Any, betas: Any = None) -> None:
+        """A load that took the optimizer's states but not this scheduler's, as DeepSpeed's: the scheduler stays
+        where it was while the applied count moves by `moved`, and its optimizer's groups take the lrs (and betas)
+        the loaded optimizer's groups held, where the checkpoint has them; its next step starts from those."""
+        self.stepped += moved
+        groups = self.scheduler.optimizer.param_groups
+        if isinstance(lrs, list) and len(lrs) == len(groups) and all(is_lr(lr) for lr in lrs):
+            for group, lr in zip(groups, lrs):
+                group["lr"] = float(lr)
+        pairs = checked_betas(betas, len(groups))
+        for group, pair in zip(groups, pairs or ()):
+            if "betas" in group:
+                group["betas"] = pair
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """A checkpoint's plain-data state, checked against this scheduler's own keys before it is applied."""
         own = self.scheduler.state_dict()
@@ -166,6 +180,16 @@ def _group_betas(groups: list[dict]) -> Betas | None:
     return [(float(g["betas"][0]), float(g["betas"][1])) for g in groups]
 
 
+def checked_betas(betas: Any, groups: int) -> list[tuple[float, float]] | None:
+    """`betas` as one (beta1, beta2) of finite numbers per group, or None where it is not that."""
+    if not isinstance(betas, (list, tuple)) or len(betas) != groups:
+        return None
+    pairs = [tuple(b) if isinstance(b, (list, tuple)) and len(b) == 2 else () for b in betas]
+    ok = all(len(p) == 2 and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+                                 for x in p) for p in pairs)
+    return [(float(p[0]), float(p[1])) for p in pairs] if ok else None
+
+
 def is_lr(value: Any) -> bool:
     """A finite number >= 0 (a bool is not one)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
@@ -209,8 +233,9 @@ class AtPosition(HostSchedule):
         self.schedule, self.handle = schedule, handle
 
     def values(self, applied: int) -> tuple[list[float], Betas | None]:
-        held = self.handle.held_lrs(applied)  # the lrs a checkpoint load left in the groups, for its next update
-        return (held, None) if held is not None else self.schedule.values(applied + self.handle.extra)
+        own = self.schedule.values(applied + self.handle.extra)
+        held = self.handle.held_values(applied)  # what a checkpoint load left in the groups, for its next update
+        return own if held is None else (held[0], held[1] if held[1] is not None else own[1])
 
 
 class LrWrites:

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..host_schedules import checked_betas
 from ..loss_scaler import ReportsLossScale
 from .param_groups import OptimizerPlan
 
@@ -76,9 +77,11 @@ class EngineScheduler:
         self.extra = 0
         self._loaded: int | None = None  # the position a checkpoint being loaded saved, for after_load
         self._loaded_lrs: list[float] | None = None  # the lrs its optimizer's groups held, where it recorded them
-        # (applied count, lrs): what a load left in the groups for the update after that many applied updates, as
-        # DeepSpeed's groups keep a loaded optimizer's lrs until its scheduler next steps; None: the schedule's
-        self._held: tuple[int, list[float]] | None = None
+        self._loaded_betas: list[tuple[float, float]] | None = None  # and their (beta1, beta2), where it has them
+        self._betas_before: list[tuple[float, float]] | None = None  # the betas the groups held before that load
+        # (applied count, lrs, betas or None): what a load left in the groups for the update after that many applied
+        # updates, as DeepSpeed's groups keep a loaded optimizer's lrs and betas until its scheduler next steps
+        self._held: tuple[int, list[float], list[tuple[float, float]] | None] | None = None
         self._held_on: dict[torch.device, torch.Tensor] = {}
 
     @property
@@ -100,28 +103,40 @@ class EngineScheduler:
 
         return at
 
-    def held_lrs(self, applied: int) -> list[float] | None:
-        """The lrs a load left in the groups, where the update after `applied` applied updates takes them."""
-        return self._held[1] if self._held is not None and self._held[0] == applied else None
+    def held_values(self, applied: int) -> tuple[list[float], list[tuple[float, float]] | None] | None:
+        """The lrs and betas (None: the schedule's) a load left in the groups, where the update after `applied`
+        applied updates takes them."""
+        return self._held[1:] if self._held is not None and self._held[0] == applied else None
 
-    def saved_position(self, state: Any, lrs: Any = None) -> None:
+    def saved_position(self, state: Any, lrs: Any = None, betas: Any = None) -> None:
         """A loaded checkpoint's scheduler state: DeepSpeed's `{"last_batch_iteration": n}` (zbench saves the same),
         or, from a DeepSpeed checkpoint, `{"scheduler": {...}}`; without one the applied count gives the position.
-        `lrs`: the lrs its optimizer's groups held for the next update (a zbench save records them)."""
+        `lrs`, `betas`: what its optimizer's groups held for the next update (a zbench save records the lrs, a
+        DeepSpeed checkpoint's optimizer state both)."""
         inner = state.get("scheduler", state) if isinstance(state, dict) else None
         to = inner.get("last_batch_iteration") if isinstance(inner, dict) else None
         self._loaded = to if isinstance(to, int) and not isinstance(to, bool) and to >= -1 else None
         fits = isinstance(lrs, list) and len(lrs) == len(self._engine.optimizer.groups) and all(
             isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0 for x in lrs)
         self._loaded_lrs = [float(x) for x in lrs] if fits else None
+        self._loaded_betas = checked_betas(betas, len(self._engine.optimizer.groups))
+        self._betas_before = self._next_betas()  # called before the load moves the counts
+
+    def _next_betas(self) -> list[tuple[float, float]] | None:
+        """The betas this schedule writes for the next update (None: it sets none, the optimizer's own hold)."""
+        e = self._engine
+        return e.host_schedule.values(e.applied_steps())[1] if e.host_schedule is not None else None
 
     def after_load(self, schedule: bool, optimizer: bool, applied_before: int, lrs_before: list[float]) -> None:
         """engine.load_checkpoint, as DeepSpeed's: with `schedule` the saved position (the checkpoint's applied count
         where it saved none and the optimizer was loaded), else the position it had. The next update takes the lrs
         the groups then hold: with `optimizer` the saved groups' (where the save recorded none, this schedule's at
-        the saved position), else those of before the load (`lrs_before`); the scheduler's next step writes its own."""
-        loaded, saved_lrs = self._loaded, self._loaded_lrs
-        self._loaded = self._loaded_lrs = None
+        the saved position), else those of before the load (`lrs_before`), and so do OneCycle's betas; the scheduler's
+        next step writes its own."""
+        loaded, saved_lrs, saved_betas = self._loaded, self._loaded_lrs, self._loaded_betas
+        # a load of the module alone moves no count and gives no saved position: the betas are still those of before
+        betas_before = self._betas_before if self._betas_before is not None else self._next_betas()
+        self._loaded = self._loaded_lrs = self._loaded_betas = self._betas_before = None
         if schedule and (loaded is not None or optimizer):
             self.extra = 0
             if loaded is not None:
@@ -129,19 +144,23 @@ class EngineScheduler:
         else:
             self.extra += applied_before - self._engine.applied_steps()
         self._held, self._held_on = None, {}
-        held = lrs_before if not optimizer else saved_lrs
-        if held is None and not schedule and loaded is not None:
-            held = self._lrs_at(loaded)
+        held, held_betas = (lrs_before, betas_before) if not optimizer else (saved_lrs, saved_betas)
+        if optimizer and loaded is not None and (held is None or held_betas is None):
+            # what the saved groups held, where the checkpoint does not say: this schedule's at the saved position
+            at_lrs, at_betas = self._values_at(loaded)
+            held = held if held is not None or schedule else at_lrs
+            held_betas = held_betas if held_betas is not None else at_betas
         if held is not None:
-            self._held = (self._engine.applied_steps(), [float(x) for x in held])
+            self._held = (self._engine.applied_steps(), [float(x) for x in held], held_betas)
         self.publish()
 
-    def _lrs_at(self, position: int) -> list[float]:
-        """This schedule's lrs at `position` (DeepSpeed's groups after its scheduler stepped there)."""
+    def _values_at(self, position: int) -> tuple[list[float], list[tuple[float, float]] | None]:
+        """This schedule's lrs and betas (None: it sets none) at `position` (DeepSpeed's groups after its scheduler
+        stepped there)."""
         extra = self.extra
         self.extra += position - self.last_batch_iteration
         try:
-            return self._engine.get_lr()
+            return self._engine.get_lr(), self._next_betas()
         finally:
             self.extra = extra
 
@@ -205,3 +224,4 @@ class EngineScheduler:
         for group, pair in zip(groups, betas or ()):
             if "betas" in group:  # DeepSpeed's OneCycle leaves an optimizer without betas alone
                 group["betas"] = pair
+
