@@ -51,19 +51,19 @@ def _after_steps(rank: int, world: int, overlap: bool) -> dict:
     gen = torch.Generator().manual_seed(rank)
     out = {"moved": [], "plain": [], "gathered": [], "refused": []}
     for _ in range(3):
-        loss = engine(torch.randn(2, 8, generator=gen))
+        loss = engine(torch.randn(2, 8, generator=gen).to(engine.device))
         engine.backward(loss)
-        before = model.blocks[1].bias.detach().clone() if not (overlap and world > 1) else None
+        before = model.blocks[1].bias.detach().cpu().clone() if not (overlap and world > 1) else None
         engine.step()
-        expected = safe_get_full_fp32_param(model.blocks[1].bias)
+        expected = safe_get_full_fp32_param(model.blocks[1].bias).cpu()
         if before is not None:
             out["moved"].append((expected - before).abs().max().item())
         try:
-            out["plain"].append((model.blocks[1].bias.detach().clone() - expected).abs().max().item())
+            out["plain"].append((model.blocks[1].bias.detach().cpu() - expected).abs().max().item())
         except ValueError as e:  # refused: the unit's update may still run, and gathering needs every rank
             out["refused"].append(str(e))
         with zero.GatheredParameters([model.blocks[1].bias]):
-            out["gathered"].append((model.blocks[1].bias.detach().clone() - expected).abs().max().item())
+            out["gathered"].append((model.blocks[1].bias.detach().cpu() - expected).abs().max().item())
     return out
 
 
