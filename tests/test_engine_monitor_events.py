@@ -39,7 +39,7 @@ def _train(engine, micro_steps: int = 10) -> list[float]:
     losses = []
     for _ in range(micro_steps):
         x, y = torch.randn(2, 6, generator=gen), torch.randn(2, 3, generator=gen)
-        loss = (engine(x.to(engine.dtype)) - y).pow(2).mean()  # fp16: the model runs in half
+        loss = (engine(x.to(engine.device, engine.dtype)) - y.to(engine.device)).pow(2).mean()  # fp16: in half
         engine.backward(loss)
         engine.step()
         losses.append(loss.item())

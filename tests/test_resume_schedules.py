@@ -76,7 +76,7 @@ def _engine(shift: int, scheduler: str):
 def _train(engine, optimizer, batches) -> list:
     seen = []
     for x, y in batches:
-        engine.backward(torch.nn.functional.mse_loss(engine(x), y))
+        engine.backward(torch.nn.functional.mse_loss(engine(x.to(engine.device)), y.to(engine.device)))
         engine.step()
         assert [g["lr"] for g in optimizer.param_groups] == engine.get_lr()
         weights = sum(float(p.detach().double().sum()) for p in engine.module.parameters())
