@@ -8,6 +8,7 @@ link. The folder itself is the user's choice and may be a link.
 
     path = inside(folder, rel, what="rank file")     # the resolved path, or CheckpointError
     name = plain_name(text, what="tag")              # one path component, or CheckpointError
+    f"tags present: {one_line(name)}"                # a name read from disk, shown on one line
 
 Errors are one line naming the path, the folder and the fix.
 """
@@ -17,17 +18,29 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import unicodedata
 from pathlib import Path
 
 from .source import CheckpointError
 
 NAME_MAX_BYTES = 255  # a path component on every common file system
 POINTER_MAX_BYTES = 4096  # `latest` holds one tag name; anything larger is not a pointer
+# Control characters (C0, DEL, C1), invisible format characters (BOM, bidi overrides, zero-width), lone
+# surrogates (undecodable bytes of a folder name) and the line/paragraph separators: any of these in a name
+# splits or disguises the one-line messages that print it.
+_UNSAFE_CATEGORIES = ("Cc", "Cf", "Cs", "Zl", "Zp")
+
+
+def one_line(text: str) -> str:
+    """`text` (a name or path read from disk) as it may appear in a one-line message: unchanged when every
+    character prints as itself, else its escaped repr (a newline shows as \\n, never as a line break)."""
+    return text if text.isprintable() else repr(text)
 
 
 def plain_name(name: object, what: str, fix: str = "use a plain folder name") -> str:
-    """`name` as one path component: a non-empty str without separators, NUL or a leading '.',
-    at most 255 bytes; raises CheckpointError naming `what` otherwise."""
+    """`name` as one path component: a non-empty str without separators, NUL, a leading '.' or a character that
+    breaks or hides part of a one-line message (_UNSAFE_CATEGORIES), at most 255 bytes; raises CheckpointError
+    naming `what` otherwise."""
     shown = repr(name) if not isinstance(name, str) or len(name) <= 80 else repr(name[:80] + "...")
     if not isinstance(name, str) or not name:
         raise CheckpointError(f"{what} {shown} is not a name; {fix}")
@@ -36,6 +49,10 @@ def plain_name(name: object, what: str, fix: str = "use a plain folder name") ->
     if "/" in name or "\\" in name or "\0" in name or name.startswith(".") or name != name.strip():
         raise CheckpointError(f"{what} {shown} is not a plain name (no '/', '\\', NUL, leading '.' or "
                               f"surrounding spaces); {fix}")
+    unsafe = next((c for c in name if unicodedata.category(c) in _UNSAFE_CATEGORIES), None)
+    if unsafe is not None:
+        raise CheckpointError(f"{what} {shown} holds the control or invisible character {unsafe!r} "
+                              f"(U+{ord(unsafe):04X}); {fix}")
     return name
 
 
@@ -61,16 +78,18 @@ def inside(folder: str | os.PathLike, rel: str | os.PathLike, *, what: str, foll
         raise CheckpointError(f"{what} {text!r} in {folder} is not a file name; the checkpoint is damaged or crafted: "
                               "use one written by its tool")
     if os.path.isabs(text):
-        raise CheckpointError(f"{what} {text} is an absolute path, outside {folder}; files are read only from inside "
-                              "their folder: the checkpoint is damaged or crafted, use one written by its tool")
+        raise CheckpointError(f"{what} {one_line(text)} is an absolute path, outside {folder}; files are read only "
+                              "from inside their folder: the checkpoint is damaged or crafted, use one written by its "
+                              "tool")
     normal = os.path.normpath(text)
     if normal == os.pardir or normal.startswith(os.pardir + os.sep):
-        raise CheckpointError(f"{what} {text} points outside {folder}; files are read only from inside their folder: "
-                              "the checkpoint is damaged or crafted, use one written by its tool")
+        raise CheckpointError(f"{what} {one_line(text)} points outside {folder}; files are read only from inside their "
+                              "folder: the checkpoint is damaged or crafted, use one written by its tool")
     if not follow_symlinks:
         link = _symlink_on_the_way(folder, Path(normal))
         if link is not None:
-            raise CheckpointError(f"{what} {link} is a symbolic link (to {os.readlink(link)}), inside {folder}; "
+            target = one_line(os.readlink(link))
+            raise CheckpointError(f"{what} {one_line(str(link))} is a symbolic link (to {target}), inside {folder}; "
                                   "replace it with the file itself, or pass --follow-symlinks to read through links")
     return folder / normal
 

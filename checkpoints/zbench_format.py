@@ -15,6 +15,7 @@ died are reported with the fix, not removed. Pure file handling: converters use 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -23,12 +24,38 @@ import shutil
 from pathlib import Path
 
 from .manifest import MANIFEST
-from .paths import inside, plain_name, read_pointer
+from .paths import inside, one_line, plain_name, read_pointer
 from .source import CheckpointError
 
 LATEST = "latest"
 _AUX = re.compile(r"^\.(?P<tag>.+)\.(?P<kind>partial|old|pruned|tmp)-(?P<pid>\d+)-[0-9a-f]+$")
 _PID_MAX = 1 << 22  # Linux's ceiling for pid_max: a larger number names no process that could exist
+
+
+class TagNotReplaceable(OSError):
+    """ROOT/<tag> is a symbolic link, a file, or a folder holding something other than a zbench checkpoint: a save
+    would move it aside and then delete it as the replaced copy."""
+
+    def __init__(self, what: str, fix: str) -> None:
+        super().__init__(errno.EEXIST, what)
+        self.fix = fix
+
+
+def check_replaceable(root: Path, tag: str) -> None:
+    """TagNotReplaceable unless ROOT/<tag> is absent, an empty folder, or a zbench checkpoint (which a save of the
+    same tag replaces, as DeepSpeed's does)."""
+    final = root / tag
+    if final.is_symlink():
+        raise TagNotReplaceable(f"{one_line(str(final))} is a symbolic link (to {one_line(os.readlink(final))}), not a "
+                                "checkpoint folder", "a save never replaces a link nor writes through it: delete the "
+                                "link (what it points to is kept) or pass another tag")
+    if os.path.lexists(final) and not final.is_dir():
+        raise TagNotReplaceable(f"{one_line(str(final))} is a file, not a checkpoint folder",
+                                "move that file away or pass another tag")
+    if final.is_dir() and not (final / MANIFEST).is_file() and any(final.iterdir()):
+        raise TagNotReplaceable(f"{one_line(str(final))} holds files but no zbench checkpoint (no {MANIFEST})",
+                                "a save replaces only a checkpoint of its own format: move that folder away or "
+                                "pass another tag")
 
 
 def new_token() -> str:
@@ -92,7 +119,7 @@ def recover(root: Path) -> list[str]:
         m = _AUX.match(d.name)
         assert m is not None
         final = root / m["tag"]
-        if m["kind"] == "old" and not final.exists() and (d / MANIFEST).is_file():
+        if m["kind"] == "old" and not os.path.lexists(final) and (d / MANIFEST).is_file():
             os.replace(d, final)
             restored.append(m["tag"])
     if restored:
@@ -128,6 +155,7 @@ def commit(root: Path, tag: str, staged: Path, move_latest: bool = True) -> str 
     means nothing was published (a failed move of `latest` puts the replaced copy back and the new one back in
     `staged`); once it is, only a note (the replaced copy left on disk) can come back."""
     fsync_path(staged)
+    check_replaceable(root, tag)  # again: a link may have appeared since the save began
     final = root / tag
     old = None
     if final.exists():
@@ -268,7 +296,7 @@ def resolve(path: str | os.PathLike, tag: str | None = None, follow_symlinks: bo
         aside = set_aside_copy(root, tag)
         if aside is not None:
             return aside
-        present = ", ".join(t for _, t in complete_tags(root))
+        present = ", ".join(one_line(t) for _, t in complete_tags(root))
         fix = f"tags present: {present}; pick one of those" if present else "it holds none; load another folder"
         raise CheckpointError(f"no complete checkpoint '{tag}' in {root} ({fix})")
     return folder

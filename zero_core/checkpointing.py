@@ -27,7 +27,7 @@ from checkpoints import manifest as mf
 from checkpoints import zbench_format as fmt
 from checkpoints.io_errors import ACCESS, SPACE, write_cause
 from checkpoints.manifest_checks import MAX_CLIENT_STATE_DEPTH, POINTERS, too_deep
-from checkpoints.paths import plain_name
+from checkpoints.paths import one_line, plain_name
 from checkpoints.safetensors_stream import StreamingWriter, write_tensors
 from checkpoints.source import CheckpointError
 
@@ -106,6 +106,7 @@ def _prepare(root: Path, tag: str) -> tuple[Path, list[Path]]:
     """Rank 0: the root folder, a tag replaced by a save that died put back, and a fresh staging folder;
     also the staging folders that dead saves left (reported, never removed: they are not ours)."""
     root.mkdir(parents=True, exist_ok=True)
+    fmt.check_replaceable(root, tag)  # before anything moves: a link or file named like the tag is left alone
     fmt.recover(root)
     staged = fmt.staging_dir(root, tag, fmt.new_token())
     staged.mkdir()
@@ -121,10 +122,12 @@ def _stage(engine: "Engine", root: Path, tag: str) -> Path:
             if stale:
                 print(
                     f"zero_core: {len(stale)} folder(s) left in {root} by saves that died "
-                    f"({', '.join(d.name for d in stale[:3])}); "
+                    f"({', '.join(one_line(d.name) for d in stale[:3])}); "
                     "they hold disk space: delete them once no save is running",
                     flush=True,
                 )
+        except fmt.TagNotReplaceable as e:
+            problem = (e.strerror, e.fix)
         except OSError as e:
             what, fix = _cause(e)
             problem = (f"cannot create {e.filename or root} ({what})", fix)
@@ -146,6 +149,8 @@ def publish(
         note = fmt.commit(root, tag, staged, move_latest)
     except OSError as e:
         shutil.rmtree(staged, ignore_errors=True)  # made by this rank's _prepare
+        if isinstance(e, fmt.TagNotReplaceable):
+            return (e.strerror, e.fix)
         what, fix = _cause(e)
         return (f"rank 0 could not write the manifest or commit {tag} ({what})", fix)
     saved[:] = [s for s in saved if s[0] != tag] + [(tag, fmt.folder_identity(root / tag))]
