@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .deepspeed_pickle import NumpyArray, NumpyDtype, bad_field, checked_number, shown
+from .deepspeed_pickle import REWRITE, NumpyArray, NumpyDtype, bad_field, checked_number, shown
 from .dtypes import name_of
 from .torch_file_reader import TorchFileReader
 from .paths import inside
@@ -177,6 +177,14 @@ class ModelStates:
             bad = next((n for n, t in table.items() if not isinstance(n, str) or not isinstance(t, torch.Tensor)), None)
             if bad is not None:
                 raise bad_field(first, f"{key}[{shown(bad)}]", table[bad], "a tensor")
+        # ZeRO-2/3 keep a frozen parameter's data in the fragments (ZeRO-3: each rank's), ZeRO-1 in the module
+        held = frags if self.zero3 else {**module, **frags}
+        lost = next((n for n in self.frozen_shapes if n not in held and n not in self.shared), None)
+        if lost is not None:
+            raise CheckpointError(
+                f"{first}: frozen parameter {shown(lost)} is listed in frozen_param_shapes but its data is in neither "
+                f"frozen_param_fragments nor the module; {REWRITE}"
+            )
         # Names in module order (the model's state-dict order); optimizer-only names appended.
         self.order = list(module) + [n for n in self.trainable if n not in module]
         self._stored = {n: _dtype_name(frags[n] if n in frags else module[n]) for n in module}

@@ -9,8 +9,9 @@ asked for, such as a partition's padding) and the small structure records, and c
 (the Adam moments, when only weights are wanted) are not checked here: `check_zip_file` checks a whole file.
 
 Where torch gives no offsets (older torch), the offsets do not match the zip directory, the file's byte order is
-foreign, or the file predates the zip format, tensors are copied out of a memory mapping (legacy files: out of
-memory), and `problems()` checks the whole of each zip file opened.
+foreign, or the file predates the zip format, tensors are copied out of a memory mapping (legacy files and files
+of the other byte order, which torch swaps as it loads them: out of memory), and `problems()` checks the whole of
+each zip file opened.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ from .source import CheckpointError
 from .zip_crc import PIECE, ZipCorrupt, crc_of_range, stored_records
 
 _OPEN_FILES = 64  # file descriptors kept open at once (a universal checkpoint has a file per parameter)
+# An expanded (stride-0) view is saved as its small storage but written out, and read, at its full size: a few
+# bytes on disk could ask for gigabytes. Past both bounds such a view is refused (docs/checkpoints.md).
+EXPAND_LIMIT = 16
+EXPAND_FLOOR = 64 << 20  # bytes: smaller views are read whatever their ratio (a broadcast mask, position ids)
 _STORAGE = re.compile(r"/data/[^/]+$")  # torch.save names a storage's record `<archive>/data/<key>`
 
 
@@ -143,11 +148,14 @@ class _PositionedFile:
 
 
 class _MappedFile:
-    """A file torch loads itself (memory-mapped when zip): tensors are copied out; the whole file is checked."""
+    """A file torch loads itself (memory-mapped when zip): tensors are copied out; the whole file is checked.
+    A file of the other byte order is read into memory instead: torch swaps its bytes as it loads them, and pages
+    of a mapping swapped in place must not be dropped (they would read back unswapped)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, foreign_order: bool = False) -> None:
         self.path = path
-        self._mapped = zipfile.is_zipfile(path)
+        self._zip = zipfile.is_zipfile(path)
+        self._mapped = self._zip and not foreign_order
         self.structure = load_pickle(path, mmap=self._mapped)
 
     def read(self, t: torch.Tensor, first: int, dst: torch.Tensor) -> None:
@@ -157,7 +165,7 @@ class _MappedFile:
             drop_file_pages(src)  # keep RSS at the caller's tensor, not the file
 
     def problems(self) -> list[str]:
-        problem = check_zip_file(self.path) if self._mapped else None
+        problem = check_zip_file(self.path) if self._zip else None
         return [problem] if problem else []
 
     def close(self) -> None:
@@ -165,21 +173,25 @@ class _MappedFile:
 
 
 def _open(path: Path) -> _PositionedFile | _MappedFile:
-    if not meta_offsets_supported() or not zipfile.is_zipfile(path):
+    if not zipfile.is_zipfile(path):
         return _MappedFile(path)
     try:  # before unpickling: a damaged zip directory is named here rather than through torch's reaction to it
         stored, _ = stored_records(path)
+        order = next((r for r in stored if r.name.endswith("/byteorder")), None)
+        # before unpickling too: torch swaps a foreign file's storages as it loads them, meta ones included (a crash)
+        foreign = order is not None and _read(path, order) != sys.byteorder.encode()
     except (ZipCorrupt, zipfile.BadZipFile) as e:
         raise CheckpointError(f"{path} is truncated or corrupt ({e}); copy the file again from where it was saved")
     except OSError as e:
         raise CheckpointError(f"cannot read {path}: {e.strerror or e}; check that the file is readable") from None
+    if foreign or not meta_offsets_supported():
+        return _MappedFile(path, foreign)
     structure = load_pickle(path, map_location="meta")
     by_start = {r.start: r for r in stored}
-    order = next((r for r in stored if r.name.endswith("/byteorder")), None)
     tensors = walk(path, structure)
     offsets = {getattr(t.untyped_storage(), "_checkpoint_offset", None) for t in tensors}
-    if not offsets <= by_start.keys() or (order and _read(path, order) != sys.byteorder.encode()):
-        return _MappedFile(path)  # a writer other than torch's, or bytes to swap: let torch read them
+    if not offsets <= by_start.keys():
+        return _MappedFile(path)  # a writer other than torch's: let torch read it
     for t in tensors:  # sizes come from the pickle: bound each storage by its record before anything is sized by it
         rec = by_start[t.untyped_storage()._checkpoint_offset]
         if t.untyped_storage().nbytes() > rec.size:
@@ -231,7 +243,14 @@ class TorchFileReader:
 
     def tensor(self, path: Path, t: torch.Tensor) -> torch.Tensor:
         """The whole tensor `t` of `path` as a new CPU tensor of its own."""
-        flat = torch.empty(_span(t), dtype=t.dtype)
+        span = _span(t)
+        if t.numel() > max(EXPAND_LIMIT * span, EXPAND_FLOOR // t.element_size()):
+            raise CheckpointError(
+                f"{path}: a tensor of shape {tuple(t.shape)} is an expanded view of {span} stored elements (strides "
+                f"{t.stride()}), past what zbench expands ({EXPAND_FLOOR >> 20} MiB or {EXPAND_LIMIT}x its storage); "
+                "save the checkpoint with that tensor .clone()d, or make it a non-persistent buffer"
+            )
+        flat = torch.empty(span, dtype=t.dtype)
         self._file(path).read(t, t.storage_offset(), flat)
         out = flat.as_strided(tuple(t.shape), tuple(t.stride()))
         return out if out.is_contiguous() else out.contiguous()
