@@ -6,10 +6,12 @@ from __future__ import annotations
 import copy
 import functools
 import hashlib
+import io
 import os
 import stat
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import yaml
@@ -91,6 +93,17 @@ def snapshot(root: Path) -> dict[str, str]:
             else:
                 out[str(path.relative_to(root))] = f"special file (mode {mode:o})"
     return out
+
+
+def rewrite_torch_zip(path: Path, change) -> None:
+    """Rewrite every record of the torch.save zip `path` as `change(name, bytes)` says; nothing is unpickled."""
+    with zipfile.ZipFile(path) as src:
+        records = [(info, src.read(info.filename)) for info in src.infolist()]
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as dst:
+        for info, data in records:
+            dst.writestr(info, change(info.filename, data))
+    path.write_bytes(buf.getvalue())
 
 
 def file_sha256(path: Path) -> str:

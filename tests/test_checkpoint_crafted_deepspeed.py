@@ -4,11 +4,9 @@ field and the value), and a world size costs work bounded by the rank files pres
 
 from __future__ import annotations
 
-import io
 import pickletools
 import shutil
 import struct
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -20,7 +18,7 @@ from checkpoints.deepspeed_pickle import load_pickle
 from checkpoints.deepspeed_source import DeepSpeedSource
 from checkpoints.deepspeed_universal_source import UniversalSource
 from checkpoints.source import CheckpointError
-from helpers import FIXTURES, refused
+from helpers import FIXTURES, refused, rewrite_torch_zip
 
 _SCALARS = {"BININT", "BININT1", "BININT2", "LONG1", "LONG4", "BINFLOAT", "BINUNICODE", "NEWTRUE", "NEWFALSE", "NONE"}
 MODEL = "mp_rank_00_model_states.pt"
@@ -43,13 +41,7 @@ def _opcode(value) -> bytes:
 
 def _rewrite_pickle(path: Path, change) -> None:
     """Rewrite the `data.pkl` record of the torch.save zip `path` as `change(bytes)` says; nothing is unpickled."""
-    with zipfile.ZipFile(path) as src:
-        records = [(info, src.read(info.filename)) for info in src.infolist()]
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as dst:
-        for info, data in records:
-            dst.writestr(info, change(data) if info.filename.endswith("/data.pkl") else data)
-    path.write_bytes(buf.getvalue())
+    rewrite_torch_zip(path, lambda name, data: change(data) if name.endswith("/data.pkl") else data)
 
 
 def patch(path: Path, key: str, value) -> None:

@@ -4,9 +4,7 @@ parameters with no data are each refused in one line by inspect and convert."""
 
 from __future__ import annotations
 
-import io
 import shutil
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -17,20 +15,12 @@ from safetensors.torch import load_file
 from checkpoints.deepspeed_pickle import load_pickle
 from checkpoints.source import CheckpointError
 from checkpoints.torch_file_reader import TorchFileReader
-from helpers import FIXTURES, cli, refused
+from helpers import FIXTURES, cli, refused, rewrite_torch_zip
 
 MODEL = "mp_rank_00_model_states.pt"
 
 
-def _rewrite(path: Path, change) -> None:
-    """Rewrite every record of the torch.save zip `path` as `change(name, bytes)` says; nothing is unpickled."""
-    with zipfile.ZipFile(path) as src:
-        records = [(info, src.read(info.filename)) for info in src.infolist()]
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as dst:
-        for info, data in records:
-            dst.writestr(info, change(info.filename, data))
-    path.write_bytes(buf.getvalue())
+_rewrite = rewrite_torch_zip
 
 
 def _as_big_endian(path: Path) -> None:
