@@ -27,7 +27,7 @@ from typing import Callable
 from .dcp_source import DcpSource, is_dcp_folder
 from .deepspeed_source import DeepSpeedSource, is_deepspeed_folder
 from .deepspeed_universal_source import UniversalSource, is_universal_folder
-from .paths import inside, plain_name, read_pointer
+from .paths import inside, one_line, plain_name, read_pointer
 from .source import CheckpointError, CheckpointSource
 from .zbench_format import set_aside_copy
 
@@ -106,8 +106,8 @@ def _resolve(root: Path, tag: str | None, kind: str | None, follow_symlinks: boo
         pointers = ["latest_universal"] if kind == "deepspeed-universal" else ["latest", "latest_universal"]
         pointer = next((p for p in pointers if os.path.lexists(root / p)), None)
         if pointer is None:
-            tags = _tags(root, kind)
-            hint = f"; it holds checkpoints {', '.join(tags)}: pass --tag with one of them" if tags else (
+            tags = ", ".join(map(one_line, _tags(root, kind)))  # names read from disk: shown on one line
+            hint = f"; it holds checkpoints {tags}: pass --tag with one of them" if tags else (
                 "; pass the folder that holds the checkpoint files")
             raise CheckpointError(f"{root} is not a checkpoint folder (looked for latest, {looked}){hint}")
         tag, via = read_pointer(root, pointer, follow_symlinks), f"named by {pointer}"
@@ -118,8 +118,8 @@ def _resolve(root: Path, tag: str | None, kind: str | None, follow_symlinks: boo
     if aside is not None:  # a re-save of this tag died between its renames: its complete old copy
         return aside, "zbench"
     if not found:
-        tags = _tags(root, kind)
-        fix = f"tags present: {', '.join(tags)}; pass --tag with one of them" if tags else "it holds none"
+        tags = ", ".join(map(one_line, _tags(root, kind)))
+        fix = f"tags present: {tags}; pass --tag with one of them" if tags else "it holds none"
         raise CheckpointError(f"tag {tag!r} ({via}) is not a checkpoint in {root}; {fix}")
     return folder, found
 

@@ -139,7 +139,7 @@ def folder_identity(folder: Path) -> tuple[int, int] | None:
 def _write_latest(root: Path, tag: str) -> None:
     tmp = root / f".{LATEST}.tmp-{new_token()}"
     try:
-        tmp.write_text(tag + "\n", encoding="utf-8")
+        tmp.write_text(tag, encoding="utf-8")  # no newline, as DeepSpeed writes it: scripts join it to a path
         fsync_path(tmp)
         os.replace(tmp, root / LATEST)
     except OSError:

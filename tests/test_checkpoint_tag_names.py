@@ -135,3 +135,10 @@ def test_a_dangling_link_named_like_a_set_aside_copy_stays_and_other_tags_still_
     os.symlink(tmp_path / "gone", tmp_path / "best")
     engine.save_checkpoint(tmp_path, tag="other")
     assert (tmp_path / "best").is_symlink() and (tmp_path / ".best.old-4194303-abcd").is_dir()
+
+
+def test_latest_holds_the_tag_alone_as_deepspeed_writes_it(engine, tmp_path):
+    """Scripts join `latest`'s text to the folder (os.path.join(dir, open(dir + "/latest").read()))."""
+    engine.save_checkpoint(tmp_path, tag="global_step7")
+    assert (tmp_path / "latest").read_bytes() == b"global_step7"
+    assert os.path.isdir(os.path.join(tmp_path, (tmp_path / "latest").read_text()))
