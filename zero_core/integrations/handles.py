@@ -2,8 +2,11 @@
 
 Frameworks built for DeepSpeed call `optimizer.step()`, `scheduler.step()` and `optimizer.zero_grad()`
 after the backward; as with DeepSpeed, the engine has already applied the update by then (`backward_and_step`),
-so these do nothing. They answer what loops and callbacks read: the groups, and, as a stepped torch scheduler
-reports it, the lr of the next update (what Trainer logs after each step with DeepSpeed).
+so these do nothing. They answer what loops and callbacks read: the groups, and the lr as the scheduler Trainer
+would hold with DeepSpeed reports it. That depends on who steps it there: a schedule DeepSpeed steps (the config's
+"scheduler", or Trainer's built on the config's "optimizer") has moved on by the time Trainer logs, so it shows the
+next update's lr; Trainer's own scheduler over its own optimizer is not given to DeepSpeed, Trainer steps it after
+logging, so it shows the lr of the update just applied until that `step()`.
 """
 
 from __future__ import annotations
@@ -51,16 +54,32 @@ class EngineOptimizer:
 
 
 class EngineSchedule:
-    """The engine's schedule (the config's, or the scheduler it was given, which the engine steps itself)."""
+    """The engine's schedule (the config's, or the scheduler it was given, which the engine steps itself).
 
-    def __init__(self, engine: Any, optimizer: EngineOptimizer) -> None:
+    `stepped_by_loop`: Trainer steps this schedule after reading it, as it steps its own scheduler with DeepSpeed;
+    the lrs shown then move on at that `step()`, not at the engine's update."""
+
+    def __init__(self, engine: Any, optimizer: EngineOptimizer, stepped_by_loop: bool = False) -> None:
         self.engine, self.optimizer = engine, optimizer
+        self.stepped_by_loop = stepped_by_loop
+        self.shown: list[float] | None = None  # with stepped_by_loop: the lrs until the loop's next step()
+        self.restart()
+
+    def restart(self) -> None:
+        """Show the next update's lrs from here on (built, or a checkpoint loaded): no update since applied them."""
+        if self.stepped_by_loop:
+            self.shown = self.engine.get_lr()
 
     def step(self, *args: Any, **kwargs: Any) -> None:
-        """Nothing: the engine steps its schedule after every applied update."""
+        """The engine already stepped its schedule after the update; a loop-stepped one now shows the next lrs
+        (the same where the engine skipped the update: its schedule did not move)."""
+        self.restart()
 
     def get_last_lr(self) -> list[float]:
-        """The lrs of the next update, as a torch scheduler reports them after its step() (a host sync)."""
+        """A loop-stepped schedule's lrs as of its last step(); else the next update's, as a scheduler DeepSpeed
+        steps reports them (a host sync)."""
+        if self.shown is not None:
+            return list(self.shown)
         return self.engine.get_lr()
 
     def state_dict(self) -> dict[str, Any]:

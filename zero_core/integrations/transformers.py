@@ -128,10 +128,14 @@ class ZeroTrainer(transformers.Trainer):
                 "optim='adamw_torch', or name the optimizer in the DeepSpeed config's 'optimizer' section"
             ) from None
         handle = EngineOptimizer(self.engine)
-        self.optimizer, self.lr_scheduler = handle, EngineSchedule(self.engine, handle)
+        # Trainer's own scheduler over its own optimizer is not DeepSpeed's to step: Trainer steps it after logging
+        stepped_by_loop = "optimizer" not in raw and "scheduler" not in raw
+        self.optimizer = handle
+        self.lr_scheduler = EngineSchedule(self.engine, handle, stepped_by_loop)
         self.model_wrapped = self.engine
         if resume_from_checkpoint is not None:
             self.engine.load_checkpoint(resume_from_checkpoint)
+            self.lr_scheduler.restart()
         for attr in ("model", "optimizer", "lr_scheduler"):
             setattr(self.callback_handler, attr, getattr(self, attr))
         self.callback_handler.train_dataloader = train_dataloader

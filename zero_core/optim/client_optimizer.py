@@ -43,7 +43,8 @@ class ClientOptimizer(DeviceAdamW):
             self._parts = {}
             return
         for pg, lr in zip(self.client.param_groups, self.lr.tolist()):
-            pg["lr"] = lr
+            if _as_float32(pg["lr"]) != lr:  # a group holding this lr keeps its Python float, as the caller set it
+                pg["lr"] = lr
         starts = [start for start, _ in self.segments]
         for lo, hi, _, view in self.views:
             i = max(k for k, s in enumerate(starts) if s <= lo)
@@ -85,3 +86,8 @@ class ClientOptimizer(DeviceAdamW):
             state = {k.removeprefix("state."): a[lo:hi].to(view.device).clone() for k, a in arrays.items()}
             state.update({k: torch.tensor(float(v)) for k, v in scalars.items()})
             self.client.state[view] = state
+
+
+def _as_float32(value: Any) -> float:
+    """`value` (a number or a one-element tensor) rounded to float32, as the device holds an lr."""
+    return float(torch.as_tensor(value).to(torch.float32))
