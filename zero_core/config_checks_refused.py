@@ -66,7 +66,8 @@ def _check(row: Key, value: Any) -> Iterator[Problem]:
 
 
 def _data_types(cfg: ZeroConfig) -> Iterator[Problem]:
-    """DeepSpeed requires param_dtype to be the working precision (buffer_dtype may name any: buffer_dtypes.py)."""
+    """DeepSpeed requires param_dtype to be the working precision (buffer_dtype may name any: buffer_dtypes.py);
+    gradients accumulate in the working precision or in fp32."""
     types = cfg.data_types
     working = {"torch.float16": "fp16", "torch.bfloat16": "bf16"}.get(str(cfg.dtype), "fp32")
     given = types.param_dtype if types is not None else None
@@ -75,4 +76,11 @@ def _data_types(cfg: ZeroConfig) -> Iterator[Problem]:
             ("data_types.param_dtype",),
             f"data_types.param_dtype='{given}' is not the working precision '{working}' (set by fp16/bf16.enabled), "
             "which the parameters run in; set it to that or remove it",
+        )
+    accum = types.grad_accum_dtype if types is not None else None
+    if accum is not None and accum not in (working, "fp32"):  # 16-bit sums of another precision's gradients
+        yield Problem(
+            ("data_types.grad_accum_dtype",),
+            f"data_types.grad_accum_dtype='{accum}' is neither the working precision '{working}' (set by "
+            "fp16/bf16.enabled) nor 'fp32'; set one of those or remove it",
         )

@@ -42,7 +42,8 @@ OPTIMIZER = [
 
 PRECISION = [
     Key("fp16.fp16_master_weights_and_grads", REFUSED, _FP32, (False,)),
-    *ignored("gradients are added into fp32 after every micro-batch either way", "bf16.immediate_grad_update"),
+    *ignored("each micro-batch's gradients are added into the sums (data_types.grad_accum_dtype) as they arrive "
+             "either way", "bf16.immediate_grad_update"),
     Key("bf16.check_grad_overflow", REFUSED, "a step whose gradients are not finite is always skipped", (True,)),
     Key("bf16.bf16_master_weights_and_grads", REFUSED, _FP32, (False,)),
     Key("bf16.bf16_optimizer_states", REFUSED, _FP32, (False,)),
@@ -117,7 +118,7 @@ SECTIONS = [
         "activations are recomputed by torch.utils.checkpoint, never kept on the CPU", (False,)),
     *ignored(_RECOMPUTE, *(f"activation_checkpointing.{k}" for k in (
         "contiguous_memory_optimization", "number_checkpoints", "synchronize_checkpoint_boundary", "profile"))),
-    Key("data_types.grad_accum_dtype", REFUSED, "gradients always accumulate in fp32", ("fp32", None)),
+    Key("data_types.grad_accum_dtype", SUPPORTED),  # config_models.grad_accum_dtype; a 16-bit mix is refused
     *ignored("parameters run in the precision fp16 or bf16 enables (it must name that one)", "data_types.param_dtype"),
     Key("data_types.buffer_dtype", SUPPORTED),  # buffer_dtypes.py: every floating buffer cast to it
     Key("data_types.keep_in_fp32_modules", SUPPORTED),  # buffer_dtypes.py: these buffers stay in fp32

@@ -232,6 +232,13 @@ class ZeroConfig(Section):
         return TORCH_DTYPES[self.communication_data_type] if self.communication_data_type else self.dtype
 
     @property
+    def grad_accum_dtype(self) -> torch.dtype:
+        """Where gradients add up across micro-steps: data_types.grad_accum_dtype, else the working precision
+        (DeepSpeed's default: 16-bit runs accumulate in 16 bits at every stage)."""
+        given = self.data_types.grad_accum_dtype if self.data_types is not None else None
+        return TORCH_DTYPES[given] if given else self.dtype
+
+    @property
     def dynamic_loss_scale(self) -> bool:
         return self.fp16.enabled and self.fp16.loss_scale == 0
 

@@ -206,7 +206,8 @@ class DeepSpeedEngineAPI:
         yield
 
     def get_data_types(self) -> tuple[torch.dtype, torch.dtype]:
-        return self.dtype, self.config.comm_dtype
+        """(the model's dtype, the gradient accumulation dtype), as DeepSpeed's."""
+        return self.dtype, self.config.grad_accum_dtype
 
     def save_16bit_model(self, save_dir: str | os.PathLike, save_filename: str = "model.safetensors",
                          exclude_frozen_parameters: bool = False) -> bool:

@@ -11,6 +11,11 @@ boundary for 0-1) it is reduced on the side stream while backward goes on, by th
 chooses (all-reduce at stage 0, reduce-scatter otherwise), and handed to the optimizer, which folds it into
 its fp32 gradient wherever its states live (zero_core/optim/).
 
+Accumulation dtype (`data_types.grad_accum_dtype`, default the working precision, as DeepSpeed's). Stages 0-1
+accumulate in their persistent buffers: in the communication dtype, or in fp32 when fp32 is asked for.
+Stages 2-3 reduce every micro-step: with fp32 asked for, the optimizer folds each pass into its fp32
+gradient; with 16 bits, the shards are summed in 16 bits until the boundary (grad_sums.py).
+
 Every rank issues these collectives in one agreed order of the groups, whatever order its own groups complete
 in: a rank whose forward skipped some parameters (a branch another rank took, an expert it routed nothing to)
 completes different groups, or the same ones in another order, and pairing collectives by arrival would sum
@@ -33,6 +38,7 @@ from checkpoints.layout import FlatLayout
 from .. import comm
 from ..optim import PartitionOptimizer
 from .base import Stage
+from .grad_sums import MicroStepSums
 
 
 class GradReducer:
@@ -51,12 +57,19 @@ class GradReducer:
         self.layout = layout
         self.opt = optimizer
         self.stage = stage  # the collective that reduces a bucket, and what happens once it is reduced
-        self.comm_dtype = comm_dtype
         self.side = side
         self.keep_buffers = stage.persistent_buckets  # stages 0-1 accumulate full gradients across micro-steps
+        self.comm_dtype = comm_dtype  # the dtype buckets are reduced in
+        accum = stage.cfg.grad_accum_dtype
+        # stages 0-1 accumulate in their buckets: in fp32 only where fp32 is asked for under 16-bit training
+        wider = self.keep_buffers and accum == torch.float32 and stage.cfg.dtype != torch.float32
+        self.bucket_dtype = torch.float32 if wider else comm_dtype
+        self.sums = None if self.keep_buffers or accum == torch.float32 else MicroStepSums(
+            accum, optimizer.on_host, device)
+        self._final = False  # this pass ends the window: the step follows
         self.device = device
         self.buffers: list[torch.Tensor | None] = [
-            torch.zeros(g.padded_numel, dtype=comm_dtype, device=device) if self.keep_buffers else None
+            torch.zeros(g.padded_numel, dtype=self.bucket_dtype, device=device) if self.keep_buffers else None
             for g in layout.groups
         ]
         self.arrived = [0] * len(layout.groups)
@@ -88,7 +101,12 @@ class GradReducer:
         self._completed = []
         self._seen = set()
         self._pending = {}
-        if reduce_now:
+        self._final = final
+        if self.sums is not None:
+            if not accumulate:
+                self.sums.restart()
+            accumulate = False  # the optimizer sees only the boundary's sums
+        if reduce_now and (final or self.sums is None):  # this pass hands reduced shards to the optimizer
             self.opt.begin_pass(scale, accumulate, final)
 
     def finish(self) -> None:
@@ -130,7 +148,7 @@ class GradReducer:
             gaps = self._gaps[g]
             numel = self.layout.groups[g].padded_numel
             if gaps is None:
-                buf = torch.zeros(numel, dtype=self.comm_dtype, device=self.device)
+                buf = torch.zeros(numel, dtype=self.bucket_dtype, device=self.device)
             else:
                 buf = self._uninitialised(numel)
                 if gaps.numel():
@@ -139,7 +157,7 @@ class GradReducer:
         return buf
 
     def _uninitialised(self, numel: int) -> torch.Tensor:
-        return torch.empty(numel, dtype=self.comm_dtype, device=self.device)
+        return torch.empty(numel, dtype=self.bucket_dtype, device=self.device)
 
     def _assemble(self, g: int) -> torch.Tensor:
         """The group's flat buffer, with the gradients held for it (stages 2-3) copied in and released."""
@@ -191,8 +209,12 @@ class GradReducer:
         group = self.layout.groups[g]
         buf = self._assemble(g)  # stages 0-1 hold nothing pending: their persistent buffer as it is
         with self.side.after_current():
-            reduced = self.stage.reduce(buf, group)
-            self.opt.receive(reduced, group.partition_offset)
+            # an fp32-accumulated bucket is reduced in the communication dtype, as DeepSpeed reduces its sums
+            reduced = self.stage.reduce(buf if buf.dtype == self.comm_dtype else buf.to(self.comm_dtype), group)
+            if self.sums is not None:
+                reduced = self.sums.add(g, reduced, self._final)
+            if reduced is not None:
+                self.opt.receive(reduced, group.partition_offset)
             if self.keep_buffers:
                 buf.zero_()
             else:
