@@ -32,6 +32,7 @@ def test_config_object_answers_deepspeeds_attributes():
     assert c.zero_config.stage == 2 and c.zero_config.offload_optimizer.device == "cpu"
     assert c.optimizer_name == "adamw" and c.optimizer_params["betas"] == [0.9, 0.95]
     assert c.communication_data_type is None and c.world_size == 1 and c.monitor_config.enabled is False
+    assert c.grad_accum_dtype is None  # not set: DeepSpeed leaves it None too
     with pytest.raises(AttributeError, match="'no_such_key'"):
         c.no_such_key
     with pytest.raises(AttributeError, match="read-only"):

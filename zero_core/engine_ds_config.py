@@ -48,6 +48,7 @@ _PLAIN = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumu
 READERS: dict[str, Callable[[Any], Any]] = {
     **{key: _plain(key) for key in _PLAIN},
     "communication_data_type": _comm_dtype,
+    "grad_accum_dtype": lambda e: e.config.data_types.grad_accum_dtype if e.config.data_types else None,
     "zero_config": lambda e: e.config.zero_optimization,
     "zero_optimization_stage": lambda e: e.config.stage,
     "zero_enabled": lambda e: e.config.stage > 0,
