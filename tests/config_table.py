@@ -43,15 +43,17 @@ def _status(k: Key) -> str:
 
 def _key_rows() -> list[str]:
     """One row per section's supported keys (where the section first appears), one per set of keys of a section
-    that zero_core treats alike (status, accepted values and reason), and one per alias target section."""
+    that zero_core treats alike (status, accepted values and reason, such as what a supported key writes), and one
+    per alias target section."""
     rows = ["| key | zero_core | why |", "|---|---|---|"]
     supported: dict[tuple[str, ...], list[str]] = {}  # (section,) -> its supported keys
     alike: dict[tuple[str, str, str], list[str]] = {}  # (section, status, why) -> its keys, one row each
     order: list[tuple[str, ...]] = []
     for k in KEYS:
         section, _, leaf = k.path.rpartition(".")
-        group = (section,) if k.status == SUPPORTED else (section, _status(k), k.why)
-        found = supported if k.status == SUPPORTED else alike
+        together = k.status == SUPPORTED and not k.why  # a supported key that says what it does gets its own row
+        group = (section,) if together else (section, _status(k), k.why)
+        found = supported if together else alike
         if group not in found:
             found[group] = []
             order.append(group)

@@ -92,13 +92,22 @@ _PLUGIN_ONLY = (
 )
 
 
-def load_accelerate_config(path: str) -> dict[str, Any]:
-    """The DeepSpeed dict an Accelerate YAML describes (relative paths inside are relative to the YAML)."""
+def _read(path: str) -> AccelerateConfig:
     raw = read_yaml(path, "accelerate_config", ConfigError)  # plain data, no duplicate keys or alias bombs
     try:
-        acc = AccelerateConfig.model_validate(raw if isinstance(raw, dict) else {})
+        return AccelerateConfig.model_validate(raw if isinstance(raw, dict) else {})
     except ValidationError as err:
         raise ConfigError(f"accelerate_config {path}: {from_validation_error(err, AccelerateConfig)}") from None
+
+
+def accelerate_num_processes(path: str) -> int | None:
+    """The rank count an Accelerate YAML gives `accelerate launch` (all machines together), None when unset."""
+    return _read(path).num_processes
+
+
+def load_accelerate_config(path: str) -> dict[str, Any]:
+    """The DeepSpeed dict an Accelerate YAML describes (relative paths inside are relative to the YAML)."""
+    acc = _read(path)
     if acc.distributed_type.upper() != "DEEPSPEED":
         raise ConfigError(
             f"accelerate_config {path} has distributed_type {acc.distributed_type!r}; only DEEPSPEED "

@@ -183,6 +183,11 @@ def train(
         raise _fail(f"--seq-len {seq_len} exceeds the {preset} block size {arch.block_size}; use a smaller --seq-len")
     for line in filled:
         click.echo(line)
+    from .train_checks import launch_problem
+
+    problem = launch_problem(ds_config, nproc)
+    if problem:
+        raise _fail(problem)
     from dataclasses import asdict
 
     job = TrainJob(ds_config=ds_config, model=asdict(arch), steps=steps, seq_len=seq_len, warmup=warmup)

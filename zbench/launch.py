@@ -32,6 +32,7 @@ from types import SimpleNamespace
 from typing import Any, Callable, Iterator
 
 from .interrupt import agent_signals
+from .rank_errors import input_problem
 
 
 class RankFailure(RuntimeError):
@@ -205,6 +206,10 @@ def launch(
         first = _first_line(message, tail)
         seen = message + tail
         cls = OutOfDisk if _is_out_of_disk(seen) else OutOfMemory if _is_oom(seen, failure.exitcode) else RankFailure
+        user_problem = input_problem(first)
+        if user_problem:  # bad input, already said with its fix: the rank's traceback would only bury it
+            raise cls(f"{what} failed on rank {rank}: {user_problem}", rank=rank, log_tail=tail,
+                      exitcode=failure.exitcode, cause=user_problem) from None
         text = f"{what} failed on rank {rank} (exit code {failure.exitcode}): {first}"
         if tail:
             text += f"\n--- last log lines of rank {rank} ({rank_dir or 'console'}) ---\n{tail}"

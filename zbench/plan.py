@@ -17,11 +17,12 @@ from typing import Any, Literal
 from zero_core import ConfigError, UnsupportedFeature, load_config
 
 from . import ds_config
+from .accelerate_config import accelerate_num_processes
+from .cpu_ranks import CPU_RANKS_PER_CORE, cpu_ranks_problem  # noqa: F401  (re-exported)
 from .models.configs import ArchConfig, load_arch, size_keys
-from .plan_inputs import check_data, check_model, transformers_available  # noqa: F401  (re-exported for tests)
+from .plan_inputs import abs_path, check_data, check_model, transformers_available  # noqa: F401  (re-exported for tests)
 from .scenario import Scenario, ScenarioError, VariantSpec, load_scenario
 
-CPU_RANKS_PER_CORE = 4  # gloo ranks allowed per core on a machine without GPUs
 
 
 @dataclass
@@ -98,12 +99,9 @@ def _check_gpus(gpus: int, notes: list[str], cap: float | None) -> Literal["cuda
                 f"pass --gpus {present} (or fewer)"
             )
         return "cuda"
-    cores = os.cpu_count() or 1
-    if gpus > cores * CPU_RANKS_PER_CORE:
-        raise ScenarioError(
-            f"no GPU here, and {gpus} CPU ranks is more than {CPU_RANKS_PER_CORE} per core on "
-            f"{cores} cores; pass --gpus {cores * CPU_RANKS_PER_CORE} or fewer"
-        )
+    problem = cpu_ranks_problem(gpus)
+    if problem:
+        raise ScenarioError(problem)
     notes.append(f"no GPU: running {gpus} CPU rank(s) per node over gloo")
     if cap:
         notes.append("gpu_memory_cap_gib is ignored on the CPU")
@@ -231,6 +229,7 @@ def build_plan(
     if sc.model_search:
         _check_model_search(sc, base_dir, arch)
     plans = [_plan_variant(sc, v, base_dir, per_node * nnodes, arch, bool(simulate)) for v in chosen]
+    notes += _accelerate_rank_notes(chosen, base_dir, per_node * nnodes)
     if nnodes > 1:
         if sc.model_search:
             raise ScenarioError("model_search runs on one node; remove it for a multi-node run")
@@ -241,6 +240,19 @@ def build_plan(
                 "set batch_size for a multi-node run"
             )
     return Plan(sc, path, base_dir, arch, per_node, nnodes, device, plans, notes, simulated=bool(simulate))
+
+
+def _accelerate_rank_notes(chosen: list[VariantSpec], base_dir: str, world: int) -> list[str]:
+    """An Accelerate YAML's num_processes is `accelerate launch`'s rank count; here the scenario's gpus (or
+    --gpus) sets it for every variant alike, so a count that differs is named rather than silently not used."""
+    notes = []
+    for v in chosen:
+        asked = accelerate_num_processes(abs_path(v.accelerate_config, base_dir)) if v.accelerate_config else None
+        if asked is not None and asked != world:
+            notes.append(f"variant '{v.name}': its accelerate_config sets num_processes: {asked}, but the run uses "
+                         f"{world} rank(s) (the scenario's gpus x nodes); set gpus (ranks per node) in the scenario "
+                         f"or pass --gpus to run {asked}")
+    return notes
 
 
 def variant_job(plan: Plan, vp: VariantPlan, arch: ArchConfig | None, batch: int, mode: str,

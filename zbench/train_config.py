@@ -67,8 +67,9 @@ def _values(f: TrainFlags) -> tuple[dict, dict]:
         told["learning_rate"] = f.lr
     if "precision" in f.typed:
         told.update(fp16=f.precision == "fp16", bf16=f.precision == "bf16")
-    length = {"max_steps": f.steps + f.warmup, "warmup_steps": f.warmup}  # optimizer steps of the whole run
-    (told if {"steps", "warmup"} & f.typed else facts).update(length)
+    # optimizer steps of the whole run; each is matched against the config only when a flag that sets it was typed
+    (told if {"steps", "warmup"} & f.typed else facts)["max_steps"] = f.steps + f.warmup
+    (told if "warmup" in f.typed else facts)["warmup_steps"] = f.warmup
     return told, facts
 
 

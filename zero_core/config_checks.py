@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
+from .config_checks_monitor import monitor_problems
 from .config_checks_refused import refused_values
 from .config_errors import Problem
 from .config_keys import accepted_only_as
@@ -16,7 +17,7 @@ _Z = "zero_optimization."
 
 def contradictions(cfg: ZeroConfig) -> list[Problem]:
     checks = (_precision_and_optimizer, _scheduler, _offload, _overlap, _streamed, _delayed_update, _aio,
-              refused_values)
+              refused_values, monitor_problems)
     return [problem for check in checks for problem in check(cfg)]
 
 

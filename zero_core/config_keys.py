@@ -33,6 +33,7 @@ SCHEDULER_ARGUMENTS = {
 SCHEDULER_KEYS = {kind: frozenset(keys) for kind, keys in SCHEDULER_ARGUMENTS.items()}
 _SCHEDULER = tuple(dict.fromkeys(k for keys in SCHEDULER_ARGUMENTS.values() for k in keys))  # every one, once
 _LOGGING = "the engine logs nothing of its own"
+_SERVICES = "zero_core sends no events to this service (csv_monitor and tensorboard are written)"
 LOGGING_SECTIONS = ("tensorboard", "wandb", "csv_monitor", "comet", "flops_profiler", "comms_logger")
 _NVME_PARAM = "NVMe parameter offload maps the whole partition file; the kernel pages it in and out"
 _LIBAIO = "a libaio setting; zero_core's NVMe I/O runs on a thread pool"
@@ -142,10 +143,12 @@ KEYS: list[Key] = [
         "zero_core.offload_stream_fraction",
         "zero_core.offload_stream_hold_grads",
     ),
-    *(
-        Key(section, IGNORED, _LOGGING)
-        for section in LOGGING_SECTIONS
-    ),
+    Key("csv_monitor", SUPPORTED, "rank 0 writes engine.monitor's events, and the lr (fp16: also the loss scale) "
+        "after every update, to `<output_path>/<job_name>/<tag>.csv`, as DeepSpeed lays them out"),
+    Key("tensorboard", SUPPORTED, "rank 0 writes the same scalars to `<output_path>/<job_name>` with torch's "
+        "SummaryWriter (needs the tensorboard package)"),
+    *(Key(section, IGNORED, _SERVICES) for section in ("wandb", "comet")),
+    *(Key(section, IGNORED, _LOGGING) for section in ("flops_profiler", "comms_logger")),
     *ds.SECTIONS,
     # DeepSpeed keys that the models lack on purpose: refused whenever present, with the fix
     Key("amp", REFUSED, "use 'fp16' or 'bf16' instead"),

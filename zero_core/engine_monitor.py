@@ -74,6 +74,14 @@ def read_monitor_config(config: Any) -> MonitorConfig:
                          _writer_section("tensorboard", getattr(config, "tensorboard", None)), dropped)
 
 
+def check_section(name: str, section: Any) -> None:
+    """The ValueError the engine raises for monitor section `name` as given (the config checks call it at load)."""
+    if name in _DROPPED:
+        _flag(name, section or {})
+    else:
+        _writer_section(name, section)
+
+
 def _number(value: Any) -> Any:
     """A one-element tensor as its Python number (what a loss or an lr usually is), anything else as given."""
     return value.item() if isinstance(value, torch.Tensor) and value.numel() == 1 else value
