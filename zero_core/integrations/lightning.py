@@ -18,11 +18,10 @@ import copy
 import math
 import os
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import torch
 from lightning.pytorch.core.optimizer import _init_optimizers_and_lr_schedulers
-from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.types import LRSchedulerConfig
@@ -32,40 +31,10 @@ from ..config_auto import AutoValues
 from ..engine import Engine
 from .handles import EngineOptimizer, EngineSchedule, hidden_size
 from .lightning_convert import convert_zero_checkpoint_to_fp32_state_dict
+from .lightning_kwargs import fill_missing, split_deepspeed_kwargs
+from .lightning_precision import MODES, ZeroPrecision, format_precision
 
 __all__ = ["ZeroStrategy", "ZeroPrecision", "convert_zero_checkpoint_to_fp32_state_dict", "plain_data"]
-
-_PRECISIONS = {
-    "32-true": (False, False),
-    "32": (False, False),
-    "16-mixed": (True, False),
-    "16-true": (True, False),
-    "bf16-mixed": (False, True),
-    "bf16-true": (False, True),
-}
-
-
-class ZeroPrecision(Precision):
-    """The engine does the backward, the loss scaling, clipping and the update; precision is the config's."""
-
-    def __init__(self, precision: str, strategy: "ZeroStrategy") -> None:
-        self.precision, self.strategy = precision, strategy  # type: ignore[assignment]
-
-    def backward(self, tensor: torch.Tensor, model: Any, optimizer: Any, *args: Any, **kwargs: Any) -> None:
-        # Lightning already divided the loss by accumulate_grad_batches
-        self.strategy.engine.backward(tensor, scale_wrt_gas=False)
-
-    def optimizer_step(self, optimizer: Any, model: Any, closure: Callable[[], Any], **kwargs: Any) -> Any:
-        if closure() is None and model.automatic_optimization:
-            raise ValueError(
-                "training_step returned None (a skipped backward), which ZeroStrategy cannot skip in "
-                "step with the other ranks; return the loss"
-            )
-        self.strategy.engine.step()
-
-    def clip_gradients(self, *args: Any, **kwargs: Any) -> None:
-        """Nothing: the engine clips at its step (the config's gradient_clipping, else Trainer(gradient_clip_val))."""
-
 
 class ZeroStrategy(DDPStrategy):
     strategy_name = "zero_core"
@@ -77,21 +46,23 @@ class ZeroStrategy(DDPStrategy):
         offload_parameters: bool = False,
         config: str | os.PathLike | Mapping[str, Any] | None = None,
         offload_device: str = "cpu",
+        exclude_frozen_parameters: bool = False,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        """`stage`, `offload_*` and the other DeepSpeedStrategy arguments fill what `config` leaves out."""
+        named = {"offload_optimizer": offload_optimizer, "offload_parameters": offload_parameters,
+                 "offload_device": offload_device, **({"stage": stage} if stage is not None else {})}
+        defaults, self._fp16_values, strategy_args = split_deepspeed_kwargs({**kwargs, **named})
+        super().__init__(**strategy_args)
         raw = (
             read_config_file(os.fspath(config))
             if isinstance(config, (str, os.PathLike))
             else copy.deepcopy(dict(config or {}))
         )
-        zero = raw.setdefault("zero_optimization", {})
-        zero.setdefault("stage", 2 if stage is None else stage)
-        if offload_optimizer:
-            zero.setdefault("offload_optimizer", {}).setdefault("device", offload_device)
-        if offload_parameters:
-            zero.setdefault("offload_param", {}).setdefault("device", offload_device)
+        fill_missing(raw, defaults)
+        raw.setdefault("zero_optimization", {}).setdefault("stage", 2)
         self.zero_config, self.engine = raw, None
+        self.exclude_frozen_parameters = exclude_frozen_parameters
 
     @classmethod
     def register_strategies(cls, strategy_registry: Any) -> None:
@@ -111,7 +82,7 @@ class ZeroStrategy(DDPStrategy):
     def configure_ddp(self) -> None:
         trainer = self.lightning_module.trainer
         flag = str(self.precision_plugin.precision)
-        if flag not in _PRECISIONS:
+        if flag not in MODES:
             raise ValueError(
                 f"ZeroStrategy trains in 32, 16-mixed or bf16-mixed precision, not {flag}; change "
                 "Trainer(precision=...)"
@@ -135,7 +106,14 @@ class ZeroStrategy(DDPStrategy):
                 "{'interval': 'step', 'frequency': 1} and no monitor"
             )
         raw = copy.deepcopy(self.zero_config)
+        format_precision(raw, flag, self._fp16_values)
         if "optimizer" in raw:
+            if schedule is not None:  # it would be bound to an optimizer that never steps
+                raise ValueError(
+                    "the config's optimizer section replaces the optimizer configure_optimizers returns, so its "
+                    "lr_scheduler would never step; return only the optimizer from configure_optimizers and put "
+                    "the schedule in the config's scheduler section, or drop the config's optimizer section"
+                )
             optimizer = None  # the config's optimizer, as Lightning's DeepSpeed strategy does
         raw.setdefault("train_micro_batch_size_per_gpu", 1)  # only logged: the batches are the dataloader's
         clip = float(trainer.gradient_clip_val or 0.0)  # none given: no clipping, as Lightning's strategies
@@ -148,15 +126,14 @@ class ZeroStrategy(DDPStrategy):
                 "the config's gradient_accumulation_steps differs from Trainer(accumulate_grad_batches); "
                 "set one of them"
             )
-        fp16, bf16 = _PRECISIONS[flag]
         lr = optimizer.param_groups[0]["lr"] if optimizer is not None else None
         steps = trainer.estimated_stepping_batches
         auto = AutoValues(
             world_size=self.world_size,
             gradient_accumulation_steps=trainer.accumulate_grad_batches,
             max_grad_norm=clip,
-            fp16=fp16,
-            bf16=bf16,
+            fp16=MODES[flag] == "fp16",
+            bf16=MODES[flag] == "bf16",
             learning_rate=lr,
             hidden_size=hidden_size(self.lightning_module),
             max_steps=int(steps) if math.isfinite(steps) and steps >= 1 else None,
@@ -212,7 +189,8 @@ class ZeroStrategy(DDPStrategy):
             raise ValueError("ZeroStrategy saves zbench checkpoints; drop storage_options")
         filepath = self.broadcast(str(filepath))
         state = {k: v for k, v in checkpoint.items() if k not in ("state_dict", "optimizer_states")}
-        self.engine.save_checkpoint(filepath, tag="checkpoint", client_state=plain_data(state))
+        self.engine.save_checkpoint(filepath, tag="checkpoint", client_state=plain_data(state),
+                                 exclude_frozen_parameters=self.exclude_frozen_parameters)
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         if not Path(checkpoint_path).is_dir():
@@ -221,8 +199,29 @@ class ZeroStrategy(DDPStrategy):
                 "trainer.save_checkpoint made"
             )
         fitting = self.lightning_module.trainer.state.fn == TrainerFn.FITTING
+        if self.engine is None:  # validate/test/predict(ckpt_path=...) on a fresh Trainer: fit built no engine
+            self._build_evaluation_engine()
         _, client_state = self.engine.load_checkpoint(checkpoint_path, load_optimizer_states=fitting)
         return client_state
+
+    def _build_evaluation_engine(self) -> None:
+        """An engine to load the checkpoint's weights into, as DeepSpeedStrategy builds an inference engine: the
+        config's ZeRO layout and precision, no client optimizer (its states are not loaded)."""
+        trainer, flag = self.lightning_module.trainer, str(self.precision_plugin.precision)
+        if flag not in MODES:
+            raise ValueError(f"ZeroStrategy runs in 32, 16-mixed or bf16-mixed precision, not {flag}; change "
+                             "Trainer(precision=...)")
+        raw = copy.deepcopy(self.zero_config)
+        format_precision(raw, flag, self._fp16_values)
+        raw.pop("scheduler", None)  # nothing steps: its "auto" step counts need a fit
+        raw.setdefault("train_micro_batch_size_per_gpu", 1)
+        raw.setdefault("gradient_accumulation_steps", trainer.accumulate_grad_batches)
+        auto = AutoValues(world_size=self.world_size, gradient_accumulation_steps=trainer.accumulate_grad_batches,
+                          max_grad_norm=0.0, fp16=MODES[flag] == "fp16", bf16=MODES[flag] == "bf16",
+                          learning_rate=None, hidden_size=hidden_size(self.lightning_module), max_steps=None)
+        self.engine = Engine(self.lightning_module, raw, auto=auto)
+        self.precision_plugin = ZeroPrecision(flag, self)  # batches in the engine's dtype
+        self.model = self.engine
 
     def load_model_state_dict(self, checkpoint: Mapping[str, Any], strict: bool = True) -> None:
         """Nothing: load_checkpoint loaded the weights into the engine."""
