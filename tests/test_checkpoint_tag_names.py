@@ -15,6 +15,7 @@ import zero_core
 from checkpoints import zbench_format as fmt
 from checkpoints.paths import inside
 from checkpoints.source import CheckpointError
+from checkpoints.tag_folder import TagNotReplaceable
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +125,7 @@ def test_a_link_that_appears_during_a_save_is_not_moved_aside_by_the_commit(engi
     staged = fmt.staging_dir(tmp_path, "linked", fmt.new_token())
     shutil.copytree(tmp_path / "target", staged)
     os.symlink(tmp_path / "target", tmp_path / "linked")
-    with pytest.raises(fmt.TagNotReplaceable):
+    with pytest.raises(TagNotReplaceable):
         fmt.commit(tmp_path, "linked", staged)
     assert (tmp_path / "linked").is_symlink() and staged.is_dir() and not list(tmp_path.glob(".linked.old-*"))
 

@@ -30,6 +30,7 @@ from checkpoints.manifest_checks import MAX_CLIENT_STATE_DEPTH, POINTERS, too_de
 from checkpoints.paths import one_line, plain_name
 from checkpoints.safetensors_stream import StreamingWriter, write_tensors
 from checkpoints.source import CheckpointError
+from checkpoints.tag_folder import TagNotReplaceable, check_replaceable
 
 from . import comm, recovery_script
 from .checkpoint_load import load, param_entries  # noqa: F401  (load is re-exported for the engine)
@@ -106,7 +107,7 @@ def _prepare(root: Path, tag: str) -> tuple[Path, list[Path]]:
     """Rank 0: the root folder, a tag replaced by a save that died put back, and a fresh staging folder;
     also the staging folders that dead saves left (reported, never removed: they are not ours)."""
     root.mkdir(parents=True, exist_ok=True)
-    fmt.check_replaceable(root, tag)  # before anything moves: a link or file named like the tag is left alone
+    check_replaceable(root, tag)  # before anything moves: a link or file named like the tag is left alone
     fmt.recover(root)
     staged = fmt.staging_dir(root, tag, fmt.new_token())
     staged.mkdir()
@@ -126,7 +127,7 @@ def _stage(engine: "Engine", root: Path, tag: str) -> Path:
                     "they hold disk space: delete them once no save is running",
                     flush=True,
                 )
-        except fmt.TagNotReplaceable as e:
+        except TagNotReplaceable as e:
             problem = (e.strerror, e.fix)
         except OSError as e:
             what, fix = _cause(e)
@@ -149,7 +150,7 @@ def publish(
         note = fmt.commit(root, tag, staged, move_latest)
     except OSError as e:
         shutil.rmtree(staged, ignore_errors=True)  # made by this rank's _prepare
-        if isinstance(e, fmt.TagNotReplaceable):
+        if isinstance(e, TagNotReplaceable):
             return (e.strerror, e.fix)
         what, fix = _cause(e)
         return (f"rank 0 could not write the manifest or commit {tag} ({what})", fix)
