@@ -132,3 +132,13 @@ def test_a_deepspeed_checkpoint_gives_the_lr_its_optimizer_state_held(case):
     assert first == pytest.approx(want_first, rel=1e-12, abs=0)
     assert [lr for lr, *_ in seen] == [pytest.approx(lr, rel=1e-12, abs=0) for lr, _ in want]
     assert [w for *_, w in seen] == pytest.approx([w for _, w in want], abs=1e-6)
+
+
+def test_saved_betas_are_taken_only_when_they_are_betas():
+    """A checkpoint's saved group betas drive the first update after a load only when each is in [0, 1)."""
+    from zero_core.host_schedules import checked_betas
+
+    assert checked_betas([[0.9, 0.999], (0.0, 0.5)], 2) == [(0.9, 0.999), (0.0, 0.5)]
+    for bad in ([[0.9, 1.0]], [[5.0, 0.999]], [[-0.1, 0.9]], [[float("nan"), 0.9]], [[0.9]], [[True, 0.9]], "0.9"):
+        assert checked_betas(bad, 1) is None, bad
+    assert checked_betas([[0.9, 0.999]], 2) is None  # one pair per group

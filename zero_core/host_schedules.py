@@ -181,11 +181,12 @@ def _group_betas(groups: list[dict]) -> Betas | None:
 
 
 def checked_betas(betas: Any, groups: int) -> list[tuple[float, float]] | None:
-    """`betas` as one (beta1, beta2) of finite numbers per group, or None where it is not that."""
+    """`betas` as one (beta1, beta2) in [0, 1) per group, or None where it is not that (a checkpoint's saved groups:
+    the schedule's betas are used instead)."""
     if not isinstance(betas, (list, tuple)) or len(betas) != groups:
         return None
     pairs = [tuple(b) if isinstance(b, (list, tuple)) and len(b) == 2 else () for b in betas]
-    ok = all(len(p) == 2 and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    ok = all(len(p) == 2 and all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < 1
                                  for x in p) for p in pairs)
     return [(float(p[0]), float(p[1])) for p in pairs] if ok else None
 
