@@ -57,6 +57,12 @@ def cli(*args):
     return CliRunner().invoke(main, [str(a) for a in args])
 
 
+def read_command(command: str, folder: Path, out: Path) -> list:
+    """`zbench inspect FOLDER`, or `zbench convert FOLDER --to fp32 --out OUT`: the two commands that read a
+    checkpoint, for tests that try both on one damaged folder."""
+    return [command, folder, *(["--to", "fp32", "--out", out] if command == "convert" else [])]
+
+
 def refused(box: Path, *args) -> str:
     """`zbench ARGS` must fail with one `Error:` line and leave everything under `box` as it was; that line."""
     before = snapshot(box)

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from checkpoint_helpers import DCP, DEEPSPEED, UNIVERSAL
-from helpers import cli, refused
+from helpers import cli, read_command, refused
 
 DS = next(p for p in DEEPSPEED if p.name == "2_2_fp32")
 MARKER = torch.full((4, 3), 1234.5678)  # bytes that must never reach an output
@@ -61,10 +61,7 @@ def test_a_chunk_path_outside_the_folder_is_refused_before_any_read(tmp_path, wh
     os.replace(folder / "__0_0.distcp", outside)  # the real chunk bytes, now outside the folder
     rel = str(outside) if where == "absolute" else "../outside.distcp"
     rewrite_storage(folder, relative_path=rel)
-    args = (
-        ["convert", folder, "--to", "fp32", "--out", tmp_path / "out"] if command == "convert" else ["inspect", folder]
-    )
-    line = refused(tmp_path, *args)
+    line = refused(tmp_path, *read_command(command, folder, tmp_path / "out"))
     assert rel in line and str(folder) in line and "chunk file" in line, line
     assert ("is an absolute path" if where == "absolute" else "points outside") in line, line
     assert not (tmp_path / "out").exists()

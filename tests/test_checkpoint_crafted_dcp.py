@@ -17,7 +17,7 @@ from checkpoint_helpers import DCP, UNIVERSAL
 from checkpoints.dcp_metadata import read_metadata
 from checkpoints.dcp_source import DcpSource
 from checkpoints.source import CheckpointError
-from helpers import refused
+from helpers import read_command, refused
 
 MODEL_OPTIM = next(p for p in DCP if p.name == "model_optim")
 
@@ -52,8 +52,7 @@ CRAFTS = {
 def test_chunks_that_do_not_tile_a_tensor_are_refused_naming_it(tmp_path, craft, command):
     change, problem = CRAFTS[craft]
     folder = crafted_copy(tmp_path, change)
-    args = [command, folder, *(["--to", "fp32", "--out", tmp_path / "out"] if command == "convert" else [])]
-    line = refused(tmp_path, *args)
+    line = refused(tmp_path, *read_command(command, folder, tmp_path / "out"))
     assert f"the chunks of tensor 'model.lin1.bias' {problem}" in line and "copy the folder again" in line, line
     assert not (tmp_path / "out").exists()  # no file of uninitialised memory
 

@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 from fault_workers import tiny_checkpoint
-from helpers import REPO, cli, one_line_error, refused
+from helpers import REPO, cli, one_line_error, read_command, refused
 
 from checkpoints import manifest as mf
 from checkpoints.zbench_source import ZbenchSource
@@ -32,7 +32,7 @@ def test_a_fifo_for_the_manifests_checksum_is_refused_not_waited_on(ckpt, tmp_pa
     checksum = next(copy.glob(f"*/{mf.CHECKSUM}"))
     checksum.unlink()
     os.mkfifo(checksum)
-    args = [command, str(copy)] + (["--to", "fp32", "--out", str(tmp_path / "out")] if command == "convert" else [])
+    args = map(str, read_command(command, copy, tmp_path / "out"))
     done = subprocess.run([sys.executable, "-m", "zbench.cli", *args], capture_output=True, text=True, cwd=REPO,
                           timeout=120)  # a reader that waits on the FIFO fails here instead of hanging the suite
     assert "not a regular file" in one_line_error(done)

@@ -16,7 +16,7 @@ from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
 from checkpoint_helpers import DEEPSPEED, UNIVERSAL
 from checkpoints.dcp_source import DcpSource
 from checkpoints.source import CheckpointError
-from helpers import cli, refused
+from helpers import cli, read_command, refused
 from test_checkpoint_crafted_dcp import MODEL_OPTIM, crafted_copy
 
 
@@ -121,8 +121,7 @@ CLAIMS = {
 def test_metadata_claiming_more_than_the_data_files_hold_is_named_so(tmp_path, command, claim):
     change, said = CLAIMS[claim]
     folder = crafted_copy(tmp_path, change)
-    args = [command, folder, *(["--to", "fp32", "--out", tmp_path / "out"] if command == "convert" else [])]
-    line = refused(tmp_path, *args)
+    line = refused(tmp_path, *read_command(command, folder, tmp_path / "out"))
     assert f"{folder / '.metadata'} does not match the checkpoint's data files ({said}" in line, line
     assert "is not this checkpoint's DCP metadata: copy the folder again" in line, line
     assert "unreadable" not in line and "allocate" not in line, line
