@@ -18,7 +18,6 @@ import copy
 import importlib.metadata
 import os
 import shutil
-import socket
 import tempfile
 import time
 from pathlib import Path
@@ -181,12 +180,12 @@ def _process_group() -> Iterator[None]:
     import torch
     import torch.distributed as dist
 
+    from zero_core.comm import free_port
+
     if dist.is_initialized():
         yield
         return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     names = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
     saved = {k: os.environ.get(k) for k in names}
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")

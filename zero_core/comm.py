@@ -14,6 +14,7 @@ On GPUs NCCL's watchdog enforces the same timeout and stops the process with its
 from __future__ import annotations
 
 import os
+import socket
 import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
@@ -42,6 +43,14 @@ def ensure_process_group(device: torch.device) -> None:
         )
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
+
+
+def free_port() -> int:
+    """A TCP port on this host free right now, for a world of one's rendezvous (never a fixed one: two such runs
+    on one host would collide)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def world_size() -> int:

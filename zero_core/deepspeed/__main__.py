@@ -18,19 +18,13 @@ from __future__ import annotations
 
 import os
 import runpy
-import socket
 import sys
 from pathlib import Path
 
+from ..comm import free_port
 from .alias import install
 
 USAGE = "usage: python -m zero_core.deepspeed SCRIPT [SCRIPT'S ARGUMENTS...]"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _world_of_one_unless_launched() -> None:
@@ -39,7 +33,7 @@ def _world_of_one_unless_launched() -> None:
         return
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))  # not a fixed port: two runs on one host both start
+    os.environ.setdefault("MASTER_PORT", str(free_port()))  # not a fixed port: two runs on one host both start
 
 
 def main(argv: list[str] | None = None) -> int:
