@@ -93,3 +93,6 @@ def test_timers_measure_and_log(capsys):
     assert timer.spans == []  # log resets by default, as DeepSpeed's
     with pytest.raises(RuntimeError, match="not started"):
         timer.stop()
+    for call in (engine.timers.log, engine.timers.get_mean):
+        with pytest.raises(ValueError, match=rf"timers.{call.__name__} normalizer must be > 0, got 0; pass a positive"):
+            call(["fwd"], normalizer=0)

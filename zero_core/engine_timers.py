@@ -63,6 +63,11 @@ class EngineTimer:
         return sum(kept) / len(kept) if kept else 0.0
 
 
+def _check_normalizer(call: str, normalizer: float) -> None:
+    if not normalizer > 0:
+        raise ValueError(f"timers.{call} normalizer must be > 0, got {normalizer!r}; pass a positive number")
+
+
 class EngineTimers:
     """Named timers, made on first use."""
 
@@ -82,8 +87,7 @@ class EngineTimers:
             ranks: Any = None) -> str:
         """Print each named timer's milliseconds divided by `normalizer` on the given ranks (rank 0 by default);
         the line is returned too."""
-        if not normalizer > 0:
-            raise ValueError(f"timers.log normalizer must be > 0, got {normalizer!r}; pass a positive number")
+        _check_normalizer("log", normalizer)
         line = "time (ms)" + "".join(f" | {n}: {self.timers[n].elapsed(reset=reset) / normalizer:.2f}"
                                      for n in names if n in self.timers)
         if self.rank in (ranks or [0]):
@@ -92,6 +96,5 @@ class EngineTimers:
 
     def get_mean(self, names: Iterable[str], normalizer: float = 1.0, reset: bool = True) -> dict[str, float]:
         """Each named timer's trimmed mean span in milliseconds, divided by `normalizer`."""
-        if not normalizer > 0:
-            raise ValueError(f"timers.get_mean normalizer must be > 0, got {normalizer!r}; pass a positive number")
+        _check_normalizer("get_mean", normalizer)
         return {n: self.timers[n].mean() * 1000.0 / normalizer for n in names if n in self.timers}
