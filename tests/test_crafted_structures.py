@@ -16,8 +16,8 @@ import torch
 from checkpoints.deepspeed_pickle import MAX_DEPTH, DeepSpeedObject, walk
 from checkpoints.deepspeed_source import DeepSpeedSource
 from checkpoints.source import CheckpointError
+from deepspeed_crafting import rewrite_pickle
 from helpers import FIXTURES, one_line_error, snapshot, zbench
-from test_checkpoint_crafted_deepspeed import _rewrite_pickle
 
 OPTIM = "zero_pp_rank_1_mp_rank_00_optim_states.pt"
 MODEL = "mp_rank_00_model_states.pt"
@@ -58,7 +58,7 @@ def crafted(tmp_path: Path, file: str, key: str, value) -> Path:
     root = tmp_path / "ck"
     shutil.copytree(FIXTURES / "deepspeed" / "2_2_fp32", root)
     tail = pickle.dumps(key, protocol=2)[2:-1] + pickle.dumps(value, protocol=2)[2:-1] + b"s."
-    _rewrite_pickle(next(p for p in root.iterdir() if p.is_dir()) / file, lambda data: data[:-1] + tail)
+    rewrite_pickle(next(p for p in root.iterdir() if p.is_dir()) / file, lambda data: data[:-1] + tail)
     return root
 
 

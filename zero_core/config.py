@@ -6,11 +6,11 @@
 
 DeepSpeed silently ignores a misspelled key; we never do. Every problem of a config (unknown keys, bad
 values, contradictions, "auto" values nobody filled, values that contradict `auto`) is reported at once,
-in one ConfigError line (config_errors.py, config_checks.py). "auto" is filled as Hugging Face's Trainer
-fills it, from `auto` (config_auto.py). Keys zero_core accepts without acting on them are named once
-on rank 0 (config_keys.py). Without an "optimizer" section the optimizer is AdamW with lr 1e-3
-(DeepSpeed would need a client optimizer); without "scheduler" the lr is constant. The legacy
-top-level "bfloat16" key is read as "bf16", as DeepSpeed does.
+in one ConfigError line (config_errors.py, config_checks.py). A config file is read by config_file.py, the
+batch sizes are resolved by config_batch.py. "auto" is filled as Hugging Face's Trainer fills it, from `auto`
+(config_auto.py). Keys zero_core accepts without acting on them are named once on rank 0 (config_keys.py).
+Without an "optimizer" section the optimizer is AdamW with lr 1e-3 (DeepSpeed would need a client optimizer);
+without "scheduler" the lr is constant. The legacy top-level "bfloat16" key is read as "bf16", as DeepSpeed does.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ValidationError
 
-from checkpoints.paths import NotRegularFile, read_regular
-
 from .config_auto import AutoValues, resolve_auto
+from .config_batch import resolve_batch
 from .config_checks import contradictions
 from .config_errors import ConfigError, Problem, UnsupportedFeature, combined, every_error
+from .config_file import read_config_file
 from .config_keys import not_acted_on
 from .config_models import ZeroConfig
 
@@ -181,56 +181,6 @@ def describe(cfg: ZeroConfig) -> str:
     return json.dumps(data, indent=2)
 
 
-def resolve_batch(train: int | None, micro: int | None, gas: int | None, *, world_size: int) -> tuple[int, int, int]:
-    """DeepSpeed's rule: train_batch_size = micro * gas * world_size; any two give the third.
-
-    Only one of train/micro given means gas = 1; None means absent (or "auto").
-    """
-    ws = world_size
-    if train is None and micro is None:
-        if gas is not None:
-            raise ConfigError(
-                "gradient_accumulation_steps alone does not fix the batch size; "
-                "also set train_micro_batch_size_per_gpu or train_batch_size"
-            )
-        raise ConfigError(
-            "no batch size: set train_micro_batch_size_per_gpu (per GPU) or train_batch_size (global) "
-            "to a number ('auto' needs a trainer to fill it in)"
-        )
-    if train is None:
-        gas = 1 if gas is None else gas
-        return micro * gas * ws, micro, gas
-    if micro is None:
-        gas = 1 if gas is None else gas
-        _divisible(train, [("gradient_accumulation_steps", gas), ("world_size", ws)], "train_micro_batch_size_per_gpu")
-        return train, train // (gas * ws), gas
-    if gas is None:
-        _divisible(
-            train, [("train_micro_batch_size_per_gpu", micro), ("world_size", ws)], "gradient_accumulation_steps"
-        )
-        return train, micro, train // (micro * ws)
-    if train != micro * gas * ws:
-        raise ConfigError(
-            f"train_batch_size ({train}) must equal train_micro_batch_size_per_gpu * "
-            f"gradient_accumulation_steps * world_size = {micro} * {gas} * {ws} = {micro * gas * ws}; "
-            "fix one of them, or leave one out (or 'auto') to derive it"
-        )
-    return train, micro, gas
-
-
-def _divisible(train: int, factors: list[tuple[str, int]], derived: str) -> None:
-    names = " * ".join(n for n, _ in factors)
-    values = " * ".join(str(v) for _, v in factors)
-    product = 1
-    for _, v in factors:
-        product *= v
-    if train % product:
-        raise ConfigError(
-            f"train_batch_size ({train}) is not divisible by {names} = {values} = {product}, "
-            f"so {derived} cannot be derived; make train_batch_size a multiple of {product}"
-        )
-
-
 def _raw(config: Any) -> tuple[Any, tuple[int | None, ...] | None]:
     """The config as plain data, plus the batch sizes a ZeroConfig was originally given."""
     if isinstance(config, ZeroConfig):
@@ -284,45 +234,3 @@ def _check_depth(raw: Any) -> None:
             stack += [(v, depth + 1, f"{where}.{k}" if where else str(k)) for k, v in node.items()]
         elif isinstance(node, (list, tuple)):
             stack += [(v, depth + 1, f"{where}[{i}]") for i, v in enumerate(node)]
-
-
-MAX_CONFIG_BYTES = 16 << 20  # a DeepSpeed config is a few kB; a file this size is something else
-
-
-def read_config_file(path: str) -> Any:
-    """Parse a DeepSpeed-style JSON file, refusing duplicate keys (json.load silently keeps the last)."""
-
-    def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for key, value in pairs:
-            if key in out:
-                raise ConfigError(f"config file '{path}' has the key '{key}' twice in one object; keep one")
-            out[key] = value
-        return out
-
-    if "\0" in path:  # open() would raise a bare ValueError
-        raise ConfigError(f"config path {path!r} contains a NUL byte; pass the path of a DeepSpeed-style JSON file")
-    try:
-        raw = read_regular(path, MAX_CONFIG_BYTES)  # a FIFO is refused, never waited on
-        if len(raw) > MAX_CONFIG_BYTES:
-            raise ConfigError(f"config file '{path}' is larger than {MAX_CONFIG_BYTES} bytes, far more than any "
-                              "DeepSpeed config; pass the config file itself")
-        return json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicates)
-    except ConfigError:
-        raise
-    except NotRegularFile:
-        raise ConfigError(f"config file '{path}' is not a regular file; pass a DeepSpeed-style JSON file") from None
-    except FileNotFoundError:
-        raise ConfigError(
-            f"config file '{path}' does not exist; pass the path of a DeepSpeed-style JSON file"
-        ) from None
-    except json.JSONDecodeError as e:
-        raise ConfigError(
-            f"config file '{path}' is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}; "
-            "fix the syntax (double quotes, no trailing commas, no comments)"
-        ) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read config file '{path}': {e}; pass a readable UTF-8 JSON file") from None
-    except (RecursionError, ValueError) as e:  # nesting past Python's stack; an integer of over 4300 digits
-        what = "nested too deeply" if isinstance(e, RecursionError) else "holds a number too long to read"
-        raise ConfigError(f"config file '{path}' {what}; pass a DeepSpeed-style JSON config") from None
