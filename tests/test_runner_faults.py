@@ -76,22 +76,26 @@ def test_a_searched_batch_that_runs_out_of_memory_in_training_steps_down(tmp_pat
     assert table(again.stdout)["searched"]["Batch size (max)"] == "2"
 
 
-def test_rank_failure_is_one_error_with_the_ranks_last_lines(tmp_path):
-    """A failed rank fails its variant, not the run: the table shows it, then one error ends the output."""
+def test_rank_failure_is_one_error_after_the_ranks_last_lines(tmp_path):
+    """A failed rank fails its variant, not the run: the table shows it, the rank's last log lines follow, then
+    one Error: line, the last of the output, names the failure, the logs folder and the other failures."""
     proc = zbench("run", _fault_scenario(tmp_path), "--out", str(tmp_path), "--wandb", "off", faults="crash")
     assert proc.returncode == 1
     rows = table(proc.stdout)
     assert rows["searched"]["Notes"] == "failed: RuntimeError: injected failure on rank 1"
     assert rows["too-big"]["Notes"].startswith("failed: ") and rows["nvme"]["Notes"].startswith("failed: ")
     lines = proc.stderr.splitlines()
-    err = "\n".join(lines[next(i for i, line in enumerate(lines) if line.startswith("Error: ")) :])
-    assert err.startswith(
+    at = next(i for i, line in enumerate(lines) if line.startswith("Error: "))
+    assert lines[at:] == [lines[-1]], lines[at:]  # the error is exactly one line, and nothing follows it
+    error = lines[-1]
+    assert error.startswith(
         "Error: variant 'searched' (probe, batch 4) failed on rank 1 (exit code 1): "
-        "RuntimeError: injected failure on rank 1"
+        "RuntimeError: injected failure on rank 1; its last log lines are above, all logs in "
     )
-    assert "--- last log lines of rank 1" in err and 'raise RuntimeError("injected failure on rank 1")' in err
-    assert "Traceback" in err and sum(line.startswith("Error: ") for line in err.splitlines()) == 1
-    assert "2 more variant(s) failed too" in err
+    assert error.endswith("/logs (2 more variant(s) failed too)") and run_dir(proc.stdout) in error
+    before = "\n".join(lines[:at])
+    assert "--- last log lines of rank 1" in before and 'raise RuntimeError("injected failure on rank 1")' in before
+    assert sum(line.startswith("Error: ") for line in lines) == 1
 
 
 def test_killed_run_resumes_from_its_checkpoint_with_the_same_losses(tmp_path):

@@ -1,7 +1,7 @@
 """`zbench run`, `zbench report` and `zbench estimate`: the scenario runner's command line.
 
 User errors (a bad scenario, a missing file, more GPUs than present) are one `Error:` line before
-anything launches; a rank that fails mid-run is one error naming the rank, with its last log lines.
+anything launches; a rank that fails mid-run prints its last log lines, then one error naming the rank.
 """
 
 from __future__ import annotations
@@ -140,8 +140,13 @@ def run(
         print_table(summary)
     if runner.failures:
         first: RankFailure = runner.failures[0]
-        more = f"; {len(runner.failures) - 1} more variant(s) failed too" if len(runner.failures) > 1 else ""
-        raise click.ClickException(f"{first}\n(all logs: {runner.run_dir}/logs{more})")
+        # the rank's last log lines go first, so that the output ends with the one Error: line
+        problem, _, log_lines = str(first).partition("\n")
+        if log_lines:
+            click.echo(log_lines, err=True)
+        where = "its last log lines are above, all logs" if log_lines else "all logs"
+        more = f" ({len(runner.failures) - 1} more variant(s) failed too)" if len(runner.failures) > 1 else ""
+        raise click.ClickException(f"{problem}; {where} in {runner.run_dir}/logs{more}")
 
 
 def _check_rendezvous(endpoint: str | None, rdzv_id: str) -> None:
