@@ -67,6 +67,26 @@ def test_a_users_file_is_kept_and_an_older_one_of_ours_updated(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 
+def test_a_users_file_is_named_once_per_folder(tmp_path, monkeypatch, capsys):
+    """The note that the file there is another's comes at the first save into a folder, not at every save."""
+    import zero_core.recovery_script as recovery_script
+
+    monkeypatch.setattr(recovery_script, "_FOREIGN_NOTED", set())
+    engine = _engine()
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / NAME).write_text("print('my own converter')\n")
+    noted = []
+    for i, (folder, batch) in enumerate(zip(("a", "a", "b"), make_batches(3, 2))):
+        _step(engine, batch)
+        engine.save_checkpoint(tmp_path / folder)
+        out = capsys.readouterr().out
+        noted += [folder] * out.count("was left as it is")
+        assert (tmp_path / folder / f"global_step{i + 1}").is_dir()
+    assert noted == ["a", "b"]
+    assert all((tmp_path / f / NAME).read_text() == "print('my own converter')\n" for f in ("a", "b"))
+
+
 def test_resume_pruning_and_inspect_pass_over_it(tmp_path):
     from zbench.cli import main
 

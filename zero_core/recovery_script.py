@@ -17,6 +17,7 @@ from pathlib import Path
 NAME = "zero_to_fp32.py"
 MARKER = "# zero_core recovery script: engine.save_checkpoint writes and updates this file"
 _LARGEST_OURS = 64 * 1024  # ours is far smaller: a larger file is not read, and not ours
+_FOREIGN_NOTED: set[str] = set()  # folders whose file of another's this process has named: each save would repeat it
 
 SCRIPT = f'''#!/usr/bin/env python
 {MARKER}
@@ -82,12 +83,17 @@ def _link(aside: str, target: Path) -> None:
 
 
 def place(root: Path) -> str | None:
-    """Rank 0, after a commit: put the script in `root`; a note when it could not (the checkpoint stands)."""
+    """Rank 0, after a commit: put the script in `root`; a note when it could not (the checkpoint stands). A file
+    of another's there is named once per folder, not at every save."""
     target = root / NAME
     state = _current(target)
     if state == "same":
         return None
     if state is None:
+        folder = os.path.realpath(root)
+        if folder in _FOREIGN_NOTED:
+            return None
+        _FOREIGN_NOTED.add(folder)
         return f"{NAME} there is not zero_core's and was left as it is; convert with `zbench convert DIR --to fp32`"
     try:
         fd, aside = tempfile.mkstemp(dir=root, prefix=f".{NAME}.", suffix=".tmp")
