@@ -130,3 +130,20 @@ def test_a_scenario_names_the_accelerate_num_processes_it_does_not_use(tmp_path)
     agreeing = copy.deepcopy(data)
     agreeing["gpus"] = 2
     assert not any("num_processes" in n for n in build_plan(write_scenario(tmp_path, agreeing, "two")).notes)
+
+
+def test_a_failed_rank_prints_its_log_lines_then_one_error_line(tmp_path, monkeypatch):
+    from zbench.launch import RankFailure
+
+    def fail(job, nproc):
+        raise RankFailure("zbench train failed on rank 1 (exit code 1): RuntimeError: boom\n"
+                          "  last log line one\n  Traceback line two")
+
+    monkeypatch.setattr(zbench.train_demo, "launch", fail)
+    (tmp_path / "ds.json").write_text(json.dumps(MB))
+    result = CliRunner().invoke(main, ["train", "--config", str(tmp_path / "ds.json"), "--gpus", "1"])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code != 0 and lines[-1].startswith("Error: ")
+    assert "rank 1" in lines[-1] and "RuntimeError: boom" in lines[-1] and "log lines are above" in lines[-1]
+    assert [x for x in lines if x.startswith("Error")] == [lines[-1]]
+    assert "  Traceback line two" in lines[:-1]

@@ -90,7 +90,7 @@ def test_rank_failure_is_one_error_after_the_ranks_last_lines(tmp_path):
     error = lines[-1]
     assert error.startswith(
         "Error: variant 'searched' (probe, batch 4) failed on rank 1 (exit code 1): "
-        "RuntimeError: injected failure on rank 1; its last log lines are above, all logs in "
+        "RuntimeError: injected failure on rank 1; its last log lines are above; all logs in "
     )
     assert error.endswith("/logs (2 more variant(s) failed too)") and run_dir(proc.stdout) in error
     before = "\n".join(lines[:at])

@@ -196,8 +196,10 @@ def train(
     try:
         with interruptible():
             summary = launch(job, nproc)
-    except RankFailure as e:  # one error naming the rank, then its last log lines; no traceback of ours
-        raise _fail(str(e)) from None
+    except RankFailure as e:  # the rank's last log lines, then one error naming the rank; no traceback of ours
+        from .rank_errors import echo_log_lines
+
+        raise _fail(echo_log_lines(e)) from None
     except Interrupted as e:  # the launcher stopped every rank
         click.echo("interrupted; every rank was stopped", err=True)
         sys.exit(e.exit_code)

@@ -15,6 +15,7 @@ import click
 
 from .bounds import MAX_NODES, MAX_RANKS
 from .interrupt import Interrupted, interruptible
+from .rank_errors import echo_log_lines
 
 MAX_PORT = 65_000  # leaves 535 ports above it for the launches of one run
 
@@ -140,13 +141,9 @@ def run(
         print_table(summary)
     if runner.failures:
         first: RankFailure = runner.failures[0]
-        # the rank's last log lines go first, so that the output ends with the one Error: line
-        problem, _, log_lines = str(first).partition("\n")
-        if log_lines:
-            click.echo(log_lines, err=True)
-        where = "its last log lines are above, all logs" if log_lines else "all logs"
         more = f" ({len(runner.failures) - 1} more variant(s) failed too)" if len(runner.failures) > 1 else ""
-        raise click.ClickException(f"{problem}; {where} in {runner.run_dir}/logs{more}")
+        # the rank's last log lines go first, so that the output ends with the one Error: line
+        raise click.ClickException(f"{echo_log_lines(first)}; all logs in {runner.run_dir}/logs{more}")
 
 
 def _check_rendezvous(endpoint: str | None, rdzv_id: str) -> None:

@@ -14,3 +14,15 @@ def input_problem(first: str) -> str | None:
     if name in INPUT_ERRORS or (name == "ValueError" and "; " in message):
         return message.strip()
     return None
+
+
+def echo_log_lines(failure: Exception) -> str:
+    """A failed rank (`launch.RankFailure`, whose text ends with the rank's last log lines): print those lines to
+    stderr and give the failure's one line, saying where they are, for the one `Error:` line that ends the output."""
+    import click
+
+    problem, _, log_lines = str(failure).partition("\n")
+    if not log_lines:
+        return problem
+    click.echo(log_lines, err=True)
+    return f"{problem}; its last log lines are above"
