@@ -29,6 +29,7 @@ from .loss_scaler import LossScaler
 from .host_schedules import GroupLrs, LrWrites, make_schedules
 from .optim import make_optimizer, offloads_optimizer
 from .optim.facade import EngineScheduler, ZeroOptimizer
+from .optim.group_values import follow_group_values
 from .optim.param_groups import plan_optimizer
 from .optim.affinity import describe as describe_cpus
 from .optim.affinity import ENV as PIN_ENV
@@ -78,6 +79,7 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI, EngineQueries):
                                         [group_of[id(p)] for p in self.params])
         self.client_optimizer = self.optimizer.facade = plan.client or ZeroOptimizer(plan, self)  # handed back
         self.host_schedule, self.lr_scheduler = make_schedules(cfg, plan, lr_scheduler, self.client_optimizer, self)
+        follow_group_values(self)  # a loop's writes of weight_decay, eps, betas into the groups apply, as in torch
         if self.host_schedule is not None:
             self.optimizer.lr_at = None  # the host schedule writes each update's lrs
         elif isinstance(self.lr_scheduler, EngineScheduler):  # the config's device schedule, at its position
