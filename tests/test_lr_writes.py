@@ -112,3 +112,19 @@ def test_updates_speculated_at_the_old_lr_are_redone_at_the_written_one(backward
     assert speculated[0] > 0  # the first backward ran at the config's lr, before the loop's first write
     for k, v in scheduled.items():
         assert torch.equal(written[k], v), k
+
+
+def test_updates_speculated_at_the_old_weight_decay_are_redone_at_the_written_one(backward_outlasts_host_folds):
+    """As for the lr: a weight_decay the loop writes between backward and step (a weight-decay schedule) applies to
+    that step, also to the host updates backward had already made."""
+
+    def decay(optimizer, step):
+        for group in optimizer.param_groups:
+            group["weight_decay"] = 0.5 * (step + 1)
+
+    speculated = []
+    overlapped, _ = _train(True, 1.0, write=decay, clip=0.0, speculated=speculated)
+    plain, _ = _train(True, 0.0, write=decay, clip=0.0)
+    assert speculated[0] > 0
+    for k, v in plain.items():
+        assert torch.equal(overlapped[k], v), k

@@ -237,7 +237,7 @@ class HostAdamW(PartitionOptimizer):
         c = float(coef[0])
         skip = int(self.overflow[0]) != 0
         hyper = None if skip else self._hyper(self.lr, c)
-        # what backward already updated for good: unclipped, and at this step's lr (a training loop may set the lr
+        # what backward already updated for good: unclipped, and at this step's values (a training loop may set them
         # between backward and step)
         keep = hyper is not None and c == 1.0 and self._speculated_at(hyper)
         done = self.speculative.settle(keep=keep)
@@ -249,8 +249,9 @@ class HostAdamW(PartitionOptimizer):
         self.run_update(lambda: self._chunks(out, publish, done, hyper))
 
     def _speculated_at(self, hyper: list[dict]) -> bool:
-        """Whether this pass's speculated updates (if any) used the lrs of `hyper`."""
-        return self._spec_hyper is None or [h["lr"] for h in self._spec_hyper] == [h["lr"] for h in hyper]
+        """Whether this pass's speculated updates (if any) used `hyper`'s values (a loop may write its groups')."""
+        values = lambda hs: [[h[k] for k in ("lr", "beta1", "beta2", "eps", "weight_decay")] for h in hs]  # noqa: E731
+        return self._spec_hyper is None or values(self._spec_hyper) == values(hyper)
 
     def _chunks(self, out: Output, publish: Publish | None, done: list[tuple[int, int]], hyper: list[dict]) -> None:
         """The chunked update, in partition order (on the training thread, or the stage's update thread)."""
