@@ -185,6 +185,13 @@ class ModelStates:
                 f"{first}: frozen parameter {shown(lost)} is listed in frozen_param_shapes but its data is in neither "
                 f"frozen_param_fragments nor the module; {REWRITE}"
             )
+        # a buffer's data is the module's own entry at every stage: one named without it would be left out
+        unsaved = next((n for n in sorted(self.buffers) if n not in module), None)
+        if unsaved is not None:
+            raise CheckpointError(
+                f"{first}: buffer {shown(unsaved)} is listed in buffer_names but the module holds no data for it; "
+                f"{REWRITE}"
+            )
         # Names in module order (the model's state-dict order); optimizer-only names appended.
         self.order = list(module) + [n for n in self.trainable if n not in module]
         self._stored = {n: _dtype_name(frags[n] if n in frags else module[n]) for n in module}

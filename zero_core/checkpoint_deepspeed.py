@@ -24,6 +24,7 @@ from checkpoints.deepspeed_universal_source import UniversalSource
 from checkpoints.source import CheckpointError
 
 from .checkpoint_load import read_fragments, restore_counters, restore_steps
+from .checkpoint_model_match import check_trained_have_states, untrained_to_load
 from .optim.client_optimizer import ClientOptimizer
 from .optim.states import NAMES, TensorStates
 
@@ -89,11 +90,16 @@ def load_foreign(engine: "Engine", folder: Path, source: Any, weights_only: bool
                               "load the checkpoint of this model")
     opt = engine.optimizer
     keys = ("master",) if weights_only or isinstance(opt, ClientOptimizer) else NAMES
+    if keys[1:]:
+        check_trained_have_states(folder, [slot.name for slot in engine.layout.slots], source.model.trainable)
     source.check_states(keys[1:])  # the moments are all there before anything changes
-    frozen = [n for n, i in infos.items() if n not in source.model.trainable and not i.tied_to]
     state = engine.module.state_dict(keep_vars=True)
     trained = {id(p) for p in engine.module.parameters() if p.requires_grad}  # a tied name of one is not frozen
-    frozen_values = {n: source.load(n) for n in frozen if n in state and id(state[n]) not in trained}
+    frozen, kept = untrained_to_load(folder, infos, source.model.trainable, state, trained)
+    frozen_values = {n: source.load(n) for n in frozen}
+    if kept and engine.rank == 0:  # by design in a save that excludes them, but never silent
+        print(f"zero_core: {folder} holds no frozen parameter {', '.join(kept[:3])}{' ...' if len(kept) > 3 else ''}"
+              " (saved without frozen parameters); they keep this model's values", flush=True)
     reader = _Reader(source)
     with torch.no_grad():
         if isinstance(opt.states, TensorStates):

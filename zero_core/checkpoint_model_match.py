@@ -1,0 +1,56 @@
+"""Another tool's checkpoint against the model's untrained entries (frozen parameters and persistent buffers), as
+`load_state_dict(strict=True)` holds them, checked before a resume changes anything.
+
+DeepSpeed names its buffers (`buffer_names`) and frozen parameters; DCP saves every state-dict entry. An entry the
+checkpoint holds that the model has no place for, a buffer of the model the checkpoint lacks, or an entry of another
+shape would otherwise be dropped, left at its initial value, or fail half-way through the load; each is one line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from checkpoints.source import CheckpointError, ParamInfo
+
+REFUSE = "load the checkpoint of this model"
+
+
+def untrained_to_load(folder: Path, infos: dict[str, ParamInfo], trainable: set[str], state: dict[str, torch.Tensor],
+                      trained: set[int]) -> tuple[list[str], list[str]]:
+    """(the checkpoint's frozen parameters and buffers to copy into the model, the model's frozen parameters the
+    checkpoint left out). `state`: the model's state_dict(keep_vars=True); `trained`: ids of the parameters the
+    engine trains. CheckpointError, naming the first entry, for an entry of the checkpoint the model does not keep,
+    a buffer of the model the checkpoint lacks, or an entry of another shape. Frozen parameters may be left out by
+    design (DeepSpeed's save_checkpoint(exclude_frozen_parameters=True), DCP's ignore_frozen_params): they keep the
+    model's values, which the caller reports."""
+    saved = [n for n, i in infos.items() if n not in trainable and not i.tied_to]
+    homeless = next((n for n in saved if n not in state), None)
+    if homeless is not None:
+        raise CheckpointError(f"{folder} does not hold this model: it saved {homeless} {tuple(infos[homeless].shape)}, "
+                              "which this model does not save (not a parameter or a persistent buffer of it); "
+                              f"{REFUSE}, or give the model that entry")
+    # tensors only: a module's `_extra_state` entry is whatever object it returns
+    untrained = [n for n, t in state.items() if isinstance(t, torch.Tensor) and id(t) not in trained]
+    lacking = [n for n in untrained if n not in infos]
+    buffer = next((n for n in lacking if not isinstance(state[n], torch.nn.Parameter)), None)
+    if buffer is not None:
+        raise CheckpointError(f"{folder} does not hold this model: its buffer {buffer} {tuple(state[buffer].shape)} "
+                              f"is not in the checkpoint; {REFUSE}, or make that buffer non-persistent "
+                              "(register_buffer(..., persistent=False)) if the model rebuilds it")
+    for name in (n for n in untrained if n in infos):
+        want, have = tuple(infos[name].shape), tuple(state[name].shape)
+        if want != have:
+            raise CheckpointError(f"{folder} does not hold this model: {name} is {want} in the checkpoint but {have} "
+                                  f"in the model; {REFUSE}")
+    return [n for n in saved if id(state[n]) not in trained], lacking
+
+
+def check_trained_have_states(folder: Path, names: list[str], trainable: set[str]) -> None:
+    """Each parameter the engine trains was trained by the run (it has optimizer states to load), or one line."""
+    frozen = next((n for n in names if n not in trainable), None)
+    if frozen is not None:
+        raise CheckpointError(f"{folder}: {frozen} is trained by this model but was frozen in the run that saved it "
+                              "(it has no optimizer states); freeze it as that run did, or pass "
+                              "load_optimizer_states=False to load the weights alone")
