@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from .dcp_extensions import check_extensions
 from .dcp_metadata import read_metadata
 from .dtypes import name_of
 from .paths import inside
@@ -124,6 +125,7 @@ class DcpSource:
         for path in self._paths.values():
             if not path.is_file():
                 raise CheckpointError(f"missing rank file {path}; copy it from the run that saved this checkpoint")
+        check_extensions(self.folder, md)  # compressed chunks need their package: say so before any read
         checked = self._paths
 
         class _CheckedFiles(FileSystem):  # DCP opens folder / relative_path: only the checked ones exist
