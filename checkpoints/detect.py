@@ -107,8 +107,7 @@ def _resolve(root: Path, tag: str | None, kind: str | None, follow_symlinks: boo
         pointer = next((p for p in pointers if os.path.lexists(root / p)), None)
         if pointer is None:
             tags = ", ".join(map(one_line, _tags(root, kind)))  # names read from disk: shown on one line
-            hint = f"; it holds checkpoints {tags}: pass --tag with one of them" if tags else (
-                "; pass the folder that holds the checkpoint files")
+            hint = f"; it holds checkpoints {tags}: pass --tag with one of them" if tags else _whole_weights_hint(root)
             raise CheckpointError(f"{root} is not a checkpoint folder (looked for latest, {looked}){hint}")
         tag, via = read_pointer(root, pointer, follow_symlinks), f"named by {pointer}"
     folder = inside(root, tag, what="tag folder", follow_symlinks=follow_symlinks)
@@ -180,3 +179,18 @@ def open_source(path: str | Path, tag: str | None = None, kind: str | None = Non
         return opener(folder, follow_symlinks=follow_symlinks, **({"key": key} if key is not None else {}))
     except OSError as e:
         raise _os_error(folder, e) from None
+
+
+# weights already whole, as Accelerate's save_state (without DeepSpeed or FSDP) and save_pretrained write them
+WHOLE_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                 "pytorch_model.bin.index.json")
+
+
+def _whole_weights_hint(root: Path) -> str:
+    """The fix for a folder that is no sharded checkpoint: one holding whole weights needs no conversion."""
+    whole = next((n for n in WHOLE_WEIGHTS if (root / n).is_file()), None)
+    if whole is None:
+        return "; pass the folder that holds the checkpoint files"
+    return (f"; it holds {whole}, weights that are already whole (as Accelerate's save_state or save_pretrained "
+            "writes them): load them directly (safetensors.torch.load_file, from_pretrained or "
+            "Accelerator.load_state), no conversion is needed")
