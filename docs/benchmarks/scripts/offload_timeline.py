@@ -7,7 +7,8 @@ scenario's DeepSpeed JSON with its "auto" values filled as `zbench run` fills th
 (JSON values; `--drop a.b` removes a key). It times `--steps` steps after `--warmup`, prints zbench's step-time
 breakdown and the peak memory, then profiles two steps and prints, for each phase of the step (the update's tail
 after step() returns and the forward, backward, step()), the milliseconds the compute stream, the host-to-device
-and the device-to-host copies were busy. `--trace F` writes the intervals (JSON) for a closer look.
+and the device-to-host copies were busy, and the memory allocated as each phase was queued. `--trace F` writes the
+intervals (JSON, the host's ops too) for a closer look.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ def main() -> None:
     gen = torch.Generator(device="cpu").manual_seed(1)
     batches = [torch.randint(0, 50257, (16, 129), generator=gen).to(dev) for _ in range(4)]
     marks: list[tuple[str, float]] = []
+    memory: list[tuple[str, int]] = []  # allocated bytes as each profiled phase is queued (no sync)
 
     losses: list[torch.Tensor] = []
 
@@ -91,13 +93,16 @@ def main() -> None:
         b = batches[i % len(batches)]
         if mark:
             marks.append(("forward", time.perf_counter()))
+            memory.append(("forward", torch.cuda.memory_allocated()))
         loss = engine(b[:, :-1], b[:, 1:]).loss
         losses.append(loss.detach())
         if mark:
             marks.append(("backward", time.perf_counter()))
+            memory.append(("backward", torch.cuda.memory_allocated()))
         engine.backward(loss)
         if mark:
             marks.append(("step", time.perf_counter()))
+            memory.append(("step", torch.cuda.memory_allocated()))
         engine.step()
 
     for i in range(args.warmup):
@@ -179,6 +184,7 @@ def main() -> None:
     for (name, lo), (_, hi) in zip(spans, spans[1:]):
         cols = [busy(kinds[k], lo, hi) for k in ("compute", "h2d", "d2h")]
         print(f"{name:10s} {(hi - lo) / 1e3:8.1f} " + " ".join(f"{c:8.1f}" for c in cols))
+    print("allocated GiB as each phase was queued:", " ".join(f"{n} {b / 2**30:.2f}" for n, b in memory[-6:]))
     for sid, iv in sorted(per_stream.items()):
         print(f"stream {sid}: busy {busy(iv, spans[0][1], spans[-1][1]):.1f} ms over the two steps, {len(iv)} ops")
     if args.trace:
@@ -187,7 +193,9 @@ def main() -> None:
                        "streams": {str(k): v for k, v in per_stream.items()},
                        "names": [(e.name[:60], e.time_range.start, e.time_range.end,
                                   getattr(e, "device_resource_id", 0)) for e in events
-                                 if e.device_type == torch.autograd.DeviceType.CUDA]}, f)
+                                 if e.device_type == torch.autograd.DeviceType.CUDA],
+                       "host": [(e.name[:60], e.time_range.start, e.time_range.end, e.thread) for e in events
+                                if e.device_type == torch.autograd.DeviceType.CPU]}, f)
 
 
 if __name__ == "__main__":
