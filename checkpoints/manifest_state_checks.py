@@ -39,6 +39,9 @@ def state_problem(m: dict[str, Any]) -> str | None:
         isinstance(lrs, list) and 0 < len(lrs) <= 1 << 16 and all(_number(v) and v >= 0 for v in lrs)
     ):
         return "optimizer.group_lrs is not a list of non-negative numbers"
+    problem = _group_values_problem(opt.get("group_values"))
+    if problem:
+        return problem
     for key in ("lr", "eps", "weight_decay"):
         if opt.get(key) is not None and not _number(opt[key]):
             return f"optimizer.{key} is not a finite number"
@@ -51,6 +54,25 @@ def state_problem(m: dict[str, Any]) -> str | None:
     for rank, state in m["rng"].items():
         if not (isinstance(state, dict) and isinstance(state.get("torch"), str) and len(state["torch"]) < 1 << 16):
             return f"rng state of rank {rank!r} is not plain data"
+    return None
+
+
+def _group_values_problem(record: Any) -> str | None:
+    """Each group's weight_decay, eps (>= 0) and betas (two numbers in [0, 1)), as the engine's updates take them
+    (absent in checkpoints saved before zbench recorded them)."""
+    if record is None:
+        return None
+    if not (isinstance(record, list) and 0 < len(record) <= 1 << 16):
+        return "optimizer.group_values is not a list with one entry per optimizer group"
+    for i, entry in enumerate(record):
+        if not isinstance(entry, dict) or set(entry) - {"weight_decay", "eps", "betas"}:
+            return f"optimizer.group_values[{i}] is not a table of weight_decay, eps and betas"
+        for key in ("weight_decay", "eps"):
+            if key in entry and not (_number(entry[key]) and entry[key] >= 0):
+                return f"optimizer.group_values[{i}].{key} is not a finite number >= 0"
+        betas = entry.get("betas", [0.0, 0.0])
+        if not (isinstance(betas, list) and len(betas) == 2 and all(_number(b) and 0 <= b < 1 for b in betas)):
+            return f"optimizer.group_values[{i}].betas is not a pair of numbers in [0, 1)"
     return None
 
 

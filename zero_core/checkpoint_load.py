@@ -24,6 +24,7 @@ from checkpoints.source import CheckpointError
 from checkpoints.verified_read import read_verified
 from checkpoints.zbench_source import FragmentReader, read_frozen
 
+from .group_values_record import restore_group_values
 from .host_schedules import TorchScheduler
 from .optim.client_optimizer import ClientOptimizer
 from .optim.facade import EngineScheduler
@@ -275,8 +276,10 @@ def _load_zbench(engine: "Engine", folder: Path, weights_only: bool, schedule: b
             return folder, manifest["client_state"]
         o = manifest["optimizer"]
         engine.scaler.load_state_dict(manifest["loss_scaler"])
+    # the groups' weight_decay, eps and betas the run saved (checked when the manifest was read), as DeepSpeed's load
+    saved_betas = restore_group_values(engine.client_optimizer.param_groups, o.get("group_values"))
     restore_counters(engine, folder, o["applied"], o["skipped"], manifest["step"], manifest["micro_steps"],
-                     manifest.get("scheduler"), schedule, o.get("group_lrs"))
+                     manifest.get("scheduler"), schedule, o.get("group_lrs"), saved_betas)
     if restore is not None:
         restore(engine.device)
     return folder, manifest["client_state"]

@@ -35,6 +35,7 @@ from checkpoints.tag_folder import TagNotReplaceable, check_replaceable
 from . import comm, recovery_script
 from .checkpoint_load import load, param_entries  # noqa: F401  (load is re-exported for the engine)
 from .checkpoint_snapshot import NvmeStates, contents
+from .group_values_record import group_values_record
 from .optim.client_optimizer import ClientOptimizer
 from .optim.facade import EngineScheduler
 from .optim.states import NAMES
@@ -263,6 +264,7 @@ def _manifest(
             "applied": float(opt.applied),
             "skipped": float(opt.skipped),
             "group_lrs": engine.get_lr(),  # what DeepSpeed's saved groups hold: the next update's lr of each group
+            "group_values": group_values_record(engine.client_optimizer.param_groups),  # what the loop may have set
             **_optimizer_states(opt),
         },
         "loss_scaler": {

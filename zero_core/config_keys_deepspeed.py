@@ -123,7 +123,7 @@ SECTIONS = [
     Key("data_types.buffer_dtype", SUPPORTED),  # buffer_dtypes.py: every floating buffer cast to it
     Key("data_types.keep_in_fp32_modules", SUPPORTED),  # buffer_dtypes.py: these buffers stay in fp32
     *ignored("only a PipelineModule reads it, and deepspeed.pipe is not in zero_core", "pipeline"),
-    *ignored("no timers are printed", "timers"),
+    *ignored("DeepSpeed's throughput timer is not kept (wall_clock_breakdown prints the phase times)", "timers"),
     Key("autotuning", REFUSED, "autotuning is not implemented; run zbench scenarios to tune", (False,), "enabled"),
     Key("data_efficiency", REFUSED, "curriculum learning and data routing are out of scope", (False,), "enabled"),
     Key("expert_parallel", REFUSED, "expert parallelism (AutoEP) is out of scope", (False,), "enabled"),

@@ -1,10 +1,9 @@
 """The Engine: one object that trains any nn.Module at ZeRO stage 0, 1, 2 or 3.
 
 It is a facade over three pieces that each own one decision:
-- the stage strategy (stages/): parameter order and layout, the gradient collective, where 16-bit
-  weights live and how updated weights reach the model;
-- the optimizer (optim/): where the fp32 master and moments live (device, host memory, NVMe) and the
-  update that goes with them;
+- the stage strategy (stages/): parameter order and layout, the gradient collective, where 16-bit weights live and
+  how updated weights reach the model;
+- the optimizer (optim/): where the fp32 master and moments live (device, host memory, NVMe) and its update;
 - the gradient reducer (stages/grad_buckets.py): hooks that bucket gradients, reduced, for the optimizer.
 """
 
@@ -23,6 +22,8 @@ from .deferred import is_deferred
 from .deferred.shards import materialise_whole, shard_into
 from .engine_api import DeepSpeedEngineAPI
 from .engine_monitor import write_update_events
+from .engine_modes import EngineModes
+from .engine_wall_clock import wall_clock
 from .engine_queries import EngineQueries, LossScaleValue, given_dict, with_items
 from .gathered import register as register_parameters
 from .loss_scaler import LossScaler
@@ -31,16 +32,16 @@ from .optim import make_optimizer, offloads_optimizer
 from .optim.facade import EngineScheduler, ZeroOptimizer
 from .optim.group_values import follow_group_values
 from .optim.param_groups import plan_optimizer
-from .optim.affinity import describe as describe_cpus
+from .optim.state_view import expose_state
 from .optim.affinity import ENV as PIN_ENV
-from .optim.affinity import pin_rank, size_team
+from .optim.affinity import describe as describe_cpus, pin_rank, size_team
 from .overflow_log import OverflowLog
 from .stages import make_stage
 from .stages.grad_buckets import GradReducer
 from .step_timer import StepBreakdown, enabled_for
 
 
-class Engine(torch.nn.Module, DeepSpeedEngineAPI, EngineQueries):
+class Engine(EngineModes, torch.nn.Module, DeepSpeedEngineAPI, EngineQueries):
     """Wraps a model for ZeRO data-parallel training; build it with `zero_core.initialize`. Like DeepSpeed's
     engine it is a Module holding the model as `module`: calling it runs the model's forward."""
 
@@ -78,6 +79,7 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI, EngineQueries):
         self.optimizer = make_optimizer(cfg, self.layout, self.device, self.rank, self.breakdown, plan,
                                         [group_of[id(p)] for p in self.params])
         self.client_optimizer = self.optimizer.facade = plan.client or ZeroOptimizer(plan, self)  # handed back
+        expose_state(self)  # engine.optimizer.state: the handed-back optimizer's, as DeepSpeed's are one object
         self.host_schedule, self.lr_scheduler = make_schedules(cfg, plan, lr_scheduler, self.client_optimizer, self)
         follow_group_values(self)  # a loop's writes of weight_decay, eps, betas into the groups apply, as in torch
         if self.host_schedule is not None:
@@ -144,7 +146,7 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI, EngineQueries):
     # -- training ---------------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         self.breakdown.forward_started()
-        return self.module(*args, **kwargs)
+        return wall_clock(self).forward(self.module, *args, **kwargs)  # timed with wall_clock_breakdown
 
     def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
         """Backward of `loss` scaled by the loss scale and 1/accumulation steps; reduces gradients.
@@ -152,6 +154,7 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI, EngineQueries):
         already normalised over the accumulated batch (Hugging Face Trainer's); `retain_graph` as torch's."""
         if self.training_refused:
             raise ConfigError(self.training_refused)
+        wall_clock(self).backward_started()
         self.wait_for_weights()  # buckets no module's forward read (unused parameters)
         boundary = self.is_gradient_accumulation_boundary()
         every = self.strategy.reduces_every_micro_step
@@ -161,12 +164,14 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI, EngineQueries):
         self.strategy.before_backward()
         self.reducer.begin(reduce_now=every or boundary, accumulate=every and window_pos > 0,
                            scale=self.scaler.inv_scale / self.world_size, final=boundary)
+        wall_clock(self).autograd_started()
         (loss * (self.scaler.scale.squeeze() / (gas if scale_wrt_gas else 1))).backward(retain_graph=retain_graph)
         self.breakdown.backward_done()
+        wall_clock(self).autograd_done()
         self.reducer.finish()
         self.strategy.after_backward()
         self.gradients_ready = boundary
-        return loss  # as DeepSpeed's, for `loss = engine.backward(loss)`
+        return wall_clock(self).backward_done(loss)  # as DeepSpeed's, for `loss = engine.backward(loss)`
 
     def step(self, lr_kwargs: dict | None = None) -> None:
         """At an accumulation boundary: clip, update, refresh the working weights; otherwise only count.
@@ -179,12 +184,15 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI, EngineQueries):
             raise NotImplementedError("engine.step(lr_kwargs=...) is not supported by zero_core; its schedules take no "
                                       "arguments at the step (set the lr in the scheduler or the optimizer's groups)")
         boundary = self.is_gradient_accumulation_boundary()
+        wall_clock(self).step_started(boundary)
         self.micro_steps += 1
         self.last_step_updated = boundary  # was_step_applied(): only a boundary's step updates
         if boundary:
             self._window_passes, self.gradients_ready = 0, False
             if self._lr_writes is not None and self._lr_writes.written():  # the loop set an lr: read it from now on
                 self.optimizer.lr_at, self.host_schedule, self._lr_writes = None, GroupLrs(self.client_optimizer), None
+            if isinstance(self.lr_scheduler, EngineScheduler):  # an lr the loop wrote: the next update's, as DeepSpeed
+                self.lr_scheduler.take_writes()
             if self.host_schedule is not None:
                 self._apply_host_schedule()
             s = self.strategy
@@ -192,6 +200,7 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI, EngineQueries):
             self.optimizer.step(out=s.output, publish=s.publish_chunk, after_segment=s.after_segment)
             self.scaler.update(self.optimizer.overflow)
             self._nonfinite_run.add_(1.0).mul_(self.optimizer.overflow.to(self._nonfinite_run.dtype))
+            wall_clock(self).gather_started()
             s.finish_update()
             self.global_step, self.norm_taken = self.global_step + 1, True
             if self.host_schedule is not None and not self.scaler.dynamic:  # step a torch scheduler now, as DeepSpeed
@@ -203,6 +212,7 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI, EngineQueries):
             self.breakdown.end_step()
             if getattr(self.optimizer, "auto", None) is not None:
                 self._settle_offload_ratio()
+        wall_clock(self).step_done(boundary)
 
     def _settle_offload_ratio(self) -> None:
         """offload_optimizer.ratio "auto": the first step is measured; move the device share that fits."""
@@ -210,6 +220,7 @@ class Engine(torch.nn.Module, DeepSpeedEngineAPI, EngineQueries):
         self.wait_for_weights()  # the first update done before its states move
         self.optimizer = self.reducer.opt = auto.settle(self.optimizer)
         self.optimizer.scaler = self.scaler
+        expose_state(self)
         if self.rank == 0:
             print(f"zero_core: offload_optimizer.ratio auto: {getattr(self.optimizer, 'split', 0):,} of "
                   f"{self.optimizer.states.numel:,} partition elements keep their optimizer states on the device",

@@ -1,5 +1,7 @@
 """`engine.timers`: DeepSpeed's SynchronizedWallClockTimer as scripts use it, `engine.timers(name).start()` /
-`.stop()`, `.elapsed()` in milliseconds, and `engine.timers.log([names])` printing `time (ms) | name: x.xx`.
+`.stop()`, `.elapsed()` in milliseconds, and `engine.timers.log([names])` printing `[Rank 0] time (ms) | name: x.xx`.
+With `wall_clock_breakdown: true` the engine times its own phases with them and prints DeepSpeed's lines
+(engine_wall_clock.py).
 
 Wall-clock, the device synchronised at each start and stop on CUDA, so that a span covers the kernels launched
 in it (DeepSpeed records CUDA events instead; a synchronised wall clock measures the same span)."""
@@ -90,8 +92,8 @@ class EngineTimers:
         _check_normalizer("log", normalizer)
         line = "time (ms)" + "".join(f" | {n}: {self.timers[n].elapsed(reset=reset) / normalizer:.2f}"
                                      for n in names if n in self.timers)
-        if self.rank in (ranks or [0]):
-            print(line, flush=True)
+        if self.rank in (ranks or [0]) or (ranks or [0])[0] == -1:  # [-1]: every rank, as DeepSpeed's
+            print(f"[Rank {self.rank}] {line}", flush=True)  # DeepSpeed's print_dist prefix
         return line
 
     def get_mean(self, names: Iterable[str], normalizer: float = 1.0, reset: bool = True) -> dict[str, float]:

@@ -37,6 +37,16 @@ class ClientOptimizer(DeviceAdamW):
                                for g, pg in enumerate(client.param_groups)]
         client.state = defaultdict(dict)
 
+    @property
+    def state(self) -> Any:
+        """The caller's optimizer's own state, keyed by the views of the master its groups now hold (this rank's
+        flat fp32 partition, as DeepSpeed's ZeRO optimizers key it): `engine.optimizer.state` is the same object."""
+        return self.client.state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self.client.state = value  # as DeepSpeed's wrapper sets its wrapped optimizer's
+
     def _update(self, coef: torch.Tensor, out: Output, publish: Publish | None,
                 after_segment: Callable[[int], None] | None) -> None:
         if int(self.overflow.item()) != 0:  # the one host sync: a torch optimizer cannot skip on a device flag

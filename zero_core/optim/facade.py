@@ -5,11 +5,13 @@ DeepSpeed: they hold the groups and answer the usual calls; the engine does the 
   hyper-parameters, so a torch scheduler can be built on it (`lr_scheduler=lambda opt: LambdaLR(opt, ...)`)
   and readers of `optimizer.param_groups[0]["lr"]` work; `loss_scale` / `cur_scale` read the engine's scale, as
   on DeepSpeed's ZeRO optimizers. `step()` refuses (the engine steps), `zero_grad()` does nothing (the engine
-  frees gradients as it reduces them).
+  frees gradients as it reduces them). `state` is this rank's Adam states per parameter (optim/state_view.py).
 - `EngineScheduler` stands for the config's "scheduler" section, as DeepSpeed's scheduler object: the engine
   steps it after every applied update, and a `step()` of the script's own moves it one iteration further, as
   it does in DeepSpeed (a loop calling both `engine.step()` and `scheduler.step()` advances it twice per step).
-  Each move writes the next update's lr (and OneCycle's betas) into the optimizer's groups.
+  Each move writes the next update's lr (and OneCycle's betas) into the optimizer's groups; an lr (or betas) the
+  loop writes there in between is taken by the next update alone, as in DeepSpeed, whose scheduler then
+  overwrites it at its next step.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ import torch
 
 from ..host_schedules import checked_betas
 from ..loss_scaler import ReportsLossScale
+from .loop_writes import GroupWrites
 from .param_groups import OptimizerPlan
+from .state_view import PartitionState
 
 
 class ZeroOptimizer(ReportsLossScale, torch.optim.Optimizer):
@@ -47,6 +51,19 @@ class ZeroOptimizer(ReportsLossScale, torch.optim.Optimizer):
     @param_groups.setter
     def param_groups(self, groups: list[dict]) -> None:
         self.__dict__["param_groups"] = groups  # where torch's __setstate__ puts them too
+
+    @property
+    def state(self) -> PartitionState:  # type: ignore[override]
+        """This rank's Adam states per parameter, read from where they live (optim/state_view.py)."""
+        if "_state_view" not in self.__dict__:
+            self.__dict__["_state_view"] = PartitionState(self._engine)
+        return self.__dict__["_state_view"]
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        if "param_groups" in self.__dict__:  # torch's __init__ sets an empty one first: nothing to keep
+            raise ValueError("optimizer.state is a view of the engine's optimizer states and cannot be replaced; "
+                             "change a parameter's state with deepspeed.utils.safe_set_local_optimizer_state")
 
     def step(self, closure: Any = None) -> None:  # type: ignore[override]
         raise RuntimeError("optimizer.step() is the engine's job: call engine.step() after engine.backward(loss)")
@@ -83,6 +100,8 @@ class EngineScheduler:
         # updates, as DeepSpeed's groups keep a loaded optimizer's lrs and betas until its scheduler next steps
         self._held: tuple[int, list[float], list[tuple[float, float]] | None] | None = None
         self._held_on: dict[torch.device, torch.Tensor] = {}
+        self._held_by_loop = False  # `_held` is what the loop wrote into the groups (not a load's)
+        self._writes = GroupWrites(engine.client_optimizer)
 
     @property
     def last_batch_iteration(self) -> int:
@@ -92,6 +111,7 @@ class EngineScheduler:
         """The device schedule `lr_at(applied)` (lr_schedules.py) at this scheduler's position instead."""
 
         def at(applied: torch.Tensor, *out: torch.dtype) -> torch.Tensor:
+            self._take_writes()
             lrs = lr_at(applied + self.extra, *out)
             if self._held is None:
                 return lrs
@@ -104,9 +124,26 @@ class EngineScheduler:
         return at
 
     def held_values(self, applied: int) -> tuple[list[float], list[tuple[float, float]] | None] | None:
-        """The lrs and betas (None: the schedule's) a load left in the groups, where the update after `applied`
-        applied updates takes them."""
+        """The lrs and betas (None: the schedule's) a load or the loop left in the groups, where the update after
+        `applied` applied updates takes them."""
+        self._take_writes()
         return self._held[1:] if self._held is not None and self._held[0] == applied else None
+
+    def take_writes(self) -> None:
+        """An lr or betas the loop wrote into the groups since the last publish(): the next update takes them (read
+        once per update, on the host; the applied count is read only when the loop wrote). engine.step calls it
+        before the update, so that a bad lr (not a finite number >= 0) is refused in one line before it runs."""
+        written = self._writes.written()
+        if written is not None:
+            self._held, self._held_on, self._held_by_loop = (self._engine.applied_steps(), *written), {}, True
+
+    def _take_writes(self) -> None:
+        """The same where the lr is only read (get_lr, a host update started during backward on another thread):
+        a bad lr is left to the step to refuse, the schedule's lr answers meanwhile."""
+        try:
+            self.take_writes()
+        except ValueError:
+            pass
 
     def saved_position(self, state: Any, lrs: Any = None, betas: Any = None) -> None:
         """A loaded checkpoint's scheduler state: DeepSpeed's `{"last_batch_iteration": n}` (zbench saves the same),
@@ -150,6 +187,7 @@ class EngineScheduler:
             at_lrs, at_betas = self._values_at(loaded)
             held = held if held is not None or schedule else at_lrs
             held_betas = held_betas if held_betas is not None else at_betas
+        self._held_by_loop = False
         if held is not None:
             self._held = (self._engine.applied_steps(), [float(x) for x in held], held_betas)
         self.publish()
@@ -183,8 +221,17 @@ class EngineScheduler:
         self.publish()
 
     def get_last_lr(self) -> list[float]:
-        """The lrs of the next update, as a stepped DeepSpeed scheduler reports them (a host sync)."""
-        return self._engine.get_lr()
+        """The lrs of the next update, as a stepped DeepSpeed scheduler reports them (a host sync): the schedule's,
+        not an lr the loop wrote into the groups since (engine.get_lr() reports that one, as in DeepSpeed)."""
+        self._take_writes()
+        held = self._held
+        if held is None or not self._held_by_loop:
+            return self._engine.get_lr()
+        self._held = None
+        try:
+            return self._engine.get_lr()
+        finally:
+            self._held = held
 
     get_lr = get_last_lr
 
@@ -199,6 +246,7 @@ class EngineScheduler:
         """After a move: the lrs (and OneCycle's betas) of the next update into the optimizer's groups (lazily where
         that needs the device's count of applied updates and the groups can wait until they are read)."""
         e, opt = self._engine, self._engine.client_optimizer
+        self._writes.seen()  # an lr the loop wrote and no update took is overwritten, as DeepSpeed's step does
         if self._held is not None and not e.scaler.dynamic and e.applied_steps() != self._held[0]:
             self._held = None  # an update took the loaded lrs (the count is on the host here)
         if e.scaler.dynamic and self._count_on_device() and isinstance(opt, ZeroOptimizer):
@@ -224,4 +272,5 @@ class EngineScheduler:
         for group, pair in zip(groups, betas or ()):
             if "betas" in group:  # DeepSpeed's OneCycle leaves an optimizer without betas alone
                 group["betas"] = pair
+        self._writes.seen()
 

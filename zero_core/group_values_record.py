@@ -1,0 +1,57 @@
+"""Each optimizer group's weight_decay, eps and betas in a zbench checkpoint (the manifest's
+`optimizer.group_values`), beside the lr of each group (`group_lrs`).
+
+The engine reads these from the optimizer's groups at every update (optim/group_values.py), so a loop may have
+written them; DeepSpeed's checkpoint keeps its optimizer's param_groups and its load puts them back. A save records
+each group's values as plain numbers; a load with the optimizer's states writes them back into the groups. The
+manifest reader has already refused values out of range (checkpoints/manifest_state_checks.py); a record of
+another number of groups (a run grouped differently) is left alone, as `group_lrs` is.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+KEYS = ("weight_decay", "eps", "betas")
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, torch.Tensor) and value.numel() == 1:  # torch lets a group hold a one-element tensor
+        value = float(value)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
+
+
+def group_values_record(groups: list[dict]) -> list[dict[str, Any]]:
+    """Per group, those of its weight_decay, eps and betas that are numbers (JSON plain data)."""
+    record = []
+    for group in groups:
+        entry: dict[str, Any] = {}
+        for key in ("weight_decay", "eps"):
+            value = _number(group.get(key))
+            if value is not None:
+                entry[key] = value
+        betas = group.get("betas")
+        if isinstance(betas, (list, tuple)) and len(betas) == 2:
+            pair = [_number(b) for b in betas]
+            if None not in pair:
+                entry["betas"] = pair
+        record.append(entry)
+    return record
+
+
+def restore_group_values(groups: list[dict], record: Any) -> list[tuple[float, float]] | None:
+    """Write a checked record back into `groups` (only the keys a group holds); the saved betas of every group
+    (None where the record does not have them all), for the schedule's next update."""
+    if not isinstance(record, list) or len(record) != len(groups):
+        return None
+    for group, entry in zip(groups, record):
+        for key in KEYS:
+            if key in entry and key in group:
+                group[key] = tuple(entry[key]) if key == "betas" else entry[key]
+    if all("betas" in entry for entry in record):
+        return [(float(entry["betas"][0]), float(entry["betas"][1])) for entry in record]
+    return None
