@@ -98,3 +98,24 @@ def test_without_any_optimizer_the_model_runs_forward_but_backward_is_one_line()
         engine.backward(loss)
     assert "no optimizer" in str(e.value) and "'optimizer' section" in str(e.value) and "\n" not in str(e.value)
     engine.close()
+
+
+@pytest.mark.parametrize("as_file", [False, True])
+def test_without_an_optimizer_the_configs_scheduler_is_not_read(tmp_path, as_file):
+    """transformers' evaluation-only setup (Trainer.evaluate/predict before any training) drops the config's
+    optimizer but keeps its scheduler, whose "auto" total_num_steps it filled with 0: DeepSpeed builds a scheduler
+    only with an optimizer, so the engine runs; so does zero_core's, with no scheduler, as DeepSpeed returns."""
+    import json
+
+    import torch
+
+    cfg = {k: v for k, v in ds_config(3, "fp32", 2).items() if k != "optimizer"}
+    cfg["scheduler"] = {"type": "WarmupDecayLR", "params": {"total_num_steps": 0, "warmup_num_steps": 0,
+                                                            "warmup_min_lr": 0, "warmup_max_lr": 5e-5}}
+    if as_file:
+        (tmp_path / "ds.json").write_text(json.dumps(cfg))
+    model = make_model()
+    engine, _, _, scheduler = deepspeed.initialize(model=model, config=str(tmp_path / "ds.json") if as_file else cfg)
+    x, y = make_batches(1, 2)[0]
+    assert scheduler is None and torch.isfinite(engine(x.to(engine.device), y.to(engine.device)).loss)
+    engine.close()

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from .. import comm as zero_comm
+from ..config import read_config_file
 from ..deferred.record import mark_full_sizes
 from ..engine import Engine
 from . import accelerator, checkpointing, comm, ops, runtime, utils, zero
@@ -71,6 +72,17 @@ def _config_from(args: Any, config: Any, config_params: Any) -> Any:
     return config
 
 
+def _unread_scheduler_dropped(config: Any, optimizer: Any) -> Any:
+    """DeepSpeed builds the config's scheduler only with an optimizer: without one (an evaluation engine, as
+    transformers' inference setup makes, whose "auto" total_num_steps became 0) it never reads that section."""
+    if optimizer is not None:
+        return config
+    data = read_config_file(os.fspath(config)) if isinstance(config, (str, os.PathLike)) else config
+    if not isinstance(data, dict) or "optimizer" in data or "scheduler" not in data:
+        return config
+    return {k: v for k, v in data.items() if k != "scheduler"}
+
+
 def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer: Any = None,
                model_parameters: Any = None, training_data: Any = None, lr_scheduler: Any = None,
                distributed_port: int | None = None, mpu: Any = None, dist_init_required: bool | None = None,
@@ -82,8 +94,8 @@ def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer
     if mpu is not None or mesh_param is not None:
         raise NotImplementedError("deepspeed.initialize(mpu=/mesh_param=) (model parallelism) is not supported by "
                                   "zero_core; it trains data-parallel with ZeRO sharding only")
-    engine = Engine(model, _config_from(args, config, config_params), model_parameters=model_parameters,
-                    optimizer=optimizer, lr_scheduler=lr_scheduler)
+    engine = Engine(model, _unread_scheduler_dropped(_config_from(args, config, config_params), optimizer),
+                    model_parameters=model_parameters, optimizer=optimizer, lr_scheduler=lr_scheduler)
     if optimizer is None and not engine.config.optimizer_given:  # DeepSpeed: forward only, backward asserts
         engine.training_refused = ("no optimizer: the config has no 'optimizer' section and initialize got no "
                                    "optimizer=, so there is nothing to train with (DeepSpeed refuses backward too); "
