@@ -31,6 +31,7 @@ from ..config_auto import AutoValues
 from ..engine import Engine
 from .handles import EngineOptimizer, EngineSchedule, hidden_size
 from .lightning_convert import convert_zero_checkpoint_to_fp32_state_dict
+from .lightning_group_lrs import GROUP_LRS, restore_group_lrs
 from .lightning_kwargs import fill_missing, split_deepspeed_kwargs
 from .lightning_precision import MODES, ZeroPrecision, format_precision
 
@@ -98,15 +99,16 @@ class ZeroStrategy(DDPStrategy):
             )
         optimizer = optimizers[0] if optimizers else None
         schedule = schedulers[0] if schedulers else None
-        if schedule is not None and (
-            schedule.interval != "step" or schedule.frequency != 1 or schedule.reduce_on_plateau
-        ):
-            raise ValueError(
-                "ZeroStrategy steps the scheduler after every update; return it with "
-                "{'interval': 'step', 'frequency': 1} and no monitor"
-            )
+        # one stepped after every update goes to the engine; another (per epoch, every n steps, on a monitored
+        # value) Lightning's loop steps, as with DeepSpeedStrategy: its lr writes reach the engine's groups
+        loop_schedule = schedule if schedule is not None and not _every_update(schedule) else None
         raw = copy.deepcopy(self.zero_config)
         format_precision(raw, flag, self._fp16_values)
+        if loop_schedule is not None and "scheduler" in raw:
+            raise ValueError(
+                "the config's scheduler section and the lr_scheduler configure_optimizers returns would both set "
+                "the lr; drop one of them"
+            )
         if "optimizer" in raw:
             if schedule is not None:  # it would be bound to an optimizer that never steps
                 raise ValueError(
@@ -118,10 +120,9 @@ class ZeroStrategy(DDPStrategy):
         raw.setdefault("train_micro_batch_size_per_gpu", 1)  # only logged: the batches are the dataloader's
         clip = float(trainer.gradient_clip_val or 0.0)  # none given: no clipping, as Lightning's strategies
         raw.setdefault("gradient_clipping", clip)
-        if (
-            raw.setdefault("gradient_accumulation_steps", trainer.accumulate_grad_batches)
-            != trainer.accumulate_grad_batches
-        ):
+        if raw.get("gradient_accumulation_steps", "auto") == "auto":  # "auto": the Trainer's, as documented
+            raw["gradient_accumulation_steps"] = trainer.accumulate_grad_batches
+        if raw["gradient_accumulation_steps"] != trainer.accumulate_grad_batches:
             raise ValueError(
                 "the config's gradient_accumulation_steps differs from Trainer(accumulate_grad_batches); "
                 "set one of them"
@@ -130,6 +131,7 @@ class ZeroStrategy(DDPStrategy):
         steps = trainer.estimated_stepping_batches
         auto = AutoValues(
             world_size=self.world_size,
+            per_device_train_batch_size=1,  # an "auto" micro-batch size: only logged, the batches are the loader's
             gradient_accumulation_steps=trainer.accumulate_grad_batches,
             max_grad_norm=clip,
             fp16=MODES[flag] == "fp16",
@@ -142,12 +144,14 @@ class ZeroStrategy(DDPStrategy):
             self.lightning_module,
             raw,
             optimizer=optimizer,
-            lr_scheduler=schedule.scheduler if schedule is not None else None,
+            lr_scheduler=schedule.scheduler if schedule is not None and loop_schedule is None else None,
             auto=auto,
         )
         handle = EngineOptimizer(self.engine)
         self.optimizers = [handle]
-        if schedule is not None or self.engine.lr_scheduler is not None:
+        if loop_schedule is not None:
+            self.lr_scheduler_configs = [loop_schedule]
+        elif schedule is not None or self.engine.lr_scheduler is not None:
             self.lr_scheduler_configs = [LRSchedulerConfig(EngineSchedule(self.engine, handle), interval="step")]
         self.model = self.engine
 
@@ -188,8 +192,9 @@ class ZeroStrategy(DDPStrategy):
         if storage_options is not None:
             raise ValueError("ZeroStrategy saves zbench checkpoints; drop storage_options")
         filepath = self.broadcast(str(filepath))
-        state = {k: v for k, v in checkpoint.items() if k not in ("state_dict", "optimizer_states")}
-        self.engine.save_checkpoint(filepath, tag="checkpoint", client_state=plain_data(state),
+        state = plain_data({k: v for k, v in checkpoint.items() if k not in ("state_dict", "optimizer_states")})
+        state[GROUP_LRS] = [float(group["lr"]) for group in self.engine.client_optimizer.param_groups]
+        self.engine.save_checkpoint(filepath, tag="checkpoint", client_state=state,
                                  exclude_frozen_parameters=self.exclude_frozen_parameters)
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
@@ -202,6 +207,10 @@ class ZeroStrategy(DDPStrategy):
         if self.engine is None:  # validate/test/predict(ckpt_path=...) on a fresh Trainer: fit built no engine
             self._build_evaluation_engine()
         _, client_state = self.engine.load_checkpoint(checkpoint_path, load_optimizer_states=fitting)
+        client_state = dict(client_state or {})
+        lrs = client_state.pop(GROUP_LRS, None)
+        if fitting and self.engine.lr_scheduler is None:
+            restore_group_lrs(self.engine.client_optimizer.param_groups, lrs)
         return client_state
 
     def _build_evaluation_engine(self) -> None:
@@ -216,7 +225,8 @@ class ZeroStrategy(DDPStrategy):
         raw.pop("scheduler", None)  # nothing steps: its "auto" step counts need a fit
         raw.setdefault("train_micro_batch_size_per_gpu", 1)
         raw.setdefault("gradient_accumulation_steps", trainer.accumulate_grad_batches)
-        auto = AutoValues(world_size=self.world_size, gradient_accumulation_steps=trainer.accumulate_grad_batches,
+        auto = AutoValues(world_size=self.world_size, per_device_train_batch_size=1,
+                          gradient_accumulation_steps=trainer.accumulate_grad_batches,
                           max_grad_norm=0.0, fp16=MODES[flag] == "fp16", bf16=MODES[flag] == "bf16",
                           learning_rate=None, hidden_size=hidden_size(self.lightning_module), max_steps=None)
         self.engine = Engine(self.lightning_module, raw, auto=auto)
@@ -232,6 +242,10 @@ class ZeroStrategy(DDPStrategy):
     def remove_checkpoint(self, filepath: Any) -> None:
         if self.is_global_zero:
             self.checkpoint_io.remove_checkpoint(filepath)  # a folder this strategy wrote (ModelCheckpoint's rotation)
+
+
+def _every_update(schedule: LRSchedulerConfig) -> bool:
+    return schedule.interval == "step" and schedule.frequency == 1 and not schedule.reduce_on_plateau
 
 
 def plain_data(value: Any) -> Any:
