@@ -128,3 +128,38 @@ def test_updates_speculated_at_the_old_weight_decay_are_redone_at_the_written_on
     assert speculated[0] > 0
     for k, v in plain.items():
         assert torch.equal(overlapped[k], v), k
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_an_lr_the_loop_set_once_comes_back_with_the_load(tmp_path, offload):
+    """No scheduler: the loop sets the lr once (an epoch's end), the run saves, and a fresh engine that loads it
+    trains on at that lr, as DeepSpeed's load puts the saved groups back: the same weights as the run that went on."""
+
+    def make():
+        extra = {"offload_optimizer": {"device": "cpu"}} if offload else {}
+        model = make_model()
+        return deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                    config=ds_config(2, "fp32", 2, **extra))[:2]
+
+    def train(engine, batches):
+        for x, y in batches:
+            engine.backward(engine(x.to(engine.device), y.to(engine.device)).loss)
+            engine.step()
+
+    batches = make_batches(STEPS, 2)
+    engine, optimizer = make()
+    train(engine, batches[:1])
+    for group in optimizer.param_groups:
+        group["lr"] = 3e-3  # from the config's 1e-3, once
+    train(engine, batches[1:2])
+    engine.save_checkpoint(tmp_path)
+    train(engine, batches[2:])
+    went_on = engine.full_state_dict()
+    engine.close()
+    resumed, resumed_optimizer = make()
+    resumed.load_checkpoint(tmp_path)
+    assert [g["lr"] for g in resumed_optimizer.param_groups] == [3e-3]
+    train(resumed, batches[2:])
+    for k, v in went_on.items():
+        assert torch.equal(resumed.full_state_dict()[k], v), k
+    resumed.close()

@@ -25,7 +25,7 @@ from checkpoints.verified_read import read_verified
 from checkpoints.zbench_source import FragmentReader, read_frozen
 
 from .group_values_record import restore_group_values
-from .host_schedules import TorchScheduler
+from .host_schedules import GroupLrs, TorchScheduler
 from .optim.client_optimizer import ClientOptimizer
 from .optim.facade import EngineScheduler
 from .optim.states import NAMES, TensorStates
@@ -121,6 +121,11 @@ def restore_counters(engine: "Engine", folder: Path, applied: int, skipped: int,
     them to after_load; a passed torch scheduler not loaded stays where it was, its groups taking the lrs)."""
     if isinstance(engine.lr_scheduler, EngineScheduler):  # the config's schedule, before the counts move
         engine.lr_scheduler.saved_position(scheduler, lrs, betas)
+    groups, own = engine.client_optimizer.param_groups, engine.host_schedule
+    if (engine.lr_scheduler is None and (own is None or isinstance(own, GroupLrs)) and isinstance(lrs, list)
+            and len(lrs) == len(groups)):  # no schedule: the groups hold what a loop set; DeepSpeed's load restores it
+        for group, lr in zip(groups, lrs):
+            group["lr"] = float(lr)
     applied_before = engine.applied_steps()
     engine.optimizer.applied.fill_(applied)
     engine.optimizer.skipped.fill_(skipped)
