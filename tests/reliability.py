@@ -26,7 +26,7 @@ START, END = "<!-- reliability:start", "<!-- reliability:end -->"
 FAULTS = [
     (
         "a rank fails as it starts (`zbench run`)",
-        "test_runner_faults.py::test_rank_failure_is_one_error_with_the_ranks_last_lines",
+        "test_runner_faults.py::test_rank_failure_is_one_error_after_the_ranks_last_lines",
         "the row fails, the other variants run, one error names the rank",
         False,
     ),
