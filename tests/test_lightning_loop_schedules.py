@@ -10,6 +10,8 @@ pytest.importorskip("lightning")
 import lightning_schedule_workers as lsw  # noqa: E402
 from dist_harness import run_ranks  # noqa: E402
 
+pytestmark = pytest.mark.slow  # spawned ranks running Lightning fits: outside the fast tier (-m 'not slow')
+
 # Lightning 2.6.6's DeepSpeedStrategy with DeepSpeed 0.19.8 on CPU (ZeRO-2), the same module, data and scheduler:
 # every 4th loss and the lr it was trained with, over 3 epochs
 DEEPSPEED = {
