@@ -9,7 +9,7 @@ from typing import Any
 
 
 class EngineModes:
-    """Mixed into `zero_core.Engine` before torch.nn.Module, whose train() and eval() these replace."""
+    """Mixed into `zero_core.Engine` before torch.nn.Module, whose train and eval methods these replace."""
 
     module: Any
 
