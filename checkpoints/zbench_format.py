@@ -15,6 +15,7 @@ died are reported with the fix, not removed. Pure file handling: converters use 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -135,7 +136,13 @@ def commit(root: Path, tag: str, staged: Path, move_latest: bool = True) -> str 
     if final.exists():
         old = root / f".{tag}.old-{new_token()}"
         os.replace(final, old)  # from here until the next rename, readers and recover() use `old`
-    os.replace(staged, final)
+    try:
+        os.replace(staged, final)
+    except OSError:
+        if old is not None:  # put back, else `tag` stays missing while this process lives (readers skip a live `old`)
+            with contextlib.suppress(OSError):  # left aside (reported later) if another save's folder took the name
+                os.rename(old, final)
+        raise
     fsync_path(root)
     if move_latest:
         try:
@@ -147,8 +154,19 @@ def commit(root: Path, tag: str, staged: Path, move_latest: bool = True) -> str 
             return f"'{LATEST}' could not be updated ({e.strerror or e}) and {note}"
         fsync_path(root)  # `latest` is moved: a failure here is no longer undone
     if old is not None:  # the copy this save replaced, moved aside by this very call
-        return _removed(old, "the copy it replaced")
+        return _removed(_retired(root, tag, old), "the copy it replaced")
     return None
+
+
+def _retired(root: Path, tag: str, old: Path) -> Path:
+    """`old` renamed to a name readers and recover() never take, before it is deleted: a save killed mid-delete
+    must not leave a half-deleted `.old` copy that a reader or the next save would take for the whole one."""
+    doomed = root / f".{tag}.pruned-{new_token()}"
+    try:
+        os.rename(old, doomed)
+    except OSError:
+        return old
+    return doomed
 
 
 def _roll_back(root: Path, tag: str, staged: Path, old: Path | None) -> str | None:
