@@ -32,6 +32,7 @@ import torch
 from .output_claim import claimed_output
 from .safetensors_stream import StreamingWriter
 from .source import CheckpointError, CheckpointSource, ParamInfo
+from .zbench_format import folder_identity
 
 _CHUNK = 1 << 22  # elements cast and written at a time: bounds the extra memory beyond one tensor
 _UNITS = {
@@ -114,24 +115,53 @@ def write_consolidated(
     protect: Iterable[str | Path] = (),
     verify: bool = False,
     out_name: str = "--out",
+    add_files: Callable[[Path], None] | None = None,
 ) -> list[Path]:
     """Stream every parameter of `source` into safetensors under `out_dir`; returns the files written.
     With `verify`, the source's integrity check runs in the same pass; its first problem fails it, nothing written.
+    `add_files(folder)` writes more files (an HF folder's config, tokenizer) beside the shards, before the output is
+    published: a convert killed while they are written leaves no `out_dir` that looks complete.
 
     `out_dir` must be new or empty and outside the source's folder and the `protect` folders; refusals name it as
     `out_name` (the CLI's flag by default, a parameter's name for the Python API)."""
+    folder = getattr(source, "folder", None)
+    identity = folder_identity(folder) if folder is not None else None
     with ThreadPoolExecutor(2, thread_name_prefix="zbench-convert") as pool:
         check: Callable[[], list[str]] | None = None
         if verify:  # checked as read where the source can, else by a thread reading every file beside the conversion
             check = getattr(source, "read_problems", None) or pool.submit(source.verify).result
+        if identity is not None:  # a save of the same tag renames a new folder in: reads after it would mix the two
+            check = _unless_replaced(folder, identity, check)
         try:
-            files = _write(source, out_dir, dtype, max_shard_size, progress, protect, pool, check, out_name)
-        except CheckpointError:
+            files = _write(source, out_dir, dtype, max_shard_size, progress, protect, pool, check, out_name, add_files)
+        except (CheckpointError, OSError) as e:  # a file of the replaced folder may be gone: not a write problem
+            if identity is not None and folder_identity(folder) != identity:
+                raise CheckpointError(replaced_message(folder)) from None
+            if not isinstance(e, CheckpointError):
+                raise
             problems = check() if check is not None else []
             if problems:  # a damaged file explains a failure better than its symptom
                 raise CheckpointError(first_problem(problems)) from None
             raise
     return files
+
+
+def replaced_message(folder: Path) -> str:
+    return (f"{folder} was replaced or removed while it was read (another process saved that tag again or pruned "
+            "it), so the output could mix two checkpoints; nothing was written: convert again")
+
+
+def _unless_replaced(
+    folder: Path, identity: tuple[int, int], check: Callable[[], list[str]] | None
+) -> Callable[[], list[str]]:
+    """`check`, run before the output is published, preceded by a look at whether `folder` is still the one read."""
+
+    def checked() -> list[str]:
+        if folder_identity(folder) != identity:
+            raise CheckpointError(replaced_message(folder))
+        return check() if check is not None else []
+
+    return checked
 
 
 def _write(
@@ -144,6 +174,7 @@ def _write(
     pool: ThreadPoolExecutor,
     check: Callable[[], list[str]] | None,
     out_name: str,
+    add_files: Callable[[Path], None] | None = None,
 ) -> list[Path]:
     out_dir = Path(out_dir)
     protect = [*protect, *([source.folder] if hasattr(source, "folder") else [])]
@@ -176,6 +207,8 @@ def _write(
             index = {"metadata": {"total_size": total}, "weight_map": weight_map}
             (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
             names.append("model.safetensors.index.json")
+        if add_files is not None:
+            add_files(tmp)
         problems = check() if check is not None else []
         if problems:  # before the output is renamed into place: the claim removes it
             raise CheckpointError(first_problem(problems))

@@ -8,9 +8,7 @@ into place by checkpoints.output_claim, and never inside SRC.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import sys
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -163,7 +161,13 @@ def convert(
             written = reshard_to_zbench(source, out, world_size, protect=[src])
             click.echo(f"wrote a zbench checkpoint for {world_size} ranks to {written}")
             return
-        existed = os.path.lexists(out)
+        copied: list[str] = []
+
+        def add_hf_files(folder: Path) -> None:  # an HF folder, from_pretrained-loadable, published whole
+            if hf:
+                tie_index(folder)  # tied names as save_pretrained writes them
+            copy_hf_files(hf, folder, copied)
+
         files = write_consolidated(
             source,
             out,
@@ -172,15 +176,8 @@ def convert(
             progress=sys.stderr.isatty(),
             protect=[src],
             verify=not no_verify,
+            add_files=add_hf_files,
         )  # checked in the same pass
-        copied: list[str] = []
-        try:  # an HF folder, from_pretrained-loadable: tied names as save_pretrained writes them, and its files
-            if hf:
-                tie_index(out)
-            copy_hf_files(hf, out, copied)
-        except BaseException:
-            _remove_written(out, files, copied, existed)
-            raise
     except CheckpointError as e:
         raise click.ClickException(str(e))
     except OSError as e:  # a full disk, a quota, a folder we may not write: the output was removed again
@@ -192,15 +189,6 @@ def convert(
         f"wrote {len(infos)} tensors ({tied} tied, stored once) as {to} in {len(files)} file(s), "
         f"{_human(size)}, to {out}" + (f", with {', '.join(copied)}" if copied else "")
     )
-
-
-def _remove_written(out: str, files: list[Path], hf_names: list[str], existed: bool) -> None:
-    """Take back what this convert wrote into OUT (its files, the HF files it copied; OUT itself if it made it)."""
-    for path in [*files, *(Path(out) / name for name in hf_names)]:
-        Path(path).unlink(missing_ok=True)
-    if not existed:
-        with contextlib.suppress(OSError):
-            os.rmdir(out)  # only if empty: nothing else is touched
 
 
 def _cannot_write(out: str, e: OSError) -> click.ClickException:
