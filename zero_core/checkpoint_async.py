@@ -41,6 +41,31 @@ def _leave_marker(staged: Path, rank: int, report: dict[str, Any]) -> None:
     os.replace(tmp, _marker(staged, rank))
 
 
+def _report(staged: Path, rank: int, files: dict[str, Any], records: dict[str, Any],
+            problem: tuple[str, str] | None) -> tuple[str, str] | None:
+    """Leave this rank's marker; the problem to report. A full disk that refused a rank file may refuse the marker
+    too, and rank 0 would then wait its whole timeout for it: this rank's own files go first, freeing the space."""
+    report = {"files": records, "problem": problem}
+    try:
+        _leave_marker(staged, rank, report)
+        return problem
+    except OSError as e:
+        first = e
+    if problem is not None:  # the save failed anyway: what this rank wrote for it is of no use
+        for name in files:
+            (staged / name).unlink(missing_ok=True)
+        (staged / f".rank_{rank:05d}.tmp").unlink(missing_ok=True)
+        try:
+            _leave_marker(staged, rank, report)
+            return problem
+        except OSError:
+            pass
+    from .checkpointing import _cause
+
+    what, fix = _cause(first)
+    return problem or (f"rank {rank} could not write into {staged} ({what})", fix)
+
+
 def _collect(staged: Path, world: int, wait_s: float) -> tuple[dict[str, Any], tuple[str, str] | None]:
     """Rank 0: every rank's file records, or the first problem (a rank's, or the wait running out)."""
     deadline = time.monotonic() + wait_s
@@ -97,11 +122,8 @@ class AsyncSaver:
         """This rank's part of the save; rank 0 also commits. The problem, or None."""
         from .checkpointing import publish, write_files
 
-        try:
-            records, problem = write_files(self.rank, files, staged)
-            _leave_marker(staged, self.rank, {"files": records, "problem": problem})
-        except OSError as e:  # not even the marker could be written
-            problem = (f"rank {self.rank} could not write into {staged} ({e.strerror})", "fix that and save again")
+        records, problem = write_files(self.rank, files, staged)
+        problem = _report(staged, self.rank, files, records, problem)
         if self.rank != 0:
             return problem
         gathered, problem = _collect(staged, self.world, self.wait_s) if problem is None else ({}, problem)
