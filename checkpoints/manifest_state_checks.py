@@ -39,7 +39,7 @@ def state_problem(m: dict[str, Any]) -> str | None:
         isinstance(lrs, list) and 0 < len(lrs) <= 1 << 16 and all(_number(v) and v >= 0 for v in lrs)
     ):
         return "optimizer.group_lrs is not a list of non-negative numbers"
-    problem = _group_values_problem(opt.get("group_values"))
+    problem = group_values_problem(opt.get("group_values"))
     if problem:
         return problem
     for key in ("lr", "eps", "weight_decay"):
@@ -57,7 +57,7 @@ def state_problem(m: dict[str, Any]) -> str | None:
     return None
 
 
-def _group_values_problem(record: Any) -> str | None:
+def group_values_problem(record: Any) -> str | None:
     """Each group's weight_decay, eps (>= 0) and betas (two numbers in [0, 1)), as the engine's updates take them
     (absent in checkpoints saved before zbench recorded them)."""
     if record is None:

@@ -206,3 +206,26 @@ def test_a_universal_checkpoint_missing_a_moment_is_one_line_and_changes_nothing
 def _deepspeeds_weights_at_save(name: str) -> torch.Tensor:
     t = torch.load(UNIVERSAL / "global_step2_universal" / "zero" / name / "fp32.pt", weights_only=True)
     return (t["param"] if isinstance(t, dict) else t).float()
+
+
+def test_the_saved_groups_weight_decay_and_eps_come_back(tmp_path):
+    """DeepSpeed's optimizer state holds its param_groups, and its load puts them back: a weight_decay or eps the
+    run's loop changed (0.25, 1e-3 here, written into the saved groups) is what the groups hold after the load."""
+    import shutil
+
+    from deepspeed_crafting import patch
+
+    folder = tmp_path / "ckpt"
+    shutil.copytree(ZERO[2], folder)
+    for path in (folder / (folder / "latest").read_text().strip()).glob("*optim_states.pt"):
+        patch(path, "weight_decay", 0.25)
+        patch(path, "eps", 1e-3)
+    engine = _engine(2)
+    engine.load_checkpoint(folder)
+    group = engine.optimizer.param_groups[0]
+    assert (group["weight_decay"], group["eps"]) == (0.25, 1e-3)
+    weights_only = _engine(2)
+    weights_only.load_checkpoint(folder, load_optimizer_states=False)  # no optimizer state taken: the config's
+    assert weights_only.optimizer.param_groups[0]["weight_decay"] == 0.01
+    engine.close()
+    weights_only.close()

@@ -21,9 +21,11 @@ import torch
 
 from checkpoints.deepspeed_source import DeepSpeedSource
 from checkpoints.deepspeed_universal_source import UniversalSource
+from checkpoints.manifest_state_checks import group_values_problem
 from checkpoints.source import CheckpointError
 
 from .checkpoint_load import read_fragments, restore_counters, restore_steps
+from .group_values_record import group_values_record, restore_group_values
 from .checkpoint_model_match import check_trained_have_states, untrained_to_load
 from .optim.client_optimizer import ClientOptimizer
 from .optim.states import NAMES, TensorStates
@@ -54,7 +56,12 @@ def load_deepspeed(engine: "Engine", folder: Path, kind: str, weights_only: bool
     if source.model is None:
         raise CheckpointError(f"{folder} has no model-states files beside zero/; copy them from the run that saved it")
     groups = saved_groups(source) if isinstance(source, DeepSpeedSource) else None
-    return load_foreign(engine, folder, source, weights_only, schedule, counters, groups)
+    loaded = load_foreign(engine, folder, source, weights_only, schedule, counters, groups)
+    if groups is not None and not weights_only:  # as DeepSpeed's load puts its saved groups back (a loop may have
+        record = group_values_record(source.saved_param_groups() or [])  # set them): numbers in range only
+        if group_values_problem(record) is None:
+            restore_group_values(engine.client_optimizer.param_groups, record)
+    return loaded
 
 
 def saved_groups(source: DeepSpeedSource) -> tuple[list[Any], list[Any]] | None:
