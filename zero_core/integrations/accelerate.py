@@ -20,7 +20,6 @@ Accelerate saves too); `get_state_dict` gathers the full weights.
 from __future__ import annotations
 
 import json
-import math
 import os
 from typing import Any
 
@@ -32,6 +31,13 @@ from accelerate.utils.deepspeed import DummyOptim, DummyScheduler  # not re-expo
 from ..config import read_config_file
 from ..config_auto import AutoValues, is_auto
 from ..engine import Engine
+from .accelerate_config import (
+    check_against_config,
+    dummy_values,
+    fill_auto_only,
+    plugin_config,
+    with_mixed_precision,
+)
 from .accelerate_registered import REGISTERED, registered_states, restore_registered
 from .accelerate_schedules import engine_scheduler, is_deepspeed_schedule, prepared_schedule
 from .handles import EngineOptimizer, hidden_size
@@ -39,68 +45,16 @@ from .handles import EngineOptimizer, hidden_size
 ACCUMULATION_STEP = "accelerate_step"  # the client_state key of Accelerator.step
 
 
-def _plugin_config(plugin: DeepSpeedPlugin) -> dict[str, Any]:
-    """The plugin's DeepSpeed config, less Accelerate's placeholders zero_core does not read."""
-    config = dict(plugin.deepspeed_config)
-    if isinstance(config.get("steps_per_print"), float) and not math.isfinite(config["steps_per_print"]):
-        del config["steps_per_print"]
-    zero = config.get("zero_optimization", {})
-    for key in ("offload_optimizer", "offload_param"):
-        if isinstance(zero.get(key), dict) and zero[key].get("device") == "none":
-            del zero[key]
-    return config
+def _launched_on_host_only(kwargs: dict[str, Any]) -> bool:
+    """A launched process (torchrun, `accelerate launch`) on a machine with no accelerator, `cpu` not given.
 
-
-def _dummy_values(optimizer: Any, scheduler: Any, processes: int, split_batches: bool) -> dict[str, Any]:
-    """What Accelerate's DeepSpeed path fills from `DummyOptim` and `DummyScheduler` (dotted config keys)."""
-    out: dict[str, Any] = {}
-    if isinstance(optimizer, DummyOptim):
-        out |= {"optimizer.params.lr": optimizer.lr, "optimizer.params.weight_decay": optimizer.weight_decay}
-    if isinstance(scheduler, DummyScheduler) and scheduler.lr_scheduler_callable is None:
-        inner = scheduler.optimizer
-        max_lr = inner.defaults["lr"] if getattr(inner, "defaults", None) is not None else getattr(inner, "lr", None)
-        out |= {"scheduler.params.warmup_min_lr": 0, "scheduler.params.warmup_max_lr": max_lr,
-                "scheduler.params.warmup_num_steps": max(1, scheduler.warmup_num_steps)}  # DeepSpeed refuses 0
-        if scheduler.total_num_steps is not None:  # counted in batches of every process, unless split
-            total = scheduler.total_num_steps
-            out["scheduler.params.total_num_steps"] = total if split_batches else math.ceil(total / processes)
-    return out
-
-
-def check_against_config(config: dict[str, Any], optimizer: Any, scheduler: Any) -> None:
-    """Accelerate's DeepSpeed pairing of the code's optimizer and scheduler with the config's sections."""
-    if isinstance(optimizer, DummyOptim) and "optimizer" not in config:  # its lr and weight decay would be lost
-        raise ValueError(
-            "DummyOptim needs an 'optimizer' section in the DeepSpeed config; add one or pass a torch optimizer"
-        )
-    if isinstance(optimizer, torch.optim.Optimizer) and "optimizer" in config:
-        raise ValueError(
-            "prepare() got a torch optimizer and the DeepSpeed config has its own 'optimizer' section; drop one, or "
-            "pass DummyOptim to train with the config's"
-        )
-    if isinstance(scheduler, DummyScheduler) and "scheduler" not in config and scheduler.lr_scheduler_callable is None:
-        raise ValueError(
-            "DummyScheduler needs a 'scheduler' section in the DeepSpeed config (or its lr_scheduler_callable); add "
-            "one or pass a torch scheduler"
-        )
-    if (isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler) or is_deepspeed_schedule(scheduler)) and (
-        "scheduler" in config
-    ):
-        raise ValueError(
-            "prepare() got a torch scheduler and the DeepSpeed config has its own 'scheduler' section; drop one, or "
-            "pass DummyScheduler to train with the config's"
-        )
-
-
-def _fill_auto_only(raw: dict[str, Any], values: dict[str, Any]) -> None:
-    """Each dotted key's value where `raw` says "auto" (an explicit value wins, as Accelerate's must_match=False)."""
-    for dotted, value in values.items():
-        *path, name = dotted.split(".")
-        section: Any = raw
-        for part in path:
-            section = section.get(part) if isinstance(section, dict) else None
-        if isinstance(section, dict) and isinstance(section.get(name), str) and section[name] == "auto":
-            section[name] = value
+    Accelerate's DeepSpeed path runs such a process group as DEEPSPEED, where `gather`, `reduce` and
+    `gather_for_metrics` collect from every process; as plain data parallel Accelerate would call it NO (one
+    process: each rank's metrics its own) or start no process group at all, unless it is told `cpu=True`."""
+    if "cpu" in kwargs or int(os.environ.get("LOCAL_RANK", -1)) == -1:
+        return False
+    found = getattr(torch, "accelerator", None)
+    return not (found.is_available() if found is not None else torch.cuda.is_available())
 
 
 class Accelerator(accelerate.Accelerator):
@@ -129,7 +83,7 @@ class Accelerator(accelerate.Accelerator):
                 else dict(zero_config)
             )
         else:
-            self.zero_config = _plugin_config(deepspeed_plugin)
+            self.zero_config = plugin_config(deepspeed_plugin)
         gas = self.zero_config.get("gradient_accumulation_steps")
         if (
             isinstance(gas, int)
@@ -139,12 +93,15 @@ class Accelerator(accelerate.Accelerator):
             kwargs["gradient_accumulation_steps"] = (
                 gas  # Accelerate's sync_gradients follows the config, as with DeepSpeed
             )
+        if _launched_on_host_only(kwargs):
+            kwargs["cpu"] = True  # MULTI_CPU: the processes are one group, as DeepSpeed's on the host
         use_deepspeed = os.environ.pop("ACCELERATE_USE_DEEPSPEED", None)  # Accelerate must not start DeepSpeed
         try:
             super().__init__(*args, **kwargs)
         finally:
             if use_deepspeed is not None:
                 os.environ["ACCELERATE_USE_DEEPSPEED"] = use_deepspeed
+        self.zero_config = with_mixed_precision(self.zero_config, self.mixed_precision)
         self.engine: Engine | None = None
         self._told_clipping = False
 
@@ -187,7 +144,7 @@ class Accelerator(accelerate.Accelerator):
 
     def _build(self, model: torch.nn.Module, optimizer: Any, scheduler: Any, micro: int | None) -> EngineOptimizer:
         raw = json.loads(json.dumps(self.zero_config))  # filled below: the plugin's own config stays as given
-        _fill_auto_only(raw, _dummy_values(optimizer, scheduler, self.num_processes, self.split_batches))
+        fill_auto_only(raw, dummy_values(optimizer, scheduler, self.num_processes, self.split_batches))
         groups = None
         if isinstance(optimizer, DummyOptim):
             groups, optimizer = list(optimizer.params), None
