@@ -14,13 +14,14 @@ from typing import Any, Iterator
 import torch
 
 from . import comm
+from .engine_exports import WeightExports
 from .engine_queries import global_grad_norm
 from .host_schedules import GroupLrs
-from .model_export import save_model_weights, settled
+from .model_export import settled
 from .optim.facade import EngineScheduler, ZeroOptimizer
 
 
-class DeepSpeedEngineAPI:
+class DeepSpeedEngineAPI(WeightExports):
     """Mixed into `zero_core.Engine`."""
 
     def train_batch_size(self) -> int:
@@ -208,21 +209,6 @@ class DeepSpeedEngineAPI:
     def get_data_types(self) -> tuple[torch.dtype, torch.dtype]:
         """(the model's dtype, the gradient accumulation dtype), as DeepSpeed's."""
         return self.dtype, self.config.grad_accum_dtype
-
-    def save_16bit_model(self, save_dir: str | os.PathLike, save_filename: str = "model.safetensors",
-                         exclude_frozen_parameters: bool = False) -> bool:
-        """Collective: the current weights in the working precision as safetensors in `save_dir`, at every stage
-        (gathered from the fp32 masters), plus `config.json` when the module has a Hugging Face config.
-        Tied weights are stored once, under their first name, as `save_pretrained` does."""
-        save_model_weights(self, Path(save_dir), save_filename, exclude_frozen_parameters)
-        return True
-
-    save_fp16_model = save_16bit_model
-
-    def module_state_dict(self) -> dict[str, torch.Tensor]:
-        """The current weights, full, on every rank (collective): `full_state_dict` cast to their training dtypes."""
-        dtypes = {n: t.dtype for n, t in self.module.state_dict(keep_vars=True).items()}
-        return {n: t.to(dtypes[n]) for n, t in self.full_state_dict().items()}
 
     def save_checkpoint(self, save_dir: str | os.PathLike, tag: str | None = None,
                         client_state: dict[str, Any] | None = None, save_latest: bool = True,
