@@ -70,7 +70,7 @@ def test_path_inputs(tmp_path):
 
 def test_bad_json_file(tmp_path):
     path = tmp_path / "broken.json"
-    path.write_text('{"train_micro_batch_size_per_gpu": 4,}')
+    path.write_text('{"train_micro_batch_size_per_gpu": 4 "gradient_accumulation_steps": 1}')
     msg = error(path)
     assert str(path) in msg and "not valid JSON" in msg and "line 1" in msg
 

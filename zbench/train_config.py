@@ -38,7 +38,17 @@ class TrainFlags:
 
 def config_from_flags(path: str, flags: TrainFlags) -> tuple[dict, list[str]]:
     """(the config with its "auto" values filled, the lines saying what was filled); ConfigError otherwise."""
-    raw = read_config_file(path)
+    yaml_file = ConfigError(f"--config {path} is not valid JSON (YAML, such as an `accelerate config` file?); pass "
+                            "the DeepSpeed JSON file, or run the Accelerate config as a scenario variant's "
+                            "accelerate_config")
+    try:
+        raw = read_config_file(path)
+    except ConfigError as e:
+        if path.lower().endswith((".yaml", ".yml")) and "not valid JSON" in str(e):
+            raise yaml_file from None
+        raise
+    if isinstance(raw, dict) and {"compute_environment", "distributed_type"} & raw.keys():  # hjson reads its lines
+        raise yaml_file
     if not isinstance(raw, dict):
         resolve_config(path, flags.gpus)  # raises the reader's own message for a file that holds no object
     added: list[tuple[str, Any, str]] = []

@@ -1,10 +1,13 @@
-"""Read a DeepSpeed-style JSON config file as plain data, refusing in one ConfigError line what json.load would
-take silently (duplicate keys) or what is no config at all (a FIFO, an oversized file, a path with a NUL byte)."""
+"""Read a DeepSpeed-style JSON config file as plain data, with hjson as DeepSpeed reads it (so comments, trailing
+commas and the rest of Hjson load as they do there), refusing in one ConfigError line what DeepSpeed would also
+refuse (duplicate keys) or what is no config at all (a FIFO, an oversized file, a path with a NUL byte)."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Callable
+
+import hjson
 
 from checkpoints.paths import NotRegularFile, read_regular
 
@@ -14,8 +17,17 @@ MAX_CONFIG_BYTES = 16 << 20  # a DeepSpeed config is a few kB; a file this size 
 
 
 def read_config_file(path: str) -> Any:
-    """Parse a DeepSpeed-style JSON file, refusing duplicate keys (json.load silently keeps the last)."""
+    """Parse a DeepSpeed-style config file as DeepSpeed does (hjson: JSON with comments and trailing commas, among
+    others), refusing duplicate keys as DeepSpeed's reader does."""
+    return _read(path, lambda text, hook: hjson.loads(text, object_pairs_hook=hook))
 
+
+def read_json_file(path: str) -> Any:
+    """The same checks for a file of zbench's own that is strict JSON (a model config), read by json."""
+    return _read(path, lambda text, hook: json.loads(text, object_pairs_hook=hook))
+
+
+def _read(path: str, parse: Callable[[str, Callable], Any]) -> Any:
     def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for key, value in pairs:
@@ -31,7 +43,10 @@ def read_config_file(path: str) -> Any:
         if len(raw) > MAX_CONFIG_BYTES:
             raise ConfigError(f"config file '{path}' is larger than {MAX_CONFIG_BYTES} bytes, far more than any "
                               "DeepSpeed config; pass the config file itself")
-        return json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicates)
+        text = raw.decode("utf-8")
+        if not text.strip():  # hjson reads nothing as an empty object
+            raise ConfigError(f"config file '{path}' is not valid JSON: it is empty; pass a DeepSpeed-style config")
+        return parse(text, no_duplicates)
     except ConfigError:
         raise
     except NotRegularFile:
@@ -40,13 +55,13 @@ def read_config_file(path: str) -> Any:
         raise ConfigError(
             f"config file '{path}' does not exist; pass the path of a DeepSpeed-style JSON file"
         ) from None
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, hjson.HjsonDecodeError) as e:
         raise ConfigError(
             f"config file '{path}' is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}; "
-            "fix the syntax (double quotes, no trailing commas, no comments)"
+            "fix the syntax (keys and strings in double quotes, values separated by commas)"
         ) from None
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"cannot read config file '{path}': {e}; pass a readable UTF-8 JSON file") from None
-    except (RecursionError, ValueError) as e:  # nesting past Python's stack; an integer of over 4300 digits
+    except (RecursionError, ValueError, OverflowError) as e:  # nesting past Python's stack; a number past reading
         what = "nested too deeply" if isinstance(e, RecursionError) else "holds a number too long to read"
         raise ConfigError(f"config file '{path}' {what}; pass a DeepSpeed-style JSON config") from None

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
 from zero_core import ConfigError
-from zero_core.config import read_config_file
+from zero_core.config_file import read_json_file
 
 from .arch_values import HF_SIZES, check_gpt, check_gpt_shape, check_hf
 from .gpt import GPT_RANGES, GPTConfig
@@ -69,7 +69,7 @@ def _read_json(path: str) -> Any:
             "JSON file: pass one"
         )
     try:
-        return read_config_file(path)
+        return read_json_file(path)
     except RecursionError:
         raise ConfigError(f"model config {path} nests too deeply to be a model config; fix the file") from None
 
