@@ -10,12 +10,16 @@ import math
 import os
 import re
 import shlex
+from typing import TYPE_CHECKING
 
 import click
 
 from .bounds import MAX_NODES, MAX_RANKS
 from .interrupt import Interrupted, interruptible
 from .rank_errors import echo_log_lines
+
+if TYPE_CHECKING:
+    from .models.configs import ArchConfig
 
 MAX_PORT = 65_000  # leaves 535 ports above it for the launches of one run
 
@@ -217,13 +221,29 @@ def _model_counts(model: str) -> tuple[str, int, int]:
 
     arch = load_arch(model, os.getcwd())  # a shipped name resolves from any folder
     try:
+        task = _whole_model_task(arch)
         with torch.device("meta"):  # shapes only: a 45 B model costs no memory
-            bundle = build_model(task="lm", arch=arch, pretrained=None)
+            bundle = build_model(task=task, arch=arch, pretrained=None)
     except (ValueError, TypeError) as e:  # transformers' own checks of an hf config
         if isinstance(e, ConfigError):
             raise
         raise ConfigError(f"model config '{arch.name}' is refused by transformers: {e}; fix the file") from None
     return arch.name, bundle.n_params, bundle.largest_layer
+
+
+def _whole_model_task(arch: ArchConfig) -> str:
+    """The task whose model holds every weight of `arch`: an encoder-decoder's causal-LM class would drop its
+    encoder, and an encoder (DeBERTa, Longformer) has no causal-LM class at all."""
+    if arch.family == "gpt":
+        return "lm"
+    from .models.factory import require_transformers
+
+    transformers = require_transformers()
+    config = transformers.AutoConfig.for_model(**arch.config)
+    if getattr(config, "is_encoder_decoder", False):
+        return "seq2seq"
+    causal = transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    return "lm" if config.model_type in causal else "classification"
 
 
 @click.command()
