@@ -18,7 +18,6 @@ config and the plugin keys must be absent (Accelerate refuses the mix too). Unkn
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Literal
 
@@ -26,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from zero_core import ConfigError
 from zero_core.config_errors import from_validation_error
+from zero_core.config_file import read_config_file
 
 from .limits import MAX_GRAD_ACCUM, MAX_NODES, MAX_RANKS, Flag, count, real
 from .yaml_strict import read_yaml
@@ -129,13 +129,10 @@ def translate(acc: AccelerateConfig, base_dir: str) -> dict[str, Any]:
             )
         path = ds.deepspeed_config_file
         path = path if os.path.isabs(path) else os.path.join(base_dir, path)
-        try:
-            with open(path, encoding="utf-8") as f:
-                out = json.load(f)
-        except (OSError, json.JSONDecodeError) as e:
-            raise ConfigError(
-                f"accelerate_config: cannot read deepspeed_config_file {path}: {e}; fix the path"
-            ) from None
+        try:  # the reader every DeepSpeed file goes through: duplicate keys, bad bytes, odd files in one line
+            out = read_config_file(path)
+        except ConfigError as e:
+            raise ConfigError(f"accelerate_config: deepspeed_config_file: {e}") from None
     else:
         zero: dict[str, Any] = {"stage": 2 if ds.zero_stage is None else ds.zero_stage}
         for part in ("optimizer", "param"):
