@@ -52,3 +52,12 @@ def test_members_on_their_own_lines_need_no_comma(tmp_path):
     path = tmp_path / "ds.json"
     path.write_text('{"train_micro_batch_size_per_gpu": 4\n "zero_optimization": {"stage": 2}}')
     assert load_config(str(path), 1).stage == 2
+
+
+@pytest.mark.parametrize("value", ["NaN", "-Infinity"])
+def test_nan_or_infinity_is_named(tmp_path, value):
+    """Neither is a JSON number, and hjson (DeepSpeed's reader) refuses them: the line says so, not "bad key name"."""
+    path = tmp_path / "ds.json"
+    path.write_text('{"tag": "NaN", "train_micro_batch_size_per_gpu": ' + value + "}")
+    msg = error(path)
+    assert "holds NaN or Infinity" in msg and "write a finite number" in msg

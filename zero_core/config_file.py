@@ -5,6 +5,7 @@ refuse (duplicate keys) or what is no config at all (a FIFO, an oversized file, 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Callable
 
 import hjson
@@ -38,6 +39,7 @@ def _read(path: str, parse: Callable[[str, Callable], Any]) -> Any:
 
     if "\0" in path:  # open() would raise a bare ValueError
         raise ConfigError(f"config path {path!r} contains a NUL byte; pass the path of a DeepSpeed-style JSON file")
+    text = ""
     try:
         raw = read_regular(path, MAX_CONFIG_BYTES)  # a FIFO is refused, never waited on
         if len(raw) > MAX_CONFIG_BYTES:
@@ -56,6 +58,9 @@ def _read(path: str, parse: Callable[[str, Callable], Any]) -> Any:
             f"config file '{path}' does not exist; pass the path of a DeepSpeed-style JSON file"
         ) from None
     except (json.JSONDecodeError, hjson.HjsonDecodeError) as e:
+        if re.search(r"(?<![\w\"])-?(NaN|Infinity)(?![\w\"])", text):
+            raise ConfigError(f"config file '{path}' holds NaN or Infinity, which are no JSON numbers (DeepSpeed's "
+                              "reader refuses them too); write a finite number") from None
         raise ConfigError(
             f"config file '{path}' is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}; "
             "fix the syntax (keys and strings in double quotes, values separated by commas)"
