@@ -186,8 +186,8 @@ CASES = [
     (["train", "--config", "{b}/both precisions.json"], "enable only one"),
     (["train", "--config", "{b}/batch mismatch.json", "--gpus", "2"], "train_batch_size (10)"),
     (["train", "--config", "{b}/offload stage0.json"], "offload_optimizer needs stage 1, 2 or 3"),
-    (["run", "{b}/both lengths.yaml", "--out", "{b}/runs"], "exactly one of 'epochs' or 'steps'"),
-    (["run", "{b}/no length.yaml", "--out", "{b}/runs"], "exactly one of 'epochs' or 'steps'"),
+    (["run", "{b}/both lengths.yaml", "--out", "{b}/runs"], "sets both 'epochs' and 'steps'"),
+    (["run", "{b}/no length.yaml", "--out", "{b}/runs"], "sets neither 'epochs' nor 'steps'"),
     (["run", "{b}/ddp stage.yaml", "--out", "{b}/runs"], "'stage' applies to zero and deepspeed"),
     (["run", "{b}/twice.yaml", "--out", "{b}/runs"], "used twice"),
     (["convert", "{b}/ckpt", "--to", "fp32", "--world-size", "2", "--out", "{b}/out"], "--world-size applies"),
@@ -238,6 +238,7 @@ def test_bad_input(box: Path, args: list[str], expected: str) -> None:
         result = cli(*argv)
     line = one_line_error(result)
     assert expected in line, line
+    assert line.partition("; ")[2].strip(), f"no '; <how to fix it>' part: {line}"
     assert snapshot(box) == before
 
 

@@ -64,7 +64,7 @@ def test_non_string_key():
 def test_wrong_type_message():
     assert (
         error({**MB, "zero_optimization": {"stage": "two"}})
-        == "zero_optimization.stage must be an integer 0-3, got 'two'"
+        == "zero_optimization.stage must be an integer 0-3, got 'two'; set it to an integer 0-3"
     )
 
 

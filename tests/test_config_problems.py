@@ -30,7 +30,7 @@ def test_errors_behind_a_failing_section_check_are_found_too():
     msg = error({**MB, "bf16": {"enabled": True}, "bfloat16": {"enabled": True}, "zero_optimization": {"stage": 9}})
     assert msg == (
         "config has 2 problems: both 'bf16' and its legacy alias 'bfloat16' are set; keep only 'bf16'; "
-        "zero_optimization.stage must be an integer 0-3, got 9"
+        "zero_optimization.stage must be an integer 0-3, got 9; set it to an integer 0-3"
     )
 
 
@@ -45,7 +45,7 @@ def test_bad_values_unsupported_keys_and_batch_arithmetic_together():
         }
     )
     assert msg.startswith(
-        "config has 3 problems: fp16.enabled must be true or false, got 'yes'; key 'amp' is not "
+        "config has 3 problems: fp16.enabled must be true or false, got 'yes'; write true or false; key 'amp' is not "
         "supported by zero_core; use 'fp16' or 'bf16' instead; train_batch_size (12) must equal"
     )
 
@@ -86,7 +86,7 @@ def test_a_bad_key_brings_no_follow_up_problems():
     # a bad stage is not read as stage 0 (which would contradict the offload)
     assert (
         error({**MB, "zero_optimization": {"stage": "two", "offload_optimizer": {"device": "cpu"}}})
-        == "zero_optimization.stage must be an integer 0-3, got 'two'"
+        == "zero_optimization.stage must be an integer 0-3, got 'two'; set it to an integer 0-3"
     )
     # a misspelled required key is named once, as the typo
     assert error({**MB, "optimizer": {"typ": "AdamW"}}) == "unknown key 'optimizer.typ'; did you mean 'type'?"
@@ -97,7 +97,7 @@ def test_a_bad_key_brings_no_follow_up_problems():
     # a bad batch size is not also "no batch size"
     assert error({"train_micro_batch_size_per_gpu": "4", "fp16": {"enabled": 1}}) == (
         "config has 2 problems: train_micro_batch_size_per_gpu must be an integer >= 1 or null, got '4'; "
-        "fp16.enabled must be true or false, got 1"
+        "set it to an integer >= 1 or null; fp16.enabled must be true or false, got 1; write true or false"
     )
 
 

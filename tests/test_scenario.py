@@ -35,7 +35,7 @@ def variant(**kw):
         (lambda d: d["data"]["synthetic"].update(vocb=9), "unknown key 'data.synthetic.vocb'; did you mean 'vocab'?"),
         (lambda d: d["model"].update(arhc="x"), "unknown key 'model.arhc'; did you mean 'arch'?"),
         (lambda d: d.pop("seq_len"), "seq_len is required"),
-        (lambda d: d.update(epochs=1), "exactly one of 'epochs' or 'steps'"),
+        (lambda d: d.update(epochs=1), "sets both 'epochs' and 'steps'; give exactly one of them"),
         (lambda d: d["variants"][0].update(stage=1), "'stage' applies to zero and deepspeed variants"),
         (lambda d: d["variants"][1].update(engine="zer0"), "variants[1].engine"),
         (lambda d: d["variants"].append({"name": "ddp", "engine": "ddp"}), "variant name 'ddp' is used twice"),

@@ -119,7 +119,9 @@ def convert(
     except ValueError as e:
         raise click.ClickException(f"--max-shard-size: {e}")
     if to == "zbench" and world_size is None:
-        raise click.ClickException("--to zbench needs --world-size M (the number of ranks to reshard for)")
+        raise click.ClickException(
+            "--to zbench needs --world-size M (the number of ranks to reshard for); add --world-size M"
+        )
     if to != "zbench" and world_size is not None:
         raise click.ClickException(f"--world-size applies to --to zbench only; drop it for --to {to}")
     if world_size is not None:

@@ -157,7 +157,7 @@ def _check_rendezvous(endpoint: str | None, rdzv_id: str) -> None:
         if not host or not re.fullmatch(r"[0-9]{1,5}", port) or not 1 <= int(port) <= MAX_PORT:
             raise ValueError(
                 f"--rdzv-endpoint {endpoint!r} must be HOST:PORT with PORT from 1 to {MAX_PORT:,} (each "
-                "launch of the run uses PORT + its index), e.g. node0:29500"
+                "launch of the run uses PORT + its index); write it as HOST:PORT, e.g. node0:29500"
             )
     from .run_folder import name_problem
 
@@ -270,7 +270,8 @@ def estimate(model: str, gpus: int, nodes: int, run_dir: str | None) -> None:
         summary = load_summary(run_dir) if run_dir else None  # before any output: a bad folder is the only line
         name, total, largest = _model_counts(model)
     except (ConfigError, NotARunFolder) as e:
-        raise click.ClickException(printable(e)) from None
+        # the model readers name the scenario key; here the user typed --model
+        raise click.ClickException(printable(str(e).replace("model.arch '", "--model '", 1))) from None
     click.echo(f"model {name}")
     click.echo(est.format_table(est.estimate(total, largest, gpus, nodes), total, largest, gpus, nodes))
     click.echo("\n" + est.format_init(total, largest, gpus))

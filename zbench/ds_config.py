@@ -31,7 +31,9 @@ from .scenario import Scenario, VariantSpec
 def _read_json(path: str) -> dict[str, Any]:
     data = read_config_file(path)  # zero_core's reader: the same messages, and duplicate keys refused
     if not isinstance(data, dict):
-        raise ConfigError(f"ds_config {path} must hold a JSON object {{...}}")
+        raise ConfigError(
+            f"ds_config {path} must hold a JSON object {{...}}; write its settings as one {{...}} mapping"
+        )
     return data
 
 

@@ -69,11 +69,13 @@ class Nodes:
 
     def check(self) -> None:
         if self.nnodes > 1 and not self.rdzv_endpoint:
-            raise ValueError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (node 0's address)")
+            raise ValueError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (node 0's address); pass it")
         if not 0 <= self.node_rank < self.nnodes:
-            raise ValueError(f"--node-rank {self.node_rank} must be in 0..{self.nnodes - 1}")
+            raise ValueError(
+                f"--node-rank {self.node_rank} must be in 0..{self.nnodes - 1}; pass this node's index in that range"
+            )
         if self.rdzv_backend not in ("static", "c10d"):
-            raise ValueError(f"--rdzv-backend must be static or c10d, got {self.rdzv_backend!r}")
+            raise ValueError(f"--rdzv-backend must be static or c10d, got {self.rdzv_backend!r}; pass static or c10d")
 
 
 def start_method(fork_ok: bool = False) -> str:

@@ -134,7 +134,8 @@ def _plan_variant(
         ds = ds_config.template(sc, v, base_dir)
         if v.model_overrides:
             if arch is None:
-                raise ConfigError("model_overrides needs model.arch (a pretrained model has a fixed shape)")
+                raise ConfigError("model_overrides needs model.arch (a pretrained model has a fixed shape); "
+                                  "remove model_overrides or use model.arch")
             arch = load_arch(
                 str(sc.model.arch),
                 base_dir,
@@ -178,7 +179,8 @@ def _check_model_search(sc: Scenario, base_dir: str, arch: ArchConfig | None) ->
     search = sc.model_search
     assert search is not None
     if arch is None:
-        raise ScenarioError("model_search needs model.arch (a pretrained model has a fixed shape)")
+        raise ScenarioError("model_search needs model.arch (a pretrained model has a fixed shape); "
+                            "remove model_search or use model.arch")
     keys = size_keys(arch)
     if search.key not in keys:
         raise ScenarioError(

@@ -76,7 +76,7 @@ def check_model(sc: Scenario, base_dir: str) -> ArchConfig | None:
             "lower it or leave it out (default: the model's vocabulary)"
         )
     if sc.task == "token_classification" and not m.num_labels:
-        raise ScenarioError("task token_classification needs model.num_labels (the number of tag classes)")
+        raise ScenarioError("task token_classification needs model.num_labels (the number of tag classes); set it")
     return arch
 
 
@@ -128,7 +128,9 @@ def check_data(sc: Scenario, base_dir: str) -> None:
         given = [f for f in (d.text_pairs.train, d.text_pairs.eval) if f]
         for f in given:
             if not os.path.isfile(abs_path(f, base_dir)):
-                raise ScenarioError(f"data.text_pairs: {f} does not exist (paths are relative to the scenario file)")
+                raise ScenarioError(
+                    f"data.text_pairs: {f} does not exist (paths are relative to the scenario file); fix the path"
+                )
         cols = pick_columns(abs_path(given[0], base_dir), d.text_pairs.source_column, d.text_pairs.target_column)
         for f in given[1:]:
             pick_columns(abs_path(f, base_dir), *cols)

@@ -62,7 +62,8 @@ COMPILE_BACKENDS = typing.get_args(CompileBackend)
 def _compile_value(v: Any) -> Any:
     if v is None or isinstance(v, bool) or v in COMPILE_BACKENDS:
         return v
-    raise ValueError(f"compile is true, false or a backend ({', '.join(repr(b) for b in COMPILE_BACKENDS)}), got {v!r}")
+    backends = ", ".join(repr(b) for b in COMPILE_BACKENDS)
+    raise ValueError(f"compile is true, false or a backend ({backends}), got {v!r}; use one of true, false, {backends}")
 
 
 def _run_name(v: Any) -> Any:
@@ -102,7 +103,9 @@ class ModelSpec(Strict):
     @model_validator(mode="after")
     def _one_source(self) -> "ModelSpec":
         if (self.arch is None) == (self.pretrained is None):
-            raise ValueError("give exactly one of model.arch (a config in scenarios/models/) or model.pretrained")
+            which = "both" if self.arch is not None else "neither"
+            raise ValueError(f"model sets {which} of model.arch and model.pretrained; give exactly one of model.arch "
+                             "(a config in scenarios/models/) or model.pretrained")
         return self
 
 
@@ -161,7 +164,7 @@ class VariantSpec(Strict):
                 "'nvme_path' goes with offload_optimizer or offload_param: nvme; set one or remove nvme_path"
             )
         if self.ds_config and self.accelerate_config:
-            raise ValueError("give ds_config or accelerate_config, not both")
+            raise ValueError("ds_config and accelerate_config are both set; give one of them, not both")
         return self
 
 
@@ -217,7 +220,8 @@ class Scenario(Strict):
                 "'key:value,key:value' form; e.g. 'expandable_segments:True'"
             )
         if (self.epochs is None) == (self.steps is None):
-            raise ValueError("give exactly one of 'epochs' or 'steps'")
+            which = "neither 'epochs' nor 'steps'" if self.epochs is None else "both 'epochs' and 'steps'"
+            raise ValueError(f"the scenario sets {which}; give exactly one of them")
         if self.metric is not None and self.metric not in TASK_METRICS[self.task]:
             raise ValueError(
                 f"metric '{self.metric}' does not apply to task '{self.task}'; "

@@ -31,7 +31,7 @@ class ConfigError(ValueError):
     """A user error in the config; str(e) is ONE line naming the problem and the fix."""
 
     def __init__(self, message: str) -> None:
-        super().__init__(" ".join(str(message).split()))  # never let a newline through
+        super().__init__(with_fix(" ".join(str(message).split())))  # never let a newline through
 
 
 class UnsupportedFeature(ConfigError):
@@ -43,6 +43,45 @@ class Problem(NamedTuple):
     keys: tuple[str, ...]  # the dotted keys it involves (a problem about a key that was itself bad is dropped)
     message: str
     lacking: bool = False  # a feature zero_core lacks (UnsupportedFeature), not a setting to fix
+
+
+def _fix_for(expected: str) -> str:
+    """How to fix a value that "must be `expected`": said once for each kind of expectation."""
+    if expected.startswith("a whole number from"):
+        quotes = ", without quotes" if "(without quotes)" in expected else ""
+        return f"set it to a whole number in that range{quotes}"
+    if expected.startswith("a finite number"):
+        return "set it to a finite number" + (" in that range" if "(" in expected else "")
+    if expected.startswith("true or false"):
+        return "write true or false" + (" or null" if expected.startswith("true or false or null") else "")
+    if expected.startswith("an object"):
+        return "write it as a JSON {...} mapping of keys to values"
+    return f"set it to {expected.split(' (')[0]}"
+
+
+def with_fix(message: str) -> str:
+    """`message` with its fix: a message that says what is wrong but not how to fix it ("X must be Y, got Z")
+    gets "; set it to Y" (or its kind's shorter words). A message that already has a fix part is kept."""
+    if "; " in message or " must be " not in message or ", got " not in message:
+        return message
+    expected = message.split(" must be ", 1)[1].rpartition(", got ")[0]
+    return f"{message}; {_fix_for(expected)}" if expected else message
+
+
+# pydantic's own error types that zero_core's validators do not replace, and how to fix each
+_PYDANTIC_FIXES = {
+    "int_type": "write a whole number", "int_parsing": "write a whole number", "int_from_float": "write a whole number",
+    "float_type": "write a number", "float_parsing": "write a number", "string_type": "write it as text in quotes",
+    "bool_type": "write true or false", "bool_parsing": "write true or false", "list_type": "write it as a list [...]",
+    "tuple_type": "write it as a list [...]",
+}
+
+
+def _pydantic_fix(error: dict[str, Any]) -> str:
+    ctx = error.get("ctx") or {}
+    if error["type"] in ("literal_error", "enum") and ctx.get("expected"):
+        return f"use {ctx['expected']}"
+    return _PYDANTIC_FIXES.get(error["type"], "correct the value as the message says")
 
 
 def combined(messages: list[str]) -> str:
@@ -174,7 +213,7 @@ def message_of(error: dict[str, Any], root: type[BaseModel]) -> str:
     loc, kind, ctx = tuple(error["loc"]), error["type"], error.get("ctx") or {}
     path = dotted(loc) or "config"
     if kind == "zero_leaf":
-        return f"{path} {ctx['msg']}"
+        return with_fix(f"{path} {ctx['msg']}")
     if kind == "zero_full":
         return ctx["msg"]
     if kind == "extra_forbidden":
@@ -185,7 +224,7 @@ def message_of(error: dict[str, Any], root: type[BaseModel]) -> str:
         return (f"key {show(error.get('input'))} in {_section_name(loc[:-1])} is not a string; "
                 "config keys must be strings")
     if kind in ("model_type", "model_attributes_type", "dict_type"):
-        return f"{path} must be an object (a JSON {{...}} mapping), got {show(error.get('input'))}"
+        return with_fix(f"{path} must be an object (a JSON {{...}} mapping), got {show(error.get('input'))}")
     if isinstance(ctx.get("error"), ConfigError):
         return str(ctx["error"])
-    return f"{path}: {error['msg']} (got {show(error.get('input'))})"
+    return f"{path}: {error['msg']} (got {show(error.get('input'))}); {_pydantic_fix(error)}"
