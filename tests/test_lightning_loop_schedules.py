@@ -46,14 +46,3 @@ def test_auto_batch_keys_take_the_trainers_values():
     auto = run_ranks(lsw.fit_with_config, 1, {"gradient_accumulation_steps": "auto",
                                               "train_micro_batch_size_per_gpu": "auto"})
     assert isinstance(plain, list) and auto == plain
-
-
-def test_restore_group_lrs_leaves_other_groupings_alone():
-    from zero_core.integrations.lightning_group_lrs import restore_group_lrs
-
-    groups = [{"lr": 0.1}, {"lr": 0.2}]
-    for record in (None, [0.5], [0.5, float("nan")], [0.5, "0.3"], [True, 0.1]):
-        restore_group_lrs(groups, record)
-        assert groups == [{"lr": 0.1}, {"lr": 0.2}]
-    restore_group_lrs(groups, [0.5, 0.25])
-    assert groups == [{"lr": 0.5}, {"lr": 0.25}]

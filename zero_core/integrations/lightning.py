@@ -31,7 +31,6 @@ from ..config_auto import AutoValues
 from ..engine import Engine
 from .handles import EngineOptimizer, EngineSchedule, hidden_size
 from .lightning_convert import convert_zero_checkpoint_to_fp32_state_dict
-from .lightning_group_lrs import GROUP_LRS, restore_group_lrs
 from .lightning_kwargs import fill_missing, split_deepspeed_kwargs
 from .lightning_precision import MODES, ZeroPrecision, format_precision
 
@@ -193,7 +192,6 @@ class ZeroStrategy(DDPStrategy):
             raise ValueError("ZeroStrategy saves zbench checkpoints; drop storage_options")
         filepath = self.broadcast(str(filepath))
         state = plain_data({k: v for k, v in checkpoint.items() if k not in ("state_dict", "optimizer_states")})
-        state[GROUP_LRS] = [float(group["lr"]) for group in self.engine.client_optimizer.param_groups]
         self.engine.save_checkpoint(filepath, tag="checkpoint", client_state=state,
                                  exclude_frozen_parameters=self.exclude_frozen_parameters)
 
@@ -207,11 +205,7 @@ class ZeroStrategy(DDPStrategy):
         if self.engine is None:  # validate/test/predict(ckpt_path=...) on a fresh Trainer: fit built no engine
             self._build_evaluation_engine()
         _, client_state = self.engine.load_checkpoint(checkpoint_path, load_optimizer_states=fitting)
-        client_state = dict(client_state or {})
-        lrs = client_state.pop(GROUP_LRS, None)
-        if fitting and self.engine.lr_scheduler is None:
-            restore_group_lrs(self.engine.client_optimizer.param_groups, lrs)
-        return client_state
+        return dict(client_state or {})  # the groups' lrs come back with the optimizer's states (checkpoint_load.py)
 
     def _build_evaluation_engine(self) -> None:
         """An engine to load the checkpoint's weights into, as DeepSpeedStrategy builds an inference engine: the
