@@ -60,10 +60,11 @@ def is_direct(fd: int) -> bool:
 def write_at(fd: int, data: memoryview, offset: int) -> None:
     """Write all of `data` at `offset`. Under O_DIRECT both must be aligned; a refusal turns O_DIRECT off."""
     while data:
+        direct = is_direct(fd)  # as of this call: another thread's refusal may turn it off before we look again
         try:
             k = os.pwrite(fd, data, offset)
         except OSError as e:
-            if e.errno != errno.EINVAL or not is_direct(fd):
+            if e.errno != errno.EINVAL or not direct:
                 raise
             go_buffered(fd)
             continue

@@ -248,3 +248,25 @@ def test_host_sources_never_pin_so_no_cuda_context_is_made(tmp_path, monkeypatch
     w.write(torch.ones(3))
     w.close()
     assert asked and not any(asked)
+
+
+def test_a_refusal_another_writer_already_answered_is_retried_buffered(tmp_path, monkeypatch):
+    """Writers share a file: the refusal of a direct transfer may reach this one after another writer has turned
+    O_DIRECT off. Its write goes on buffered; it used to re-raise the refusal, as if it were a real I/O error."""
+    fd, direct = direct_io.open_file(tmp_path / "f", os.O_WRONLY | os.O_CREAT)
+    if not direct:
+        os.close(fd)
+        pytest.skip(f"{tmp_path}'s filesystem refuses O_DIRECT")
+    real = os.pwrite
+
+    def refused_after_another_writer(fd_, data, offset):
+        if direct_io.is_direct(fd_):
+            direct_io.go_buffered(fd_)  # what the other writer's refusal did meanwhile
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+        return real(fd_, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", refused_after_another_writer)
+    data = bytes(range(256)) * 16
+    direct_io.write_at(fd, memoryview(data), 0)
+    os.close(fd)
+    assert (tmp_path / "f").read_bytes() == data
