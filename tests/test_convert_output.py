@@ -74,8 +74,10 @@ def test_two_converts_into_one_new_out_one_wins_and_its_output_survives(slow_src
     assert_output(out, tensors)
     ((loser, _, err),) = [r for r in results if r[0] is not winners[0]]
     line = one_line_error(subprocess.CompletedProcess(loser.args, loser.returncode, None, err))
-    assert line == (
-        f"Error: another zbench convert (pid {winners[0].pid}) is writing {out}; wait for it or pass another --out"
+    # the loser meets the winner's claim, or (started late on a busy machine) its finished output
+    assert line in (
+        f"Error: another zbench convert (pid {winners[0].pid}) is writing {out}; wait for it or pass another --out",
+        f"Error: output folder {out} already holds files; pass an empty or new --out",
     ), line
     assert sorted(p.name for p in out.parent.iterdir()) == ["out"]  # no staging folder left
 
