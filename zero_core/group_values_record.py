@@ -10,19 +10,11 @@ another number of groups (a run grouped differently) is left alone, as `group_lr
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-import torch
+from .optim.group_values import finite_number
 
 KEYS = ("weight_decay", "eps", "betas")
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, torch.Tensor) and value.numel() == 1:  # torch lets a group hold a one-element tensor
-        value = float(value)
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    return float(value) if ok else None
 
 
 def group_values_record(groups: list[dict]) -> list[dict[str, Any]]:
@@ -31,12 +23,12 @@ def group_values_record(groups: list[dict]) -> list[dict[str, Any]]:
     for group in groups:
         entry: dict[str, Any] = {}
         for key in ("weight_decay", "eps"):
-            value = _number(group.get(key))
+            value = finite_number(group.get(key))
             if value is not None:
                 entry[key] = value
         betas = group.get("betas")
         if isinstance(betas, (list, tuple)) and len(betas) == 2:
-            pair = [_number(b) for b in betas]
+            pair = [finite_number(b) for b in betas]
             if None not in pair:
                 entry["betas"] = pair
         record.append(entry)

@@ -23,9 +23,8 @@ class GroupValues:
         self._optimizer, self._index, self._start = optimizer, index, start
 
     def _group(self) -> dict:
-        # vars(): the list itself, without the refresh ZeroOptimizer's property may run (a host sync under fp16)
-        groups = vars(self._optimizer).get("param_groups")
-        return groups[self._index] if isinstance(groups, list) and self._index < len(groups) else {}
+        groups = handed_groups(self._optimizer)
+        return groups[self._index] if self._index < len(groups) else {}
 
     def _read(self, key: str, fallback: float, lowest: float, below_one: bool = False) -> float:
         group = self._group()
@@ -81,14 +80,25 @@ class GroupValues:
         return self._read("weight_decay", self._start.weight_decay, 0.0)
 
 
+def handed_groups(optimizer: Any) -> list[dict]:
+    """The handed-back optimizer's group list itself: vars(), without the refresh ZeroOptimizer's property may run
+    (a host sync under fp16); empty where it has none."""
+    groups = vars(optimizer).get("param_groups")
+    return groups if isinstance(groups, list) else []
+
+
+def finite_number(value: Any) -> float | None:
+    """A group value as a float, if it is a finite number (a one-element tensor too: torch lets a group hold one)."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = float(value)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
+
+
 def _checked(value: Any, where: str, lowest: float, below_one: bool = False) -> float:
     """`value` as a float, if it is a finite number >= `lowest` (and < 1 where `below_one`), else one line."""
-    number = math.nan
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        number = float(value)
-    elif isinstance(value, torch.Tensor) and value.numel() == 1:  # torch lets a group hold a one-element tensor
-        number = float(value)
-    if not math.isfinite(number) or number < lowest or (below_one and number >= 1.0):
+    number = finite_number(value)
+    if number is None or number < lowest or (below_one and number >= 1.0):
         bound = f"in [{lowest:g}, 1)" if below_one else f">= {lowest:g}"
         raise ValueError(f"{where} is {value!r}; set a finite number {bound}")
     return number

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..host_schedules import Betas, checked_betas, is_lr
+from .group_values import handed_groups
 
 
 class GroupWrites:
@@ -18,13 +19,8 @@ class GroupWrites:
         self._optimizer = optimizer
         self._seen: tuple[list, list] | None = None  # (lrs, betas) as the scheduler left the groups
 
-    def _groups(self) -> list[dict]:
-        # vars(): the list itself, without the refresh ZeroOptimizer's property may run (which writes them)
-        groups = vars(self._optimizer).get("param_groups")
-        return groups if isinstance(groups, list) else []
-
     def _values(self) -> tuple[list, list]:
-        groups = self._groups()
+        groups = handed_groups(self._optimizer)  # not the property's refresh, which writes them
         return [g.get("lr") for g in groups], [g.get("betas") for g in groups]
 
     def seen(self) -> None:
