@@ -30,9 +30,9 @@ from typing import Callable, Iterable, Iterator
 import torch
 
 from .output_claim import claimed_output
+from .read_guard import FolderWatch
 from .safetensors_stream import StreamingWriter
 from .source import CheckpointError, CheckpointSource, ParamInfo
-from .zbench_format import folder_identity
 
 _CHUNK = 1 << 22  # elements cast and written at a time: bounds the extra memory beyond one tensor
 _UNITS = {
@@ -124,19 +124,18 @@ def write_consolidated(
 
     `out_dir` must be new or empty and outside the source's folder and the `protect` folders; refusals name it as
     `out_name` (the CLI's flag by default, a parameter's name for the Python API)."""
-    folder = getattr(source, "folder", None)
-    identity = folder_identity(folder) if folder is not None else None
+    watch = FolderWatch(source)
     with ThreadPoolExecutor(2, thread_name_prefix="zbench-convert") as pool:
         check: Callable[[], list[str]] | None = None
         if verify:  # checked as read where the source can, else by a thread reading every file beside the conversion
             check = getattr(source, "read_problems", None) or pool.submit(source.verify).result
-        if identity is not None:  # a save of the same tag renames a new folder in: reads after it would mix the two
-            check = _unless_replaced(folder, identity, check)
+        if watch.identity is not None:  # a save of the same tag renames a new folder in: reads after it would mix
+            check = _unless_replaced(watch, check)
         try:
             files = _write(source, out_dir, dtype, max_shard_size, progress, protect, pool, check, out_name, add_files)
         except (CheckpointError, OSError) as e:  # a file of the replaced folder may be gone: not a write problem
-            if identity is not None and folder_identity(folder) != identity:
-                raise CheckpointError(replaced_message(folder)) from None
+            if watch.replaced():
+                raise CheckpointError(watch.message(MIXED)) from None
             if not isinstance(e, CheckpointError):
                 raise
             problems = check() if check is not None else []
@@ -146,19 +145,14 @@ def write_consolidated(
     return files
 
 
-def replaced_message(folder: Path) -> str:
-    return (f"{folder} was replaced or removed while it was read (another process saved that tag again or pruned "
-            "it), so the output could mix two checkpoints; nothing was written: convert again")
+MIXED = "the output could mix two checkpoints; nothing was written: convert again"
 
 
-def _unless_replaced(
-    folder: Path, identity: tuple[int, int], check: Callable[[], list[str]] | None
-) -> Callable[[], list[str]]:
-    """`check`, run before the output is published, preceded by a look at whether `folder` is still the one read."""
+def _unless_replaced(watch: FolderWatch, check: Callable[[], list[str]] | None) -> Callable[[], list[str]]:
+    """`check`, run before the output is published, preceded by a look at whether the folder is still the one read."""
 
     def checked() -> list[str]:
-        if folder_identity(folder) != identity:
-            raise CheckpointError(replaced_message(folder))
+        watch.check(MIXED)
         return check() if check is not None else []
 
     return checked

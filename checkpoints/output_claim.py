@@ -120,11 +120,17 @@ def claimed_output(
         shutil.rmtree(staging, ignore_errors=True)  # ours: made by the exclusive mkdir above
         _remove_if_empty(made)
         raise
+    try:  # published: from here the staging name may be another convert's claim, never ours to remove
+        _fsync(out.parent)  # the rename itself: without it a power loss may bring back the staging name
+    except OSError as e:
+        raise CheckpointError(f"{out} is written but the rename that published it could not be flushed to disk "
+                              f"({e.strerror or e}); run `sync` before relying on it after a power loss") from None
 
 
 def _commit(out: Path, staging: Path, name: str) -> None:
     os.unlink(staging / OWNER_FILE)
     _keep_attributes(out, staging)
+    _sync_tree(staging)  # every file and folder on disk before the name says the output is complete
     try:
         os.rename(staging, out)  # atomic; refused by the kernel if `out` appeared and holds anything
     except OSError as e:
@@ -134,6 +140,28 @@ def _commit(out: Path, staging: Path, name: str) -> None:
                 f"left as it is); pass an empty or new {name}"
             ) from None
         raise
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno != errno.EINVAL or not os.path.isdir(path):
+            raise  # EINVAL on a folder: a filesystem that cannot sync folders, nothing more to do there
+    finally:
+        os.close(fd)
+
+
+def _sync_tree(folder: Path) -> None:
+    """fsync every regular file under `folder` (the index, copied Hugging Face files: not all writers sync), then
+    each folder, innermost first. Links are not followed: nothing outside the output is touched."""
+    for top, dirs, files in os.walk(folder, topdown=False):
+        for f in files:
+            path = Path(top, f)
+            if path.is_file() and not path.is_symlink():
+                _fsync(path)
+        _fsync(Path(top))
 
 
 def _make_folders(folder: Path) -> list[Path]:

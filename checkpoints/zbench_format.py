@@ -6,11 +6,13 @@
     ROOT/<tag>/frozen.safetensors             frozen parameters and buffers (replicated, written by rank 0)
 
 A save writes into ROOT/.<tag>.partial-<pid>-<token> and renames it to ROOT/<tag> once the manifest is in,
-so a crash mid-save never damages an earlier checkpoint. Re-saving an existing tag (tag="best") first moves
-the old folder aside to ROOT/.<tag>.old-<pid>-<token>, renames the new one into place, moves `latest`, and only
-then deletes the old copy: a crash between the two renames leaves the old copy complete, readers use it, and
-the next save puts it back. Nothing here deletes a folder another process made: staging folders of saves that
-died are reported with the fix, not removed. Pure file handling: converters use it without the engine.
+so a crash mid-save never damages an earlier checkpoint. Re-saving an existing tag (tag="best") exchanges the
+new folder with the old one in one step (dir_exchange.py: the tag never goes missing for a reader), moves
+`latest`, and only then deletes the old copy. Where the system cannot exchange, the old folder is first moved
+aside to ROOT/.<tag>.old-<pid>-<token> and the new one renamed in: a crash between the two renames leaves the
+old copy complete, readers use it, and the next save puts it back. Nothing here deletes a folder another
+process made: staging folders of saves that died are reported with the fix, not removed. Pure file handling:
+converters use it without the engine.
 """
 
 from __future__ import annotations
@@ -18,28 +20,18 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
-import secrets
 import shutil
 from pathlib import Path
 
+from . import dir_exchange
 from .manifest import MANIFEST
 from .paths import inside, one_line, plain_name, read_pointer
+from .save_names import AUX as _AUX
+from .save_names import LATEST, leftovers, new_token
+from .save_names import pid_alive as _pid_alive  # noqa: F401  (callers reach these through this module)
+from .save_names import staging_dir  # noqa: F401
 from .source import CheckpointError
 from .tag_folder import check_replaceable
-
-LATEST = "latest"
-_AUX = re.compile(r"^\.(?P<tag>.+)\.(?P<kind>partial|old|pruned|tmp)-(?P<pid>\d+)-[0-9a-f]+$")
-_PID_MAX = 1 << 22  # Linux's ceiling for pid_max: a larger number names no process that could exist
-
-
-def new_token() -> str:
-    """A suffix no other save uses: this process's pid (so a dead owner can be told) and random bits."""
-    return f"{os.getpid()}-{secrets.token_hex(4)}"
-
-
-def staging_dir(root: Path, tag: str, token: str) -> Path:
-    return root / f".{tag}.partial-{token}"
 
 
 def fsync_path(path: Path) -> None:
@@ -49,42 +41,6 @@ def fsync_path(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _pid_alive(pid: int) -> bool:
-    """Whether a process `pid` runs now; a number no process can have (0, out of range) is not alive."""
-    if not 0 < pid < _PID_MAX:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except (OverflowError, ValueError, OSError):
-        return False
-    return True
-
-
-def _aux_kind(d: Path) -> re.Match[str] | None:
-    """The name's parts when `d` is a staging or set-aside folder, or a temporary `latest` file, of a save."""
-    m = _AUX.match(d.name)
-    if m is None or d.is_symlink():
-        return None
-    if m["kind"] == "tmp":
-        return m if m["tag"] == LATEST and d.is_file() else None
-    return m if d.is_dir() else None
-
-
-def leftovers(root: Path) -> list[Path]:
-    """Staging and set-aside folders, and temporary `latest` files, under `root` whose owning process no longer
-    runs (saves that died)."""
-    out = []
-    for d in root.iterdir() if root.is_dir() else []:
-        m = _aux_kind(d)
-        if m and not _pid_alive(int(m["pid"])):
-            out.append(d)
-    return sorted(out)
 
 
 def recover(root: Path) -> list[str]:
@@ -131,7 +87,33 @@ def commit(root: Path, tag: str, staged: Path, move_latest: bool = True) -> str 
     `staged`); once it is, only a note (the replaced copy left on disk) can come back."""
     fsync_path(staged)
     check_replaceable(root, tag)  # again: a link may have appeared since the save began
+    old = _swap_in(root, tag, staged)
+    fsync_path(root)
+    if move_latest:
+        try:
+            _write_latest(root, tag)
+        except OSError as e:
+            note = _roll_back(root, tag, staged, old)
+            if note is None:
+                raise
+            return f"'{LATEST}' could not be updated ({e.strerror or e}) and {note}"
+        fsync_path(root)  # `latest` is moved: a failure here is no longer undone
+    if old is not None:  # the copy this save replaced, moved out of the tag's name by this very call
+        return _removed(_retired(root, tag, old), "the copy it replaced")
+    return None
+
+
+def _swap_in(root: Path, tag: str, staged: Path) -> Path | None:
+    """Rename `staged` to ROOT/<tag>; where the copy it replaced is now (None if there was none). Where the system
+    can, the two folders exchange names in one step, so the tag never goes missing for a reader: the replaced copy
+    is then in `staged`. Elsewhere it is first moved aside to `.<tag>.old-...`, which readers use meanwhile."""
     final = root / tag
+    if final.exists():
+        try:
+            if dir_exchange.exchange(staged, final):
+                return staged
+        except FileNotFoundError:
+            pass  # the tag went away meanwhile (pruned, or another save's two renames): a plain rename publishes it
     old = None
     if final.exists():
         old = root / f".{tag}.old-{new_token()}"
@@ -143,19 +125,7 @@ def commit(root: Path, tag: str, staged: Path, move_latest: bool = True) -> str 
             with contextlib.suppress(OSError):  # left aside (reported later) if another save's folder took the name
                 os.rename(old, final)
         raise
-    fsync_path(root)
-    if move_latest:
-        try:
-            _write_latest(root, tag)
-        except OSError as e:
-            note = _roll_back(root, tag, staged, old)
-            if note is None:
-                raise
-            return f"'{LATEST}' could not be updated ({e.strerror or e}) and {note}"
-        fsync_path(root)  # `latest` is moved: a failure here is no longer undone
-    if old is not None:  # the copy this save replaced, moved aside by this very call
-        return _removed(_retired(root, tag, old), "the copy it replaced")
-    return None
+    return old
 
 
 def _retired(root: Path, tag: str, old: Path) -> Path:
@@ -173,6 +143,18 @@ def _roll_back(root: Path, tag: str, staged: Path, old: Path | None) -> str | No
     """Undo commit's renames (new copy back to `staged`, the replaced one back as `tag`); None once undone,
     else what is where now: the new copy stands as `tag` and `latest` still names what it named."""
     final = root / tag
+    if old == staged:  # exchanged: exchanging again undoes it in one step
+        try:
+            undone = dir_exchange.exchange(final, staged)
+        except OSError as e:
+            undone, why = False, e.strerror or str(e)
+        else:
+            why = "this system cannot exchange the two folders back"
+        if not undone:
+            return f"could not be undone ({why}): {tag} holds this save, '{LATEST}' is unchanged; the copy it " \
+                   f"replaced is in {staged}"
+        fsync_path(root)
+        return None
     try:
         os.replace(final, staged)
     except OSError as e:

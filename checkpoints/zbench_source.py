@@ -92,6 +92,7 @@ class ZbenchSource:
     def __init__(self, path: str | Path, tag: str | None = None, follow_symlinks: bool = False) -> None:
         self.follow_symlinks = follow_symlinks
         self.folder = fmt.resolve(path, tag, follow_symlinks)
+        self.identity = fmt.folder_identity(self.folder)  # before the manifest: a re-save after it is seen (read_guard)
         self.manifest = mf.read(self.folder, follow_symlinks)
         self.reader = FragmentReader(self.folder, self.manifest, follow_symlinks)
 

@@ -16,6 +16,7 @@ from ckpt_workers import _train, config
 from parity_workers import make_model
 
 import zero_core
+from checkpoints import dir_exchange
 from checkpoints import zbench_format as fmt
 from checkpoints.source import CheckpointError
 from checkpoints.zbench_source import ZbenchSource
@@ -35,6 +36,7 @@ def test_a_failed_rename_into_place_puts_the_replaced_copy_back(tmp_path, monkey
         return real_replace(src, dst)
 
     monkeypatch.setattr(os, "replace", staged_rename_fails)
+    monkeypatch.setattr(dir_exchange, "renameat2_exchange", None)  # the two-rename path, where no exchange exists
     with pytest.raises(CheckpointError, match="checkpoint best was not saved"):
         engine.save_checkpoint(tmp_path, tag="best")
     monkeypatch.undo()

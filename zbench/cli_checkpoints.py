@@ -23,6 +23,7 @@ from checkpoints.detect import kinds, open_source
 from checkpoints.hf_folder import check_hf_config, copy_hf_files, hf_files, tie_index
 from checkpoints.io_errors import ACCESS, SPACE, write_cause
 from checkpoints.output_claim import check_output
+from checkpoints.read_guard import FolderWatch
 from checkpoints.source import CheckpointError, CheckpointSource, ParamInfo
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -201,6 +202,13 @@ def _cannot_write(out: str, e: OSError) -> click.ClickException:
     return click.ClickException(f"cannot write {out}: {what}; {fix}; nothing was written")
 
 
+def _unless_replaced(watch: FolderWatch) -> None:
+    try:
+        watch.check("what was checked could mix two checkpoints; run zbench inspect again")
+    except CheckpointError as e:
+        raise click.ClickException(str(e)) from None
+
+
 def _records_roles(source: CheckpointSource) -> bool:
     """Whether the source's format marks tied, frozen and buffer entries (DCP saves every entry alike)."""
     return getattr(source, "records_roles", True)
@@ -224,10 +232,16 @@ def _roles(source: CheckpointSource, infos: list[ParamInfo]) -> str:
 def inspect(src: str, tag: str | None, kind: str | None, as_json: bool, key: str | None, follow_symlinks: bool) -> None:
     """Say what checkpoint SRC is (kind, step, stage, world size, params, dtypes, size) and check its files."""
     source = _open(src, tag, kind, follow_symlinks, key)
-    with _one_line():
-        s = source.summary()
-        infos = source.params()
-        problems = source.verify()
+    watch = FolderWatch(source)
+    try:
+        with _one_line():
+            s = source.summary()
+            infos = source.params()
+            problems = source.verify()
+    except click.ClickException:
+        _unless_replaced(watch)  # a file gone or changed under the reader is a re-save, not damage
+        raise
+    _unless_replaced(watch)  # what was read may mix two checkpoints: judged by neither
     if as_json:
         click.echo(json.dumps({**asdict(s), "tensors": len(infos), "problems": problems}, indent=2, default=str))
     else:

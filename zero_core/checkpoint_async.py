@@ -6,10 +6,13 @@ thread waits for every rank's marker, writes the manifest and commits as a synch
 the rename, the previous checkpoint and `latest` are untouched, so a crash at any point leaves the previous
 checkpoint loadable. No collective runs off the main thread: the ranks learn the outcome in
 `wait_for_checkpoint()` (collective), which the next save, a load, and the engine's end of life call.
+A save rank 0 gives up on (a rank's failure, its wait running out) is removed only once no rank still writes
+there (checkpoint_markers.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -19,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 
+from . import checkpoint_markers as markers
 from . import comm
 from .checkpoint_snapshot import HostBuffers
 
@@ -28,33 +32,30 @@ if TYPE_CHECKING:
 DEFAULT_WAIT_S = 1800.0  # how long rank 0 waits for the other ranks' files (the collective timeout, if set)
 
 
-def _marker(staged: Path, rank: int) -> Path:
-    return staged / f".rank_{rank:05d}.done"
-
-
 def _leave_marker(staged: Path, rank: int, report: dict[str, Any]) -> None:
     tmp = staged / f".rank_{rank:05d}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(report, f)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, _marker(staged, rank))
+    os.replace(tmp, markers.done(staged, rank))
 
 
 def _report(staged: Path, rank: int, files: dict[str, Any], records: dict[str, Any],
             problem: tuple[str, str] | None) -> tuple[str, str] | None:
     """Leave this rank's marker; the problem to report. A full disk that refused a rank file may refuse the marker
-    too, and rank 0 would then wait its whole timeout for it: this rank's own files go first, freeing the space."""
+    too, and rank 0 would then wait its whole timeout for it: this rank's own files go first, freeing the space.
+    So do they when rank 0 gave up on the save meanwhile: of no use, and rank 0 deletes no file a rank may write."""
     report = {"files": records, "problem": problem}
+    if markers.abandoned(staged):
+        _drop(staged, rank, files)
     try:
         _leave_marker(staged, rank, report)
         return problem
     except OSError as e:
         first = e
     if problem is not None:  # the save failed anyway: what this rank wrote for it is of no use
-        for name in files:
-            (staged / name).unlink(missing_ok=True)
-        (staged / f".rank_{rank:05d}.tmp").unlink(missing_ok=True)
+        _drop(staged, rank, files)
         try:
             _leave_marker(staged, rank, report)
             return problem
@@ -66,22 +67,35 @@ def _report(staged: Path, rank: int, files: dict[str, Any], records: dict[str, A
     return problem or (f"rank {rank} could not write into {staged} ({what})", fix)
 
 
-def _collect(staged: Path, world: int, wait_s: float) -> tuple[dict[str, Any], tuple[str, str] | None]:
-    """Rank 0: every rank's file records, or the first problem (a rank's, or the wait running out)."""
+def _drop(staged: Path, rank: int, files: dict[str, Any]) -> None:
+    """Delete this rank's own files of the save (one that cannot be goes with the folder, once rank 0 removes it)."""
+    for path in [*(staged / name for name in files), staged / f".rank_{rank:05d}.tmp"]:
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
+
+
+def _collect(staged: Path, world: int, wait_s: float, records: dict[str, Any],
+             problem: tuple[str, str] | None) -> tuple[dict[str, Any], tuple[str, str] | None]:
+    """Rank 0 (its own `records` and `problem` given): every rank's file records, or the first problem (a rank's,
+    or the wait running out). After a problem it still waits, until the same deadline, for the ranks writing on, so
+    that their folder can go; the folder is marked abandoned at once, so that they delete their files when done."""
     deadline = time.monotonic() + wait_s
-    files: dict[str, Any] = {}
-    for rank in range(world):
-        path = _marker(staged, rank)
+    files = dict(records)
+    if problem is not None:
+        markers.abandon(staged, world)
+    for rank in range(1, world):
+        path = markers.done(staged, rank)
         while not path.is_file():
             if time.monotonic() > deadline:
-                return files, (f"rank {rank} did not finish writing its files within {wait_s:.0f} s",
-                               "check that rank and the disk, then save again")
+                return files, problem or (f"rank {rank} did not finish writing its files within {wait_s:.0f} s",
+                                          "check that rank and the disk, then save again")
             time.sleep(0.02)
         report = json.loads(path.read_text(encoding="utf-8"))
-        if report["problem"]:
-            return files, tuple(report["problem"])
+        if report["problem"] and problem is None:
+            problem = tuple(report["problem"])
+            markers.abandon(staged, world)
         files.update(report["files"])
-    return files, None
+    return files, problem
 
 
 class AsyncSaver:
@@ -94,6 +108,7 @@ class AsyncSaver:
         self._thread: threading.Thread | None = None
         self._outcome: tuple[str, str] | None = None
         self._pending: tuple[Path, str] | None = None
+        self._all_done = False  # rank 0: every rank's marker is in, so no rank writes into the staging folder
         self.saved: list[tuple[str, tuple[int, int] | None]] = []  # rank 0: this engine's commits, for keep_last
         self.recovery_script = False  # rank 0 writes zero_to_fp32.py after each commit (checkpointing.save sets it)
 
@@ -109,13 +124,18 @@ class AsyncSaver:
 
     def _run(self, root: Path, tag: str, staged: Path, files: dict[str, Any], manifest: dict[str, Any] | None,
              move_latest: bool, keep_last: int | None) -> None:
+        self._all_done = False
         try:
             self._outcome = self._save(root, tag, staged, files, manifest, move_latest, keep_last)
         except Exception as e:  # whatever it is, wait() must report it, not a success
-            if self.rank == 0:
-                shutil.rmtree(staged, ignore_errors=True)  # made by this rank for this save
             self._outcome = (f"rank {self.rank}'s background save failed ({type(e).__name__}: {str(e)[:200]})",
                              "fix that and save again")
+            if self.rank == 0 and self._all_done:
+                shutil.rmtree(staged, ignore_errors=True)  # made by this rank; every rank is done with it
+            elif self.rank == 0:
+                markers.give_up(staged, self.world, list(files))
+            elif not markers.done(staged, self.rank).exists():  # rank 0 hears of it now, not at its timeout
+                _report(staged, self.rank, files, {}, self._outcome)
 
     def _save(self, root: Path, tag: str, staged: Path, files: dict[str, Any], manifest: dict[str, Any] | None,
               move_latest: bool, keep_last: int | None) -> tuple[str, str] | None:
@@ -126,12 +146,13 @@ class AsyncSaver:
         problem = _report(staged, self.rank, files, records, problem)
         if self.rank != 0:
             return problem
-        gathered, problem = _collect(staged, self.world, self.wait_s) if problem is None else ({}, problem)
+        gathered, problem = _collect(staged, self.world, self.wait_s, records, problem)
         if problem is not None:
-            shutil.rmtree(staged, ignore_errors=True)  # made by this rank for this save
+            markers.give_up(staged, self.world, list(files))  # removed only once no rank still writes there
             return problem
+        self._all_done = True
         for rank in range(self.world):
-            _marker(staged, rank).unlink()
+            markers.done(staged, rank).unlink(missing_ok=True)
         assert manifest is not None
         return publish(root, tag, staged, {**manifest, "files": gathered}, move_latest, keep_last, self.saved,
                        self.recovery_script)

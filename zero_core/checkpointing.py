@@ -32,6 +32,7 @@ from checkpoints.safetensors_stream import StreamingWriter, write_tensors
 from checkpoints.source import CheckpointError
 from checkpoints.tag_folder import TagNotReplaceable, check_replaceable
 
+from . import checkpoint_markers as markers
 from . import comm, recovery_script
 from .checkpoint_load import load, param_entries  # noqa: F401  (load is re-exported for the engine)
 from .checkpoint_snapshot import NvmeStates, contents
@@ -110,6 +111,7 @@ def _prepare(root: Path, tag: str) -> tuple[Path, list[Path]]:
     root.mkdir(parents=True, exist_ok=True)
     check_replaceable(root, tag)  # before anything moves: a link or file named like the tag is left alone
     fmt.recover(root)
+    markers.sweep(root)  # this process's abandoned async saves, once no rank writes there any more
     staged = fmt.staging_dir(root, tag, fmt.new_token())
     staged.mkdir()
     return staged, fmt.leftovers(root)
