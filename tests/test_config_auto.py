@@ -108,8 +108,8 @@ def test_unresolvable_lr_is_named_where_it_is_used_too():
             "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": "auto"}},
         }
     )
-    assert msg.startswith("config has 2 problems: optimizer.params.lr cannot be 'auto' without learning_rate")
-    assert "; scheduler.params.warmup_max_lr cannot be 'auto' without learning_rate" in msg
+    assert msg.startswith("config has 2 problems: (1) optimizer.params.lr cannot be 'auto' without learning_rate")
+    assert " | (2) scheduler.params.warmup_max_lr cannot be 'auto' without learning_rate" in msg
 
 
 def test_precision_auto_needs_a_precision():

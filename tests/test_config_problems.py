@@ -20,17 +20,17 @@ def test_three_kinds_of_problem_are_all_named():
         }
     )
     assert msg == (
-        "config has 3 problems: unknown key 'zero_optimization.stgae'; did you mean 'stage'?; "
-        "optimizer.params.lr cannot be 'auto' without learning_rate (auto={\"learning_rate\": ...}); set a "
-        "number such as 1e-4; fp16.enabled and bf16.enabled are both true; enable only one of them"
+        "config has 3 problems: (1) unknown key 'zero_optimization.stgae'; did you mean 'stage'? | "
+        "(2) optimizer.params.lr cannot be 'auto' without learning_rate (auto={\"learning_rate\": ...}); set a "
+        "number such as 1e-4 | (3) fp16.enabled and bf16.enabled are both true; enable only one of them"
     )
 
 
 def test_errors_behind_a_failing_section_check_are_found_too():
     msg = error({**MB, "bf16": {"enabled": True}, "bfloat16": {"enabled": True}, "zero_optimization": {"stage": 9}})
     assert msg == (
-        "config has 2 problems: both 'bf16' and its legacy alias 'bfloat16' are set; keep only 'bf16'; "
-        "zero_optimization.stage must be an integer 0-3, got 9; set it to an integer 0-3"
+        "config has 2 problems: (1) both 'bf16' and its legacy alias 'bfloat16' are set; keep only 'bf16' | "
+        "(2) zero_optimization.stage must be an integer 0-3, got 9; set it to an integer 0-3"
     )
 
 
@@ -45,8 +45,8 @@ def test_bad_values_unsupported_keys_and_batch_arithmetic_together():
         }
     )
     assert msg.startswith(
-        "config has 3 problems: fp16.enabled must be true or false, got 'yes'; write true or false; key 'amp' is not "
-        "supported by zero_core; use 'fp16' or 'bf16' instead; train_batch_size (12) must equal"
+        "config has 3 problems: (1) fp16.enabled must be true or false, got 'yes'; write true or false | (2) key "
+        "'amp' is not supported by zero_core; use 'fp16' or 'bf16' instead | (3) train_batch_size (12) must equal"
     )
 
 
@@ -69,16 +69,12 @@ def test_every_contradiction_of_a_section_is_named():
         {
             **MB,
             "fp16": 3,
-            "zero_optimization": {
-                "stage": 3,
-                "offload_param": {"device": "nvme"},
-                "aio": {"use_gds": True, "single_submit": True},
-            },
+            "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}},
+            "aio": {"use_gds": True, "single_submit": True},
         }
     )
-    assert (
-        msg.startswith("config has 4 problems: fp16 must be an object") and "offload_param.nvme_path is required" in msg
-    )
+    assert msg.startswith("config has 4 problems: (1) fp16 must be an object")
+    assert "offload_param.nvme_path is required" in msg
     assert "aio.use_gds=true" in msg and "aio.single_submit=true" in msg
 
 
@@ -96,8 +92,8 @@ def test_a_bad_key_brings_no_follow_up_problems():
     )
     # a bad batch size is not also "no batch size"
     assert error({"train_micro_batch_size_per_gpu": "4", "fp16": {"enabled": 1}}) == (
-        "config has 2 problems: train_micro_batch_size_per_gpu must be an integer >= 1 or null, got '4'; "
-        "set it to an integer >= 1 or null; fp16.enabled must be true or false, got 1; write true or false"
+        "config has 2 problems: (1) train_micro_batch_size_per_gpu must be an integer >= 1 or null, got '4'; "
+        "set it to an integer >= 1 or null | (2) fp16.enabled must be true or false, got 1; write true or false"
     )
 
 

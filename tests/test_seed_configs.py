@@ -2,8 +2,8 @@
 `zbench train --config FILE` on 2 CPU ranks with the flags that fill its "auto" values.
 
 Snippets that are fragments get what they lack (a batch size) from flags too, never by editing the file.
-The ZeRO-Infinity example offloads to the seed's own NVMe folder, which this machine lacks: its one-line error
-is asserted instead.
+The ZeRO-Infinity example puts its "aio" section inside zero_optimization, which DeepSpeed 0.19.8 refuses: its
+one-line error is asserted instead.
 """
 
 from __future__ import annotations
@@ -44,9 +44,9 @@ RUNS = {  # the flags that fill each config's "auto" values
     "003_fp16_auto_nan_section.json": [*MB, "--precision", "fp16"],
 }
 NVME = (
-    "Error: zero_optimization.offload_optimizer.nvme_path '/local_nvme' does not exist; create it (a directory on "
-    "a fast local disk) or fix the path"
-)  # the seed's NVMe folder is not on this machine
+    "Error: key 'zero_optimization.aio' is not supported by zero_core; move the 'aio' section to the top level of "
+    "the config, where DeepSpeed reads it (DeepSpeed refuses it inside zero_optimization too)"
+)  # the seed's aio section sits where DeepSpeed's zero_optimization model refuses it
 
 
 def _leaves(data: object, prefix: str = "") -> dict[str, object]:

@@ -95,11 +95,11 @@ def test_unfilled_autos_name_the_flags_that_fill_them(train):
     result, ds = train(ZERO2)
     assert ds is None
     assert _error(result) == (
-        "config has 4 problems: optimizer.params.lr cannot be 'auto' without --lr; "
-        "pass it, or set a number such as 1e-4; "
-        "scheduler.params.warmup_max_lr cannot be 'auto' without --lr; pass it, or set a number, or a numeric "
-        "optimizer.params.lr; bf16.enabled cannot be 'auto' without --precision; pass it, or set true or false; "
-        "train_micro_batch_size_per_gpu cannot be 'auto' without --micro-batch; pass it, or set a number"
+        "config has 4 problems: (1) optimizer.params.lr cannot be 'auto' without --lr; "
+        "pass it, or set a number such as 1e-4 | "
+        "(2) scheduler.params.warmup_max_lr cannot be 'auto' without --lr; pass it, or set a number, or a numeric "
+        "optimizer.params.lr | (3) bf16.enabled cannot be 'auto' without --precision; pass it, or set true or false "
+        "| (4) train_micro_batch_size_per_gpu cannot be 'auto' without --micro-batch; pass it, or set a number"
     )
 
 

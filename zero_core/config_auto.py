@@ -147,7 +147,7 @@ def _rules() -> list[AutoRule]:
     counts = [(zero, ZeroOptimizationConfig, n) for n in ("allgather_bucket_size", "stage3_max_live_parameters",
                                                           "stage3_max_reuse_distance", "sub_group_size")]
     counts += [(zero + "offload_param.", OffloadParamConfig, n) for n in ("buffer_size", "max_in_cpu")]
-    counts += [(prefix, AioConfig, "block_size") for prefix in ("aio.", zero + "aio.")]
+    counts += [("aio.", AioConfig, "block_size")]
     for prefix, model, name in counts:
         d = default(model, name)
         rules.append(AutoRule(prefix + name, (), False, lambda v, raw: None, d, "not filled by HF",

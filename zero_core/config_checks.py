@@ -16,8 +16,8 @@ _Z = "zero_optimization."
 
 
 def contradictions(cfg: ZeroConfig) -> list[Problem]:
-    checks = (_precision_and_optimizer, _scheduler, _offload, _overlap, _streamed, _delayed_update, _aio,
-              refused_values, monitor_problems)
+    checks = (_precision_and_optimizer, _scheduler, _offload, _grad_norm, _overlap, _streamed, _delayed_update,
+              _aio, refused_values, monitor_problems)
     return [problem for check in checks for problem in check(cfg)]
 
 
@@ -110,6 +110,18 @@ def _offload(cfg: ZeroConfig) -> Iterator[Problem]:
         )
 
 
+def _grad_norm(cfg: ZeroConfig) -> Iterator[Problem]:
+    """DeepSpeed's zero_optimization model refuses compute_grad_norm=false outside stages 1-2; zero_core, which
+    always computes the norm, refuses the same configs so that they fail here as they would there."""
+    zero = cfg.zero_optimization
+    if not zero.compute_grad_norm and zero.stage not in (1, 2):
+        yield Problem(
+            (_Z + "stage", _Z + "compute_grad_norm"),
+            f"zero_optimization.compute_grad_norm=false is allowed only at stages 1 and 2 (DeepSpeed refuses it "
+            f"too), but zero_optimization.stage is {zero.stage}; remove it or set true",
+        )
+
+
 def _overlap(cfg: ZeroConfig) -> Iterator[Problem]:
     """The host update during backward works on states in host memory; elsewhere it would silently do nothing."""
     fraction, off = cfg.zero_core.overlap_host_update, cfg.zero_optimization.offload_optimizer
@@ -168,16 +180,9 @@ def _delayed_update(cfg: ZeroConfig) -> Iterator[Problem]:
 
 
 def _aio(cfg: ZeroConfig) -> Iterator[Problem]:
-    """The aio section (top level, as DeepSpeed reads it, or inside zero_optimization, as HF's docs put it)."""
-    top, nested = cfg.aio, cfg.zero_optimization.aio
-    if top is not None and nested is not None and top != nested:
-        yield Problem(
-            ("aio", _Z + "aio"),
-            "aio and zero_optimization.aio are both set and differ; keep one (DeepSpeed reads the top-level one)",
-        )
-    for where, aio in (("aio", top), ("zero_optimization.aio", nested)):
-        if aio is not None:
-            yield from _one_aio(where, aio)
+    """The top-level aio section (DeepSpeed refuses one inside zero_optimization: a refused key of config_keys.py)."""
+    if cfg.aio is not None:
+        yield from _one_aio("aio", cfg.aio)
 
 
 def _one_aio(where: str, aio: AioConfig) -> Iterator[Problem]:

@@ -13,7 +13,7 @@ from .config_errors import Problem, show
 from .config_keys import Key, is_accepted, refused_unless_accepted
 from .config_models import ZeroConfig
 
-_OWN_CHECKS = ("aio.", "zero_optimization.aio.")  # config_checks._aio says more about these
+_OWN_CHECKS = ("aio.",)  # config_checks._aio says more about these
 
 
 def refused_values(cfg: ZeroConfig) -> Iterator[Problem]:

@@ -3,7 +3,7 @@
 Leaf validators raise `leaf_error` ("must be ..., got ...") and the path is prefixed here from
 pydantic's error location; cross-field checks return `Problem`s with their full message. pydantic's own
 multi-line report never reaches the user: each of its errors is translated to one message, and all
-the problems of a config are joined into one line (`combined`).
+the problems of a config are joined into one numbered line (`combined`).
 """
 
 from __future__ import annotations
@@ -85,11 +85,13 @@ def _pydantic_fix(error: dict[str, Any]) -> str:
 
 
 def combined(messages: list[str]) -> str:
-    """One line for all of a config's problems (a single one keeps its own message)."""
+    """One line for all of a config's problems (a single one keeps its own message). Each problem already has
+    "; " before its fix, so the problems are numbered and set apart by " | " instead:
+    "config has 2 problems: (1) <what>; <fix> | (2) <what>; <fix>"."""
     unique = list(dict.fromkeys(messages))
     if len(unique) == 1:
         return unique[0]
-    return f"config has {len(unique)} problems: " + "; ".join(unique)
+    return f"config has {len(unique)} problems: " + " | ".join(f"({i}) {m}" for i, m in enumerate(unique, 1))
 
 
 def show(value: Any, limit: int = 60) -> str:

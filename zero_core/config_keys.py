@@ -126,7 +126,8 @@ KEYS: list[Key] = [
     Key(_Z + "offload_param.buffer_count", IGNORED, _NVME_PARAM),
     Key(_Z + "offload_param.buffer_size", IGNORED, _NVME_PARAM),
     Key(_Z + "offload_param.max_in_cpu", IGNORED, _NVME_PARAM),
-    *_aio(_Z + "aio."),
+    Key(_Z + "aio", REFUSED, "move the 'aio' section to the top level of the config, where DeepSpeed reads it "
+        "(DeepSpeed refuses it inside zero_optimization too)"),
     *_aio("aio."),
     Key("checkpoint.tag_validation", IGNORED, "rank 0 names the checkpoint folder for every rank"),
     Key("checkpoint.load_universal", IGNORED, "zbench checkpoints always reshard on load"),

@@ -51,7 +51,8 @@ PRECISION = [
 
 ZERO = [
     *ignored("stages 1-3 always reduce-scatter the gradient buckets", _Z + "use_multi_rank_bucket_allreduce"),
-    *ignored("the gradient norm is always computed", _Z + "compute_grad_norm"),
+    *ignored("the gradient norm is always computed (false is refused outside stages 1-2, as DeepSpeed refuses it)",
+             _Z + "compute_grad_norm"),
     Key(_Z + "load_from_fp32_weights", REFUSED, "checkpoints always restore the fp32 master weights", (True,)),
     *ignored("zbench checkpoints always reshard on load", _Z + "elastic_checkpoint"),
     Key(_Z + "zenflow", REFUSED, "ZenFlow is not implemented", (None,)),

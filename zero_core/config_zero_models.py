@@ -1,4 +1,5 @@
-"""The "zero_optimization" section of the config, its offload sections and "aio": DeepSpeed's keys and defaults.
+"""The "zero_optimization" section of the config, its offload sections and the top-level "aio": DeepSpeed's keys and
+defaults.
 
 Defaults are DeepSpeed 0.19.8's (runtime/zero/config.py, zero/offload_config.py, swap_tensor/aio_config.py).
 What each key does is in config_keys.py; many are accepted and not acted on, or refused unless off.
@@ -47,10 +48,10 @@ class OffloadParamConfig(Section):
 
 
 class AioConfig(Section):
-    """Async I/O for NVMe optimizer offload (top level as DeepSpeed reads it, or in zero_optimization as
-    HF's docs put it). Used: block_size (bytes per request, a multiple of 4096), queue_depth x
-    thread_count (requests in flight, each on a pool thread). single_submit, overlap_events and
-    intra_op_parallelism are libaio settings: accepted at DeepSpeed's defaults only; use_gds is refused."""
+    """Async I/O for NVMe optimizer offload, at the top level, where DeepSpeed reads it (its zero_optimization
+    model refuses an "aio" key, and so does zero_core). Used: block_size (bytes per request, a multiple of
+    4096), queue_depth x thread_count (requests in flight, each on a pool thread). single_submit, overlap_events
+    and intra_op_parallelism are libaio settings: accepted at DeepSpeed's defaults only; use_gds is refused."""
 
     block_size: Count = 1_048_576
     queue_depth: Annotated[int, integer(1)] = 8
@@ -66,7 +67,7 @@ class ZeroOptimizationConfig(Section):
     overlap_comm: Bool = False  # absent -> stage == 3, as DeepSpeed
     contiguous_gradients: Bool = True
     reduce_scatter: Bool = True
-    reduce_bucket_size: Count = 500_000_000
+    reduce_bucket_size: Annotated[int, integer(1, counts=True)] = 500_000_000  # DeepSpeed refuses 0 too
     allgather_partitions: Bool = True
     allgather_bucket_size: Count = 500_000_000
     stage3_prefetch_bucket_size: Count = 50_000_000
@@ -78,7 +79,6 @@ class ZeroOptimizationConfig(Section):
     round_robin_gradients: Bool = False
     offload_optimizer: OffloadOptimizerConfig | None = None
     offload_param: OffloadParamConfig | None = None
-    aio: AioConfig | None = None
     # read as the offload sections by _deprecated_offload_booleans; left set only at null, which changes nothing
     cpu_offload: OptionalBool = None
     cpu_offload_param: OptionalBool = None
@@ -108,6 +108,11 @@ class ZeroOptimizationConfig(Section):
     enable_sanity_checks: Bool = False
     save_muon_momentum_buffer_in_memory: Bool = False
     _deprecated_form: str | None = PrivateAttr(default=None)  # a note on the deprecated keys read (config.py prints it)
+
+    @property
+    def aio(self) -> None:
+        """Never set: "aio" is refused in this section (config_keys.py); the NVMe set-up still asks here second."""
+        return None
 
     @model_validator(mode="wrap")
     @classmethod
@@ -146,6 +151,8 @@ class ZeroOptimizationConfig(Section):
                         drop=old,
                     )
                 data[new] = data.pop(old)
+        if "overlap_comm" in data and data["overlap_comm"] is None:  # DeepSpeed's "decide by the stage", as absent
+            del data["overlap_comm"]
         unset = data.get("overlap_comm", "auto") == "auto"  # absent, or an "auto" nothing filled
         if unset and data.get("stage") in (0, 1, 2, 3) and not isinstance(data.get("stage"), bool):
             data["overlap_comm"] = data["stage"] == 3

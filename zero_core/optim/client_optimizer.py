@@ -47,6 +47,15 @@ class ClientOptimizer(DeviceAdamW):
     def state(self, value: Any) -> None:
         self.client.state = value  # as DeepSpeed's wrapper sets its wrapped optimizer's
 
+    def state_dict(self) -> dict[str, Any]:
+        """The caller's optimizer's own: `engine.optimizer` answers as the optimizer `initialize` handed back."""
+        return self.client.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Into the caller's optimizer, whose state this optimizer steps with (its groups hold the partition's
+        views, so torch's load keys the state by them), as on DeepSpeed."""
+        self.client.load_state_dict(state_dict)
+
     def _update(self, coef: torch.Tensor, out: Output, publish: Publish | None,
                 after_segment: Callable[[int], None] | None) -> None:
         if int(self.overflow.item()) != 0:  # the one host sync: a torch optimizer cannot skip on a device flag

@@ -31,7 +31,8 @@ class PartitionState(Mapping):
         self._engine_of = engine_of
         self._shares: dict[int, Share] | None = None  # id(parameter) -> its share; the layout never changes
 
-    def _engine(self) -> Any:
+    def engine(self) -> Any:
+        """The engine whose states this view reads; None once it is gone (or before it has an optimizer)."""
         engine = self._engine_of()
         return engine if engine is not None and getattr(engine, "optimizer", None) is not None else None
 
@@ -40,10 +41,11 @@ class PartitionState(Mapping):
         torch's, none; reading the count is a host sync)."""
         if engine is None or float(engine.optimizer.applied.item()) == 0:
             return {}
-        shares = self._shares_of(engine)
+        shares = self.shares_of(engine)
         return {id(p): p for g in engine.client_optimizer.param_groups for p in g["params"] if id(p) in shares}
 
-    def _shares_of(self, engine: Any) -> dict[int, Share]:
+    def shares_of(self, engine: Any) -> dict[int, Share]:
+        """id(parameter) -> where this rank's share of it is in the partition, for every parameter it trains."""
         if self._shares is None:
             layout, single = engine.layout, engine.layout.world_size == 1
             shares: dict[int, Share] = {}
@@ -57,22 +59,22 @@ class PartitionState(Mapping):
         return self._shares
 
     def __len__(self) -> int:
-        return len(self._keys(self._engine()))
+        return len(self._keys(self.engine()))
 
     def __iter__(self) -> Iterator[torch.Tensor]:
-        return iter(list(self._keys(self._engine()).values()))
+        return iter(list(self._keys(self.engine()).values()))
 
     def __contains__(self, key: object) -> bool:
-        return self._keys(self._engine()).get(id(key)) is key
+        return self._keys(self.engine()).get(id(key)) is key
 
     def __getitem__(self, key: Any) -> dict[str, torch.Tensor]:
         from ..model_export import settled
 
-        engine = self._engine()
+        engine = self.engine()
         if self._keys(engine).get(id(key)) is not key:
             raise KeyError(_describe(key))
         settled(engine)  # the states as of the last step: no update in flight or speculated
-        start, end, shape = self._shares_of(engine)[id(key)]
+        start, end, shape = self.shares_of(engine)[id(key)]
         opt = engine.optimizer
         live = isinstance(opt.states, TensorStates)
         with torch.inference_mode():  # a copy: read-only
@@ -95,20 +97,26 @@ def _describe(key: Any) -> str:
 
 
 def expose_state(engine: Any) -> None:
-    """After the engine's optimizer is made or replaced: `engine.optimizer.state` answers as the optimizer
-    `initialize` handed back does (DeepSpeed's are one object). A torch Adam/AdamW the caller passed is run by
-    zero_core's Adam, so its `state` is pointed at the same view: the moments the caller's optimizer shows are
-    the ones the engine updates, as under DeepSpeed."""
+    """After the engine's optimizer is made or replaced: `engine.optimizer.state`, `state_dict()` and
+    `load_state_dict()` answer as the optimizer `initialize` handed back does (DeepSpeed's are one object). A torch
+    Adam/AdamW the caller passed is run by zero_core's Adam, so its `state` is pointed at the same view, and what
+    its load_state_dict loads goes into the engine's states (state_view_load.py): the moments the caller's
+    optimizer shows and loads are the ones the engine updates, as under DeepSpeed."""
     from .client_optimizer import ClientOptimizer
     from .facade import ZeroOptimizer
+    from .state_view_load import watch_loads
 
     opt, handed = engine.optimizer, engine.client_optimizer
     if isinstance(opt, ClientOptimizer):
         return  # the caller's torch optimizer steps on the partition and keeps its own state (client_optimizer.py)
+    opt.state_dict, opt.load_state_dict = handed.state_dict, handed.load_state_dict
     if isinstance(handed, ZeroOptimizer):
         opt.state = handed.state
         return
-    view = handed.state if isinstance(handed.state, PartitionState) else PartitionState(_weak(engine))
+    view = handed.state
+    if not isinstance(view, PartitionState):
+        view = PartitionState(_weak(engine))
+        watch_loads(handed, view)  # once per view: an engine whose optimizer is replaced keeps both
     handed.state = opt.state = view
 
 
