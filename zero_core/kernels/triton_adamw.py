@@ -1,4 +1,5 @@
-"""Triton fused AdamW: reads grad/param/m/v once, writes param/m/v and the 16-bit copy once."""
+"""Triton fused AdamW: reads grad/param/m/v once, writes param/m/v and the 16-bit copy once, and rounds as
+torch's fused CPU AdamW does (the host's update in optimizer offload), so the two agree bitwise."""
 
 from __future__ import annotations
 
@@ -26,14 +27,14 @@ def _adamw_kernel(
     coef_ptr,
     skip_ptr,
     numel,
-    beta1,
-    beta2,
     one_minus_beta1,
+    beta2,
     one_minus_beta2,
-    log2_beta1,
-    log2_beta2,
     eps,
     weight_decay,
+    weight_decay64: tl.float64,
+    log2_beta1: tl.float64,
+    log2_beta2: tl.float64,
     DECOUPLED: tl.constexpr,
     HAS_OUT: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -45,28 +46,35 @@ def _adamw_kernel(
     limit = tl.where(tl.load(skip_ptr) == 0, numel, 0)
     mask = offs < limit
 
-    # Per-program scalars in fp64 (like torch.optim on the host): 1 - beta2**1 in fp32 loses ~4 digits.
+    # The step's scalars in fp64, then fp32, as torch's fused CPU AdamW takes them (its bias corrections are
+    # double: 1 - beta2**1 in fp32 loses ~4 digits)
     lr = tl.load(lr_ptr).to(tl.float64)
     step = tl.load(step_ptr).to(tl.float64)
     bc1 = 1.0 - tl.exp2(step * log2_beta1)
     bc2 = 1.0 - tl.exp2(step * log2_beta2)
-    step_size = (lr / bc1).to(tl.float32)
-    bc2_sqrt = tl.sqrt(bc2).to(tl.float32)
+    neg_step_size = (-(lr / bc1)).to(tl.float32)
+    bc2_sqrt = tl.sqrt(bc2).to(tl.float32)  # fp64: rounded to nearest (approximate roots are fp32 only)
+    decay = (1.0 - lr * weight_decay64).to(tl.float32)
     coef = tl.load(coef_ptr)
 
     p = tl.load(param_ptr + offs, mask=mask, other=0.0)
     g = tl.load(grad_ptr + offs, mask=mask, other=0.0) * coef
     m = tl.load(m_ptr + offs, mask=mask, other=0.0)
     v = tl.load(v_ptr + offs, mask=mask, other=0.0)
+    # Each rounding where torch's fused CPU AdamW (the host's update) rounds, so the two give the same bits: its
+    # fused multiply-adds are tl.fma here, and the launch turns off the compiler's own contraction of a * b + c.
     if DECOUPLED:
-        p = p * (1.0 - lr * weight_decay).to(tl.float32)
+        p = p * decay  # exactly p where weight_decay is 0 (decay 1)
     else:
-        g = g + weight_decay * p
-    # 1 - beta comes from the host in double: 1 - 0.9f in fp32 is off by 4e-7 relative.
-    m = beta1 * m + one_minus_beta1 * g
-    v = beta2 * v + one_minus_beta2 * g * g
-    # Same operation order as torch: p - step_size * (m / (sqrt(v) / sqrt(bc2) + eps)).
-    p = p - step_size * (m / (tl.sqrt(v) / bc2_sqrt + eps))
+        g = tl.where(weight_decay != 0.0, tl.fma(p, weight_decay, g), g)
+    # m.lerp_(g, 1 - beta1), in the form torch picks by the weight's size
+    if tl.abs(one_minus_beta1) < 0.5:
+        m = tl.fma(one_minus_beta1, g - m, m)
+    else:
+        m = tl.fma(one_minus_beta1 - 1.0, g - m, g)
+    v = tl.fma(one_minus_beta2 * g, g, v * beta2)
+    denom = tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + eps
+    p = p + tl.div_rn(neg_step_size * m, denom)
     tl.store(param_ptr + offs, p, mask=mask)
     tl.store(m_ptr + offs, m, mask=mask)
     tl.store(v_ptr + offs, v, mask=mask)
@@ -104,6 +112,7 @@ def adamw_step(
     _adamw_kernel[(grid,)](
         param, grad, exp_avg, exp_avg_sq, param if out is None else out,
         lr, step, coef, skip, numel,
-        beta1, beta2, 1.0 - beta1, 1.0 - beta2, _log2(beta1), _log2(beta2), eps, weight_decay,
+        1.0 - beta1, beta2, 1.0 - beta2, eps, weight_decay, weight_decay, _log2(beta1), _log2(beta2),
         DECOUPLED=decoupled, HAS_OUT=out is not None, BLOCK=BLOCK, num_warps=NUM_WARPS,
+        enable_fp_fusion=False,  # no a * b + c contracted beyond the kernel's own tl.fma: the host's roundings
     )
