@@ -61,10 +61,11 @@ def with_items(cfg: ZeroConfig, given: Any) -> ZeroConfig:
 
 
 def global_grad_norm(engine: Any) -> torch.Tensor | None:
-    """DeepSpeed's get_global_grad_norm(): a 0-dim tensor; None before a step, and at stage 0 without fp16/bf16."""
+    """DeepSpeed's get_global_grad_norm(): a 0-dim tensor (fp64 at stage 3, fp32 below, as DeepSpeed computes it:
+    optim/clip_norm.py); None before a step, and at stage 0 without fp16/bf16."""
     if not engine.norm_taken or (engine.stage == 0 and engine.dtype == torch.float32):
         return None
-    return engine.optimizer.grad_norm.detach().reshape(()).to("cpu", torch.float32)
+    return engine.optimizer.grad_norm.detach().reshape(()).to("cpu")
 
 
 class LossScaleValue(float):

@@ -88,10 +88,11 @@ def _check_flat(name: str, t: Tensor, like: Tensor, dtypes: tuple[torch.dtype, .
         )
 
 
-def _check_scalar(name: str, t: Tensor, dtype: torch.dtype, device: torch.device) -> None:
-    if t.numel() != 1 or t.dtype != dtype or t.device != device:
-        raise ValueError(f"{name}: expected a 1-element {dtype} tensor on {device}, got {t.dtype} "
-                         f"with {t.numel()} elements on {t.device}")
+def _check_scalar(name: str, t: Tensor, dtype: torch.dtype | tuple[torch.dtype, ...], device: torch.device) -> None:
+    dtypes = dtype if isinstance(dtype, tuple) else (dtype,)
+    if t.numel() != 1 or t.dtype not in dtypes or t.device != device:
+        raise ValueError(f"{name}: expected a 1-element {' or '.join(map(str, dtypes))} tensor on {device}, got "
+                         f"{t.dtype} with {t.numel()} elements on {t.device}")
 
 
 def reduce_epilogue(
@@ -100,8 +101,8 @@ def reduce_epilogue(
     """After a reduce-scatter, in one pass over the data:
 
     ``acc = (acc if accumulate else 0) + reduced.float() * scale[0]`` in place (acc is fp32),
-    ``sumsq[0] += sum(acc_new ** 2)`` (fp32, deterministic run to run), and
-    ``nonfinite[0] = 1`` (int32) if any element of acc_new is inf/NaN; the flag is never reset here.
+    ``sumsq[0] += sum(acc_new ** 2)`` (the squares summed in fp64, deterministic run to run; ``sumsq`` is fp64,
+    or fp32), and ``nonfinite[0] = 1`` (int32) if any element of acc_new is inf/NaN; the flag is never reset here.
 
     ``reduced`` is 1-D contiguous fp32/bf16/fp16; ``scale``, ``sumsq``, ``nonfinite`` are 1-element
     tensors on the same device (read/written there: no host synchronisation).
@@ -109,7 +110,7 @@ def reduce_epilogue(
     _check_flat("acc", acc, acc, (torch.float32,))
     _check_flat("reduced", reduced, acc, _FLOATS)
     _check_scalar("scale", scale, torch.float32, acc.device)
-    _check_scalar("sumsq", sumsq, torch.float32, acc.device)
+    _check_scalar("sumsq", sumsq, (torch.float64, torch.float32), acc.device)
     _check_scalar("nonfinite", nonfinite, torch.int32, acc.device)
     _impl(acc, "epilogue").reduce_epilogue(reduced, acc, scale, accumulate, sumsq, nonfinite)
 

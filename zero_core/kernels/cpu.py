@@ -14,17 +14,38 @@ from torch import Tensor
 def reduce_epilogue(
     reduced: Tensor, acc: Tensor, scale: Tensor, accumulate: bool, sumsq: Tensor, nonfinite: Tensor
 ) -> None:
-    """Same contract as ``zero_core.kernels.reduce_epilogue``, in two in-place passes and no temporaries.
+    """Same contract as ``zero_core.kernels.reduce_epilogue``: two in-place passes, then the sum of squares.
 
-    The non-finite test rides on the sum of squares: it is inf or NaN exactly when some element is,
-    or when the squares overflow fp32 (a gradient that large is treated as an overflow too).
+    The non-finite test rides on the sum of squares: fp64 squares of fp32 values cannot overflow, so it is
+    inf or NaN exactly when some element is.
     """
     s = float(scale[0])
     if accumulate:
         acc.add_(reduced, alpha=s)  # promotes to fp32 element by element
     else:
         scaled_copy(reduced, acc, s)
-    add_sums(torch.dot(acc, acc).reshape(1), sumsq, nonfinite)
+    add_sums(sum_of_squares(acc).reshape(1), sumsq, nonfinite)
+
+
+# fp64 pieces of 512 KiB: converted and summed while in cache, one buffer reused for all of them
+SQUARES_PIECE_NUMEL = 1 << 16
+
+
+def sum_of_squares(t: Tensor) -> Tensor:
+    """sum(t ** 2) of a 1-D fp32 tensor, in fp64 (a 0-dim tensor). Each square is exact in fp64, and the sum has
+    the precision of DeepSpeed's fp64 gradient norms: an fp32 dot product of millions of elements is off by up
+    to ~1e-5, enough to move the clip coefficient. No fp64 copy of the whole tensor is made."""
+    if t.is_cuda:  # one kernel that widens as it reads (partial offload takes device shards' sums this way)
+        return torch.linalg.vector_norm(t, dtype=torch.float64).square()
+    total = torch.zeros((), dtype=torch.float64, device=t.device)
+    if t.numel() == 0:
+        return total
+    buf = torch.empty(min(t.numel(), SQUARES_PIECE_NUMEL), dtype=torch.float64, device=t.device)
+    for piece in t.split(SQUARES_PIECE_NUMEL):
+        wide = buf[: piece.numel()]
+        wide.copy_(piece)
+        total += torch.dot(wide, wide)
+    return total
 
 
 def add_sums(sums: Tensor, sumsq: Tensor, nonfinite: Tensor) -> None:
@@ -56,8 +77,20 @@ def adamw_step(
         return
     c = float(coef[0])
     fused = torch._fused_adamw_ if decoupled else torch._fused_adam_
-    fused([param], [grad], [exp_avg], [exp_avg_sq], [], [step], lr=float(lr[0]), beta1=beta1, beta2=beta2,
-          weight_decay=weight_decay, eps=eps, amsgrad=False, maximize=False,
-          grad_scale=None if c == 1.0 else torch.tensor(1.0 / c), found_inf=None)  # grad_scale divides
+    hyper = dict(lr=float(lr[0]), beta1=beta1, beta2=beta2, weight_decay=weight_decay, eps=eps, amsgrad=False,
+                 maximize=False, grad_scale=None, found_inf=None)
+    if c == 1.0:
+        fused([param], [grad], [exp_avg], [exp_avg_sq], [], [step], **hyper)
+    else:
+        # the clipped gradient is grad * coef, as the Triton kernel and DeepSpeed take it: fused Adam's grad_scale
+        # would divide by 1 / coef, an fp32 ulp away from that product for about a tenth of the elements
+        for a in range(0, param.numel(), CLIPPED_PIECE_NUMEL):
+            b = min(param.numel(), a + CLIPPED_PIECE_NUMEL)
+            fused([param[a:b]], [grad[a:b] * c], [exp_avg[a:b]], [exp_avg_sq[a:b]], [], [step], **hyper)
     if out is not None:
         out.copy_(param)
+
+
+# A multiple of every vector width, so pieces never change which elements the fused kernel vectorises (bitwise the
+# same result as one call); small enough that the scaled gradient of a piece stays in cache.
+CLIPPED_PIECE_NUMEL = 1 << 16

@@ -18,15 +18,15 @@ def reduce_epilogue(
 ) -> None:
     """acc = (acc if accumulate else 0) + reduced.float() * scale[0], in place.
 
-    Also adds sum(acc_new**2) into ``sumsq[0]`` and sets ``nonfinite[0] = 1`` if any element of
-    acc_new is inf/NaN (the flag is never cleared here).
+    Also adds sum(acc_new**2), the squares summed in fp64, into ``sumsq[0]`` and sets ``nonfinite[0] = 1`` if
+    any element of acc_new is inf/NaN (the flag is never cleared here).
     """
     new = reduced.float() * scale
     if accumulate:
         acc.add_(new)
     else:
         acc.copy_(new)
-    sumsq.add_(acc.square().sum())
+    sumsq.add_(acc.double().square().sum())
     bad = (~torch.isfinite(acc).all()).to(torch.int32)
     torch.maximum(nonfinite, bad, out=nonfinite)
 

@@ -1,4 +1,4 @@
-"""Triton reduce epilogue: scale + (accumulate into) fp32 acc + sum of squares + non-finite flag, one pass."""
+"""Triton reduce epilogue: scale + (accumulate into) fp32 acc + fp64 sum of squares + non-finite flag, one pass."""
 
 from __future__ import annotations
 
@@ -38,7 +38,9 @@ def _epilogue_kernel(
     tl.store(acc_ptr + offs, new, mask=mask)
     # Masked lanes are 0 and add nothing. One partial per program, summed by torch afterwards:
     # a fixed reduction order, so sumsq is bit-identical run to run (float atomics would not be).
-    tl.store(partials_ptr + pid, tl.sum(new * new, axis=0))
+    # Squares and sums in fp64, as DeepSpeed takes gradient norms: in fp32 the norm drifts by up to ~1e-5.
+    wide = new.to(tl.float64)
+    tl.store(partials_ptr + pid, tl.sum(wide * wide, axis=0))
     # `not (|x| <= max)` is true for inf and NaN alike.
     bad = tl.max((~(tl.abs(new) <= FMAX)).to(tl.int32), axis=0)
     # Only programs that saw a bad value touch the flag: no contention on the common path.
@@ -53,7 +55,7 @@ def reduce_epilogue(
     grid = triton.cdiv(numel, BLOCK)
     if grid == 0:
         return
-    partials = torch.empty(grid, dtype=torch.float32, device=acc.device)
+    partials = torch.empty(grid, dtype=torch.float64, device=acc.device)
     _epilogue_kernel[(grid,)](
         reduced, acc, scale, partials, nonfinite, numel,
         ACCUMULATE=accumulate, FMAX=FP32_MAX, BLOCK=BLOCK, num_warps=NUM_WARPS,

@@ -73,6 +73,7 @@ def make_optimizer(
         clip=float(cfg.gradient_clipping or 0.0),
         lr_at=make_lr_schedule(cfg, [g.lr for g in plan.groups]),
         shard_stats=cfg.stage > 0,
+        stage=cfg.stage,
         comm_device=device,
     )
     aio = cfg.aio or zero.aio or AioConfig()

@@ -25,6 +25,7 @@ import torch
 
 from .. import comm
 from ..loss_scaler import ReportsLossScale
+from .clip_norm import clip_coefficient, norm_dtype
 from .param_groups import Run
 
 Publish = Callable[[int, int], None]
@@ -66,6 +67,7 @@ class PartitionOptimizer(ReportsLossScale, ABC):
         shard_stats: bool,
         comm_device: torch.device,
         runs: list[list[Run]] | None = None,
+        stage: int = 0,
     ) -> None:
         self.states = states
         self.comm_device = comm_device
@@ -74,13 +76,14 @@ class PartitionOptimizer(ReportsLossScale, ABC):
         self.decoupled, self.clip = decoupled, clip
         self.lr_at = lr_at  # None: a host schedule writes `lr` before each step
         self.shard_stats = shard_stats  # False when every rank holds the whole gradient (stage 0)
+        self.stage = stage  # the ZeRO stage whose DeepSpeed arithmetic the norm and the clip follow (clip_norm.py)
         dev = states.device
-        self.sumsq = torch.zeros(1, dtype=torch.float32, device=dev)
+        self.sumsq = torch.zeros(1, dtype=torch.float64, device=dev)  # squares summed in fp64, as DeepSpeed's
         self.nonfinite = torch.zeros(1, dtype=torch.int32, device=dev)
         self.applied = torch.zeros(1, dtype=torch.float32, device=dev)  # updates actually applied
         self.skipped = torch.zeros(1, dtype=torch.float32, device=dev)
         self.lr = lr_at(self.applied)  # one per group
-        self.grad_norm = torch.zeros(1, dtype=torch.float32, device=dev)
+        self.grad_norm = torch.zeros(1, dtype=norm_dtype(stage), device=dev)
         self.overflow = torch.zeros(1, dtype=torch.int32, device=dev)
         self.scale: torch.Tensor | None = None  # this pass's multiplier of reduced sums (1 / (world * loss scale))
         self.accumulate = False  # this pass adds to gradients kept from earlier micro-steps
@@ -111,16 +114,17 @@ class PartitionOptimizer(ReportsLossScale, ABC):
         """Clip, update and write the working-precision copy into `out` (the partition, or one tensor per
         segment); skipped on a non-finite gradient. `publish(lo, hi)` (host updates) is called once
         out[lo:hi] holds its final values; `after_segment(i)` once segment i's update is queued."""
-        stats = self._local_stats()
+        stats = self._local_stats().to(norm_dtype(self.stage))  # stages 0-2 round this rank's sum to fp32 first
         if self.shard_stats:
             comm.all_reduce_sum_on(stats, self.comm_device, what="all-reduce of the gradient norm and overflow flag")
         stats = stats.to(self.sumsq.device)
         self.grad_norm = stats[:1].sqrt()
-        self.overflow = (stats[1:] > 0).to(torch.int32)
+        # a sum of squares past the norm's range (finite gradients, inf in fp32) is an overflow too
+        self.overflow = ((stats[1:] > 0) | ~torch.isfinite(self.grad_norm)).to(torch.int32)
         if self.clip > 0:
-            coef = (self.clip / (self.grad_norm + 1e-6)).clamp(max=1.0)
+            coef = clip_coefficient(self.grad_norm, self.clip, self.stage)
         else:
-            coef = torch.ones_like(self.grad_norm)
+            coef = torch.ones(1, dtype=torch.float32, device=self.grad_norm.device)
         if self.lr_at is not None:
             self.lr = self.lr_at(self.applied)
         ok = 1.0 - self.overflow.float()

@@ -156,7 +156,7 @@ class HostAdamW(PartitionOptimizer):
             applied = self.counts()
             lr = self.lr_at(applied)  # this step's lr: the schedule at the updates applied so far
             self._spec_step = (applied + 1).cpu()  # the step count the update will have
-            self._spec_hyper = self._hyper(lr.cpu(), None)
+            self._spec_hyper = self._hyper(lr.cpu())
         v = {n: getattr(self.states, n) for n in ("master", "exp_avg", "exp_avg_sq")}
         self._adam_pieces(v, 0, self._runs_between(lo, hi), self._spec_hyper, self._spec_step)
 
@@ -210,33 +210,29 @@ class HostAdamW(PartitionOptimizer):
         return g
 
     # -- the update --------------------------------------------------------------------------------
-    def _hyper(self, lr: torch.Tensor, coef: float | None) -> list[dict]:
-        """The fused kernel's arguments per optimizer group (`coef` None or 1: unclipped)."""
-        scale = None if coef is None or coef == 1.0 else torch.tensor(1.0 / coef)  # fused Adam's grad_scale divides
+    def _hyper(self, lr: torch.Tensor) -> list[dict]:
+        """The fused kernel's arguments per optimizer group (the clip coefficient: `_adam_pieces`)."""
         return [dict(lr=float(lr[g]), beta1=h.beta1, beta2=h.beta2, weight_decay=h.weight_decay, eps=h.eps,
-                     amsgrad=False, maximize=False, grad_scale=scale, found_inf=None)
+                     amsgrad=False, maximize=False, grad_scale=None, found_inf=None)
                 for g, h in enumerate(self.groups)]
 
-    def _adam_pieces(self, v: dict[str, torch.Tensor], lo: int, pieces, hyper: list[dict], step: torch.Tensor) -> None:
-        """One fused call per (a, b, group) piece; `v` holds the states from partition element `lo` on."""
+    def _adam_pieces(self, v: dict[str, torch.Tensor], lo: int, pieces, hyper: list[dict], step: torch.Tensor,
+                     coef: float = 1.0) -> None:
+        """One fused call per (a, b, group) piece; `v` holds the states from partition element `lo` on. Clipped,
+        the gradient is grad * coef as on the device (fused Adam's grad_scale would divide by 1 / coef)."""
         fused = torch._fused_adamw_ if self.decoupled else torch._fused_adam_
         for ra, rb, g in pieces:
             sl = slice(ra - lo, rb - lo)
-            fused(
-                [v["master"][sl]],
-                [self._grad(ra, rb)],
-                [v["exp_avg"][sl]],
-                [v["exp_avg_sq"][sl]],
-                [],
-                [step],
-                **hyper[g],
-            )
+            grad = self._grad(ra, rb)
+            if coef != 1.0:  # pieces lie within one chunk: the step's scratch holds them (lazy: already there)
+                grad = torch.mul(grad, coef, out=self._step_scratch[: rb - ra])
+            fused([v["master"][sl]], [grad], [v["exp_avg"][sl]], [v["exp_avg_sq"][sl]], [], [step], **hyper[g])
 
     def _update(self, coef: torch.Tensor, out: Output, publish: Publish | None,
                 after_segment: Callable[[int], None] | None = None) -> None:  # buckets are gathered through `publish`
         c = float(coef[0])
         skip = int(self.overflow[0]) != 0
-        hyper = None if skip else self._hyper(self.lr, c)
+        hyper = None if skip else self._hyper(self.lr)
         # what backward already updated for good: unclipped, and at this step's values (a training loop may set them
         # between backward and step)
         keep = hyper is not None and c == 1.0 and self._speculated_at(hyper)
@@ -266,7 +262,7 @@ class HostAdamW(PartitionOptimizer):
                     if streamed is not None and a in self._streamed_starts:
                         continue  # the GPU's
                     b = min(hi, a + self.chunk)
-                    self._adam_pieces(v, lo, without(self._runs_between(a, b), done), hyper, self.applied)
+                    self._adam_pieces(v, lo, without(self._runs_between(a, b), done), hyper, self.applied, self._coef)
                     if out is not None:
                         out[a:b].copy_(v["master"][a - lo : b - lo])  # the 16-bit copy while it is in cache
                     order.done(a, b)

@@ -26,16 +26,17 @@ class ShardNorms:
         """Record the norm of one reduced shard (on the current stream: the reduce stream on CUDA)."""
         norms, i = self._norms, self._count
         if norms is None or i == norms.numel():
-            grown = torch.empty(max(64, 2 * i), dtype=torch.float32, device=self.device)
+            grown = torch.empty(max(64, 2 * i), dtype=torch.float64, device=self.device)
             if norms is not None:
                 grown[:i].copy_(norms)
             self._norms = norms = grown
-        torch.linalg.vector_norm(reduced, dtype=torch.float32, out=norms[i])
+        # in fp64, as the reduce epilogue sums squares (kernels/): the clip coefficient follows the norm's last bits
+        torch.linalg.vector_norm(reduced, dtype=torch.float64, out=norms[i])
         self._count = i + 1
 
     def stats(self) -> torch.Tensor:
-        """[sum of the scaled shards' squared norms, shards with a non-finite value] of this pass."""
+        """[sum of the scaled shards' squared norms, shards with a non-finite value] of this pass (fp64)."""
         if self._norms is None or self._count == 0:
-            return torch.zeros(2, dtype=torch.float32, device=self.device)
+            return torch.zeros(2, dtype=torch.float64, device=self.device)
         scaled = self._norms[: self._count] * self._scale
         return torch.stack([(scaled * scaled).sum(), (~torch.isfinite(scaled)).sum().float()])

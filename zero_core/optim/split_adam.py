@@ -111,7 +111,7 @@ class SplitAdamW(PartitionOptimizer):
             host.reduced_stats(reduced)
             return
         acc = self.device_opt.gradient(offset, reduced.numel())
-        sums = torch.stack([torch.dot(p, p) for p in acc.split(FOLD_CHUNK_NUMEL)])  # the fold's pieces
+        sums = torch.stack([host_kernels.sum_of_squares(p) for p in acc.split(FOLD_CHUNK_NUMEL)])  # the fold's pieces
         landed = None
         if sums.is_cuda:
             landed = torch.cuda.Event()

@@ -69,7 +69,7 @@ class ReplicatedStage(Stage):
                     elif p.grad is not view:
                         view.copy_(p.grad.reshape(view.shape))
                 grad = opt.gradient_of(0, opt.states.numel)
-                opt.sumsq.copy_(grad.double().pow(2).sum().float().reshape(1))
+                opt.sumsq.copy_(grad.double().pow(2).sum().reshape(1))
                 opt.nonfinite.copy_((~torch.isfinite(grad).all()).int().reshape(1))
         super().begin_update()
 
