@@ -109,11 +109,6 @@ class ZeroOptimizationConfig(Section):
     save_muon_momentum_buffer_in_memory: Bool = False
     _deprecated_form: str | None = PrivateAttr(default=None)  # a note on the deprecated keys read (config.py prints it)
 
-    @property
-    def aio(self) -> None:
-        """Never set: "aio" is refused in this section (config_keys.py); the NVMe set-up still asks here second."""
-        return None
-
     @model_validator(mode="wrap")
     @classmethod
     def _deprecated_offload_booleans(cls, data: Any, handler: Any) -> Any:

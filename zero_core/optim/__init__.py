@@ -76,7 +76,7 @@ def make_optimizer(
         stage=cfg.stage,
         comm_device=device,
     )
-    aio = cfg.aio or zero.aio or AioConfig()
+    aio = cfg.aio or AioConfig()
     ratio = offload_ratio(cfg)
     on_device = device_segment_count(runs, ratio) if offloads_optimizer(cfg) else 0
     if offloads_optimizer(cfg) and not on_device and ratio < 1.0 and len(runs) > 1 and rank == 0:
