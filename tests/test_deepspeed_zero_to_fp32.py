@@ -4,6 +4,7 @@ own, with the same readers as `zbench convert`."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -46,13 +47,40 @@ def test_zero_core_checkpoints_round_trip_and_load_into_a_model(tmp_path):
     fresh = load_state_dict_from_zero_checkpoint(make_model(), tmp_path / "ckpt")
     for name, p in fresh.state_dict().items():
         assert torch.equal(p, trained[name].to(p.dtype)), name
-    files = convert_zero_checkpoint_to_fp32_state_dict(tmp_path / "ckpt", tmp_path / "out")
+    files = convert_zero_checkpoint_to_fp32_state_dict(tmp_path / "ckpt", tmp_path / "out", safe_serialization=True)
     written = {k: v for f in files if f.suffix == ".safetensors" for k, v in load_file(f).items()}
     assert all(torch.equal(written[k], trained[k]) for k in written) and written
+    convert_zero_checkpoint_to_fp32_state_dict(tmp_path / "ckpt", tmp_path / "bin")  # DeepSpeed's default: a .bin
+    written = torch.load(tmp_path / "bin" / "pytorch_model.bin", weights_only=True)
+    assert written.keys() == trained.keys() and all(torch.equal(written[k], v) for k, v in trained.items())
 
 
-@pytest.mark.parametrize("kw, word", [({"safe_serialization": False}, "safe_serialization"),
-                                      ({"exclude_frozen_parameters": True}, "exclude_frozen_parameters")])
+# DeepSpeed 0.19.8's convert_zero_checkpoint_to_fp32_state_dict on fixtures/deepspeed/1_2_bf16 with
+# max_shard_size=500: the files it writes and its index's total size (the tied head.weight counted once)
+DS_SHARDED_FILES = ["pytorch_model-00001-of-00003.bin", "pytorch_model-00002-of-00003.bin",
+                    "pytorch_model-00003-of-00003.bin", "pytorch_model.bin.index.json"]
+DS_TOTAL_SIZE = 1196
+
+
+def test_the_default_output_is_deepspeeds_pytorch_model_bin(tmp_path):
+    want = load_file(DS / "1_2_bf16" / "expected_fp32.safetensors")  # DeepSpeed's own zero_to_fp32 output
+    files = convert_zero_checkpoint_to_fp32_state_dict(DS / "1_2_bf16", tmp_path / "out")
+    assert files == [tmp_path / "out" / "pytorch_model.bin"] and sorted(p.name for p in (tmp_path / "out").iterdir()) \
+        == ["pytorch_model.bin"]
+    got = torch.load(files[0], weights_only=True)  # plain tensors only
+    assert set(want) <= set(got) and all(torch.equal(got[k], v) for k, v in want.items())
+    convert_zero_checkpoint_to_fp32_state_dict(DS / "1_2_bf16", tmp_path / "sharded", max_shard_size=500)
+    assert sorted(p.name for p in (tmp_path / "sharded").iterdir()) == DS_SHARDED_FILES
+    index = json.loads((tmp_path / "sharded" / "pytorch_model.bin.index.json").read_text())
+    frozen = 4 * got["norm.weight"].numel()  # the frozen weight DeepSpeed's output leaves out and zero_core writes
+    assert index["metadata"] == {"total_size": DS_TOTAL_SIZE + frozen} and index["weight_map"].keys() == got.keys()
+    shards = {f: torch.load(tmp_path / "sharded" / f, weights_only=True) for f in DS_SHARDED_FILES[:-1]}
+    assert all(torch.equal(shards[f][k], got[k]) for k, f in index["weight_map"].items())
+    head = shards[index["weight_map"]["head.weight"]]
+    assert head["head.weight"].data_ptr() == head["emb.weight"].data_ptr()  # tied: one tensor, saved once
+
+
+@pytest.mark.parametrize("kw, word", [({"exclude_frozen_parameters": True}, "exclude_frozen_parameters")])
 def test_what_it_does_not_write_is_one_line(tmp_path, kw, word):
     with pytest.raises(CheckpointError) as e:
         convert_zero_checkpoint_to_fp32_state_dict(DS / "1_2_bf16", tmp_path / "out", **kw)

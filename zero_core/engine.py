@@ -17,10 +17,11 @@ from . import comm
 from .checkpoint_async import saver_of
 from .checkpoint_snapshot import reserve_for
 from .buffer_dtypes import buffer_targets
-from .config import ConfigError, ZeroConfig, describe, load_config
+from .config import ZeroConfig, describe, load_config
 from .deferred import is_deferred
 from .deferred.shards import materialise_whole, shard_into
 from .engine_api import DeepSpeedEngineAPI
+from .engine_backward import BackwardPass
 from .engine_monitor import write_update_events
 from .engine_modes import EngineModes
 from .engine_wall_clock import wall_clock
@@ -41,7 +42,7 @@ from .stages.grad_buckets import GradReducer
 from .step_timer import StepBreakdown, enabled_for
 
 
-class Engine(EngineModes, torch.nn.Module, DeepSpeedEngineAPI, EngineQueries):
+class Engine(EngineModes, BackwardPass, torch.nn.Module, DeepSpeedEngineAPI, EngineQueries):
     """Wraps a model for ZeRO data-parallel training; build it with `zero_core.initialize`. Like DeepSpeed's
     engine it is a Module holding the model as `module`: calling it runs the model's forward."""
 
@@ -147,31 +148,6 @@ class Engine(EngineModes, torch.nn.Module, DeepSpeedEngineAPI, EngineQueries):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         self.breakdown.forward_started()
         return wall_clock(self).forward(self.module, *args, **kwargs)  # timed with wall_clock_breakdown
-
-    def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
-        """Backward of `loss` scaled by the loss scale and 1/accumulation steps; reduces gradients.
-        `scale_wrt_gas=False` (DeepSpeed's flag) leaves out 1/accumulation steps, for a loss its caller
-        already normalised over the accumulated batch (Hugging Face Trainer's); `retain_graph` as torch's."""
-        if self.training_refused:
-            raise ConfigError(self.training_refused)
-        wall_clock(self).backward_started()
-        self.wait_for_weights()  # buckets no module's forward read (unused parameters)
-        boundary = self.is_gradient_accumulation_boundary()
-        every = self.strategy.reduces_every_micro_step
-        gas = self.gradient_accumulation_steps()
-        window_pos = self.micro_steps % gas if self._boundary_set is None else self._window_passes
-        self._window_passes += 1
-        self.strategy.before_backward()
-        self.reducer.begin(reduce_now=every or boundary, accumulate=every and window_pos > 0,
-                           scale=self.scaler.inv_scale / self.world_size, final=boundary)
-        wall_clock(self).autograd_started()
-        (loss * (self.scaler.scale.squeeze() / (gas if scale_wrt_gas else 1))).backward(retain_graph=retain_graph)
-        self.breakdown.backward_done()
-        wall_clock(self).autograd_done()
-        self.reducer.finish()
-        self.strategy.after_backward()
-        self.gradients_ready = boundary
-        return wall_clock(self).backward_done(loss)  # as DeepSpeed's, for `loss = engine.backward(loss)`
 
     def step(self, lr_kwargs: dict | None = None) -> None:
         """At an accumulation boundary: clip, update, refresh the working weights; otherwise only count.

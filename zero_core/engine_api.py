@@ -14,14 +14,18 @@ from typing import Any, Iterator
 import torch
 
 from . import comm
+from .engine_config_getters import ConfigGetters
+from .engine_dataloader import EngineDataLoader
 from .engine_exports import WeightExports
 from .engine_queries import global_grad_norm
+from .engine_torch_backward import TorchStyleBackward, close_stale_pass
+from .no_sync_window import follow_no_sync_window
 from .host_schedules import GroupLrs
 from .model_export import settled
 from .optim.facade import EngineScheduler, ZeroOptimizer
 
 
-class DeepSpeedEngineAPI(WeightExports):
+class DeepSpeedEngineAPI(WeightExports, TorchStyleBackward, EngineDataLoader, ConfigGetters):
     """Mixed into `zero_core.Engine`."""
 
     def train_batch_size(self) -> int:
@@ -36,6 +40,8 @@ class DeepSpeedEngineAPI(WeightExports):
     def is_gradient_accumulation_boundary(self) -> bool:
         """True when the next `step()` applies an update: at every `gradient_accumulation_steps`-th micro-step,
         or as `set_gradient_accumulation_boundary` last said."""
+        close_stale_pass(self)
+        follow_no_sync_window(self)
         if self._boundary_set is not None:
             return self._boundary_set
         return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
@@ -44,6 +50,7 @@ class DeepSpeedEngineAPI(WeightExports):
         """DeepSpeed's manual accumulation: before each backward the caller says whether it ends the window, and
         calls `step()` once after the last one (Accelerate's DeepSpeed wrapper does so). It holds from then on."""
         self._boundary_set = bool(is_boundary)
+        self.__dict__["_no_sync_window"] = False  # the caller decides the boundaries from now on
 
     def zero_optimization_stage(self) -> int:
         return self.stage
@@ -124,54 +131,6 @@ class DeepSpeedEngineAPI(WeightExports):
         """fp16 with a loss scale that adapts (the config's `fp16.loss_scale` 0)."""
         return bool(self.scaler.dynamic)
 
-    def zero_offload_optimizer(self) -> Any:
-        """The config's `zero_optimization.offload_optimizer` section (None without optimizer offload)."""
-        return self.config.zero_optimization.offload_optimizer
-
-    def zero_offload_param(self) -> Any:
-        """The config's `zero_optimization.offload_param` section (None without parameter offload)."""
-        return self.config.zero_optimization.offload_param
-
-    def zero_cpu_offload(self) -> bool:
-        off = self.zero_offload_optimizer()
-        return off is not None and off.device == "cpu"
-
-    def zero_optimization_partition_gradients(self) -> bool:
-        return self.stage >= 2
-
-    def zero_optimization_partition_weights(self) -> bool:
-        return self.stage == 3
-
-    def zero_reduce_scatter(self) -> bool:
-        return bool(self.config.zero_optimization.reduce_scatter)
-
-    def zero_overlap_comm(self) -> bool:
-        return bool(self.config.zero_optimization.overlap_comm)
-
-    def gradient_predivide_factor(self) -> float:
-        return float(self.config.gradient_predivide_factor)
-
-    def postscale_gradients(self) -> bool:
-        return not self.config.prescale_gradients
-
-    def dump_state(self) -> bool:
-        return bool(self.config.dump_state)
-
-    def checkpoint_tag_validation_enabled(self) -> bool:
-        return self.config.checkpoint.tag_validation != "Ignore"
-
-    def checkpoint_tag_validation_fail(self) -> bool:
-        return self.config.checkpoint.tag_validation == "Fail"
-
-    def amp_enabled(self) -> bool:
-        return False  # the config's `amp` section is refused: fp16 / bf16 instead
-
-    def sparse_gradients_enabled(self) -> bool:
-        return False  # refused too: gradients are always dense
-
-    def elasticity_enabled(self) -> bool:
-        return False  # refused too: batch sizes are set explicitly
-
     @property
     def mp_world_size(self) -> int:
         return 1  # no model parallelism
@@ -203,8 +162,21 @@ class DeepSpeedEngineAPI(WeightExports):
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
-        """Gradient accumulation needs no context: the engine reduces at the right micro-step by itself."""
-        yield
+        """DeepSpeed's (and DDP's) accumulation without reducing: a backward inside adds its gradients to those of
+        the backwards after it, up to the one that ends the window, which reduces them all (DeepSpeed's stages 2-3
+        refuse it; here every stage takes it). With boundaries set by `set_gradient_accumulation_boundary` (as
+        Accelerate's loop sets them) those decide, as before the context."""
+        if self.__dict__.get("_in_no_sync"):
+            raise ValueError("engine.no_sync() is already open; enter it once per accumulated backward")
+        before = None if self.__dict__.get("_no_sync_window") else self._boundary_set  # the count's, not a set one
+        self._boundary_set, self.__dict__["_in_no_sync"] = False, True
+        try:
+            yield  # a backward here does not end the window: its gradients are kept for the next
+        finally:
+            self.__dict__["_in_no_sync"] = False
+            self._boundary_set = before
+            # the window now holds passes the micro-step count does not know of (no_sync_window.py)
+            self.__dict__["_no_sync_window"] = before is None
 
     def get_data_types(self) -> tuple[torch.dtype, torch.dtype]:
         """(the model's dtype, the gradient accumulation dtype), as DeepSpeed's."""
@@ -282,3 +254,6 @@ class DeepSpeedEngineAPI(WeightExports):
 
     def train_batch(self, *_: Any, **__: Any) -> None:
         self._refuse("train_batch() (pipeline parallelism)", "call forward, backward and step")
+
+    def eval_batch(self, *_: Any, **__: Any) -> None:
+        self._refuse("eval_batch() (pipeline parallelism)", "call the engine's forward under torch.no_grad()")

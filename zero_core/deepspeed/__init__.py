@@ -26,6 +26,7 @@ from .. import comm as zero_comm
 from ..config import read_config_file
 from ..deferred.record import mark_full_sizes
 from ..engine import Engine
+from ..engine_torch_backward import watch_outputs
 from . import accelerator, checkpointing, comm, ops, runtime, utils, zero
 from .accelerator import get_accelerator
 from .utils import OnDevice
@@ -56,9 +57,7 @@ def __getattr__(name: str) -> Any:
 
 
 def _config_from(args: Any, config: Any, config_params: Any) -> Any:
-    if config is not None and config_params is not None:
-        raise ValueError("initialize got both config and config_params; pass one")
-    config = config if config is not None else config_params
+    config = config if config is not None else config_params  # both given: DeepSpeed takes config
     from_args = getattr(args, "deepspeed_config", None) if args is not None else None
     old_name = getattr(args, "deepscale_config", None) if args is not None else None  # DeepSpeed's former flag
     if old_name is not None and from_args is not None:
@@ -104,13 +103,10 @@ def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer
     if engine.zero_optimization_stage() == 3:  # DeepSpeed's stage 3 converts a model built outside zero.Init
         mark_full_sizes(engine.module.parameters())
         runtime.zero.partition_parameters.mark_zero_params(engine.module.parameters())
-    loader = None
-    if training_data is not None:
-        sampler = torch.utils.data.DistributedSampler(training_data, num_replicas=engine.world_size, rank=engine.rank)
-        loader = torch.utils.data.DataLoader(training_data, batch_size=engine.train_micro_batch_size_per_gpu(),
-                                             sampler=sampler, collate_fn=collate_fn,
-                                             drop_last=engine.config.dataloader_drop_last)
+    engine.collate_fn = collate_fn  # deepspeed_io's default, as DeepSpeed's engine keeps it
+    loader = engine.deepspeed_io(training_data) if training_data is not None else None
     engine.training_dataloader = loader  # as DeepSpeed's engine keeps it
+    watch_outputs(engine)  # DeepSpeed's torch-style backward: engine.scale(loss).backward(), loss.backward()
     engine.leaves_recovery_script = True  # DeepSpeed's save leaves zero_to_fp32.py beside its checkpoints
     return engine, engine.client_optimizer, loader, engine.lr_scheduler
 

@@ -26,10 +26,12 @@ class RepeatingLoader:
 
 
 class DeepSpeedDataLoader:
-    """DeepSpeed's data-parallel loader (what `initialize(training_data=...)` builds): a torch DataLoader over
-    `dataset` whose sampler (a DistributedSampler over the data-parallel ranks unless `data_sampler` is given)
-    gives each rank its share, `batch_size` samples a batch. Curriculum learning and the throughput timer that
-    DeepSpeed's takes are not provided (`tput_timer` and `deepspeed_dataloader_config` are accepted, unused)."""
+    """DeepSpeed's data-parallel loader (what `initialize(training_data=...)` and `engine.deepspeed_io` build): a
+    torch DataLoader (`.dataloader`) over `dataset` whose sampler (`.data_sampler`, a DistributedSampler over the
+    data-parallel ranks unless `data_sampler` is given) gives each rank its share, `batch_size` samples a batch.
+    As DeepSpeed's, `iter(loader)` starts a pass and returns the loader itself, which `next()` then reads.
+    Curriculum learning and the throughput timer that DeepSpeed's takes are not provided (`tput_timer` and
+    `deepspeed_dataloader_config` are accepted, unused); no worker processes unless `num_local_io_workers`."""
 
     def __init__(self, dataset: Any, batch_size: int, pin_memory: bool = False, local_rank: int = 0,
                  tput_timer: Any = None, collate_fn: Any = None, num_local_io_workers: int | None = None,
@@ -45,14 +47,24 @@ class DeepSpeedDataLoader:
                 dist.get_rank() if dist.is_initialized() else 0)
             data_sampler = torch.utils.data.DistributedSampler(dataset, num_replicas=world, rank=rank)
         self.dataset, self.batch_size, self.data_sampler = dataset, batch_size, data_sampler
+        self.collate_fn, self.pin_memory, self.dataloader_drop_last = collate_fn, pin_memory, dataloader_drop_last
+        self.num_local_io_workers = num_local_io_workers or 0
+        self.post_process_func = None  # DeepSpeed's hook for curriculum learning, which is not provided
         self.dataloader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, sampler=data_sampler,
                                                       collate_fn=collate_fn, pin_memory=pin_memory,
-                                                      num_workers=num_local_io_workers or 0,
+                                                      num_workers=self.num_local_io_workers,
                                                       drop_last=dataloader_drop_last)
         self.len = len(self.dataloader)
+        self.data: Iterator[Any] | None = None
 
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self.dataloader)
+    def __iter__(self) -> "DeepSpeedDataLoader":
+        self.data = iter(self.dataloader)
+        return self
+
+    def __next__(self) -> Any:
+        if self.data is None:  # DeepSpeed's fails here; starting the pass is what such a script means
+            self.data = iter(self.dataloader)
+        return next(self.data)
 
     def __len__(self) -> int:
         return self.len

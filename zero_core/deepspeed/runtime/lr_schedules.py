@@ -8,11 +8,12 @@ Each takes DeepSpeed's arguments (positional in DeepSpeed's order, or by name), 
 `scheduler` section is, and evaluates the same formulas as the config's schedules (zero_core/lr_schedules.py,
 host_schedules.py): `step()` writes the lr of the next update (and OneCycle's betas) into the optimizer's groups,
 `state_dict()` is `{"last_batch_iteration": ...}`. Passed to `initialize`, the engine steps it after each applied
-update, as DeepSpeed does. LRRangeTest is refused: zero_core does not implement it.
+update, as DeepSpeed does. LRRangeTest too, here only (the config's `scheduler` section does not take it).
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any
 
@@ -154,6 +155,59 @@ class OneCycle(_Schedule):
 
 
 class LRRangeTest:
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise ValueError("LRRangeTest is not supported by zero_core; use WarmupLR, WarmupDecayLR, WarmupCosineLR or "
-                         "OneCycle, or a torch LRScheduler")
+    """DeepSpeed's learning-rate range test, built on the script's optimizer: the lr grows from
+    `lr_range_test_min_lr` (one per group, or one for all) by `lr_range_test_step_rate` times the iterations over
+    `lr_range_test_step_size` (whole intervals with `lr_range_test_staircase`), as DeepSpeed's class computes it:
+    min_lr * (1 + step_rate * (last_batch_iteration + 1) / step_size). The config's `scheduler` section does not
+    take it (zero_core's config refuses the type): build it here and pass it to initialize as `lr_scheduler`."""
+
+    def __init__(self, optimizer: Any, lr_range_test_min_lr: Any = 1e-3, lr_range_test_step_size: int = 2000,
+                 lr_range_test_step_rate: float = 1.0, lr_range_test_staircase: bool = False,
+                 last_batch_iteration: int = -1) -> None:
+        self.optimizer = _torch_optimizer(optimizer)
+        groups = self.optimizer.param_groups
+        if isinstance(lr_range_test_min_lr, (list, tuple)):
+            if len(lr_range_test_min_lr) != len(groups):
+                raise ValueError(f"LRRangeTest: expected {len(groups)} lr_range_test_min_lr (one per group), got "
+                                 f"{len(lr_range_test_min_lr)}; pass one per group or a single number")
+            self.min_lr = [float(x) for x in lr_range_test_min_lr]
+        else:
+            self.min_lr = [float(lr_range_test_min_lr)] * len(groups)
+        if isinstance(lr_range_test_step_size, bool) or not isinstance(lr_range_test_step_size, int) or \
+                lr_range_test_step_size <= 0:
+            raise ValueError(f"LRRangeTest: lr_range_test_step_size must be a positive integer, got "
+                             f"{lr_range_test_step_size!r}; pass the number of iterations per interval")
+        self.step_size, self.step_rate = lr_range_test_step_size, float(lr_range_test_step_rate)
+        self.staircase, self.last_batch_iteration = bool(lr_range_test_staircase), last_batch_iteration
+        self._last_lr: list[float] | None = None
+        if last_batch_iteration == -1:  # as DeepSpeed's: the groups start at min_lr
+            self._last_lr = self._write(self.min_lr)
+
+    def _write(self, lrs: list[float]) -> list[float]:
+        for group, lr in zip(self.optimizer.param_groups, lrs):
+            group["lr"] = lr
+        return list(lrs)
+
+    def get_lr(self) -> list[float]:
+        intervals = (self.last_batch_iteration + 1) / self.step_size
+        increase = 1 + self.step_rate * (math.floor(intervals) if self.staircase else intervals)
+        return [lr * increase for lr in self.min_lr]
+
+    def get_last_lr(self) -> list[float]:
+        if self._last_lr is None:
+            raise RuntimeError("LRRangeTest.get_last_lr(): call step() first")
+        return self._last_lr
+
+    def step(self, batch_iteration: int | None = None) -> None:
+        self.last_batch_iteration = self.last_batch_iteration + 1 if batch_iteration is None else batch_iteration
+        self._last_lr = self._write(self.get_lr())
+
+    def state_dict(self) -> dict[str, int]:
+        return {"last_batch_iteration": self.last_batch_iteration}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The saved iteration; as DeepSpeed's, the groups keep their lr until the next step()."""
+        it = state.get("last_batch_iteration") if isinstance(state, dict) else None
+        if isinstance(it, bool) or not isinstance(it, int) or it < -1:
+            raise ValueError(f"LRRangeTest.load_state_dict: last_batch_iteration must be an integer >= -1, got {it!r}")
+        self.last_batch_iteration = it

@@ -4,7 +4,8 @@ beyond plain data, and every problem is one CheckpointError line.
 
     state = get_fp32_state_dict_from_zero_checkpoint("ckpt")                  # {name: fp32 tensor}
     model = load_state_dict_from_zero_checkpoint(model, "ckpt")               # into the model, on the CPU
-    convert_zero_checkpoint_to_fp32_state_dict("ckpt", "out")                 # safetensors files in out/
+    convert_zero_checkpoint_to_fp32_state_dict("ckpt", "out")                 # out/pytorch_model.bin, as DeepSpeed
+    convert_zero_checkpoint_to_fp32_state_dict("ckpt", "out", safe_serialization=True)  # out/model.safetensors
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import torch
 from checkpoints.consolidate import parse_size, write_consolidated
 from checkpoints.detect import open_source
 from checkpoints.source import CheckpointError, full_state_dict
+
+from .zero_to_fp32_bin import write_pytorch_bins
 
 
 def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir: str | os.PathLike, tag: str | None = None,
@@ -40,17 +43,17 @@ def load_state_dict_from_zero_checkpoint(model: torch.nn.Module, checkpoint_dir:
 
 
 def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir: str | os.PathLike, output_dir: str | os.PathLike,
-                                               max_shard_size: str | int = "5GB", safe_serialization: bool = True,
+                                               max_shard_size: str | int = "5GB", safe_serialization: bool = False,
                                                tag: str | None = None,
                                                exclude_frozen_parameters: bool = False) -> list[Path]:
-    """The fp32 weights as safetensors files (sharded past `max_shard_size`, with an index) in `output_dir`, new
-    or empty; returns them. Pickled output (`safe_serialization=False`) is refused: safetensors holds only data."""
-    if not safe_serialization:
-        raise CheckpointError("safe_serialization=False (a pickled pytorch_model.bin) is not written by zero_core; "
-                              "drop it: the weights are written as safetensors")
+    """The fp32 weights in `output_dir`, new or empty, as DeepSpeed writes them: by default `pytorch_model.bin`
+    (a torch.save of plain tensors), with `safe_serialization=True` `model.safetensors`; sharded past
+    `max_shard_size`, with an index. Returns the files written (DeepSpeed's returns None)."""
     if exclude_frozen_parameters:
         raise CheckpointError("exclude_frozen_parameters=True is not supported here; write every weight, or use "
                               "get_fp32_state_dict_from_zero_checkpoint(..., exclude_frozen_parameters=True)")
     source = open_source(checkpoint_dir, tag)
+    if not safe_serialization:
+        return write_pytorch_bins(source, Path(output_dir), parse_size(max_shard_size))
     return write_consolidated(source, output_dir, torch.float32, parse_size(max_shard_size), progress=False,
                               out_name="output_dir")
