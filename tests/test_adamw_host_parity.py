@@ -92,3 +92,20 @@ def test_streamed_chunks_on_the_gpu_equal_the_host_step_bitwise(monkeypatch, cli
     for name, a, b in zip(("master", "exp_avg", "exp_avg_sq"), plain, streamed):
         assert torch.equal(a, b), f"{name}: {int((a != b).sum())} elements differ"
     assert all(torch.equal(a, b) for a, b in zip(plain_outs, outs))
+
+
+@pytest.mark.parametrize("scale", [2.0**-14, 0.3])  # a loss scale's power of two (one pass), and any other factor
+def test_the_host_rebuilds_a_clipped_gradient_with_the_devices_two_roundings(scale):
+    from zero_core.optim import HostAdamW, Hyper
+    from zero_core.optim.states import TensorStates
+
+    numel = 4096
+    opt = HostAdamW(TensorStates(numel, torch.device("cpu")), comm_dtype=torch.float16, clip=1.0,
+                    groups=[Hyper(0.9, 0.95, 1e-8, 0.0)], decoupled=True, lr_at=lambda a: torch.tensor([1e-3]),
+                    shard_stats=False, comm_device=torch.device("cpu"), runs=[[(0, numel, 0)]])
+    opt.staging.copy_(torch.randn(numel, generator=torch.Generator().manual_seed(2)) * 1e3)
+    opt.lazy, opt._lazy_scale = True, scale
+    coef = 0.37
+    expected = (opt.staging.float() * scale) * coef  # as the device: the rebuilt gradient, then times coef
+    assert torch.equal(opt._grad(0, numel, coef=coef), expected)
+    opt.close()

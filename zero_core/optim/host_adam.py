@@ -19,6 +19,7 @@ cache-sized pieces on its own thread while backward goes on.
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
@@ -186,15 +187,18 @@ class HostAdamW(PartitionOptimizer):
         lazy = self._norms.stats()
         return host.to(lazy.device) + lazy
 
-    def _grad(self, a: int, b: int, out: torch.Tensor | None = None) -> torch.Tensor:
-        """fp32 gradient of [a, b): a view of the folded partition, or rebuilt from staging into `out` (lazy;
-        default: the step's chunk scratch)."""
+    def _grad(self, a: int, b: int, out: torch.Tensor | None = None, coef: float = 1.0) -> torch.Tensor:
+        """fp32 gradient of [a, b), times the clip coefficient `coef` (a second rounding, as on the device): a view
+        of the folded partition, or rebuilt from staging into `out` (lazy; default: the step's chunk scratch)."""
+        g = self._step_scratch[: b - a] if out is None else out
         if not self.lazy:
             assert self.grad is not None
-            return self.grad[a:b]
-        g = self._step_scratch[: b - a] if out is None else out
-        host_kernels.scaled_copy(self.staging[a:b], g, self._lazy_scale)
-        return g
+            return self.grad[a:b] if coef == 1.0 else torch.mul(self.grad[a:b], coef, out=g)
+        scale = self._lazy_scale
+        if coef != 1.0 and math.frexp(scale)[0] == 0.5:  # a power of two: scaling by it rounds nothing, so one
+            scale, coef = scale * coef, 1.0  # pass with the product gives the bits of the two multiplications
+        host_kernels.scaled_copy(self.staging[a:b], g, scale)
+        return g if coef == 1.0 else g.mul_(coef)
 
     def _grad_source(self, a: int, b: int) -> tuple[torch.Tensor, float | None]:
         """What the streamed update uploads for [a, b): staging and its scale (lazy), or the fp32 gradient."""
@@ -223,9 +227,7 @@ class HostAdamW(PartitionOptimizer):
         fused = torch._fused_adamw_ if self.decoupled else torch._fused_adam_
         for ra, rb, g in pieces:
             sl = slice(ra - lo, rb - lo)
-            grad = self._grad(ra, rb)
-            if coef != 1.0:  # pieces lie within one chunk: the step's scratch holds them (lazy: already there)
-                grad = torch.mul(grad, coef, out=self._step_scratch[: rb - ra])
+            grad = self._grad(ra, rb, coef=coef)  # pieces lie within one chunk: the step's scratch holds them
             fused([v["master"][sl]], [grad], [v["exp_avg"][sl]], [v["exp_avg_sq"][sl]], [], [step], **hyper[g])
 
     def _update(self, coef: torch.Tensor, out: Output, publish: Publish | None,
