@@ -78,16 +78,11 @@ def test_arguments_hide_the_config_from_transformers(tmp_path):
 def test_refusals_name_the_fix(tmp_path):
     import transformers
 
-    from zero_core.integrations.transformers import TrainingArguments, ZeroTrainer
+    from zero_core.integrations.transformers import ZeroTrainer
 
     plain = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[])
     with pytest.raises(ValueError, match="deepspeed='ds_config.json'"):
         ZeroTrainer(model=tw.tiny_model("gpt2"), args=plain)
-    args = TrainingArguments(output_dir=str(tmp_path), deepspeed=str(tw.SEEDS / "003_zero1.json"), use_cpu=True,
-                             report_to=[], per_device_train_batch_size=2, gradient_accumulation_steps=2)
-    trainer = ZeroTrainer(model=tw.tiny_model("gpt2"), args=args, train_dataset=tw.Samples("gpt2", 6, 1))
-    with pytest.raises(ValueError, match="gradient_accumulation_steps=2"):  # 3 batches do not split into windows of 2
-        trainer.train()
 
 
 def _trainer(tmp_path, seed_config: str, **extra):

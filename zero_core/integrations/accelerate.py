@@ -7,7 +7,8 @@
     loss = model(**batch).loss; accelerator.backward(loss); optimizer.step(); scheduler.step(); optimizer.zero_grad()
 
 The DeepSpeed plugin is read for its config and never handed to Accelerate, which runs as plain multi-process
-data parallel (so DeepSpeed need not be installed). `prepare` builds zero_core's engine from the model, the
+data parallel (so DeepSpeed need not be installed); `accelerator.state.deepspeed_plugin` still answers it
+(accelerate_state.py). `prepare` builds zero_core's engine from the model, the
 optimizer (or `DummyOptim` with the config's optimizer) and the scheduler (or `DummyScheduler`); `backward`
 runs the engine's backward and, at Accelerate's `sync_gradients`, its step, as Accelerate's DeepSpeed path does,
 so the loop's `optimizer.step()` and `zero_grad()` do nothing (schedulers: accelerate_schedules.py).
@@ -19,9 +20,10 @@ Accelerate saves too); `get_state_dict` gathers the full weights.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from typing import Any
+from typing import Any, Iterator
 
 import accelerate
 import torch
@@ -38,8 +40,10 @@ from .accelerate_config import (
     plugin_config,
     with_mixed_precision,
 )
+from .accelerate_folders import load_folder, save_folder, saved
 from .accelerate_registered import REGISTERED, registered_states, restore_registered
 from .accelerate_schedules import engine_scheduler, is_deepspeed_schedule, prepared_schedule
+from .accelerate_state import report_plugin
 from .handles import EngineOptimizer, hidden_size
 
 ACCUMULATION_STEP = "accelerate_step"  # the client_state key of Accelerator.step
@@ -102,6 +106,8 @@ class Accelerator(accelerate.Accelerator):
             if use_deepspeed is not None:
                 os.environ["ACCELERATE_USE_DEEPSPEED"] = use_deepspeed
         self.zero_config = with_mixed_precision(self.zero_config, self.mixed_precision)
+        if deepspeed_plugin is not None:  # scripts read it to choose DummyOptim / DummyScheduler
+            report_plugin(self.state, deepspeed_plugin)
         self.engine: Engine | None = None
         self._told_clipping = False
 
@@ -137,7 +143,8 @@ class Accelerator(accelerate.Accelerator):
             elif optimizers and o is optimizers[0]:
                 out.append(handle)
             elif schedulers and o is schedulers[0]:
-                out.append(prepared_schedule(self.engine, handle, isinstance(o, DummyScheduler)))
+                out.append(prepared_schedule(self.engine, handle, isinstance(o, DummyScheduler),
+                                              self.gradient_state))
             else:  # dataloaders and the rest: Accelerate's
                 out.append(super().prepare(o))
         return tuple(out) if len(out) > 1 else out[0]
@@ -153,17 +160,20 @@ class Accelerator(accelerate.Accelerator):
         scheduler = engine_scheduler(scheduler, self.num_processes, self.split_batches,
                                      self.step_scheduler_with_optimizer)
         lr = optimizer.param_groups[0]["lr"] if isinstance(optimizer, torch.optim.Optimizer) else None
-        auto = AutoValues(
-            world_size=self.num_processes,
-            per_device_train_batch_size=micro,
-            gradient_accumulation_steps=self.gradient_accumulation_steps,
-            learning_rate=lr,
-            fp16=self.mixed_precision == "fp16",
-            bf16=self.mixed_precision == "bf16",
-            hidden_size=hidden_size(model),
-        )
         for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
             raw.setdefault(key, "auto")
+        gas = raw["gradient_accumulation_steps"]
+        if isinstance(gas, int) and not isinstance(gas, bool) and gas > 0:
+            self.gradient_accumulation_steps = gas  # as Accelerate's DeepSpeed path: the config's value wins
+        # Accelerate fills "auto" only and keeps an explicit value (must_match=False): the micro-batch is compared
+        # only where it is "auto", and the precision was settled by with_mixed_precision
+        auto = AutoValues(
+            world_size=self.num_processes,
+            per_device_train_batch_size=micro if is_auto(raw["train_micro_batch_size_per_gpu"]) else None,
+            gradient_accumulation_steps=self.gradient_accumulation_steps,
+            learning_rate=lr,
+            hidden_size=hidden_size(model),
+        )
         if micro is None and is_auto(raw["train_micro_batch_size_per_gpu"]) and not isinstance(
             raw.get("train_batch_size"), int
         ):  # the engine would ask for Trainer's per_device_train_batch_size
@@ -187,6 +197,16 @@ class Accelerator(accelerate.Accelerator):
         self.engine.backward(loss)  # 1/accumulation applied by the engine
         if self.sync_gradients:
             self.engine.step()
+
+    @contextlib.contextmanager
+    def no_sync(self, model: Any) -> Iterator[None]:
+        """Nothing for the engine, as on Accelerate's DeepSpeed path at stages 2-3: its reduction follows the
+        boundary `backward` sets from `sync_gradients` (accumulate() enters this on the other micro-batches)."""
+        if model is not self.engine:
+            with super().no_sync(model):
+                yield
+            return
+        yield
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: int = 2) -> Any:
         """The engine clips at its step (the config's gradient_clipping), as Accelerate's DeepSpeed path does, whatever
@@ -217,21 +237,21 @@ class Accelerator(accelerate.Accelerator):
         return super().get_state_dict(model, unwrap)
 
     def save_state(self, output_dir: str | None = None, **kwargs: Any) -> str:
-        """A zbench checkpoint of the engine (weights, optimizer, schedule, step) in `output_dir`."""
+        """A zbench checkpoint of the engine (weights, optimizer, schedule, step) in `output_dir`, or in the next
+        numbered folder with automatic checkpoint naming (accelerate_folders.py)."""
         if self.engine is None:
             return super().save_state(output_dir, **kwargs)
-        if output_dir is None:
-            raise ValueError("save_state needs output_dir with zero_core's Accelerator")
         registered = registered_states(self._custom_objects)  # refused before the collective save starts
+        folder = save_folder(self, output_dir)
         state = {ACCUMULATION_STEP: self.step} | ({REGISTERED: registered} if registered else {})
-        self.engine.save_checkpoint(output_dir, client_state=state)
-        return output_dir
+        self.engine.save_checkpoint(folder, client_state=state)
+        saved(self)
+        return folder
 
     def load_state(self, input_dir: str | None = None, **kwargs: Any) -> None:
         if self.engine is None:
             raise ValueError("load_state needs the prepared model: call accelerator.prepare(model, ...) first")
-        if input_dir is None:
-            raise ValueError("load_state needs input_dir with zero_core's Accelerator")
+        input_dir = load_folder(self, input_dir)
         folder, client_state = self.engine.load_checkpoint(input_dir)
         if folder is not None:
             restore_registered(self._custom_objects, client_state.get(REGISTERED, []), input_dir)

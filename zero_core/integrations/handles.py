@@ -1,12 +1,12 @@
 """What a framework's training loop holds as its optimizer and scheduler when zero_core's engine trains.
 
-Frameworks built for DeepSpeed call `optimizer.step()`, `scheduler.step()` and `optimizer.zero_grad()`
-after the backward; as with DeepSpeed, the engine has already applied the update by then (`backward_and_step`),
-so these do nothing. They answer what loops and callbacks read: the groups, and the lr as the scheduler Trainer
-would hold with DeepSpeed reports it. That depends on who steps it there: a schedule DeepSpeed steps (the config's
-"scheduler", or Trainer's built on the config's "optimizer") has moved on by the time Trainer logs, so it shows the
-next update's lr; Trainer's own scheduler over its own optimizer is not given to DeepSpeed, Trainer steps it after
-logging, so it shows the lr of the update just applied until that `step()`.
+Frameworks built for DeepSpeed call `optimizer.step()`, `scheduler.step()` and `optimizer.zero_grad()` after the
+backward; as with DeepSpeed, the engine has already applied the update by then (at the backward that ends the
+window), so these do nothing. They answer what loops and callbacks read: the groups, and the lr as the scheduler
+Trainer would hold with DeepSpeed reports it. That depends on who steps it there: a schedule DeepSpeed steps (the
+config's "scheduler", or Trainer's built on the config's "optimizer") has moved on by the time Trainer logs, so it
+shows the next update's lr; Trainer's own scheduler over its own optimizer is not given to DeepSpeed, Trainer steps
+it after logging, so it shows the lr of the update just applied until that `step()`.
 """
 
 from __future__ import annotations
@@ -87,12 +87,6 @@ class EngineSchedule:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Nothing: engine.load_checkpoint restores the schedule."""
-
-
-def backward_and_step(engine: Any, loss: torch.Tensor, scale_wrt_gas: bool = True) -> None:
-    """One micro-step: the engine's backward, then its step (an update at the accumulation boundary)."""
-    engine.backward(loss, scale_wrt_gas=scale_wrt_gas)
-    engine.step()
 
 
 def hidden_size(model: torch.nn.Module) -> int | None:

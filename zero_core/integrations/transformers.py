@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 import transformers
-from transformers.trainer_utils import has_length
 
 from ..checkpoint_load import nothing_to_resume
 from ..config import read_config_file
@@ -31,19 +30,28 @@ from ..config_auto import AutoValues
 from ..config_errors import ConfigError
 from ..engine import Engine
 from ..model_export import full_state_dict
-from .handles import EngineOptimizer, EngineSchedule, backward_and_step, hidden_size
+from .accelerate_launched import LAUNCHED, launched_config
+from .accelerate_schedules import ScriptSteps
+from .handles import EngineOptimizer, EngineSchedule, hidden_size
+from .transformers_metric_schedules import held_by_engine
 
 _BATCH_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
 
 @dataclasses.dataclass
 class TrainingArguments(transformers.TrainingArguments):
-    """transformers.TrainingArguments whose `deepspeed=` config (a path or a dict) zero_core runs."""
+    """transformers.TrainingArguments whose `deepspeed=` config (a path or a dict) zero_core runs; without one, the
+    config `accelerate launch` exported for a DEEPSPEED config file, as transformers takes it."""
 
     def __post_init__(self) -> None:
-        self.zero_config = self.deepspeed  # transformers would build DeepSpeed's plugin from it
+        self.zero_config = self.deepspeed or launched_config()  # transformers would build DeepSpeed's plugin from it
         self.deepspeed = None
-        super().__post_init__()
+        use_deepspeed = os.environ.pop(LAUNCHED, None)  # and from what `accelerate launch` exported
+        try:
+            super().__post_init__()
+        finally:
+            if use_deepspeed is not None:
+                os.environ[LAUNCHED] = use_deepspeed
 
 
 def _config_source(args: Any) -> Any:
@@ -90,13 +98,6 @@ class ZeroTrainer(transformers.Trainer):
                 "ZeroTrainer.train() runs once per trainer; build a new ZeroTrainer to train again "
                 "(resume_from_checkpoint= continues a run)"
             )
-        gas = self.args.gradient_accumulation_steps
-        if gas > 1 and has_length(train_dataloader) and len(train_dataloader) % gas:
-            raise ValueError(
-                f"an epoch of {len(train_dataloader)} batches per rank does not split into windows of "
-                f"gradient_accumulation_steps={gas}; use a dataset (or dataloader_drop_last) whose "
-                "batches per rank are a multiple of it"
-            )
         if resume_from_checkpoint is not None and nothing_to_resume(resume_from_checkpoint):
             # the engine would start from the current weights while Trainer's state skips the saved steps
             raise ValueError(_not_resumable(os.fspath(resume_from_checkpoint)))
@@ -131,11 +132,16 @@ class ZeroTrainer(transformers.Trainer):
         # Trainer's own scheduler over its own optimizer is not DeepSpeed's to step: Trainer steps it after logging
         stepped_by_loop = "optimizer" not in raw and "scheduler" not in raw
         self.optimizer = handle
-        self.lr_scheduler = EngineSchedule(self.engine, handle, stepped_by_loop)
+        held = self.engine.lr_scheduler
+        if isinstance(held, ScriptSteps):  # a metric scheduler Trainer steps after each evaluation
+            self.lr_scheduler = held.scheduler
+        else:
+            self.lr_scheduler = EngineSchedule(self.engine, handle, stepped_by_loop)
         self.model_wrapped = self.engine
         if resume_from_checkpoint is not None:
             self.engine.load_checkpoint(resume_from_checkpoint)
-            self.lr_scheduler.restart()
+            if isinstance(self.lr_scheduler, EngineSchedule):
+                self.lr_scheduler.restart()
         for attr in ("model", "optimizer", "lr_scheduler"):
             setattr(self.callback_handler, attr, getattr(self, attr))
         self.callback_handler.train_dataloader = train_dataloader
@@ -182,11 +188,14 @@ class ZeroTrainer(transformers.Trainer):
             groups = [p for p in self.model.parameters() if p.requires_grad]
         elif optimizer is None:
             optimizer = self.create_optimizer()
-        scheduler = self.lr_scheduler
+        a = self.args
+        batch = a.world_size * a.per_device_train_batch_size * a.gradient_accumulation_steps
+        scheduler = held_by_engine(self.lr_scheduler, False, batch)  # a passed one runs on the passed optimizer
         if scheduler is None and "scheduler" not in raw:
 
             def scheduler(opt: torch.optim.Optimizer) -> Any:  # DeepSpeed's form: built on the engine's optimizer
-                return self.create_scheduler(num_training_steps=max_steps, optimizer=opt)
+                made = self.create_scheduler(num_training_steps=max_steps, optimizer=opt)
+                return held_by_engine(made, "optimizer" in raw, batch)
 
         return optimizer, groups, scheduler
 
@@ -207,7 +216,13 @@ class ZeroTrainer(transformers.Trainer):
             ) is not None
         if not scaled_for_ga:
             loss = loss / self.current_gradient_accumulation_steps
-        backward_and_step(self.engine, loss, scale_wrt_gas=False)
+        # Trainer's window is the boundary, as Accelerate's DeepSpeed wrapper sets it: an epoch's last window may be
+        # shorter than gradient_accumulation_steps, and still ends in an update
+        update = self.accelerator.sync_gradients
+        self.engine.set_gradient_accumulation_boundary(update)
+        self.engine.backward(loss, scale_wrt_gas=False)
+        if update:
+            self.engine.step()
         return loss.detach()
 
     def _prepare_input(self, data: Any) -> Any:
