@@ -73,6 +73,9 @@ def main() -> None:
     ap.add_argument("--cap-gib", type=float, default=24.0)
     ap.add_argument("--profile", action="store_true", help="also profile two steps (the phase table below)")
     ap.add_argument("--trace")
+    ap.add_argument("--host-batches", choices=["device", "pageable", "pinned"], default="device",
+                    help="where each step's batch comes from: made on the device once (default), or copied up each "
+                         "step from pageable or pinned host memory, as a training loop does")
     args = ap.parse_args()
     cfg = config(args.set, args.drop)
     dev = torch.device("cuda")
@@ -83,14 +86,18 @@ def main() -> None:
         model = GPT(preset_config("gpt2-xl"))
     engine = zero_core.initialize(model, cfg)
     gen = torch.Generator(device="cpu").manual_seed(1)
-    batches = [torch.randint(0, 50257, (16, 129), generator=gen).to(dev) for _ in range(4)]
+    batches = [torch.randint(0, 50257, (16, 129), generator=gen) for _ in range(4)]
+    if args.host_batches == "device":
+        batches = [b.to(dev) for b in batches]
+    elif args.host_batches == "pinned":
+        batches = [b.pin_memory() for b in batches]
     marks: list[tuple[str, float]] = []
     memory: list[tuple[str, int]] = []  # allocated bytes as each profiled phase is queued (no sync)
 
     losses: list[torch.Tensor] = []
 
     def step(i: int, mark: bool = False) -> None:
-        b = batches[i % len(batches)]
+        b = batches[i % len(batches)].to(dev, non_blocking=True)
         if mark:
             marks.append(("forward", time.perf_counter()))
             memory.append(("forward", torch.cuda.memory_allocated()))
@@ -113,7 +120,7 @@ def main() -> None:
     times, phases = [], []
     for i in range(args.steps):
         t0 = time.perf_counter()
-        b = batches[i % len(batches)]
+        b = batches[i % len(batches)].to(dev, non_blocking=True)
         loss = engine(b[:, :-1], b[:, 1:]).loss  # waits for the last update's weights, unit by unit
         torch.cuda.synchronize()
         t1 = time.perf_counter()
