@@ -103,14 +103,17 @@ class TorchScheduler(HostSchedule):
     """The caller's scheduler (torch's, or deepspeed.runtime.lr_schedules'), stepped once per applied update; its
     optimizer's groups are read."""
 
-    def __init__(self, scheduler: Any) -> None:
-        self.scheduler, self.stepped = scheduler, 0
+    def __init__(self, scheduler: Any, batch_size: int) -> None:
+        self.scheduler, self.stepped, self.batch_size = scheduler, 0, batch_size
 
     def values(self, applied: int) -> tuple[list[float], Betas | None]:
         with warnings.catch_warnings():  # "lr_scheduler.step() before optimizer.step()": the engine steps it
             warnings.simplefilter("ignore")
             while self.stepped < applied:
-                self.scheduler.step()
+                try:
+                    self.scheduler.step()
+                except TypeError:  # a step that wants an argument (ReduceLROnPlateau's metric): DeepSpeed's engine
+                    self.scheduler.step(self.batch_size)  # passes its global batch size, and so does this one
                 self.stepped += 1
         groups = self.scheduler.optimizer.param_groups
         return [float(g["lr"]) for g in groups], _group_betas(groups)
@@ -287,7 +290,7 @@ def make_schedules(
             "lr_scheduler is bound to another optimizer than the one passed to initialize; build it on "
             "that optimizer (or pass `lambda opt: Scheduler(opt, ...)`)"
         )
-    return TorchScheduler(made), made
+    return TorchScheduler(made, cfg.train_batch_size), made
 
 
 def _is_scheduler(obj: Any) -> bool:
