@@ -89,6 +89,10 @@ class PartitionOptimizer(ReportsLossScale, ABC):
         self.accumulate = False  # this pass adds to gradients kept from earlier micro-steps
 
     # -- a reduction pass ----------------------------------------------------------------------------
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """`engine.optimizer.zero_grad()`, as scripts call DeepSpeed's: nothing to do, the engine releases each
+        gradient once it is reduced and starts every accumulation window afresh."""
+
     def begin_pass(self, scale: torch.Tensor, accumulate: bool, final: bool) -> None:
         """Before a backward that reduces; `final`: the step follows it. Only the last pass before a step
         counts for the norm and the overflow flag."""

@@ -1,6 +1,7 @@
-"""A scheduler whose step() wants an argument (torch's ReduceLROnPlateau), passed to deepspeed.initialize: the engine
-steps it with its global batch size as the metric after each update, as DeepSpeed 0.19.8's engine does when the
-plain step() raises TypeError (its `_take_model_step`), instead of failing."""
+"""The engine's optimizer and scheduler as DeepSpeed scripts drive them. A scheduler whose step() wants an argument
+(torch's ReduceLROnPlateau), passed to deepspeed.initialize, is stepped with the global batch size as its metric
+after each update, as DeepSpeed 0.19.8's engine does when the plain step() raises TypeError (its
+`_take_model_step`), instead of failing."""
 
 from __future__ import annotations
 
@@ -28,3 +29,16 @@ def test_a_plateau_scheduler_is_stepped_with_the_batch_size_as_its_metric():
         lrs.append(engine.get_lr()[0])
         expected.append(ref_opt.param_groups[0]["lr"])
     assert lrs == expected and lrs[-1] < lrs[0]  # the metric never improves: the lr halves after each patience
+
+
+def test_the_engines_own_optimizer_answers_zero_grad_and_training_goes_on():
+    """Scripts call `engine.optimizer.zero_grad()` after `engine.step()`, as DeepSpeed's ZeRO optimizers take it."""
+    model = make_model()
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                           config=ds_config(2, "fp32", 2))
+    before = [p.detach().clone() for p in engine.module.parameters()]
+    for x, y in make_batches(2, 2):
+        engine.backward(engine(x, y).loss)
+        engine.step()
+        engine.optimizer.zero_grad()
+    assert any(not torch.equal(a, p) for a, p in zip(before, engine.module.parameters()))
