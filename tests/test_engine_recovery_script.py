@@ -41,14 +41,17 @@ def test_the_script_converts_as_zbench_convert(tmp_path):
     engine.save_checkpoint(tmp_path / "ck")
     script = tmp_path / "ck" / NAME
     assert script.read_text() == SCRIPT and os.stat(script).st_mode & 0o100
-    done = subprocess.run([sys.executable, str(script), str(tmp_path / "ck"), str(tmp_path / "out")],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    written = {}
-    for f in (tmp_path / "out").glob("*.safetensors"):
-        written.update(load_file(f))
     full = engine.full_state_dict()
-    assert written and all(torch.equal(written[k], full[k]) for k in written)
+    # as DeepSpeed's script: pytorch_model.bin by default, safetensors with --safe_serialization
+    for flags, out in (([], "bin"), (["--safe_serialization"], "st")):
+        done = subprocess.run([sys.executable, str(script), str(tmp_path / "ck"), str(tmp_path / out), *flags],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        if out == "bin":
+            written = torch.load(tmp_path / out / "pytorch_model.bin", weights_only=True)
+        else:
+            written = {k: v for f in (tmp_path / out).glob("*.safetensors") for k, v in load_file(f).items()}
+        assert written and all(torch.equal(written[k], full[k]) for k in written), out  # (ties written once)
 
 
 def test_a_users_file_is_kept_and_an_older_one_of_ours_updated(tmp_path):
