@@ -67,6 +67,7 @@ def test_aio_defaults_without_the_section():
     cfg = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}}
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     assert engine.aio_config() == {**DS_ANSWERS["aio_config"], "block_size": 1048576, "queue_depth": 8}
+    assert engine._config.aio_config == engine.aio_config()  # DeepSpeed's config object holds the same dict
     assert engine.zero_use_cpu_optimizer() is False and engine.flops_profiler_enabled() is False
     engine.close()
 

@@ -64,7 +64,7 @@ READERS: dict[str, Callable[[Any], Any]] = {
     "checkpoint_tag_validation_fail": lambda e: e.config.checkpoint.tag_validation == "Fail",
     "load_universal_checkpoint": lambda e: bool(e.config.checkpoint.load_universal),
     "use_node_local_storage": lambda e: bool(e.config.checkpoint.use_node_local_storage),
-    "aio_config": lambda e: e.config.aio,
+    "aio_config": lambda e: e.aio_config(),  # a dict, DeepSpeed's defaults where the section is absent
     "monitor_config": lambda e: e.monitor.config,
     "world_size": lambda e: e.world_size,
     "global_rank": lambda e: e.rank,
