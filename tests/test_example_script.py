@@ -33,7 +33,8 @@ def _run(tmp_path: Path, ranks: int) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[1]), env.get("PYTHONPATH", "")])
     done = subprocess.run(launcher + args, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-2000:]
+    # the ranks' own lines come first in stderr, the launcher's traceback last: show both, and stdout's end
+    assert done.returncode == 0, (done.stderr[:3000], done.stderr[-1000:], done.stdout[-1500:])
     assert "[Rank 0] epoch 1 loss" in done.stdout  # log_dist on rank 0
     return json.loads(next(line for line in done.stdout.splitlines() if line.startswith('{"world"')))
 
