@@ -39,6 +39,11 @@ def _plain(key: str) -> Callable[[Any], Any]:
     return lambda engine: getattr(engine.config, key)
 
 
+def _getter(name: str) -> Callable[[Any], Any]:
+    """The engine's getter of that name (engine_config_getters.py): one reading of each key."""
+    return lambda engine: getattr(engine, name)()
+
+
 _PLAIN = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "steps_per_print",
           "dump_state", "wall_clock_breakdown", "memory_breakdown", "prescale_gradients", "gradient_predivide_factor",
           "gradient_clipping", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "disable_allgather",
@@ -60,11 +65,9 @@ READERS: dict[str, Callable[[Any], Any]] = {
     "optimizer_params": _copy_of(lambda e: _section(e, "optimizer").get("params")),
     "scheduler_name": lambda e: _section(e, "scheduler").get("type"),
     "scheduler_params": _copy_of(lambda e: _section(e, "scheduler").get("params")),
-    "checkpoint_tag_validation_enabled": lambda e: e.config.checkpoint.tag_validation != "Ignore",
-    "checkpoint_tag_validation_fail": lambda e: e.config.checkpoint.tag_validation == "Fail",
-    "load_universal_checkpoint": lambda e: bool(e.config.checkpoint.load_universal),
-    "use_node_local_storage": lambda e: bool(e.config.checkpoint.use_node_local_storage),
-    "aio_config": lambda e: e.aio_config(),  # a dict, DeepSpeed's defaults where the section is absent
+    **{key: _getter(key)
+       for key in ("checkpoint_tag_validation_enabled", "checkpoint_tag_validation_fail", "load_universal_checkpoint",
+                   "use_node_local_storage", "aio_config")},
     "monitor_config": lambda e: e.monitor.config,
     "world_size": lambda e: e.world_size,
     "global_rank": lambda e: e.rank,
