@@ -109,10 +109,7 @@ class _Schedule:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """A saved iteration; the groups get its lr (a resumed optimizer's groups may hold another)."""
-        it = state.get("last_batch_iteration") if isinstance(state, dict) else None
-        if isinstance(it, bool) or not isinstance(it, int) or it < -1:
-            raise ValueError(f"{self.kind}.load_state_dict: last_batch_iteration must be an integer >= -1, got {it!r}")
-        self.last_batch_iteration = it
+        self.last_batch_iteration = saved_iteration(self.kind, state)
         self._write()
 
 
@@ -207,7 +204,12 @@ class LRRangeTest:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The saved iteration; as DeepSpeed's, the groups keep their lr until the next step()."""
-        it = state.get("last_batch_iteration") if isinstance(state, dict) else None
-        if isinstance(it, bool) or not isinstance(it, int) or it < -1:
-            raise ValueError(f"LRRangeTest.load_state_dict: last_batch_iteration must be an integer >= -1, got {it!r}")
-        self.last_batch_iteration = it
+        self.last_batch_iteration = saved_iteration("LRRangeTest", state)
+
+
+def saved_iteration(kind: str, state: Any) -> int:
+    """A scheduler state_dict's `last_batch_iteration`, checked: plain data from a checkpoint."""
+    it = state.get("last_batch_iteration") if isinstance(state, dict) else None
+    if isinstance(it, bool) or not isinstance(it, int) or it < -1:
+        raise ValueError(f"{kind}.load_state_dict: last_batch_iteration must be an integer >= -1, got {it!r}")
+    return it
