@@ -52,6 +52,14 @@ def test_the_script_converts_as_zbench_convert(tmp_path):
         else:
             written = {k: v for f in (tmp_path / out).glob("*.safetensors") for k, v in load_file(f).items()}
         assert written and all(torch.equal(written[k], full[k]) for k in written), out  # (ties written once)
+    # an output folder that already holds something is refused in one line, nothing written or removed
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("mine")
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "ck"), str(tmp_path / "taken")],
+                          capture_output=True, text=True, timeout=120)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode != 0 and len(lines) == 1 and lines[0].startswith("Error: "), done.stderr
+    assert sorted(p.name for p in (tmp_path / "taken").iterdir()) == ["notes.txt"]
 
 
 def test_a_users_file_is_kept_and_an_older_one_of_ours_updated(tmp_path):
