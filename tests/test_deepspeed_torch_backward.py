@@ -118,3 +118,28 @@ def test_a_reentrant_checkpoints_gradients_are_divided_too(stage):
         engine.close()
     assert runs["torch"][0] == runs["engine"][0]  # gas 2 divides exactly
     assert all(torch.equal(v, runs["engine"][1][k]) for k, v in runs["torch"][1].items())
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_zero_core_initialize_takes_a_plain_loss_backward_too(stage):
+    """zero_core's own `initialize` hands out an engine a plain `loss.backward()` trains, as DeepSpeed's does:
+    without the hooks on its outputs the step would update from no gradients."""
+    import zero_core
+
+    runs = {}
+    for how in ("engine", "torch"):
+        torch.manual_seed(0)
+        model = TwoOutputs()
+        cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+               "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "zero_optimization": {"stage": stage}}
+        engine = zero_core.initialize(model, cfg)
+        g = torch.Generator().manual_seed(5)
+        for _ in range(4):
+            loss = engine(torch.randn(2, 8, generator=g), torch.randn(2, 4, generator=g))["loss"]
+            engine.backward(loss) if how == "engine" else loss.backward()
+            engine.step()
+        runs[how] = engine.full_state_dict()
+        engine.close()
+    torch.manual_seed(0)
+    assert not torch.equal(runs["engine"]["b.bias"], TwoOutputs().b.bias.detach())  # the updates moved it
+    assert all(torch.equal(v, runs["engine"][k]) for k, v in runs["torch"].items())

@@ -22,6 +22,7 @@ from .deferred import is_deferred
 from .deferred.shards import materialise_whole, shard_into
 from .engine_api import DeepSpeedEngineAPI
 from .engine_backward import BackwardPass
+from .engine_torch_backward import watch_outputs
 from .engine_monitor import write_update_events
 from .engine_modes import EngineModes
 from .engine_wall_clock import wall_clock
@@ -111,6 +112,7 @@ class Engine(EngineModes, BackwardPass, torch.nn.Module, DeepSpeedEngineAPI, Eng
         if self.stage == 3:
             self.strategy.guard_state_dict(self.world_size)
         register_parameters(self)  # for GatheredParameters
+        watch_outputs(self)  # DeepSpeed's torch-style backward: engine.scale(loss).backward(), loss.backward()
         if cfg.zero_core.async_checkpoint:  # pinning the async save's host buffers takes seconds: start it now
             reserve_for(self, saver_of(self).buffers)
 

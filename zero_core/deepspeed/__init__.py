@@ -26,7 +26,6 @@ from .. import comm as zero_comm
 from ..config import read_config_file
 from ..deferred.record import mark_full_sizes
 from ..engine import Engine
-from ..engine_torch_backward import watch_outputs
 from . import accelerator, checkpointing, comm, ops, runtime, utils, zero
 from .accelerator import get_accelerator
 from .utils import OnDevice
@@ -106,7 +105,6 @@ def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer
     engine.collate_fn = collate_fn  # deepspeed_io's default, as DeepSpeed's engine keeps it
     loader = engine.deepspeed_io(training_data) if training_data is not None else None
     engine.training_dataloader = loader  # as DeepSpeed's engine keeps it
-    watch_outputs(engine)  # DeepSpeed's torch-style backward: engine.scale(loss).backward(), loss.backward()
     engine.leaves_recovery_script = True  # DeepSpeed's save leaves zero_to_fp32.py beside its checkpoints
     return engine, engine.client_optimizer, loader, engine.lr_scheduler
 
