@@ -98,24 +98,35 @@ class Checkpointed(TwoOutputs):
         return {"loss": torch.nn.functional.mse_loss(logits, y), "logits": logits}
 
 
-@pytest.mark.parametrize("stage", [1, 3])
-def test_a_reentrant_checkpoints_gradients_are_divided_too(stage):
-    import zero_core.deepspeed as deepspeed
-
+def _engine_and_torch_backward(model_class: type, stage: int, build) -> dict:
+    """Four steps (accumulating 2) through engine.backward and through a plain loss.backward(), from one seed:
+    each way's gradient norm and full weights."""
     runs = {}
     for how in ("engine", "torch"):
         torch.manual_seed(0)
-        model = Checkpointed()
+        model = model_class()
         cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
                "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "zero_optimization": {"stage": stage}}
-        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+        engine = build(model, cfg)
         g = torch.Generator().manual_seed(5)
         for _ in range(4):
             loss = engine(torch.randn(2, 8, generator=g), torch.randn(2, 4, generator=g))["loss"]
             engine.backward(loss) if how == "engine" else loss.backward()
             engine.step()
-        runs[how] = (float(engine.get_global_grad_norm()), engine.full_state_dict())
+        norm = engine.get_global_grad_norm()
+        runs[how] = (None if norm is None else float(norm), engine.full_state_dict())
         engine.close()
+    return runs
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_a_reentrant_checkpoints_gradients_are_divided_too(stage):
+    import zero_core.deepspeed as deepspeed
+
+    def build(model, cfg):
+        return deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)[0]
+
+    runs = _engine_and_torch_backward(Checkpointed, stage, build)
     assert runs["torch"][0] == runs["engine"][0]  # gas 2 divides exactly
     assert all(torch.equal(v, runs["engine"][1][k]) for k, v in runs["torch"][1].items())
 
@@ -126,20 +137,7 @@ def test_zero_core_initialize_takes_a_plain_loss_backward_too(stage):
     without the hooks on its outputs the step would update from no gradients."""
     import zero_core
 
-    runs = {}
-    for how in ("engine", "torch"):
-        torch.manual_seed(0)
-        model = TwoOutputs()
-        cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
-               "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "zero_optimization": {"stage": stage}}
-        engine = zero_core.initialize(model, cfg)
-        g = torch.Generator().manual_seed(5)
-        for _ in range(4):
-            loss = engine(torch.randn(2, 8, generator=g), torch.randn(2, 4, generator=g))["loss"]
-            engine.backward(loss) if how == "engine" else loss.backward()
-            engine.step()
-        runs[how] = engine.full_state_dict()
-        engine.close()
+    runs = _engine_and_torch_backward(TwoOutputs, stage, zero_core.initialize)
     torch.manual_seed(0)
-    assert not torch.equal(runs["engine"]["b.bias"], TwoOutputs().b.bias.detach())  # the updates moved it
-    assert all(torch.equal(v, runs["engine"][k]) for k, v in runs["torch"].items())
+    assert not torch.equal(runs["engine"][1]["b.bias"], TwoOutputs().b.bias.detach())  # the updates moved it
+    assert all(torch.equal(v, runs["engine"][1][k]) for k, v in runs["torch"][1].items())
