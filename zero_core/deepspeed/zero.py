@@ -13,11 +13,16 @@ __all__ = ["Init", "GatheredParameters", "register_external_parameter", "unregis
 
 class Init:
     """DeepSpeed's context for building a model under ZeRO-3: zero_core.init_context (the model is recorded on
-    the meta device and `initialize` gives each rank only its shard, with eager construction's values).
+    the meta device and `initialize` gives each rank only its shard).
+
+    As DeepSpeed 0.19.8's zero.Init, floating tensors made here by torch's factories take one dtype (see
+    initial_dtype): under a bf16 or fp16 config the parameters are bf16/fp16 from construction on, the weight
+    initialisation runs in that dtype, and the fp32 master weights start from those 16-bit values. So the
+    weights are eager construction's only under an fp32 config (then bitwise, at any world size).
 
     `config_dict_or_path` (or `config`) decides: below stage 3 the model is built normally, as it is with no
-    config at all only when `enabled=False`. `remote_device`, `pin_memory`, `dtype` and the process-group
-    arguments are accepted: where shards live and in which precision follow the config given to `initialize`."""
+    config at all only when `enabled=False`. `remote_device`, `pin_memory` and the process-group arguments are
+    accepted: where shards live follows the config given to `initialize`."""
 
     def __init__(
         self,
@@ -38,9 +43,9 @@ class Init:
                 "zero.Init(module=...) (partitioning an already-built model) is not supported by "
                 "zero_core; build the model inside `with zero.Init():` or pass it to initialize"
             )
-        self._context = init_context(
-            config_dict_or_path if config_dict_or_path is not None else config, enabled=enabled
-        )
+        config = config_dict_or_path if config_dict_or_path is not None else config
+        self.dtype = initial_dtype(config, dtype)
+        self._context = init_context(config, enabled=enabled, dtype=self.dtype)
 
     def __enter__(self) -> "Init":
         self._context.__enter__()
@@ -48,6 +53,49 @@ class Init:
 
     def __exit__(self, *exc: Any) -> Any:
         return self._context.__exit__(*exc)
+
+
+def initial_dtype(config: Any, dtype: Any) -> Any:
+    """The dtype DeepSpeed 0.19.8's zero.Init gives floating tensors (partition_parameters.py, `_set_dtype`).
+    With a config and no `dtype`: bf16 if the config enables bf16, fp16 if it enables fp16, else fp32. Otherwise
+    `dtype` (fp16 when None) where the accelerator supports fp16 (a GPU), else bf16 whatever `dtype` says."""
+    import torch
+
+    from .accelerator import get_accelerator
+
+    if config is not None and dtype is None:
+        bf16, fp16 = _enabled(config, "bf16"), _enabled(config, "fp16")
+        if bf16 and fp16:
+            raise ValueError("deepspeed.zero.Init: the config enables both bf16 and fp16; enable at most one")
+        return torch.bfloat16 if bf16 else torch.float16 if fp16 else torch.float32
+    chosen = (dtype or torch.float16) if get_accelerator().is_fp16_supported() else torch.bfloat16
+    if chosen not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"deepspeed.zero.Init: dtype={dtype} is not supported; pass torch.half, torch.bfloat16 "
+                         "or torch.float")
+    return chosen
+
+
+def _enabled(config: Any, precision: str) -> bool:
+    """Whether `config` (a dict, a JSON path or a ZeroConfig) enables `precision` ("bf16" or "fp16")."""
+    import os
+
+    import torch
+
+    from ..config import ZeroConfig, read_config_file
+
+    if isinstance(config, ZeroConfig):
+        return config.dtype == {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    if isinstance(config, (str, os.PathLike)):
+        config = read_config_file(os.fspath(config))
+    if not isinstance(config, dict):
+        return False  # init_context refuses it in one line
+    names = ("bf16", "bfloat16") if precision == "bf16" else ("fp16",)  # "bfloat16": DeepSpeed's older name
+    section = next((config[n] for n in names if n in config), None)
+    value = section.get("enabled", False) if isinstance(section, dict) else False
+    if not isinstance(value, bool):
+        raise ValueError(f"deepspeed.zero.Init: {precision}.enabled is {value!r}; set it to true or false "
+                         "before building the model (the precision decides the dtype of the weights)")
+    return value
 
 
 def register_external_parameter(module: Any, parameter: Any) -> None:

@@ -37,18 +37,23 @@ def _stage_of(config: Any) -> int:
 
 
 @contextlib.contextmanager
-def init_context(config: Any = None, enabled: bool = True) -> Iterator[None]:
+def init_context(config: Any = None, enabled: bool = True, *, dtype: Any = None) -> Iterator[None]:
     """Build the model inside this context to initialise it sharded: every tensor made here lives on the
     meta device (no memory) and its construction is recorded. `zero_core.initialize` then computes each
     parameter once, in construction order, on the CPU, and keeps only this rank's shard, so the weights equal
-    eager construction's with the same seed, bitwise, at any world size.
+    eager construction's with the same seed, bitwise, at any world size, whatever precision `config` trains
+    in (under fp16/bf16 the fp32 master weights start from those fp32 values).
+
+    `dtype` (None by default) is for `deepspeed.zero.Init`: the torch factories DeepSpeed's zero.Init converts
+    make floating tensors of that dtype (factory_dtype.py), so construction runs in it as under DeepSpeed
+    (bf16 weights drawn in bf16, masters starting from them) and is no longer eager construction's.
 
     With a `config` whose stage is below 3 (or `enabled=False`) the model is built normally: stages 0-2
     hold every weight on every rank anyway."""
     if not enabled or (config is not None and _stage_of(config) != 3):
         yield
         return
-    recorder = Recorder()
+    recorder = Recorder(dtype)
     with recorder:
         yield
     remember(recorder.recording)

@@ -4,7 +4,9 @@ Inside `Recorder`, factory functions default to the meta device (as `torch.devic
 and friends stay on the CPU, since their data is the point) and a dispatch mode logs each aten operation
 with the meta tensors it touched. Nothing is computed and no random number is drawn; the log is enough
 to compute any tensor later (replay.py), in the order eager construction ran, so the random stream and
-therefore every initial weight are the same as when the model is built eagerly with the same seed.
+therefore every initial weight are the same as when the model is built eagerly with the same seed. With a dtype
+(deepspeed.zero.Init's), the factories DeepSpeed's zero.Init converts make it (factory_dtype.py), and the weights
+are then those DeepSpeed's construction computes.
 
 Tensors are identified by their storage: a parameter, its `.data`, its views and a Parameter wrapping
 it all share one. The recorder keeps every meta tensor it saw alive, so no storage address is reused.
@@ -22,6 +24,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._device import _device_constructors
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+
+from .factory_dtype import CONVERTED, make_in_dtype
 
 _KEEP_ON_CPU = {torch.tensor, torch.as_tensor, torch.asarray}  # data given by the caller: keep it real
 
@@ -76,12 +80,19 @@ def _covers_storage(t: torch.Tensor) -> bool:
 
 
 class _MetaFactories(TorchFunctionMode):
-    """Factory functions without a device build on the meta device."""
+    """Factory functions without a device build on the meta device; with a `dtype`, the factories DeepSpeed's
+    zero.Init converts make that dtype (factory_dtype.py)."""
+
+    def __init__(self, dtype: torch.dtype | None) -> None:
+        super().__init__()
+        self.dtype = dtype
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         if func in _device_constructors() and func not in _KEEP_ON_CPU and kwargs.get("device") is None:
             kwargs["device"] = "meta"
+        if self.dtype is not None and func in CONVERTED:
+            return make_in_dtype(func, args, kwargs, self.dtype)
         return func(*args, **kwargs)
 
 
@@ -126,11 +137,12 @@ class _Log(TorchDispatchMode):
 
 class Recorder:
     """`with Recorder() as rec: model = Build(...)`: the model lives on the meta device and `rec.recording`
-    holds everything needed to compute its initial weights."""
+    holds everything needed to compute its initial weights. `dtype` (None: none) is the dtype zero.Init's
+    factories give floating tensors (factory_dtype.py)."""
 
-    def __init__(self) -> None:
+    def __init__(self, dtype: torch.dtype | None = None) -> None:
         self.recording = Recording()
-        self._modes = [_MetaFactories(), _Log(self.recording)]
+        self._modes = [_MetaFactories(dtype), _Log(self.recording)]
 
     def __enter__(self) -> "Recorder":
         self.recording.rng_start = torch.get_rng_state()

@@ -1,0 +1,33 @@
+"""The dtype DeepSpeed's zero.Init gives the tensors built inside it, applied while a construction is recorded.
+
+DeepSpeed 0.19.8's zero.Init replaces eight torch factories (`torch.tensor`, `empty`, `zeros`, `ones`, `full`,
+`arange`, `eye`, `randn`; deepspeed/runtime/zero/partition_parameters.py) with versions that convert what they
+make, when it is floating point, to one dtype (bf16 under a bf16 config, fp16 under fp16, else fp32). Whatever
+construction then does to such a tensor runs in that dtype: `kaiming_uniform_` on a bf16 weight draws bf16
+values, which are not the bf16 roundings of the fp32 values eager construction draws. Integer tensors, tensors
+made by other functions (`torch.rand`, `*_like`, arithmetic) and therefore most computed buffers keep their
+dtype. Reproducing the conversion in the recording makes the replay (replay.py) compute exactly what
+DeepSpeed's construction computes on the CPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+CONVERTED = {torch.tensor, torch.empty, torch.zeros, torch.ones, torch.full, torch.arange, torch.eye, torch.randn}
+# made in the target dtype at once: the same values as making them in fp32 and converting, without the fp32 copy
+_SAME_IN_ANY_DTYPE = {torch.empty, torch.zeros, torch.ones, torch.eye}
+
+
+def make_in_dtype(func: Any, args: tuple, kwargs: dict, dtype: torch.dtype) -> Any:
+    """`func(*args, **kwargs)` (one of CONVERTED), floating results converted to `dtype` as zero.Init does."""
+    asked = kwargs.get("dtype")
+    if func in _SAME_IN_ANY_DTYPE and kwargs.get("out") is None and (asked is None or asked.is_floating_point):
+        return func(*args, **{**kwargs, "dtype": dtype})
+    made = func(*args, **kwargs)
+    if not isinstance(made, torch.Tensor) or not made.is_floating_point() or made.dtype == dtype:
+        return made
+    # computed in its own dtype first, then rounded (a randn drawn in fp32), as zero.Init's wrappers do
+    return made.detach().to(dtype).requires_grad_(made.requires_grad)
