@@ -12,7 +12,7 @@ rank-averaged loss of each step and the masters after the last step.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
+from rank_mean_step import step_with_mean_loss
 
 GLOBAL_BATCH, STEPS, IN, WIDTH, OUT = 8, 3, 32, 64, 8
 
@@ -69,11 +69,6 @@ def run(ds, rank: int, world: int) -> dict:
         x = torch.randn(GLOBAL_BATCH // world, IN, generator=g).bfloat16()
         y = torch.randn(GLOBAL_BATCH // world, OUT, generator=g).bfloat16()
         loss = torch.nn.functional.mse_loss(engine(x).float(), y.float())
-        engine.backward(loss)
-        engine.step()
-        total = loss.detach().clone()
-        if world > 1:
-            dist.all_reduce(total)
-        losses.append(float(total) / world)
+        losses.append(step_with_mean_loss(engine, loss, world))
     return {"inside": inside, "params_after": params_after, "initial": initial, "losses": losses,
             "final": _masters(ds, net)}

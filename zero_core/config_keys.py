@@ -29,6 +29,8 @@ SCHEDULER_ARGUMENTS = {
     "OneCycle": ("cycle_min_lr", "cycle_max_lr", "decay_lr_rate", "cycle_first_step_size", "cycle_second_step_size",
                  "cycle_first_stair_count", "cycle_second_stair_count", "decay_step_size", "cycle_momentum",
                  "cycle_min_mom", "cycle_max_mom", "decay_mom_rate", "last_batch_iteration"),
+    "LRRangeTest": ("lr_range_test_min_lr", "lr_range_test_step_size", "lr_range_test_step_rate",
+                    "lr_range_test_staircase", "last_batch_iteration"),
 }
 SCHEDULER_KEYS = {kind: frozenset(keys) for kind, keys in SCHEDULER_ARGUMENTS.items()}
 _SCHEDULER = tuple(dict.fromkeys(k for keys in SCHEDULER_ARGUMENTS.values() for k in keys))  # every one, once
@@ -69,8 +71,11 @@ KEYS: list[Key] = [
     Key("dump_state", IGNORED, "rank 0 always prints the resolved config"),
     Key("memory_breakdown", IGNORED, "no memory report is printed"),
     *ds.TOP,
+    Key("optimizer.type", SUPPORTED, "AdamW and Adam run on zero_core's fused kernels with the params below; "
+        "Adagrad, Lion (DeepSpeed's rule) and torch.optim's element-wise SGD, RMSprop, Adamax, NAdam, RAdam, "
+        "Adadelta, ASGD, Rprop take their own constructor's arguments as params and step on the fp32 shards, "
+        "without optimizer offload"),
     *_supported(
-        "optimizer.type",
         "optimizer.params.lr",
         "optimizer.params.betas",
         "optimizer.params.eps",

@@ -1,17 +1,22 @@
 """The optimizer and LR-scheduler sections of the config: DeepSpeed's "optimizer" and "scheduler" keys.
 
 Defaults are DeepSpeed's (deepspeed/runtime/config.py, lr_schedules.py) unless a comment says otherwise.
+Adam/AdamW take `AdamParams`; every other type (config_optimizer_types.py) takes its constructor's keyword
+arguments, kept as given (`arguments`), while `params` then holds the lr and weight_decay they resolve to.
 One `SchedulerParams` holds every scheduler's parameters; `SCHEDULER_KEYS` says which apply to each type,
 and a scheduler section serializes only its own type's.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any
 
-from pydantic import model_serializer, model_validator
+from pydantic import PlainValidator, PrivateAttr, model_serializer, model_validator
 
+from .config_errors import leaf_error
 from .config_keys import SCHEDULER_KEYS
+from .config_optimizer_types import canonical_type, checked_arguments, other_type
 from .config_types import AS_LIST, Bool, OptionalBool, Section, as_bool, beta_pair, choice, integer, number
 
 
@@ -36,16 +41,44 @@ class AdamParams(Section):
 
 
 class OptimizerConfig(Section):
-    type: Annotated[str, choice({"adamw": "AdamW", "adam": "Adam"}, note="(the optimizers zero_core implements)")]
+    type: Annotated[str, PlainValidator(canonical_type)]
     params: AdamParams = AdamParams()
     legacy_fusion: Bool = False
+    _arguments: dict[str, Any] | None = PrivateAttr(default=None)  # another type's params section, as given
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _other_types(cls, data: Any, handler: Any) -> Any:
+        """A type other than Adam/AdamW: its params checked against its constructor and kept as its arguments;
+        `params` holds the lr and weight_decay they resolve to (what the groups and the lr schedules read)."""
+        kind = other_type(data)
+        raw = data.get("params", {}) if kind is not None else None
+        if not isinstance(raw, dict):
+            return handler(data)
+        arguments, common = checked_arguments(kind, raw)
+        made = handler({**data, "type": kind, "params": common})
+        made._arguments = arguments
+        return made
+
+    @model_serializer(mode="wrap")
+    def _own_arguments(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        if self._arguments is not None:
+            data["params"] = dict(self._arguments)  # DeepSpeed's form: what is read back is this same section
+        return data
+
+    @property
+    def arguments(self) -> dict[str, Any] | None:
+        """The keyword arguments of a type other than Adam/AdamW (None for those two)."""
+        return None if self._arguments is None else dict(self._arguments)
 
     @model_validator(mode="before")
     @classmethod
     def _torch_adamw_weight_decay(cls, data: Any) -> Any:
         # With torch_adam DeepSpeed builds torch.optim.AdamW, whose default weight_decay is 0.01.
         params = data.get("params") if isinstance(data, dict) else None
-        if isinstance(params, dict) and "weight_decay" not in params and as_bool(params.get("torch_adam")):
+        adam = isinstance(data, dict) and str(data.get("type", "")).strip().lower() in ("adam", "adamw")
+        if adam and isinstance(params, dict) and "weight_decay" not in params and as_bool(params.get("torch_adam")):
             decoupled = str(data.get("type", "")).lower() == "adamw" or as_bool(params.get("adam_w_mode", True))
             if decoupled:
                 data = {**data, "params": {**params, "weight_decay": 0.01}}
@@ -55,6 +88,18 @@ class OptimizerConfig(Section):
     def decoupled(self) -> bool:
         """AdamW-style decoupled weight decay (DeepSpeed: type AdamW, or Adam with adam_w_mode)."""
         return self.type == "AdamW" or self.params.adam_w_mode
+
+
+def _lr_or_lrs(value: Any) -> float | list[float]:
+    """An lr >= 0, or a non-empty list of them (one per optimizer group, as DeepSpeed's LRRangeTest takes it)."""
+    def is_lr(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+
+    if is_lr(value):
+        return float(value)
+    if isinstance(value, list) and value and all(is_lr(v) for v in value):
+        return [float(v) for v in value]
+    raise leaf_error("a finite number >= 0 or a list of them, one per optimizer group", value)
 
 
 class SchedulerParams(Section):
@@ -80,6 +125,11 @@ class SchedulerParams(Section):
     cycle_min_mom: Annotated[float, number(0.0, 1.0, hi_open=True)] = 0.8
     cycle_max_mom: Annotated[float, number(0.0, 1.0, hi_open=True)] = 0.9
     decay_mom_rate: Annotated[float, number(0.0)] = 0.0
+    # LRRangeTest: the lr grows from min_lr (one per group, or one for all) by step_rate per step_size iterations
+    lr_range_test_min_lr: Annotated[float | list[float], PlainValidator(_lr_or_lrs)] = 1e-3
+    lr_range_test_step_size: Annotated[int, integer(1)] = 2000  # DeepSpeed: a positive int, not 2e3
+    lr_range_test_step_rate: Annotated[float, number(0.0)] = 1.0
+    lr_range_test_staircase: Bool = False
 
 
 class SchedulerConfig(Section):

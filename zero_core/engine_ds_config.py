@@ -9,6 +9,7 @@ from typing import Any, Callable
 import torch
 
 from .config_models import TORCH_DTYPES
+from .config_optimizer_types import reported_name
 
 _DTYPE_NAMES = {"fp32", "fp16", "bf16"}
 
@@ -19,9 +20,9 @@ def _section(engine: Any, name: str) -> dict:
 
 
 def _optimizer_name(engine: Any) -> str | None:
-    """The config's optimizer type (DeepSpeed lower-cases the names of its own optimizers; zero_core's are those)."""
+    """The config's optimizer type: DeepSpeed lower-cases the names of its own optimizers, torch's stay as written."""
     kind = _section(engine, "optimizer").get("type")
-    return kind.lower() if isinstance(kind, str) else None
+    return reported_name(kind) if isinstance(kind, str) else None
 
 
 def _comm_dtype(engine: Any) -> torch.dtype | None:

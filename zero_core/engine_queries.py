@@ -9,6 +9,7 @@ import torch
 from pydantic import PrivateAttr
 
 from .config_models import ZeroConfig
+from .config_optimizer_types import reported_name
 
 _BATCH = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
@@ -129,13 +130,14 @@ class EngineQueries:
         return bool(self.config.zero_optimization.stage3_gather_16bit_weights_on_model_save)
 
     def optimizer_name(self) -> str | None:
-        """The script's optimizer class name, else the config's optimizer type lower-cased (as DeepSpeed)."""
+        """The script's optimizer class name, else the config's optimizer type: DeepSpeed's own names lower-cased,
+        a torch.optim class's as written (as DeepSpeed)."""
         client = getattr(self, "_client_given", None)
         if client is not None:
             return type(client).__name__
         section = self.config.get("optimizer") or {}
         name = section.get("type") if isinstance(section, dict) else None
-        return name.lower() if isinstance(name, str) else None
+        return reported_name(name) if isinstance(name, str) else None
 
     def optimizer_params(self) -> dict | None:
         section = self.config.get("optimizer") or {}

@@ -1,5 +1,6 @@
 """Schedules evaluated on the host, once per update, as DeepSpeed evaluates them: OneCycle (which also
-cycles beta1 and sets beta2 0.99), the caller's torch LRScheduler, or a `lambda step: lr`.
+cycles beta1 and sets beta2 0.99), LRRangeTest (config_host_schedules.py), the caller's torch LRScheduler, or a
+`lambda step: lr`.
 
 Each gives the lr of every group (and, for momentum cycling, its (beta1, beta2)) for the update that follows
 `applied` applied updates. The engine copies the lrs to the device without waiting for it. Only
@@ -258,20 +259,18 @@ def make_schedules(
 ) -> tuple[HostSchedule | None, Any]:
     """(the host schedule the engine evaluates, if any; the scheduler object handed back to the caller)."""
     from .config_errors import ConfigError
+    from .config_host_schedules import config_host_schedule
     from .optim.facade import EngineScheduler
 
     if lr_scheduler is not None and cfg.scheduler is not None:
-        raise ConfigError(
-            "an lr_scheduler was passed to initialize and the config has a 'scheduler' section too; remove one of them"
-        )
+        raise ConfigError("an lr_scheduler was passed to initialize and the config has a 'scheduler' section too; "
+                          "remove one of them")
     if lr_scheduler is None:
         if cfg.scheduler is None:
             return None, None
         handle = EngineScheduler(engine, cfg.scheduler.params.last_batch_iteration)
-        if cfg.scheduler.type == "OneCycle":
-            cycle = OneCycle(cfg.scheduler.params, [g.lr for g in plan.groups], [g.betas[0] for g in plan.groups])
-            return AtPosition(cycle, handle), handle
-        return None, handle
+        own = config_host_schedule(cfg.scheduler, [g.lr for g in plan.groups], [g.betas[0] for g in plan.groups])
+        return (None if own is None else AtPosition(own, handle)), handle
     made = lr_scheduler
     if not _is_scheduler(made) and callable(made):
         try:  # DeepSpeed's form: a callable that builds a scheduler on the optimizer
@@ -283,13 +282,10 @@ def make_schedules(
     if not _is_scheduler(made):
         raise ConfigError(
             f"lr_scheduler must be a torch LRScheduler, one of deepspeed.runtime.lr_schedules', a callable building "
-            f"one from the optimizer, or `lambda step: lr`; got {type(lr_scheduler).__name__}"
-        )
+            f"one from the optimizer, or `lambda step: lr`; got {type(lr_scheduler).__name__}")
     if made.optimizer is not optimizer:
-        raise ConfigError(
-            "lr_scheduler is bound to another optimizer than the one passed to initialize; build it on "
-            "that optimizer (or pass `lambda opt: Scheduler(opt, ...)`)"
-        )
+        raise ConfigError("lr_scheduler is bound to another optimizer than the one passed to initialize; build it "
+                          "on that optimizer (or pass `lambda opt: Scheduler(opt, ...)`)")
     return TorchScheduler(made, cfg.train_batch_size), made
 
 

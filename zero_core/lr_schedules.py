@@ -17,8 +17,9 @@ last_batch_iteration >= 0 starts at it = last_batch_iteration + n - 1 with the g
     then max(0, cos_min + (1 - cos_min) * (1 + cos(pi * min(1, (it - W + 1) / max(1, T - W)))) / 2).
 Computed in float64 and returned as float32: the fp32 rounding of DeepSpeed's Python-float value.
 
-Host schedules (host_schedules.py): OneCycle (it also cycles beta1, beta2 then 0.99), a torch LRScheduler, or a
-`lambda step: lr` are evaluated on the host, as DeepSpeed evaluates them.
+Host schedules (host_schedules.py): OneCycle (it also cycles beta1, beta2 then 0.99), LRRangeTest
+(config_host_schedules.py), a torch LRScheduler, or a `lambda step: lr` are evaluated on the host, as DeepSpeed
+evaluates them.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@
     ... nvme_host_ratio H   HostAdamW over SplitStates: the first H of the offloaded share in host memory
     ... with ratio < 1      SplitAdamW: the first buckets on the device (DeviceAdamW), the rest offloaded
     zero_core.offload_stream_fraction   some of the host share's chunks updated on the GPU, states streamed
+    a torch optimizer (passed to initialize, or the config's SGD, Adagrad, Lion, ...)   ClientOptimizer: it steps
+                            as it is on the fp32 master on the device (no optimizer offload)
 
 Every one honours the same interface (base.py), which the gradient reducer and the engine call.
 """
@@ -19,6 +21,7 @@ from ..lr_schedules import make_lr_schedule
 from ..host_pages import release_pages
 from ..step_timer import StepBreakdown
 from ..config_errors import ConfigError
+from ..config_optimizer_types import build
 from .base import Hyper, PartitionOptimizer
 from .client_optimizer import ClientOptimizer
 from .delayed_update import DelayedHostAdamW
@@ -58,6 +61,15 @@ def make_optimizer(
     """The optimizer for this rank's partition of `layout`, its states placed as the config says, with the
     hyper-parameters of each group of `plan` (`slot_groups[i]`: the group of layout slot i)."""
     zero = cfg.zero_optimization
+    named = plan.kind == "fused" and cfg.optimizer.arguments is not None  # the config's SGD, Adagrad, Lion, ...
+    if named and offloads_optimizer(cfg):
+        raise ConfigError(
+            f"optimizer.type '{cfg.optimizer.type}' runs on the device shards, and optimizer offload updates on the "
+            "host with AdamW/Adam only; set optimizer.type to AdamW or Adam, or remove "
+            "zero_optimization.offload_optimizer"
+        )
+    if named:
+        use_config_optimizer(cfg, plan)
     client = plan.kind == "client"
     if client and offloads_optimizer(cfg):
         raise ConfigError(
@@ -92,6 +104,15 @@ def make_optimizer(
             return DelayedHostAdamW(states, comm_dtype=cfg.comm_dtype, breakdown=breakdown, **kw)
         return HostAdamW(states, comm_dtype=cfg.comm_dtype, breakdown=breakdown, **_host_overlap(cfg), **kw)
     return DeviceAdamW(states, **kw)
+
+
+def use_config_optimizer(cfg: ZeroConfig, plan: OptimizerPlan) -> None:
+    """The torch optimizer the config names (config_optimizer_types.py), built over the plan's groups with the
+    config's arguments (a group's own keys first, as torch takes them), recorded in `plan` as one passed to
+    initialize would be: it steps as a client optimizer and the engine hands it back."""
+    groups = [{**{k: v for k, v in g.options.items() if k != "params"}, "params": g.params} for g in plan.groups]
+    plan.client = build(cfg.optimizer.type, cfg.optimizer.arguments or {}, groups)
+    plan.kind = "client"
 
 
 def _host_overlap(cfg: ZeroConfig) -> dict[str, float | bool]:

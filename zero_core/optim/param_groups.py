@@ -20,13 +20,11 @@ import torch
 
 from ..config_errors import ConfigError
 from ..config_models import ZeroConfig
+from ..config_optimizer_types import ELEMENTWISE_TORCH, arguments_of
 
 # torch's element-wise optimizers: each element's update reads only that element's gradient and state
-_ELEMENTWISE = tuple(
-    getattr(torch.optim, n)
-    for n in ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad", "Adadelta", "ASGD", "Rprop")
-    if hasattr(torch.optim, n)
-)
+_ELEMENTWISE = tuple(getattr(torch.optim, n) for n in ("Adam", "AdamW", "Adagrad", *ELEMENTWISE_TORCH))
+_GROUP_LABELS = ("name", "param_names", "initial_lr")  # what scripts and torch's schedulers add to a group
 _ADAM_KEYS = {
     "params",
     "lr",
@@ -187,12 +185,16 @@ def plan_optimizer(
     base = cfg.optimizer.params
     given = _as_groups(model_parameters) if model_parameters is not None else [{"params": trainable}]
     specs = []
+    # a config-named torch optimizer (SGD, Adagrad, Lion, ...) takes its own arguments per group, as torch does
+    named = cfg.optimizer.arguments is not None
+    own = sorted(arguments_of(cfg.optimizer.type)) if named else ["lr", "betas", "eps", "weight_decay"]
+    accepted = {"params", *_GROUP_LABELS, *own} if named else _ADAM_KEYS
     for i, g in enumerate(given):
-        unknown = sorted(set(g) - _ADAM_KEYS)
+        unknown = sorted(set(g) - accepted)
         if unknown:
             raise ConfigError(
                 f"model_parameters[{i}] has the key '{unknown[0]}', which {cfg.optimizer.type} does not take; "
-                "use lr, betas, eps, weight_decay"
+                f"use {', '.join(own)}"
             )
         params = [p for p in g.get("params", []) if p.requires_grad]
         specs.append(

@@ -8,12 +8,11 @@ Each takes DeepSpeed's arguments (positional in DeepSpeed's order, or by name), 
 `scheduler` section is, and evaluates the same formulas as the config's schedules (zero_core/lr_schedules.py,
 host_schedules.py): `step()` writes the lr of the next update (and OneCycle's betas) into the optimizer's groups,
 `state_dict()` is `{"last_batch_iteration": ...}`. Passed to `initialize`, the engine steps it after each applied
-update, as DeepSpeed does. LRRangeTest too, here only (the config's `scheduler` section does not take it).
+update, as DeepSpeed does. LRRangeTest too, with the formula of the config's LRRangeTest (config_host_schedules.py).
 """
 
 from __future__ import annotations
 
-import math
 import warnings
 from typing import Any
 
@@ -22,6 +21,7 @@ from pydantic import ValidationError
 
 from ...config_errors import ConfigError, from_validation_error
 from ...config_keys import SCHEDULER_ARGUMENTS
+from ...config_host_schedules import range_test_lrs
 from ...config_optimizer_models import SchedulerConfig
 from ...host_schedules import Betas
 from ...host_schedules import OneCycle as _HostOneCycle
@@ -155,8 +155,8 @@ class LRRangeTest:
     """DeepSpeed's learning-rate range test, built on the script's optimizer: the lr grows from
     `lr_range_test_min_lr` (one per group, or one for all) by `lr_range_test_step_rate` times the iterations over
     `lr_range_test_step_size` (whole intervals with `lr_range_test_staircase`), as DeepSpeed's class computes it:
-    min_lr * (1 + step_rate * (last_batch_iteration + 1) / step_size). The config's `scheduler` section does not
-    take it (zero_core's config refuses the type): build it here and pass it to initialize as `lr_scheduler`."""
+    min_lr * (1 + step_rate * (last_batch_iteration + 1) / step_size) (config_host_schedules.range_test_lrs, which
+    the config's `scheduler` section of type LRRangeTest evaluates too)."""
 
     def __init__(self, optimizer: Any, lr_range_test_min_lr: Any = 1e-3, lr_range_test_step_size: int = 2000,
                  lr_range_test_step_rate: float = 1.0, lr_range_test_staircase: bool = False,
@@ -186,9 +186,7 @@ class LRRangeTest:
         return list(lrs)
 
     def get_lr(self) -> list[float]:
-        intervals = (self.last_batch_iteration + 1) / self.step_size
-        increase = 1 + self.step_rate * (math.floor(intervals) if self.staircase else intervals)
-        return [lr * increase for lr in self.min_lr]
+        return range_test_lrs(self.min_lr, self.step_size, self.step_rate, self.staircase, self.last_batch_iteration)
 
     def get_last_lr(self) -> list[float]:
         if self._last_lr is None:
