@@ -27,6 +27,7 @@ from .comm_errors import CollectiveTimeout as CollectiveTimeout  # re-exported: 
 from .comm_errors import named as _named
 from .comm_errors import set_timeout as set_timeout  # re-exported: the engine sets comm_timeout_s through comm
 from .comm_errors import translate
+from .comm_release import backend_holds
 from .host_pages import empty_host
 from .pinned import empty_pinned
 
@@ -102,7 +103,7 @@ def _own_slice(flat: torch.Tensor) -> torch.Tensor:
 def all_reduce_sum(t: torch.Tensor, what: str = "all-reduce") -> None:
     """In-place sum across ranks."""
     if world_size() > 1:
-        with _named(what):
+        with _named(what), backend_holds(t):
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
 
 
@@ -111,7 +112,7 @@ def reduce_scatter_sum(out: torch.Tensor, full: torch.Tensor, what: str = "reduc
     if world_size() > 1 and simulated():
         out.copy_(_own_slice(full))
     elif world_size() > 1:
-        with _named(what):
+        with _named(what), backend_holds(out, full):
             _reduce_scatter(out, full, op=dist.ReduceOp.SUM)
     else:
         out.copy_(full)
@@ -124,8 +125,9 @@ def all_gather_flat(full: torch.Tensor, shard: torch.Tensor, what: str = "all-ga
     elif world_size() > 1:
         # .data: writing through an alias with its own version counter keeps autograd's saved views
         # of these parameters valid after the re-gather (stage 3 re-gathers between forward and backward).
-        with _named(what):
-            _all_gather(full.data, shard)
+        alias = full.data
+        with _named(what), backend_holds(alias, shard):
+            _all_gather(alias, shard)
     else:
         full.data.copy_(shard)
 
@@ -170,8 +172,9 @@ def all_gather_flat_async(full: torch.Tensor, shard: torch.Tensor, what: str = "
     if world_size() > 1 and simulated():
         _gather_own(full, shard)
     elif world_size() > 1:
-        with _named(what):
-            return PendingCollective(_all_gather(full.data, shard, async_op=True), what)
+        alias = full.data
+        with _named(what), backend_holds(alias, shard):
+            return PendingCollective(_all_gather(alias, shard, async_op=True), what)
     else:
         full.data.copy_(shard)
     return PendingCollective(None, what)
@@ -202,12 +205,11 @@ def all_reduce_sum_on(t: torch.Tensor, device: torch.device, what: str = "all-re
 
 def _in_place_on(t: torch.Tensor, device: torch.device, collective: Callable[[torch.Tensor], Any]) -> None:
     """Run the in-place `collective` on `t`, through a copy on `device` when `t` lives elsewhere."""
-    if t.device == device:
-        collective(t)
-        return
-    hop = t.to(device)
-    collective(hop)
-    t.copy_(hop)
+    hop = t if t.device == device else t.to(device)
+    with backend_holds(hop):
+        collective(hop)
+    if hop is not t:
+        t.copy_(hop)
 
 
 def reaches(device: torch.device) -> bool:

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from .. import comm as zero_comm
+from ..comm_release import backend_holds  # a script's last collective, waited for at exit
 
 
 def is_initialized() -> bool:
@@ -37,19 +38,22 @@ def barrier(group: Any = None, **kw: Any) -> None:
 
 def all_reduce(tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Any:
     if dist.is_initialized():
-        return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
+        with backend_holds(tensor):
+            return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
     return None  # one rank: sum, mean, min and max of one tensor are the tensor
 
 
 def broadcast(tensor: torch.Tensor, src: int, group: Any = None, async_op: bool = False) -> Any:
     if dist.is_initialized():
-        return dist.broadcast(tensor, src, group=group, async_op=async_op)
+        with backend_holds(tensor):
+            return dist.broadcast(tensor, src, group=group, async_op=async_op)
     return None
 
 
 def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None, async_op: bool = False) -> Any:
     if dist.is_initialized():
-        return dist.all_gather(tensor_list, tensor, group=group, async_op=async_op)
+        with backend_holds(tensor, *tensor_list):
+            return dist.all_gather(tensor_list, tensor, group=group, async_op=async_op)
     tensor_list[0].copy_(tensor)
     return None
 
@@ -70,7 +74,8 @@ def allgather_fn(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group:
                  async_op: bool = False, debug: Any = None) -> Any:
     """Each rank's `input_tensor` side by side into `output_tensor` (all_gather_into_tensor)."""
     if dist.is_initialized():
-        return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
+        with backend_holds(output_tensor, input_tensor):
+            return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
     output_tensor.copy_(input_tensor.reshape(output_tensor.shape))
     return None
 
@@ -79,7 +84,8 @@ def reduce_scatter_fn(output_tensor: torch.Tensor, tensor: torch.Tensor, op: Any
                       group: Any = None, async_op: bool = False, prof: bool = False, debug: Any = None) -> Any:
     """This rank's part of `tensor` reduced over the ranks, into `output_tensor` (reduce_scatter_tensor)."""
     if dist.is_initialized():
-        return dist.reduce_scatter_tensor(output_tensor, tensor, op=op, group=group, async_op=async_op)
+        with backend_holds(output_tensor, tensor):
+            return dist.reduce_scatter_tensor(output_tensor, tensor, op=op, group=group, async_op=async_op)
     output_tensor.copy_(tensor.reshape(output_tensor.shape))
     return None
 
