@@ -45,6 +45,7 @@ def _loop(rank: int, world: int) -> dict:
     return {"processes": acc.num_processes, "rows": rows, "eval": seen.tolist()}
 
 
+@pytest.mark.slow  # seconds of subprocess launches: the full suite runs it
 def test_launched_processes_on_the_host_are_one_group():
     got = run_ranks(_loop, 2)
     assert got["processes"] == 2

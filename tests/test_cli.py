@@ -57,6 +57,7 @@ def test_bench_kernels_on_cpu_prints_table():
     assert len(rows) >= 8
 
 
+@pytest.mark.slow  # seconds of subprocess launches: the full suite runs it
 def test_train_two_ranks_learns():
     """The README's main job, shortened: 2 gloo ranks through torch's launcher, loss goes down."""
     proc = subprocess.run(

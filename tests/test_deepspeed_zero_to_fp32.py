@@ -127,6 +127,7 @@ def test_an_output_path_holding_the_cli_flags_text_is_named_as_given(tmp_path):
     assert [p.name for p in out.iterdir()] == ["notes.txt"] and not (tmp_path / "elsewhere").exists()
 
 
+@pytest.mark.slow  # seconds of subprocess launches: the full suite runs it
 def test_every_output_refusal_names_the_argument_it_is_given(tmp_path):
     from checkpoints.output_claim import check_output, staging_dir
 

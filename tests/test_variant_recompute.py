@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from helpers import one_line_error, table, tiny_scenario, zbench
 
 
+@pytest.mark.slow  # seconds of subprocess launches: the full suite runs it
 def test_a_variant_turns_the_scenarios_recompute_off_and_the_rows_say_which(tmp_path):
     path = tiny_scenario(tmp_path, "recompute", [
         {"name": "ddp", "engine": "ddp"},

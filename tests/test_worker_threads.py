@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from helpers import REPO
 
 # The offloaded update runs on after step() (stages/host_step_overlap.py). It is slowed here by in-place torch ops,
@@ -41,6 +42,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # seconds of subprocess launches: the full suite runs it
 def test_a_script_ending_during_the_host_update_exits_cleanly_after_it(tmp_path):
     script, marker = tmp_path / "train.py", tmp_path / "update_finished"
     script.write_text(SCRIPT)
