@@ -1,5 +1,5 @@
 """Floating buffers under fp16/bf16, as DeepSpeed 0.19.8 runs them: their own dtype (a rotary table stays fp32),
-the working precision for a model built inside init_context (as zero.Init makes them), `data_types.buffer_dtype`
+the working precision for a model built inside init_context, `data_types.buffer_dtype`
 for all, and fp32 for those `data_types.keep_in_fp32_modules` names ("auto": transformers' own lists)."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def _dtypes(data_types: dict | None = None, context: bool = False) -> dict[str, 
     ({"keep_in_fp32_modules": []}, False, torch.float32, torch.bfloat16),
     ({"buffer_dtype": "bf16", "keep_in_fp32_modules": []}, False, torch.bfloat16, torch.bfloat16),
     ({"buffer_dtype": "fp16"}, False, torch.float16, torch.float32),  # the kept one stays fp32
-    (None, True, torch.bfloat16, torch.float32),  # built in init_context: the working precision, as zero.Init
+    (None, True, torch.bfloat16, torch.float32),  # built in init_context: the working precision
     ({"keep_in_fp32_modules": ["inv_*"]}, True, torch.float32, torch.bfloat16),  # a pattern of the user's
 ])
 def test_buffers_run_in_the_dtype_deepspeed_gives_them(data_types, context, inv_freq, router):

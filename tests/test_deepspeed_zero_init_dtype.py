@@ -98,3 +98,30 @@ def test_init_context_keeps_eager_fp32_values_under_bf16():
     for p, want in zip(model.parameters(), eager.parameters()):
         assert torch.equal(deepspeed.utils.safe_get_full_fp32_param(p), want.detach())
     engine.close()
+
+
+class _WithBuffers(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, 4, 2).float() / 4)))  # computed: fp32
+        self.register_buffer("noise", torch.randn(2))  # a converted factory's: bf16
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x).float().pow(2).mean() + self.inv_freq.sum() * 0
+
+
+def test_buffers_keep_the_dtypes_construction_gave_them_after_initialize():
+    """DeepSpeed's engine leaves a zero.Init model's buffers as they were made: a rotary table computed in fp32
+    stays fp32 under bf16 (zero_core.init_context's models take the working precision instead)."""
+    import zero_core.deepspeed as deepspeed
+
+    cfg = {**STAGE3, "bf16": {"enabled": True}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
+    with deepspeed.zero.Init(config_dict_or_path=cfg):
+        model = _WithBuffers()
+    engine, *_ = deepspeed.initialize(model=model, config=cfg)
+    assert {n: b.dtype for n, b in engine.module.named_buffers()} == {"inv_freq": torch.float32,
+                                                                      "noise": torch.bfloat16}
+    engine.backward(engine(torch.randn(1, 4, dtype=torch.bfloat16)))
+    engine.step()
+    engine.close()

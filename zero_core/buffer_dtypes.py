@@ -1,8 +1,9 @@
 """The dtype each floating buffer runs in, decided as DeepSpeed 0.19.8 decides it.
 
 A model built as usual keeps its buffers' own dtypes under fp16/bf16 (a rotary table's fp32 `inv_freq` stays
-fp32); one built inside `zero_core.init_context` has them in the working precision, as DeepSpeed's zero.Init
-makes every floating tensor built in it. `data_types.buffer_dtype` casts them all to the dtype it names. The
+fp32); one built inside `zero_core.init_context` has them in the working precision (one built inside
+`deepspeed.zero.Init` keeps the dtypes its construction gave them, as DeepSpeed's engine does: the engine passes
+`built_deferred` False for it). `data_types.buffer_dtype` casts them all to the dtype it names. The
 buffers `data_types.keep_in_fp32_modules` names stay in (or go up to) fp32 whatever else applies: "auto" takes
 the model's own transformers lists (`_keep_in_fp32_modules_strict`, and `_keep_in_fp32_modules` under fp16), a
 list gives name patterns (`*` any characters, matched anywhere in the buffer's full name), [] keeps none.

@@ -18,7 +18,7 @@ from .checkpoint_async import saver_of
 from .checkpoint_snapshot import reserve_for
 from .buffer_dtypes import buffer_targets
 from .config import ZeroConfig, describe, load_config
-from .deferred import is_deferred
+from .deferred import built_converted, is_deferred
 from .deferred.shards import materialise_whole, shard_into
 from .engine_api import DeepSpeedEngineAPI
 from .engine_backward import BackwardPass
@@ -65,7 +65,9 @@ class Engine(EngineModes, BackwardPass, torch.nn.Module, DeepSpeedEngineAPI, Eng
         self.norm_taken = False  # a step of this engine computed the gradient norm (get_global_grad_norm)
         self._boundary_set, self._window_passes = None, 0  # set_gradient_accumulation_boundary; backwards since a step
         self.gradients_ready = False  # a window's last backward has run and its step has not (safe_get_full_grad)
-        deferred = built_in_context = is_deferred(model)  # built inside zero_core.init_context, or on meta
+        deferred = is_deferred(model)  # built inside zero_core.init_context, or on meta
+        # init_context's buffers take the working precision; zero.Init's keep their dtypes, as DeepSpeed's
+        built_in_context = deferred and not built_converted(model)
         if deferred and self.stage != 3:  # stages 0-2 hold every weight anyway
             materialise_whole(model)
             deferred = False

@@ -12,9 +12,10 @@ import os
 from typing import Any, Iterator
 
 from .materialise import is_deferred, materialiser, placeholder, remember
+from .factory_dtype import built_converted, mark_converted
 from .record import Recorder
 
-__all__ = ["init_context", "is_deferred", "materialiser", "placeholder"]
+__all__ = ["built_converted", "init_context", "is_deferred", "materialiser", "placeholder"]
 
 
 def _stage_of(config: Any) -> int:
@@ -57,3 +58,5 @@ def init_context(config: Any = None, enabled: bool = True, *, dtype: Any = None)
     with recorder:
         yield
     remember(recorder.recording)
+    if dtype is not None:  # their buffers keep the dtypes construction gave them (factory_dtype.py)
+        mark_converted(m for m in (ref() for ref in recorder.recording.modules.values()) if m is not None)

@@ -12,7 +12,8 @@ DeepSpeed's construction computes on the CPU.
 
 from __future__ import annotations
 
-from typing import Any
+import weakref
+from typing import Any, Iterable
 
 import torch
 
@@ -31,3 +32,18 @@ def make_in_dtype(func: Any, args: tuple, kwargs: dict, dtype: torch.dtype) -> A
         return made
     # computed in its own dtype first, then rounded (a randn drawn in fp32), as zero.Init's wrappers do
     return made.detach().to(dtype).requires_grad_(made.requires_grad)
+
+
+# Modules built under deepspeed.zero.Init with a dtype: their buffers keep the dtypes construction gave them (the
+# engine casts other deferred models' buffers to the working precision, buffer_dtypes.py), as DeepSpeed's engine
+# leaves zero.Init's buffers as they were made: a rotary table computed in fp32 stays fp32.
+_CONVERTED_MODULES: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+
+
+def mark_converted(modules: Iterable[torch.nn.Module]) -> None:
+    _CONVERTED_MODULES.update(modules)
+
+
+def built_converted(model: torch.nn.Module) -> bool:
+    """Whether `model` (or a module in it) was built under deepspeed.zero.Init with its dtype rule."""
+    return any(m in _CONVERTED_MODULES for m in model.modules())
