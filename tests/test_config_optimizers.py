@@ -222,3 +222,36 @@ def test_a_config_sgds_groups_take_its_own_arguments_and_its_name_reads_as_deeps
         deepspeed.initialize(model=model, model_parameters=[{"params": [model.weight], "betas": (0.9, 0.9)}],
                              config=cfg)
     assert "has the key 'betas', which SGD does not take; use " in str(info.value) and "momentum" in str(info.value)
+
+
+@pytest.mark.parametrize("kind", ["SGD", "Lion", "Adagrad"])
+def test_a_config_optimizer_under_fp16_skips_overflowing_steps_and_trains_alike_at_stages_1_and_3(kind):
+    """fp16: a step whose scaled gradients overflow leaves the weights as they were (the loss scale halves), and
+    the steps after train the same at stages 1 and 3."""
+    import zero_core.deepspeed as deepspeed
+
+    runs = {}
+    for stage in (1, 3):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+        first = [p.detach().clone() for p in net.parameters()]
+        cfg = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": stage},
+               "fp16": {"enabled": True, "initial_scale_power": 22},
+               "optimizer": {"type": kind, "params": {"lr": 0.01}}}
+        engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=cfg)
+        g = torch.Generator().manual_seed(1)
+        losses, weights_after_skip = [], None
+        for _ in range(12):
+            x, y = torch.randn(4, 8, generator=g).half(), torch.randn(4, 4, generator=g)  # 2**22 overflows at first
+            loss = torch.nn.functional.mse_loss(engine(x).float(), y)
+            engine.backward(loss)
+            engine.step()
+            losses.append(float(loss))
+            if engine.skipped_steps == 1 and weights_after_skip is None:
+                weights_after_skip = [v.float() for v in engine.full_state_dict().values()]
+        assert weights_after_skip is not None and all(torch.equal(a, b.half().float())
+                                                      for a, b in zip(weights_after_skip, first))
+        assert 0 < engine.skipped_steps < 10, engine.skipped_steps  # it skipped, then trained
+        runs[stage] = losses
+        engine.close()
+    assert runs[1] == runs[3] and runs[1][-1] != runs[1][0]

@@ -125,3 +125,21 @@ def test_buffers_keep_the_dtypes_construction_gave_them_after_initialize():
     engine.backward(engine(torch.randn(1, 4, dtype=torch.bfloat16)))
     engine.step()
     engine.close()
+
+
+@pytest.mark.parametrize("precision, dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
+@pytest.mark.parametrize("stage", [1, 3])
+def test_a_model_built_outside_zero_init_starts_from_its_16_bit_weights(precision, dtype, stage):
+    """DeepSpeed 0.19.8 casts the module to its 16-bit dtype before copying the fp32 masters from it: its masters
+    start from the rounded weights (seen on the CPU at stages 1-3 under bf16), and so do the drop-in's."""
+    import zero_core.deepspeed as deepspeed
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    rounded = [p.detach().to(dtype).float() for p in net.parameters()]
+    cfg = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": stage}, precision: {"enabled": True},
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
+    engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=cfg)
+    masters = [deepspeed.utils.safe_get_full_fp32_param(p) for p in net.parameters()]
+    assert all(torch.equal(m, r) for m, r in zip(masters, rounded))
+    engine.close()

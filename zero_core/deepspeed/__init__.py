@@ -81,6 +81,24 @@ def _unread_scheduler_dropped(config: Any, optimizer: Any) -> Any:
     return {k: v for k, v in data.items() if k != "scheduler"}
 
 
+def _round_to_16_bits(model: torch.nn.Module, config: Any) -> None:
+    """DeepSpeed casts the module to fp16/bf16 before its optimizer copies the fp32 masters from it, so the masters
+    start from the rounded weights: round an fp32 model's weights the same way, in place (they stay fp32 tensors;
+    a model built under zero.Init, or on the meta device, is already in its dtype or has no values yet)."""
+    from .zero import initial_dtype
+
+    try:
+        dtype = initial_dtype(config, None) if config is not None else torch.float32  # zero.Init's reading
+    except ValueError:
+        return  # "auto" or a conflict: the engine's config check names it
+    if dtype == torch.float32:
+        return
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dtype == torch.float32 and p.device.type != "meta":
+                p.copy_(p.to(dtype))
+
+
 def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer: Any = None,
                model_parameters: Any = None, training_data: Any = None, lr_scheduler: Any = None,
                distributed_port: int | None = None, mpu: Any = None, dist_init_required: bool | None = None,
@@ -92,8 +110,9 @@ def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer
     if mpu is not None or mesh_param is not None:
         raise NotImplementedError("deepspeed.initialize(mpu=/mesh_param=) (model parallelism) is not supported by "
                                   "zero_core; it trains data-parallel with ZeRO sharding only")
-    engine = Engine(model, _unread_scheduler_dropped(_config_from(args, config, config_params), optimizer),
-                    model_parameters=model_parameters, optimizer=optimizer, lr_scheduler=lr_scheduler)
+    config = _unread_scheduler_dropped(_config_from(args, config, config_params), optimizer)
+    _round_to_16_bits(model, config)
+    engine = Engine(model, config, model_parameters=model_parameters, optimizer=optimizer, lr_scheduler=lr_scheduler)
     if optimizer is None and not engine.config.optimizer_given:  # DeepSpeed: forward only, backward asserts
         engine.training_refused = ("no optimizer: the config has no 'optimizer' section and initialize got no "
                                    "optimizer=, so there is nothing to train with (DeepSpeed refuses backward too); "
