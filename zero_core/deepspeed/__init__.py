@@ -88,7 +88,7 @@ def _round_to_16_bits(model: torch.nn.Module, config: Any) -> None:
     from .zero import initial_dtype
 
     try:
-        dtype = initial_dtype(config, None) if config is not None else torch.float32  # zero.Init's reading
+        dtype = initial_dtype(config, None)  # zero.Init's reading of the config (never None here: _config_from)
     except ValueError:
         return  # "auto" or a conflict: the engine's config check names it
     if dtype == torch.float32:
