@@ -149,6 +149,7 @@ KEYS: list[Key] = [
         "zero_core.nvme_host_ratio",
         "zero_core.offload_stream_fraction",
         "zero_core.offload_stream_hold_grads",
+        "zero_core.offload_stream_balance",
     ),
     Key("csv_monitor", SUPPORTED, "rank 0 writes engine.monitor's events, and the lr (fp16: also the loss scale) "
         "after every update, to `<output_path>/<job_name>/<tag>.csv`, as DeepSpeed lays them out"),

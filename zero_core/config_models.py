@@ -108,6 +108,10 @@ class ZeroCoreConfig(Section):
     # ... and their 16-bit gradients kept on the device from backward to that update, not copied down and up
     # again (optim/held_grads.py); nothing to hold unless chunks are streamed
     offload_stream_hold_grads: Bool = True
+    # ... and, once its own chunks are queued, the GPU takes the host's remaining chunks from the back until the
+    # two sides meet, so neither waits for the other at the end (optim/chunk_claims.py); the device kernel rounds
+    # as the host's, so the result is the same bits whoever updates a chunk
+    offload_stream_balance: Bool = True
 
 
 

@@ -117,10 +117,10 @@ def use_config_optimizer(cfg: ZeroConfig, plan: OptimizerPlan) -> None:
 
 def _host_overlap(cfg: ZeroConfig) -> dict[str, float | bool]:
     """How the host share's update overlaps: started during backward, and some of its chunks streamed to the GPU
-    (their gradients perhaps held there)."""
+    (their gradients perhaps held there, the rest shared out as each side is free)."""
     return dict(overlap_fraction=cfg.zero_core.overlap_host_update,
                 stream_fraction=cfg.zero_core.offload_stream_fraction,
-                hold_grads=cfg.zero_core.offload_stream_hold_grads)
+                hold_grads=cfg.zero_core.offload_stream_hold_grads, balance=cfg.zero_core.offload_stream_balance)
 
 
 def offload_ratio(cfg: ZeroConfig) -> float:

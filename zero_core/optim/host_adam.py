@@ -6,15 +6,15 @@ chunk just written (still in cache), then (on CUDA) that chunk's host-to-device 
 which runs while the next chunk is updated; the engine waits only for the last copy. With NVMe the
 chunks come from `NvmeStates.stream()`, which reads ahead and writes back around this loop. With
 `zero_core.offload_stream_fraction` every few chunks of the share are updated on the GPU meanwhile
-(streamed_update.py), and chunks are published in partition order whichever side finishes first.
+(streamed_update.py), which then takes the host's last chunks while the host works through the first ones
+(chunk_claims.py); chunks are published in partition order whichever side finishes first.
 
-Gradients: each reduced shard lands in a pinned staging buffer (communication dtype). When the pass
-is the last before the update and does not accumulate (no gradient accumulation, or stage 1) the
-host does not fold at all: the shard's sum of squares and non-finite flag are taken where it was
-reduced (on the GPU, a fraction of a millisecond), and the step rebuilds each fp32 gradient chunk
-from staging right before its Adam: no fp32 gradient partition is written, read back or allocated.
-Otherwise (gradient accumulation at stages 2-3) the host folds shards into the fp32 partition in
-cache-sized pieces on its own thread while backward goes on.
+Gradients: each reduced shard lands in a pinned staging buffer (communication dtype). When the pass is the last
+before the update and does not accumulate (no gradient accumulation, or stage 1) the host does not fold at all: the
+shard's sum of squares and non-finite flag are taken where it was reduced (on the GPU, a fraction of a millisecond),
+and the step rebuilds each fp32 gradient chunk from staging right before its Adam: no fp32 gradient partition is
+written, read back or allocated. Otherwise (gradient accumulation at stages 2-3) the host folds shards into the fp32
+partition in cache-sized pieces on its own thread while backward goes on.
 """
 
 from __future__ import annotations
@@ -33,18 +33,16 @@ from .host_folder import BackwardEnd, HostFolder
 from .param_groups import merged_runs
 from .shard_norms import ShardNorms
 from .nvme_states import ALIGN, chunk_numel_from_env
+from .chunk_claims import ChunkClaims, host_chunks
 from .speculative import SpeculativeUpdates, without
 from .states import TensorStates
 from .streamed_update import InOrder, StreamedUpdate, streamed_chunks
 
-# 4 Mi elements (16 MiB per fp32 state): with 8-16 threads per rank each thread's slice is 256-512 Ki
-# elements, far above OpenMP's fork/join cost per op, and its 1-2 MiB of fp32 master is still in its
-# L2/L3 when the 16-bit conversion reads it; an 8 MiB bf16 copy runs at full PCIe bandwidth, and the
-# ~190 chunks of a 0.78 B-element partition leave only the last chunk's copy (~0.3 ms) exposed. On
-# 2x H200 (GPT-2 XL, stage 2, 16 threads per rank) 4 Mi ran 635-659 ms/step, 1 Mi 666-720 and
-# 256 Ki 920: smaller chunks pay per-op overhead. A multiple of ALIGN, so chunk boundaries never
-# change which elements the fused kernel vectorises (the result is bitwise the same as one call over
-# the whole partition). ZERO_CORE_HOST_CHUNK_NUMEL overrides it (tuning, tests).
+# 4 Mi elements (16 MiB per fp32 state): with 8-16 threads per rank each thread's slice (256-512 Ki elements) is far
+# above OpenMP's fork/join cost per op, and its fp32 master is still in L2/L3 when the 16-bit conversion reads it; an
+# 8 MiB bf16 copy runs at full PCIe bandwidth. On 2x H200 (GPT-2 XL, stage 2, 16 threads per rank) 4 Mi ran 635-659
+# ms/step, 1 Mi 666-720 and 256 Ki 920. A multiple of ALIGN, so chunk boundaries never change which elements the fused
+# kernel vectorises (bitwise the same as one call). ZERO_CORE_HOST_CHUNK_NUMEL overrides it (tuning, tests).
 HOST_CHUNK_NUMEL = 4 << 20
 # The fold (gradient accumulation) works on pieces of the same size, not tunable: they decide the norm's sum order.
 FOLD_CHUNK_NUMEL = HOST_CHUNK_NUMEL
@@ -58,7 +56,7 @@ class HostAdamW(PartitionOptimizer):
 
     def __init__(self, states, *, comm_dtype: torch.dtype, breakdown: StepBreakdown | None = None,
                  overlap_fraction: float = 0.0, stream_fraction: float = 0.0, hold_grads: bool = False,
-                 staging: torch.Tensor | None = None, **kw) -> None:
+                 balance: bool = True, staging: torch.Tensor | None = None, **kw) -> None:
         super().__init__(states, **kw)
         if not host_kernels.available():
             raise ValueError(
@@ -91,10 +89,11 @@ class HostAdamW(PartitionOptimizer):
         # is a whole number of host chunks (ZERO_CORE_STREAM_CHUNK_NUMEL, rounded up to one: tuning)
         step = -(-chunk_numel_from_env(self.chunk, "ZERO_CORE_STREAM_CHUNK_NUMEL") // self.chunk) * self.chunk
         ranges = streamed_chunks(n, stream_fraction, step) if isinstance(states, TensorStates) else []
-        self.streamed = StreamedUpdate(ranges, self.comm_device) if ranges else None
-        self.streamed_ranges = ranges
+        self.streamed, self.streamed_ranges = StreamedUpdate(ranges, self.comm_device) if ranges else None, ranges
         self._streamed_starts = {c for a, b in ranges for c in range(a, b, self.chunk)}  # host chunks it takes
         self.held = HeldGrads(ranges, hold_grads)  # their gradients kept on the device from backward to the update
+        # once its own are queued, the GPU takes the host's chunks from the back (the last update's: taken_by_device)
+        self.balance, self.taken_by_device = balance, []
         self._coef = 1.0
 
     # -- gradients ---------------------------------------------------------------------------------
@@ -256,20 +255,23 @@ class HostAdamW(PartitionOptimizer):
         waited = getattr(self.states, "wait_seconds", 0.0)
         order = InOrder(publish)  # a chunk the host finishes before a streamed one ahead of it waits for it
         with self.breakdown.host(self.adam_key):
+            # the host's chunks the GPU may take from the back once its own are queued (not if any was speculated:
+            # a chunk partly updated during backward is the host's to finish)
+            shared = self.streamed is not None and self.balance and not done
+            claims = ChunkClaims.of(self.states.numel, self.chunk, self._streamed_starts) if shared else None
+            self.taken_by_device = [] if claims is None else claims.from_back  # filled as the GPU takes them
             streamed = None if self.streamed is None else self.streamed.start(
                 self.states, self._grad_source, out, self._runs_between, hyper, self._coef, self.applied,
-                self.decoupled, held=lambda a, b: self.held.pop(a, b, self.staging), held_ready=self.held.ready)
-            for lo, hi, v in self.states.stream():
-                for a in range(lo, hi, self.chunk):
-                    if streamed is not None and a in self._streamed_starts:
-                        continue  # the GPU's
-                    b = min(hi, a + self.chunk)
-                    self._adam_pieces(v, lo, without(self._runs_between(a, b), done), hyper, self.applied, self._coef)
-                    if out is not None:
-                        out[a:b].copy_(v["master"][a - lo : b - lo])  # the 16-bit copy while it is in cache
-                    order.done(a, b)
-                    if streamed is not None:
-                        streamed.poll(order)
+                self.decoupled, held=lambda a, b: self.held.pop(a, b, self.staging), held_ready=self.held.ready,
+                claims=None if claims is None else (claims, self.chunk))
+            for lo, hi, v, a in host_chunks(self.states.stream(), self.chunk, self._streamed_starts, claims):
+                b = min(hi, a + self.chunk)
+                self._adam_pieces(v, lo, without(self._runs_between(a, b), done), hyper, self.applied, self._coef)
+                if out is not None:
+                    out[a:b].copy_(v["master"][a - lo : b - lo])  # the 16-bit copy while it is in cache
+                order.done(a, b)
+                if streamed is not None:
+                    streamed.poll(order)
             if streamed is not None:
                 with self.breakdown.host("stream_wait"):
                     elapsed = streamed.finish(order)

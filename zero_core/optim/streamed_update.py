@@ -12,6 +12,10 @@ them. Nothing stays on the device between steps: the device memory it takes is t
 bytes x the chunk at fp16). Streamed chunks are never updated during backward (`overlap_host_update` applies
 to the host's chunks): the device's update starts once the step knows the clip coefficient.
 
+Once its own chunks are queued, the GPU takes the host's remaining chunks from the back, one whenever a buffer
+frees, while the host works from the front, until the two meet (`zero_core.offload_stream_balance`,
+chunk_claims.py): neither side waits for the other at the end, on machines whose host and PCIe rates differ.
+
 Both sides advance through the partition together, but finish chunks in any order, and the 16-bit weights are
 published in partition order (the next forward waits per module for them): `InOrder` holds back a finished
 range until all before it are out, so the prefix the forward may read grows at the two sides' combined rate.
@@ -21,6 +25,7 @@ The update is the device kernel's, with the step's lr, step count and clip coeff
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -30,12 +35,14 @@ import torch
 from .. import worker_threads
 from ..kernels import adamw_step
 from ..pinned import lock_all, unlock
+from .chunk_claims import ChunkClaims
 from .nvme_states import ALIGN
 from .states import NAMES
 
 SLOTS = 3  # up, update and down in flight at once
 Publish = Callable[[int, int], None]
 Held = Callable[[int, int], "torch.Tensor | None"]
+Claims = tuple[ChunkClaims, int]  # the host's chunks, and their size
 
 
 def streamed_chunks(numel: int, fraction: float, chunk: int) -> list[tuple[int, int]]:
@@ -93,14 +100,17 @@ class StreamedUpdate:
     def start(self, states, grad: Callable[[int, int], tuple[torch.Tensor, float | None]], out: torch.Tensor | None,
               pieces: Callable[[int, int], list[tuple[int, int, int]]], hyper: list[dict], coef: float,
               step: torch.Tensor, decoupled: bool, held: Held | None = None,
-              held_ready: torch.cuda.Event | None = None) -> Running:
+              held_ready: torch.cuda.Event | None = None, claims: Claims | None = None) -> Running:
         """Queue the whole streamed update (on a helper thread: queuing is host work too) and return at once.
         `grad(a, b)` gives the gradient source of [a, b) and the scale to apply (None: it is the fp32 gradient);
         `held(a, b)` the chunk's gradient already on the device (held_grads.py; written on another stream up
         to `held_ready`), or None; `pieces(a, b)` its (lo, hi, group) runs; `hyper` the host step's per-group
-        arguments."""
+        arguments; `claims` the host's chunks this update may take from the back once its own are queued
+        (chunk_claims.py: `(claims, chunk)`)."""
         if self.cuda:  # asynchronous copies need page-locked memory
-            end = self.ranges[-1][1]  # the span of the streamed chunks, locked whole (the host's between them too)
+            # the span of the streamed chunks, locked whole (the host's between them too); all of it if the GPU
+            # may take the host's chunks
+            end = states.numel if claims is not None else self.ranges[-1][1]
             self._pinned += lock_all([getattr(states, n)[:end] for n in NAMES] + [grad(0, end)[0]] + (
                 [] if out is None else [out[:end]]), "lower zero_core.offload_stream_fraction (0 streams nothing) "
                 "or raise the locked-memory limit (ulimit -l)")
@@ -115,7 +125,7 @@ class StreamedUpdate:
         running = Running(self)
         running.args = args
         running.thread = worker_threads.start(
-            lambda: running.queue(states, grad, out, pieces, hyper, slots, args, held, held_ready),
+            lambda: running.queue(states, grad, out, pieces, hyper, slots, args, held, held_ready, claims),
             "zero_core-streamed-update")
         return running
 
@@ -137,57 +147,74 @@ class Running:
         self.started = time.perf_counter()
         self.args: dict = {}
 
-    def queue(self, states, grad, out, pieces, hyper, slots, args, held, held_ready) -> None:
+    def queue(self, states, grad, out, pieces, hyper, slots, args, held, held_ready, claims) -> None:
         try:
-            self._queue(states, grad, out, pieces, hyper, slots, args, held, held_ready)
+            self._queue(states, grad, out, pieces, hyper, slots, args, held, held_ready, claims)
         except BaseException as e:  # raised on the host update's thread by finish()
             self.error = e
 
-    def _queue(self, states, grad, out, pieces, hyper, slots, args, held, held_ready) -> None:
+    def _queue(self, states, grad, out, pieces, hyper, slots, args, held, held_ready, claims) -> None:
         o = self.owner
-        up, work, down = o.streams
-        if work is not None and held_ready is not None:
-            work.wait_event(held_ready)
-        freed = [None] * len(slots)
+        if o.streams[1] is not None and held_ready is not None:
+            o.streams[1].wait_event(held_ready)
+        freed: list[torch.cuda.Event | None] = [None] * len(slots)
         for i, (a, b) in enumerate(o.ranges):
-            s = slots[i % len(slots)]
-            m = b - a
             on_device = None if held is None else held(a, b)  # the gradient, if it never left the device
-            src, scale = grad(a, b)
-            with torch.cuda.stream(up):
-                if freed[i % len(slots)] is not None:
-                    up.wait_event(freed[i % len(slots)])
-                for n in NAMES:
-                    s[n][:m].copy_(getattr(states, n)[a:b], non_blocking=True)
-                if on_device is None:  # the fp32 gradient, or the 16-bit one rebuilt below
-                    s["grad" if scale is None else "grad16"][:m].copy_(src, non_blocking=True)
-            if work is not None:
-                work.wait_stream(up)
-            with torch.cuda.stream(work):
-                if scale is not None:  # the host's lazy gradient, rebuilt the same way (kernels/cpu.scaled_copy)
-                    s["grad"][:m].copy_(s["grad16"][:m] if on_device is None else on_device)
-                    s["grad"][:m].mul_(scale)
-                if on_device is not None and work is not None:
-                    on_device.record_stream(work)  # its memory is not reused before this stream has read it
-                for lo, hi, g in pieces(a, b):
-                    h, sl = hyper[g], slice(lo - a, hi - a)
-                    adamw_step(s["master"][sl], s["grad"][sl], s["exp_avg"][sl], s["exp_avg_sq"][sl],
-                               s["out"][sl] if out is not None else None, lr=args["lrs"][g : g + 1],
-                               step=args["step"], coef=args["coef"], skip=args["skip"], beta1=h["beta1"],
-                               beta2=h["beta2"], eps=h["eps"], weight_decay=h["weight_decay"],
-                               decoupled=args["decoupled"])
-            if down is not None:
-                down.wait_stream(work)
-            with torch.cuda.stream(down):
-                for n in NAMES:
-                    getattr(states, n)[a:b].copy_(s[n][:m], non_blocking=True)
-                if out is not None:
-                    out[a:b].copy_(s["out"][:m], non_blocking=True)
-                ev = torch.cuda.Event() if down is not None else None
-                if ev is not None:
-                    ev.record(down)
-            freed[i % len(slots)] = ev
-            self.landed.append((a, b, ev))
+            freed[i % len(slots)] = self._one(a, b, slots[i % len(slots)], freed[i % len(slots)], on_device,
+                                              states, grad, out, pieces, hyper, args)
+        if claims is None:
+            return
+        taken, chunk = claims
+        for i in itertools.count(len(o.ranges)):
+            slot = i % len(slots)
+            if freed[slot] is not None:  # claim a chunk only once a buffer is free for it: the host keeps the rest
+                freed[slot].synchronize()
+            a = taken.back()
+            if a is None:
+                return
+            b = min(states.numel, a + chunk)
+            freed[slot] = self._one(a, b, slots[slot], freed[slot], None, states, grad, out, pieces, hyper, args)
+
+    def _one(self, a, b, s, freed, on_device, states, grad, out, pieces, hyper, args) -> torch.cuda.Event | None:
+        """Queue chunk [a, b) on slot `s` (free once `freed` has passed): up, update, down; its landing event."""
+        up, work, down = self.owner.streams
+        m = b - a
+        src, scale = grad(a, b)
+        with torch.cuda.stream(up):
+            if freed is not None:
+                up.wait_event(freed)
+            for n in NAMES:
+                s[n][:m].copy_(getattr(states, n)[a:b], non_blocking=True)
+            if on_device is None:  # the fp32 gradient, or the 16-bit one rebuilt below
+                s["grad" if scale is None else "grad16"][:m].copy_(src, non_blocking=True)
+        if work is not None:
+            work.wait_stream(up)
+        with torch.cuda.stream(work):
+            if scale is not None:  # the host's lazy gradient, rebuilt the same way (kernels/cpu.scaled_copy)
+                s["grad"][:m].copy_(s["grad16"][:m] if on_device is None else on_device)
+                s["grad"][:m].mul_(scale)
+            if on_device is not None and work is not None:
+                on_device.record_stream(work)  # its memory is not reused before this stream has read it
+            for lo, hi, g in pieces(a, b):
+                h, sl = hyper[g], slice(lo - a, hi - a)
+                adamw_step(s["master"][sl], s["grad"][sl], s["exp_avg"][sl], s["exp_avg_sq"][sl],
+                           s["out"][sl] if out is not None else None, lr=args["lrs"][g : g + 1],
+                           step=args["step"], coef=args["coef"], skip=args["skip"], beta1=h["beta1"],
+                           beta2=h["beta2"], eps=h["eps"], weight_decay=h["weight_decay"],
+                           decoupled=args["decoupled"])
+        if down is not None:
+            down.wait_stream(work)
+        with torch.cuda.stream(down):
+            for n in NAMES:
+                getattr(states, n)[a:b].copy_(s[n][:m], non_blocking=True)
+            if out is not None:
+                out[a:b].copy_(s["out"][:m], non_blocking=True)
+            # blocking: a thread that waits for it (the claims above) sleeps instead of spinning on a core
+            ev = torch.cuda.Event(blocking=True) if down is not None else None
+            if ev is not None:
+                ev.record(down)
+        self.landed.append((a, b, ev))
+        return ev
 
     def poll(self, order: InOrder) -> None:
         """Publish the chunks that have landed (without blocking)."""

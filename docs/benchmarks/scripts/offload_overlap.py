@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[3]
 SCENARIOS = ROOT / "scenarios"
 # scenario -> (batch, the zero_core variants to add: (offload ratio or "auto", overlap_host_update,
 # overlap_weight_gather[, gradient_checkpointing[, offload_stream_fraction[, stage3_max_reuse_distance (None: the
-# config's)[, offload_stream_hold_grads]]]]));
+# config's)[, offload_stream_hold_grads[, offload_stream_balance]]]]]));
 # (R, F, False) keeps the host update inside step() (the old path); True runs it on after step()
 PLANS = {
     "gpt2xl": (
@@ -64,7 +64,10 @@ PLANS = {
          (1.0, 0.0, True, False, 0.55, None, True), (1.0, 0.0, True, False, 0.6, None, True),
          (1.0, 0.0, True, False, 0.7, None, True),
          # ... beside the 8% device share that still fits DeepSpeed's memory (held buffers add no allocated peak)
-         (0.92, 0.0, True, False, 0.6, None, True)],
+         (0.92, 0.0, True, False, 0.6, None, True),
+         # a smaller own share, the rest taken from the host's end as the GPU frees (offload_stream_balance)
+         (1.0, 0.0, True, False, 0.5, None, True),
+         (1.0, 0.0, True, False, 0.6, None, True, False)],  # the shipped split, fixed (the engine before balancing)
     ),
     "longformer": (
         "longformer_feedback.yaml",
@@ -95,18 +98,20 @@ def variants_for(sc: dict, base_json: dict, folder: Path, plan: list[tuple]) -> 
         (folder / "plain.json").write_text(json.dumps(base_json))
         out.append({"name": "ds-offload", "engine": "deepspeed", "ds_config": "plain.json"})
     for ratio, overlap, in_flight, *extra in plan:
-        defaults = [False, 0.0, None, False]  # hold False: a row stages its gradients unless it says -hold
-        recompute, stream, reuse, hold = list(extra) + defaults[len(extra):]
+        defaults = [False, 0.0, None, False, True]  # hold False: a row stages its gradients unless it says -hold
+        recompute, stream, reuse, hold, balance = list(extra) + defaults[len(extra):]
         cfg = json.loads(json.dumps(base_json))
         cfg["zero_optimization"]["offload_optimizer"]["ratio"] = ratio
         cfg["zero_core"] = {"overlap_host_update": overlap, "overlap_weight_gather": in_flight,
-                            "offload_stream_fraction": stream, "offload_stream_hold_grads": hold}
+                            "offload_stream_fraction": stream, "offload_stream_hold_grads": hold,
+                            "offload_stream_balance": balance}
         if reuse is not None:
             cfg["zero_optimization"]["stage3_max_reuse_distance"] = reuse
         share = ratio if isinstance(ratio, str) else f"{ratio:g}"  # "auto": the device share that fits the cap
         name = f"zero-ratio{share}-overlap{overlap:g}{'' if in_flight else '-in-step'}"
         name = (name + ("-recompute" if recompute else "") + (f"-stream{stream:g}" if stream else "")
-                + ("" if reuse is None else f"-reuse{reuse:g}") + ("-hold" if hold else "")).replace(".", "p")
+                + ("" if reuse is None else f"-reuse{reuse:g}") + ("-hold" if hold else "")
+                + ("" if balance else "-fixed")).replace(".", "p")
         (folder / f"{name}.json").write_text(json.dumps(cfg, indent=1))
         # the scenario variant's own keys (stage, offload devices) apply to its siblings too
         kept = {k: engine[k] for k in ("stage", "offload_optimizer", "offload_param") if engine and k in engine}

@@ -150,6 +150,11 @@ def main() -> None:
     print(f"peak GPU GiB: allocated {torch.cuda.max_memory_allocated() / 2**30:.2f}, "
           f"reserved {torch.cuda.max_memory_reserved() / 2**30:.2f}")
     print("skipped steps so far:", getattr(engine, "skipped_steps", "?"))
+    host = getattr(engine.optimizer, "host_opt", engine.optimizer)  # the host share's HostAdamW, if any
+    if getattr(host, "streamed", None) is not None:  # zero_core.offload_stream_balance
+        print(f"host chunks the GPU took in the last update: {len(host.taken_by_device)} of "
+              f"{-(-host.states.numel // host.chunk) - len(host._streamed_starts)} (its own: "
+              f"{len(host._streamed_starts)})")
     print("training losses (every step, the A/B's check that a setting changed no numbers):",
           " ".join(f"{float(x):.6f}" for x in losses))
 
