@@ -246,7 +246,7 @@ def test_a_config_optimizer_under_fp16_skips_overflowing_steps_and_trains_alike_
             loss = torch.nn.functional.mse_loss(engine(x).float(), y)
             engine.backward(loss)
             engine.step()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
             if engine.skipped_steps == 1 and weights_after_skip is None:
                 weights_after_skip = [v.float() for v in engine.full_state_dict().values()]
         assert weights_after_skip is not None and all(torch.equal(a, b.half().float())

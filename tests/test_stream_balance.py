@@ -110,3 +110,26 @@ def test_the_switch_is_validated(zero_core, problem):
             load_config(cfg, world_size=1)
     else:
         assert load_config(cfg, world_size=1).zero_core.offload_stream_balance is problem
+
+
+@pytest.mark.parametrize("balance", [False, True])
+def test_the_locked_span_is_the_same_in_every_step(monkeypatch, balance):
+    """On CUDA the streamed update page-locks the states it copies at its first step. A range overlapping one locked
+    before cannot be locked again, so the span must not depend on whether this step shares chunks (a step that
+    speculated does not): the whole partition when the GPU may take the host's chunks, else up to its last chunk."""
+    from zero_core.optim import streamed_update
+
+    locked: list[list[int]] = []
+    monkeypatch.setattr(streamed_update, "lock_all", lambda ts, fix: locked.append([t.numel() for t in ts]) or [])
+    states = TensorStates(5000, torch.device("cpu"))
+    update = streamed_update.StreamedUpdate([(1024, 2048), (3072, 4096)], torch.device("cpu"), balance)
+    update.cuda = True  # the locking path, on the CPU's tensors
+    staging = torch.zeros(5000)
+    args = dict(grad=lambda a, b: (staging[a:b], 1.0), out=None, pieces=lambda a, b: [(a, b, 0)],
+                hyper=[dict(lr=0.0, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.0)], coef=1.0,
+                step=torch.ones(()), decoupled=True)
+    claims = [None, (ChunkClaims.of(5000, CHUNK, {1024, 3072}), CHUNK)] if balance else [None, None]
+    for c in claims:
+        update.start(states, **args, claims=c).finish(streamed_update.InOrder(None))
+    span = 5000 if balance else 4096
+    assert locked == [[span] * 4] * 2

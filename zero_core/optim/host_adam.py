@@ -89,11 +89,11 @@ class HostAdamW(PartitionOptimizer):
         # is a whole number of host chunks (ZERO_CORE_STREAM_CHUNK_NUMEL, rounded up to one: tuning)
         step = -(-chunk_numel_from_env(self.chunk, "ZERO_CORE_STREAM_CHUNK_NUMEL") // self.chunk) * self.chunk
         ranges = streamed_chunks(n, stream_fraction, step) if isinstance(states, TensorStates) else []
-        self.streamed, self.streamed_ranges = StreamedUpdate(ranges, self.comm_device) if ranges else None, ranges
+        self.streamed = StreamedUpdate(ranges, self.comm_device, balance) if ranges else None
+        self.streamed_ranges = ranges
         self._streamed_starts = {c for a, b in ranges for c in range(a, b, self.chunk)}  # host chunks it takes
         self.held = HeldGrads(ranges, hold_grads)  # their gradients kept on the device from backward to the update
-        # once its own are queued, the GPU takes the host's chunks from the back (the last update's: taken_by_device)
-        self.balance, self.taken_by_device = balance, []
+        self.balance, self.taken_by_device = balance, []  # GPU takes the host's last chunks: which (chunk_claims.py)
         self._coef = 1.0
 
     # -- gradients ---------------------------------------------------------------------------------

@@ -76,8 +76,9 @@ class InOrder:
 class StreamedUpdate:
     """AdamW over some chunks of the host share (`ranges`, in partition order) on `device`."""
 
-    def __init__(self, ranges: list[tuple[int, int]], device: torch.device) -> None:
+    def __init__(self, ranges: list[tuple[int, int]], device: torch.device, takes_host_chunks: bool = False) -> None:
         self.ranges, self.device = ranges, device
+        self.takes_host_chunks = takes_host_chunks  # may be given `claims` (then it locks the whole partition)
         self.chunk = max(b - a for a, b in ranges)
         self.cuda = device.type == "cuda"
         self._slots: list[dict[str, torch.Tensor]] | None = None  # allocated at the first step
@@ -109,8 +110,9 @@ class StreamedUpdate:
         (chunk_claims.py: `(claims, chunk)`)."""
         if self.cuda:  # asynchronous copies need page-locked memory
             # the span of the streamed chunks, locked whole (the host's between them too); all of it if the GPU
-            # may take the host's chunks
-            end = states.numel if claims is not None else self.ranges[-1][1]
+            # may take the host's chunks in any step (a range overlapping one locked before cannot be locked)
+            assert claims is None or self.takes_host_chunks
+            end = states.numel if self.takes_host_chunks else self.ranges[-1][1]
             self._pinned += lock_all([getattr(states, n)[:end] for n in NAMES] + [grad(0, end)[0]] + (
                 [] if out is None else [out[:end]]), "lower zero_core.offload_stream_fraction (0 streams nothing) "
                 "or raise the locked-memory limit (ulimit -l)")
