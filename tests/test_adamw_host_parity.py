@@ -56,9 +56,12 @@ def test_device_adamw_equals_the_host_bitwise(decoupled, weight_decay, coef, bet
         assert torch.equal(out.cpu(), host[0].to(torch.float16))
 
 
-def _offload_steps(fraction: float, clip: float, steps: int = 3) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def _offload_steps(fraction: float, clip: float, steps: int = 3,
+                   slow_host: bool = False) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int]]:
     """`steps` updates of a HostAdamW whose gradient shards come from the GPU, `fraction` of its chunks streamed
-    through the GPU's kernel; the states and each step's 16-bit output."""
+    through the GPU's kernel; the states, each step's 16-bit output and the host chunks the GPU took in the last
+    step (`slow_host`: each host chunk first waits, 10 s at most, until the GPU has taken one)."""
+    import time
     from zero_core.optim import HostAdamW, Hyper
     from zero_core.optim.states import TensorStates
 
@@ -69,6 +72,15 @@ def _offload_steps(fraction: float, clip: float, steps: int = 3) -> tuple[list[t
                     groups=[Hyper(0.9, 0.95, 1e-8, 0.1), Hyper(0.8, 0.99, 1e-6, 0.0)], decoupled=True,
                     lr_at=lambda a: torch.tensor([1e-2, 3e-3]), shard_stats=False, comm_device=cuda,
                     runs=[[(0, 1536, 0), (1536, 2560, 1)], [(2560, 5000, 0)]])
+    adam = opt._adam_pieces
+
+    def slow_adam(*a):
+        deadline = time.monotonic() + 10
+        while slow_host and not opt.taken_by_device and time.monotonic() < deadline:
+            time.sleep(0.001)
+        adam(*a)
+
+    opt._adam_pieces = slow_adam
     gen, outs = torch.Generator().manual_seed(5), []
     for _ in range(steps):
         grads = torch.randn(numel, generator=gen).bfloat16().to(cuda)
@@ -80,15 +92,17 @@ def _offload_steps(fraction: float, clip: float, steps: int = 3) -> tuple[list[t
         opt.step(out)
         outs.append(out)
     opt.close()
-    return [states.master, states.exp_avg, states.exp_avg_sq], outs
+    return [states.master, states.exp_avg, states.exp_avg_sq], outs, list(opt.taken_by_device)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the streamed update runs on a GPU")
 @pytest.mark.parametrize("clip", [0.0, 1e-3])
-def test_streamed_chunks_on_the_gpu_equal_the_host_step_bitwise(monkeypatch, clip):
+@pytest.mark.parametrize("slow_host", [False, True])  # True: the GPU takes host chunks (offload_stream_balance)
+def test_streamed_chunks_on_the_gpu_equal_the_host_step_bitwise(monkeypatch, clip, slow_host):
     monkeypatch.setenv("ZERO_CORE_HOST_CHUNK_NUMEL", "1024")
-    plain, plain_outs = _offload_steps(0.0, clip)
-    streamed, outs = _offload_steps(0.5, clip)
+    plain, plain_outs, _ = _offload_steps(0.0, clip)
+    streamed, outs, taken = _offload_steps(0.5, clip, slow_host=slow_host)
+    assert taken or not slow_host
     for name, a, b in zip(("master", "exp_avg", "exp_avg_sq"), plain, streamed):
         assert torch.equal(a, b), f"{name}: {int((a != b).sum())} elements differ"
     assert all(torch.equal(a, b) for a, b in zip(plain_outs, outs))
