@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..deferred import init_context
+from ..deferred import init_context, stage_of
 from ..gathered import GatheredParameters
 
 __all__ = ["Init", "GatheredParameters", "register_external_parameter", "unregister_external_parameter"]
@@ -20,9 +20,11 @@ class Init:
     initialisation runs in that dtype, and the fp32 master weights start from those 16-bit values. So the
     weights are eager construction's only under an fp32 config (then bitwise, at any world size).
 
-    `config_dict_or_path` (or `config`) decides: below stage 3 the model is built normally, as it is with no
-    config at all only when `enabled=False`. `remote_device`, `pin_memory` and the process-group arguments are
-    accepted: where shards live follows the config given to `initialize`."""
+    As DeepSpeed's, it records the model whatever stage `config_dict_or_path` (or `config`) names (DeepSpeed
+    partitions it then too; the config decides only the dtype): only `enabled=False` builds it normally. Where
+    DeepSpeed's engine then fails at the first forward of such a model under a stage-0-2 config, `initialize`
+    makes it whole on every rank and trains it. `remote_device`, `pin_memory` and the process-group arguments
+    are accepted: where shards live follows the config given to `initialize`."""
 
     def __init__(
         self,
@@ -44,8 +46,10 @@ class Init:
                 "zero_core; build the model inside `with zero.Init():` or pass it to initialize"
             )
         config = config_dict_or_path if config_dict_or_path is not None else config
+        if config is not None:
+            stage_of(config)  # an unreadable config is refused in one line; its stage does not matter here
         self.dtype = initial_dtype(config, dtype)
-        self._context = init_context(config, enabled=enabled, dtype=self.dtype)
+        self._context = init_context(None, enabled=enabled, dtype=self.dtype)
 
     def __enter__(self) -> "Init":
         self._context.__enter__()

@@ -3,6 +3,7 @@
 record.py       `init_context`'s recorder: the model on the meta device, its construction logged
 replay.py       the log computed again on the CPU, one tensor version alive at a time
 materialise.py  each parameter's value handed to the engine (which keeps this rank's shard), buffers placed
+factory_dtype.py, construction_end.py  deepspeed.zero.Init's dtype in the recording
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ from .materialise import is_deferred, materialiser, placeholder, remember
 from .factory_dtype import built_converted, mark_converted
 from .record import Recorder
 
-__all__ = ["built_converted", "init_context", "is_deferred", "materialiser", "placeholder"]
+__all__ = ["built_converted", "init_context", "is_deferred", "materialiser", "placeholder", "stage_of"]
 
 
-def _stage_of(config: Any) -> int:
+def stage_of(config: Any) -> int:
     """The ZeRO stage `config` asks for (a dict, a JSON path or a ZeroConfig), without resolving batch sizes."""
     from ..config import ZeroConfig, load_config, read_config_file
 
@@ -46,12 +47,13 @@ def init_context(config: Any = None, enabled: bool = True, *, dtype: Any = None)
     in (under fp16/bf16 the fp32 master weights start from those fp32 values).
 
     `dtype` (None by default) is for `deepspeed.zero.Init`: the torch factories DeepSpeed's zero.Init converts
-    make floating tensors of that dtype (factory_dtype.py), so construction runs in it as under DeepSpeed
-    (bf16 weights drawn in bf16, masters starting from them) and is no longer eager construction's.
+    make floating tensors of that dtype, and each finished module's parameters take it (factory_dtype.py), so
+    construction runs in it as under DeepSpeed (bf16 weights drawn in bf16, masters starting from them) and is
+    no longer eager construction's.
 
     With a `config` whose stage is below 3 (or `enabled=False`) the model is built normally: stages 0-2
     hold every weight on every rank anyway."""
-    if not enabled or (config is not None and _stage_of(config) != 3):
+    if not enabled or (config is not None and stage_of(config) != 3):
         yield
         return
     recorder = Recorder(dtype)

@@ -8,12 +8,21 @@ values, which are not the bf16 roundings of the fp32 values eager construction d
 made by other functions (`torch.rand`, `*_like`, arithmetic) and therefore most computed buffers keep their
 dtype. Reproducing the conversion in the recording makes the replay (replay.py) compute exactly what
 DeepSpeed's construction computes on the CPU.
+
+Two more of its conversions (checked against DeepSpeed 0.19.8 on the CPU):
+- `torch.Tensor(*sizes)`, the legacy constructor behind `nn.Parameter(torch.Tensor(out, in))`, makes an
+  uninitialised tensor of that dtype (DeepSpeed replaces `torch.Tensor.__new__`). Its data form,
+  `torch.Tensor([1.0, 2.0])`, raises a TypeError under DeepSpeed's; here torch makes it as usual.
+- Each module's floating parameters are converted to the dtype when the module's construction ends (its
+  outermost `__init__` returns; construction_end.py): DeepSpeed partitions them then, into buffers of that
+  dtype. So a parameter made in another dtype (`torch.rand`, `torch.linspace`, `torch.FloatTensor(n)`, an fp16
+  tensor) is computed in its own dtype and then rounded, before a parent's `apply(init_fn)` writes to it.
 """
 
 from __future__ import annotations
 
 import weakref
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -32,6 +41,36 @@ def make_in_dtype(func: Any, args: tuple, kwargs: dict, dtype: torch.dtype) -> A
         return made
     # computed in its own dtype first, then rounded (a randn drawn in fp32), as zero.Init's wrappers do
     return made.detach().to(dtype).requires_grad_(made.requires_grad)
+
+
+def _sizes_only(args: tuple) -> bool:
+    """Whether `torch.Tensor(*args)` is the sizes form (no data): ints, or one torch.Size, as torch reads them."""
+    if len(args) == 1 and isinstance(args[0], torch.Size):
+        return True
+    return all(hasattr(a, "__index__") and not isinstance(a, (bool, torch.Tensor)) for a in args)
+
+
+def legacy_new(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """A `torch.Tensor.__new__` whose sizes form (`torch.Tensor(4, 8)`, `torch.Tensor()`) is `torch.empty`, so the
+    recorder's factories make it (on the meta device, in zero.Init's dtype where one is given). Other forms and
+    subclasses are `original`'s."""
+
+    def new(cls: type, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if cls is not torch.Tensor or not _sizes_only(args) or set(kwargs) - {"device"}:
+            return original(cls, *args, **kwargs)
+        return torch.empty(*(args or (0,)), **kwargs)
+
+    return new
+
+
+def convert_parameters(params: Iterable[torch.nn.Parameter], dtype: torch.dtype,
+                       recorded: Callable[[torch.Tensor], bool]) -> None:
+    """Floating parameters of a finished module (`recorded` ones: made in the context) take `dtype`, as DeepSpeed's
+    partitioning converts them; the conversion is recorded, so replay rounds the value computed up to here."""
+    with torch.no_grad():
+        for p in params:
+            if p.is_floating_point() and p.dtype != dtype and recorded(p):
+                p.data = p.data.to(dtype)
 
 
 # Modules built under deepspeed.zero.Init with a dtype: their buffers keep the dtypes construction gave them (the
