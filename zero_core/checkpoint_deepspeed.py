@@ -24,6 +24,7 @@ from checkpoints.deepspeed_universal_source import UniversalSource
 from checkpoints.manifest_state_checks import group_values_problem
 from checkpoints.source import CheckpointError
 
+from .checkpoint_client_state import LoadFlags, deepspeed_file_entries, returned
 from .checkpoint_load import read_fragments, restore_counters, restore_steps
 from .group_values_record import group_values_record, restore_group_values
 from .checkpoint_model_match import check_trained_have_states, untrained_to_load
@@ -49,19 +50,23 @@ class _Reader:
         piece.copy_(kept[1][start : start + piece.numel()])
 
 
-def load_deepspeed(engine: "Engine", folder: Path, kind: str, weights_only: bool,
-                   schedule: bool, counters: bool = False) -> tuple[Path, dict[str, Any]]:
-    """Collective (each rank reads its own fragments). Returns (the folder, the run's client_state)."""
+def load_deepspeed(engine: "Engine", folder: Path, kind: str, weights_only: bool, schedule: bool,
+                   counters: bool = False, flags: LoadFlags = LoadFlags()) -> tuple[Path, dict[str, Any]]:
+    """Collective (each rank reads its own fragments). Returns (the folder, the client_state DeepSpeed's load given
+    `flags` returns: the model-states file's entries less those its engine takes)."""
     source = UniversalSource(folder) if kind == "deepspeed-universal" else DeepSpeedSource(folder)
     if source.model is None:
         raise CheckpointError(f"{folder} has no model-states files beside zero/; copy them from the run that saved it")
     groups = saved_groups(source) if isinstance(source, DeepSpeedSource) else None
-    loaded = load_foreign(engine, folder, source, weights_only, schedule, counters, groups)
+    _, saved = load_foreign(engine, folder, source, weights_only, schedule, counters, groups)
     if groups is not None and not weights_only:  # as DeepSpeed's load puts its saved groups back (a loop may have
         record = group_values_record(source.saved_param_groups() or [])  # set them): numbers in range only
         if group_values_problem(record) is None:
             restore_group_values(engine.client_optimizer.param_groups, record)
-    return loaded
+    if not flags.deepspeed:
+        return folder, saved
+    rank = engine.rank if engine.layout.world_size > 1 else 0
+    return folder, returned(deepspeed_file_entries(source.model, rank, kind == "deepspeed-universal"), flags)
 
 
 def saved_groups(source: DeepSpeedSource) -> tuple[list[Any], list[Any]] | None:

@@ -24,6 +24,7 @@ from checkpoints.source import CheckpointError
 from checkpoints.verified_read import read_verified
 from checkpoints.zbench_source import FragmentReader, read_frozen
 
+from .checkpoint_client_state import LoadFlags, returned, zbench_entries
 from .group_values_record import restore_group_values
 from .host_schedules import GroupLrs, TorchScheduler
 from .optim.client_optimizer import ClientOptimizer
@@ -189,10 +190,12 @@ def load(
     weights_only: bool = False,
     schedule: bool = True,
     counters: bool = False,
+    flags: LoadFlags = LoadFlags(),
 ) -> tuple[Path, dict[str, Any]]:
     """Collective. Loads weights, optimizer state and counters into this engine (`weights_only`: the fp32
     weights alone, the optimizer untouched, and the step counters too with `counters`); returns (the checkpoint
-    folder, client_state)."""
+    folder, client_state): a zbench or DeepSpeed checkpoint's as DeepSpeed's load given `flags` returns it
+    (checkpoint_client_state.py), a DCP one's as its save recorded it."""
     try:
         folder, refusal = fmt.resolve(load_dir, tag), None
     except CheckpointError as e:
@@ -205,7 +208,7 @@ def load(
         if found[1] in ("deepspeed", "deepspeed-universal"):
             from .checkpoint_deepspeed import load_deepspeed
 
-            return load_deepspeed(engine, found[0], found[1], weights_only, schedule, counters)
+            return load_deepspeed(engine, found[0], found[1], weights_only, schedule, counters, flags)
         if found[1] == "dcp":
             from .checkpoint_dcp import load_dcp
 
@@ -217,7 +220,7 @@ def load(
         )
     identity = fmt.folder_identity(folder)
     try:
-        return _load_zbench(engine, folder, weights_only, schedule, counters)
+        folder, manifest = _load_zbench(engine, folder, weights_only, schedule, counters)
     except CheckpointError:
         if fmt.folder_identity(folder) == identity:
             raise
@@ -225,10 +228,12 @@ def load(
             f"{folder} was replaced while it was read (another process saved that tag again); this engine's "
             "states may be partly overwritten: load it again"
         ) from None
+    return folder, returned(zbench_entries(engine, manifest), flags) if flags.deepspeed else manifest["client_state"]
 
 
 def _load_zbench(engine: "Engine", folder: Path, weights_only: bool, schedule: bool,
                  counters: bool) -> tuple[Path, dict[str, Any]]:
+    """(the folder, its manifest) once loaded."""
     manifest = mf.read(folder)
     current = param_entries(engine)
     _check_model(folder, manifest, current)
@@ -278,7 +283,7 @@ def _load_zbench(engine: "Engine", folder: Path, weights_only: bool, schedule: b
             if counters:
                 restore_steps(engine, folder, manifest["step"], manifest["micro_steps"],
                               manifest["optimizer"]["skipped"], manifest.get("scheduler"), schedule)
-            return folder, manifest["client_state"]
+            return folder, manifest
         o = manifest["optimizer"]
         engine.scaler.load_state_dict(manifest["loss_scaler"])
     # the groups' weight_decay, eps and betas the run saved (checked when the manifest was read), as DeepSpeed's load
@@ -287,4 +292,4 @@ def _load_zbench(engine: "Engine", folder: Path, weights_only: bool, schedule: b
                      manifest.get("scheduler"), schedule, o.get("group_lrs"), saved_betas)
     if restore is not None:
         restore(engine.device)
-    return folder, manifest["client_state"]
+    return folder, manifest

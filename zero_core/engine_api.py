@@ -213,10 +213,15 @@ class DeepSpeedEngineAPI(WeightExports, TorchStyleBackward, EngineDataLoader, Co
                         load_module_only: bool = False, custom_load_fn: Any = None
                         ) -> tuple[str, dict[str, Any]] | tuple[None, None]:
         """Collective: load any zbench checkpoint (any world size, any stage) into this engine; returns
-        (the checkpoint folder as a str, client_state), as DeepSpeed returns the path it loaded; (None, None) when
-        `load_dir` holds no checkpoint and no tag is given (a first run's resume). `load_optimizer_states=False`
-        keeps this engine's optimizer states but takes the run's step counters, as DeepSpeed does; `load_module_only`
-        keeps the counters and the schedule too. The next update takes the lrs the loaded optimizer's groups held."""
+        (the checkpoint folder as a str, client_state), where DeepSpeed returns the model-states file it read in
+        that folder; (None, None) when `load_dir` holds no checkpoint and no tag is given (a first run's resume).
+        client_state is the saved keys; from deepspeed.initialize's engines it is DeepSpeed's: its own entries the
+        load did not take (buffer_names, param_shapes, global_samples, ds_config, ...; checkpoint_client_state.py),
+        then the saved keys.
+        `load_optimizer_states=False` keeps this engine's optimizer states but takes the run's step counters, as
+        DeepSpeed does; `load_module_only` keeps the counters and the schedule too. The next update takes the lrs
+        the loaded optimizer's groups held."""
+        from .checkpoint_client_state import LoadFlags
         from .checkpoint_load import nothing_to_resume
         from .checkpointing import load
 
@@ -235,8 +240,10 @@ class DeepSpeedEngineAPI(WeightExports, TorchStyleBackward, EngineDataLoader, Co
         weights_only = load_module_only or not load_optimizer_states
         schedule = load_lr_scheduler_states and not load_module_only
         applied, lrs = self.applied_steps(), self.get_lr() if isinstance(self.lr_scheduler, EngineScheduler) else None
+        flags = LoadFlags(load_optimizer_states, load_lr_scheduler_states, load_module_only,
+                          self.returns_deepspeed_client_state)
         folder, client_state = load(self, load_dir, tag, weights_only=weights_only, schedule=schedule,
-                                    counters=not load_module_only)
+                                    counters=not load_module_only, flags=flags)
         # without its states this optimizer's applied count goes on, whatever step the run had reached
         self.steps_not_applied = self.global_step - applied if weights_only else 0
         if isinstance(self.lr_scheduler, EngineScheduler):

@@ -91,6 +91,9 @@ class EngineQueries:
 
     training_dataloader: Any = None  # deepspeed.initialize(training_data=...) sets the loader it built
     leaves_recovery_script = False  # deepspeed.initialize's engines leave zero_to_fp32.py (recovery_script.py)
+    # ... and their load_checkpoint returns DeepSpeed's client_state (checkpoint_client_state.py); others return the
+    # keys the script saved, as saved
+    returns_deepspeed_client_state = False
 
     @property
     def _config(self) -> Any:
