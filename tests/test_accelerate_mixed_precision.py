@@ -42,6 +42,7 @@ def _loop(rank: int, world: int) -> dict:
     return {"bf16": acc.zero_config["bf16"], "rows": rows}
 
 
+@pytest.mark.slow  # an Accelerate training run (3.3 s on 2 cores)
 def test_bf16_mixed_precision_trains_in_bf16():
     got = run_ranks(_loop, 2)
     assert got["bf16"] == {"enabled": True}

@@ -69,6 +69,7 @@ engine.save_checkpoint(sys.argv[1], tag="best")
 """
 
 
+@pytest.mark.slow  # a killed subprocess (2.5 s on 2 cores)
 def test_a_save_killed_while_deleting_the_replaced_copy_leaves_nothing_to_take_for_it(tmp_path):
     tests = os.path.dirname(os.path.abspath(__file__))
     done = subprocess.run([sys.executable, "-c", _KILLED_MID_DELETE, str(tmp_path)], cwd=tests,

@@ -98,6 +98,7 @@ def test_the_default_warmup_is_not_held_against_the_configs_warmup(train):
     assert "warmup_num_steps is 2 in the config but --warmup gives 1" in line
 
 
+@pytest.mark.slow  # a 2-rank CLI run (2.4 s on 2 cores)
 def test_an_input_error_a_rank_raises_reaches_the_terminal_as_its_one_line():
     from input_error_workers import raise_input_error
     from zbench.launch import Nodes, RankFailure, launch
