@@ -209,7 +209,7 @@ def save(
         if engine.rank == 0
         else None
     )
-    saver.recovery_script = engine.leaves_recovery_script
+    saver.recovery_script = engine.deepspeed_checkpoints
     if async_save:
         saver.start(root, tag, staged, files, manifest, move_latest, keep_last)
         return root / tag

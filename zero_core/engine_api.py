@@ -241,7 +241,7 @@ class DeepSpeedEngineAPI(WeightExports, TorchStyleBackward, EngineDataLoader, Co
         schedule = load_lr_scheduler_states and not load_module_only
         applied, lrs = self.applied_steps(), self.get_lr() if isinstance(self.lr_scheduler, EngineScheduler) else None
         flags = LoadFlags(load_optimizer_states, load_lr_scheduler_states, load_module_only,
-                          self.returns_deepspeed_client_state)
+                          self.deepspeed_checkpoints)
         folder, client_state = load(self, load_dir, tag, weights_only=weights_only, schedule=schedule,
                                     counters=not load_module_only, flags=flags)
         # without its states this optimizer's applied count goes on, whatever step the run had reached

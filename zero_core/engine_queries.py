@@ -90,10 +90,10 @@ class EngineQueries:
     `monitor` and `timers` attributes (each made on first use)."""
 
     training_dataloader: Any = None  # deepspeed.initialize(training_data=...) sets the loader it built
-    leaves_recovery_script = False  # deepspeed.initialize's engines leave zero_to_fp32.py (recovery_script.py)
-    # ... and their load_checkpoint returns DeepSpeed's client_state (checkpoint_client_state.py); others return the
+    # deepspeed.initialize's engines checkpoint as DeepSpeed's: save leaves zero_to_fp32.py beside the checkpoint
+    # (recovery_script.py), load returns DeepSpeed's client_state (checkpoint_client_state.py); others return the
     # keys the script saved, as saved
-    returns_deepspeed_client_state = False
+    deepspeed_checkpoints = False
 
     @property
     def _config(self) -> Any:

@@ -124,8 +124,7 @@ def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer
     engine.collate_fn = collate_fn  # deepspeed_io's default, as DeepSpeed's engine keeps it
     loader = engine.deepspeed_io(training_data) if training_data is not None else None
     engine.training_dataloader = loader  # as DeepSpeed's engine keeps it
-    engine.leaves_recovery_script = True  # DeepSpeed's save leaves zero_to_fp32.py beside its checkpoints
-    engine.returns_deepspeed_client_state = True  # with its own bookkeeping entries (buffer_names, ds_config, ...)
+    engine.deepspeed_checkpoints = True  # zero_to_fp32.py beside them, DeepSpeed's client_state from a load
     return engine, engine.client_optimizer, loader, engine.lr_scheduler
 
 
