@@ -111,3 +111,16 @@ def test_init_context_records_legacy_and_data_parameters_as_eager_construction()
     engine.backward(engine(torch.ones(2, 3, dtype=torch.bfloat16)).float().pow(2).mean())
     engine.step()
     engine.close()
+
+
+@pytest.mark.parametrize("config, problem", [
+    (42, "must be a DeepSpeed config .* not int; pass one of those"),
+    ({"zero_optimization": {"stage": 7}}, "zero_optimization.stage must be an integer 0-3"),
+    ("no/such/ds_config.json", "does not exist; pass the path of a DeepSpeed-style JSON file"),
+])
+def test_a_config_zero_init_cannot_read_is_refused_in_one_line(config, problem):
+    """Whatever stage it names, zero.Init reads the config, and refuses one it cannot read before recording."""
+    import zero_core.deepspeed as deepspeed
+
+    with pytest.raises(ValueError, match=problem):
+        deepspeed.zero.Init(config_dict_or_path=config)

@@ -29,7 +29,8 @@ def stage_of(config: Any) -> int:
         config = read_config_file(os.fspath(config))  # initialize's reader: no FIFO wait, no duplicate keys
     if not isinstance(config, dict):
         raise ValueError(
-            f"init_context takes a DeepSpeed config (dict, JSON path or ZeroConfig), not {type(config).__name__}"
+            f"the config must be a DeepSpeed config (a dict, a JSON path or a ZeroConfig), not "
+            f"{type(config).__name__}; pass one of those"
         )
     zero = config.get("zero_optimization") or {}
     stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
