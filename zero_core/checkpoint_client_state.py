@@ -32,12 +32,13 @@ _COUNTERS = ("skipped_steps", "global_steps", "dp_world_size", "mp_world_size", 
 
 
 class LoadFlags(NamedTuple):
-    """load_checkpoint's arguments that decide which entries come back."""
+    """load_checkpoint's arguments that decide which entries come back, and how closely the model must match."""
 
     optimizer: bool = True  # load_optimizer_states
     scheduler: bool = True  # load_lr_scheduler_states
     module_only: bool = False  # load_module_only
     deepspeed: bool = False  # DeepSpeed's entries too (deepspeed.initialize's engines), else the saved keys alone
+    strict: bool = True  # load_module_strict (checkpoint_non_strict.py)
 
 
 def returned(entries: dict[str, Any], flags: LoadFlags) -> dict[str, Any]:

@@ -95,17 +95,17 @@ def lightning_extras(folder: Path) -> dict[str, Any]:
 
 
 def load_dcp(engine: "Engine", folder: Path, weights_only: bool, schedule: bool,
-             counters: bool = False) -> tuple[Path, dict[str, Any]]:
+             counters: bool = False, strict: bool = True) -> tuple[Path, dict[str, Any]]:
     """Collective (each rank reads its own fragments). Returns (the folder, Lightning's entries of meta.pt, or {}: a
     DCP save holds no client_state otherwise)."""
     run = DcpRun(folder, {slot.name for slot in engine.layout.slots})
     model = engine.module
     ours = {n for n, _ in model.named_parameters(remove_duplicate=False)} | {n for n, _ in model.named_buffers()}
     extra = next((i.name for i in run.params() if i.name not in ours), None)
-    if extra is not None:  # a DCP save lists every tensor of its model: each must have a home in this one
+    if extra is not None and strict:  # a DCP save lists every tensor of its model: each must have a home in this one
         raise CheckpointError(f"{folder} does not hold this model: it has {extra}, which this model does not; "
                               "load the checkpoint of this model")
     problems = run.verify()
     if problems:
         raise CheckpointError(f"{problems[0]}; nothing was loaded: copy the checkpoint again")
-    return load_foreign(engine, folder, run, weights_only, schedule, counters)
+    return load_foreign(engine, folder, run, weights_only, schedule, counters, strict=strict)

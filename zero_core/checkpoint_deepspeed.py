@@ -28,6 +28,7 @@ from .checkpoint_client_state import LoadFlags, deepspeed_file_entries, returned
 from .checkpoint_load import read_fragments, restore_counters, restore_steps
 from .group_values_record import group_values_record, restore_group_values
 from .checkpoint_model_match import check_trained_have_states, untrained_to_load
+from .checkpoint_non_strict import NameMatch, refuse_states, report
 from .optim.client_optimizer import ClientOptimizer
 from .optim.states import NAMES, TensorStates
 
@@ -58,7 +59,7 @@ def load_deepspeed(engine: "Engine", folder: Path, kind: str, weights_only: bool
     if source.model is None:
         raise CheckpointError(f"{folder} has no model-states files beside zero/; copy them from the run that saved it")
     groups = saved_groups(source) if isinstance(source, DeepSpeedSource) else None
-    _, saved = load_foreign(engine, folder, source, weights_only, schedule, counters, groups)
+    _, saved = load_foreign(engine, folder, source, weights_only, schedule, counters, groups, flags.strict)
     if groups is not None and not weights_only:  # as DeepSpeed's load puts its saved groups back (a loop may have
         record = group_values_record(source.saved_param_groups() or [])  # set them): numbers in range only
         if group_values_problem(record) is None:
@@ -79,37 +80,42 @@ def saved_groups(source: DeepSpeedSource) -> tuple[list[Any], list[Any]] | None:
     return [g.get("lr") for g in groups], [g.get("betas") for g in groups]  # checked where they are taken
 
 
-def load_foreign(engine: "Engine", folder: Path, source: Any, weights_only: bool,
-                 schedule: bool, counters: bool = False, groups: Any = None) -> tuple[Path, dict[str, Any]]:
+def load_foreign(engine: "Engine", folder: Path, source: Any, weights_only: bool, schedule: bool,
+                 counters: bool = False, groups: Any = None, strict: bool = True) -> tuple[Path, dict[str, Any]]:
     """Load another tool's checkpoint through `source`: its `params()`, `load(name)`, `load_state(name, key)`,
     `check_states(keys)`, `read_problems()`, `loss_scaler()` and `model` (the run's trainable names, step, skipped
     count, scheduler state and client_state), as DeepSpeedSource has them (checkpoint_dcp.py adapts a DCP folder).
-    `groups`: (lrs, betas) the saved optimizer's groups held, where the checkpoint has them."""
+    `groups`: (lrs, betas) the saved optimizer's groups held, where the checkpoint has them. `strict=False`: entries
+    either side lacks are left out (checkpoint_non_strict.py)."""
     infos = {i.name: i for i in source.params()}
     rank = engine.rank if engine.layout.world_size > 1 else 0
-    mine = engine.layout.fragments(rank)
+    absent = [slot.name for slot in engine.layout.slots if slot.name not in infos]
+    mine = [f for f in engine.layout.fragments(rank) if engine.layout.slots[f.param_index].name not in absent]
     names = [engine.layout.slots[f.param_index].name for f in mine]
     for slot in engine.layout.slots:
         info = infos.get(slot.name)
-        if info is None or info.tied_to or math.prod(info.shape) != slot.numel:
+        if (info is None and strict) or (info is not None and (info.tied_to or math.prod(info.shape) != slot.numel)):
             found = "not in it" if info is None else f"{'tied' if info.tied_to else 'shape'} {info.shape}"
             raise CheckpointError(f"{folder} does not hold this model: {slot.name} {tuple(slot.shape)} is {found}; "
                                   "load the checkpoint of this model")
     ours = {slot.name for slot in engine.layout.slots}
-    extra = next((n for n in source.model.trainable if n not in ours), None)
-    if extra is not None:
-        raise CheckpointError(f"{folder} does not hold this model: it trains {extra}, which this model does not; "
+    extra = [n for n in source.model.trainable if n not in ours]
+    if extra and strict:
+        raise CheckpointError(f"{folder} does not hold this model: it trains {extra[0]}, which this model does not; "
                               "load the checkpoint of this model")
+    state = engine.module.state_dict(keep_vars=True)
+    trained = {id(p) for p in engine.module.parameters() if p.requires_grad}  # a tied name of one is not frozen
+    frozen, kept, skipped = untrained_to_load(folder, infos, source.model.trainable, state, trained, strict)
+    left_out = NameMatch(absent + kept, extra + skipped)
     opt = engine.optimizer
     keys = ("master",) if weights_only or isinstance(opt, ClientOptimizer) else NAMES
+    if not strict:
+        refuse_states(folder, NameMatch(absent, extra), weights_only)  # frozen entries hold no states
     if keys[1:]:
         check_trained_have_states(folder, [slot.name for slot in engine.layout.slots], source.model.trainable)
     source.check_states(keys[1:])  # the moments are all there before anything changes
-    state = engine.module.state_dict(keep_vars=True)
-    trained = {id(p) for p in engine.module.parameters() if p.requires_grad}  # a tied name of one is not frozen
-    frozen, kept = untrained_to_load(folder, infos, source.model.trainable, state, trained)
     frozen_values = {n: source.load(n) for n in frozen}
-    if kept and engine.rank == 0:  # by design in a save that excludes them, but never silent
+    if strict and kept and engine.rank == 0:  # by design in a save that excludes them, but never silent
         print(f"zero_core: {folder} holds no frozen parameter {', '.join(kept[:3])}{' ...' if len(kept) > 3 else ''}"
               " (saved without frozen parameters); they keep this model's values", flush=True)
     reader = _Reader(source)
@@ -126,6 +132,8 @@ def load_foreign(engine: "Engine", folder: Path, source: Any, weights_only: bool
         for name, t in frozen_values.items():
             state[name].data.copy_(t)
         engine.refresh_working_weights()
+    if not strict:
+        report(folder, left_out, engine.rank)
     model = source.model
     steps = int(model.step or 0)
     applied = steps - model.skipped

@@ -25,6 +25,8 @@ from checkpoints.verified_read import read_verified
 from checkpoints.zbench_source import FragmentReader, read_frozen
 
 from .checkpoint_client_state import LoadFlags, returned, zbench_entries
+from .checkpoint_model_match import zbench_model_match
+from .checkpoint_non_strict import report
 from .group_values_record import restore_group_values
 from .host_schedules import GroupLrs, TorchScheduler
 from .optim.client_optimizer import ClientOptimizer
@@ -53,23 +55,6 @@ def _check_states(folder: Path, manifest: dict[str, Any], opt: Any) -> list[str]
             "(load_optimizer_states=False) or use the optimizer the run used"
         )
     return saved
-
-
-def _check_model(folder: Path, manifest: dict[str, Any], current: list[dict[str, Any]]) -> None:
-    saved = {p["name"]: p for p in manifest["params"]}
-    missing = [e["name"] for e in current if e["name"] not in saved]
-    unexpected = [n for n in saved if n not in {e["name"] for e in current}]
-    if missing or unexpected:
-        raise CheckpointError(
-            f"{folder} is from another model: missing {missing[:3]} unexpected {unexpected[:3]}; "
-            "load a checkpoint of this model"
-        )
-    for e in current:
-        if list(saved[e["name"]]["shape"]) != e["shape"] or saved[e["name"]]["trainable"] != e["trainable"]:
-            raise CheckpointError(
-                f"{folder}: {e['name']} is {saved[e['name']]['shape']} in the checkpoint but {e['shape']} "
-                "in the model; load a checkpoint of this model"
-            )
 
 
 def _fragment_pieces(mine: list, names: list[str], lo: int, hi: int):
@@ -212,7 +197,7 @@ def load(
         if found[1] == "dcp":
             from .checkpoint_dcp import load_dcp
 
-            return load_dcp(engine, found[0], weights_only, schedule, counters)
+            return load_dcp(engine, found[0], weights_only, schedule, counters, flags.strict)
         raise CheckpointError(
             f"{load_dir} holds a {found[1]} checkpoint; load_checkpoint resumes zbench, DeepSpeed and DCP checkpoints: "
             "start from its weights with deepspeed.utils.zero_to_fp32.load_state_dict_from_zero_checkpoint(model, "
@@ -220,7 +205,7 @@ def load(
         )
     identity = fmt.folder_identity(folder)
     try:
-        folder, manifest = _load_zbench(engine, folder, weights_only, schedule, counters)
+        folder, manifest = _load_zbench(engine, folder, weights_only, schedule, counters, flags.strict)
     except CheckpointError:
         if fmt.folder_identity(folder) == identity:
             raise
@@ -232,13 +217,14 @@ def load(
 
 
 def _load_zbench(engine: "Engine", folder: Path, weights_only: bool, schedule: bool,
-                 counters: bool) -> tuple[Path, dict[str, Any]]:
+                 counters: bool, strict: bool = True) -> tuple[Path, dict[str, Any]]:
     """(the folder, its manifest) once loaded."""
     manifest = mf.read(folder)
     current = param_entries(engine)
-    _check_model(folder, manifest, current)
+    left_out = zbench_model_match(folder, manifest, current, strict, weights_only)
     reader = FragmentReader(folder, manifest)  # after the model checks: nothing opened for a refused checkpoint
     mine = engine.layout.fragments(engine.rank if engine.layout.world_size > 1 else 0)
+    mine = [f for f in mine if engine.layout.slots[f.param_index].name not in left_out.missing]
     names = [engine.layout.slots[f.param_index].name for f in mine]
     opt = engine.optimizer
     one_pass = isinstance(opt.states, TensorStates)
@@ -251,7 +237,7 @@ def _load_zbench(engine: "Engine", folder: Path, weights_only: bool, schedule: b
     restore = restore_rng(rng, manifest["version"], folder) if rng is not None else None  # checked before any change
     saved_states = [] if weights_only else _check_states(folder, manifest, opt)
     client = isinstance(opt, ClientOptimizer)
-    frozen = [e["name"] for e in current if not e["trainable"] and not e["tied_to"]]
+    frozen = [e["name"] for e in current if not (e["trainable"] or e["tied_to"] or e["name"] in left_out.missing)]
     frozen_values = read_frozen(folder, manifest, frozen, verify=True)  # small: verified before any change
     with torch.no_grad():
         try:
@@ -279,6 +265,7 @@ def _load_zbench(engine: "Engine", folder: Path, weights_only: bool, schedule: b
         for name, t in frozen_values.items():
             state[name].data.copy_(t)
         engine.refresh_working_weights()
+        report(folder, left_out, engine.rank)
         if weights_only:
             if counters:
                 restore_steps(engine, folder, manifest["step"], manifest["micro_steps"],

@@ -1,5 +1,6 @@
-"""Another tool's checkpoint against the model's untrained entries (frozen parameters and persistent buffers), as
-`load_state_dict(strict=True)` holds them, checked before a resume changes anything.
+"""A checkpoint's entries against the model's, as `load_state_dict(strict=True)` holds them (or, for
+`load_module_strict=False`, as its non-strict load does: checkpoint_non_strict.py), checked before a resume changes
+anything: a zbench manifest's every entry, another tool's untrained ones (frozen parameters and persistent buffers).
 
 DeepSpeed names its buffers (`buffer_names`) and frozen parameters; DCP saves every state-dict entry. An entry the
 checkpoint holds that the model has no place for, a buffer of the model the checkpoint lacks, or an entry of another
@@ -9,25 +10,29 @@ shape would otherwise be dropped, left at its initial value, or fail half-way th
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from checkpoints.source import CheckpointError, ParamInfo
 
+from .checkpoint_non_strict import NameMatch, refuse_states
+
 REFUSE = "load the checkpoint of this model"
 
 
 def untrained_to_load(folder: Path, infos: dict[str, ParamInfo], trainable: set[str], state: dict[str, torch.Tensor],
-                      trained: set[int]) -> tuple[list[str], list[str]]:
-    """(the checkpoint's frozen parameters and buffers to copy into the model, the model's frozen parameters the
-    checkpoint left out). `state`: the model's state_dict(keep_vars=True); `trained`: ids of the parameters the
-    engine trains. CheckpointError, naming the first entry, for an entry of the checkpoint the model does not keep,
-    a buffer of the model the checkpoint lacks, or an entry of another shape. Frozen parameters may be left out by
-    design (DeepSpeed's save_checkpoint(exclude_frozen_parameters=True), DCP's ignore_frozen_params): they keep the
-    model's values, which the caller reports."""
+                      trained: set[int], strict: bool = True) -> tuple[list[str], list[str], list[str]]:
+    """(the checkpoint's frozen parameters and buffers to copy into the model, the model's untrained entries the
+    checkpoint left out, the checkpoint's untrained entries the model does not keep). `state`: the model's
+    state_dict(keep_vars=True); `trained`: ids of the parameters the engine trains. CheckpointError, naming the first
+    entry, for an entry of another shape and, when `strict`, for an entry of the checkpoint the model does not keep
+    or a buffer of the model the checkpoint lacks. Frozen parameters may be left out by design (DeepSpeed's
+    save_checkpoint(exclude_frozen_parameters=True), DCP's ignore_frozen_params): they keep the model's values, which
+    the caller reports."""
     saved = [n for n, i in infos.items() if n not in trainable and not i.tied_to]
     homeless = next((n for n in saved if n not in state), None)
-    if homeless is not None:
+    if homeless is not None and strict:
         raise CheckpointError(f"{folder} does not hold this model: it saved {homeless} {tuple(infos[homeless].shape)}, "
                               "which this model does not save (not a parameter or a persistent buffer of it); "
                               f"{REFUSE}, or give the model that entry")
@@ -35,7 +40,7 @@ def untrained_to_load(folder: Path, infos: dict[str, ParamInfo], trainable: set[
     untrained = [n for n, t in state.items() if isinstance(t, torch.Tensor) and id(t) not in trained]
     lacking = [n for n in untrained if n not in infos]
     buffer = next((n for n in lacking if not isinstance(state[n], torch.nn.Parameter)), None)
-    if buffer is not None:
+    if buffer is not None and strict:
         raise CheckpointError(f"{folder} does not hold this model: its buffer {buffer} {tuple(state[buffer].shape)} "
                               f"is not in the checkpoint; {REFUSE}, or make that buffer non-persistent "
                               "(register_buffer(..., persistent=False)) if the model rebuilds it")
@@ -44,7 +49,8 @@ def untrained_to_load(folder: Path, infos: dict[str, ParamInfo], trainable: set[
         if want != have:
             raise CheckpointError(f"{folder} does not hold this model: {name} is {want} in the checkpoint but {have} "
                                   f"in the model; {REFUSE}")
-    return [n for n in saved if id(state[n]) not in trained], lacking
+    kept = [n for n in saved if n in state]
+    return [n for n in kept if id(state[n]) not in trained], lacking, [n for n in saved if n not in state]
 
 
 def check_trained_have_states(folder: Path, names: list[str], trainable: set[str]) -> None:
@@ -54,3 +60,28 @@ def check_trained_have_states(folder: Path, names: list[str], trainable: set[str
         raise CheckpointError(f"{folder}: {frozen} is trained by this model but was frozen in the run that saved it "
                               "(it has no optimizer states); freeze it as that run did, or pass "
                               "load_optimizer_states=False to load the weights alone")
+
+
+def zbench_model_match(folder: Path, manifest: dict[str, Any], current: list[dict[str, Any]], strict: bool = True,
+                 weights_only: bool = False) -> NameMatch:
+    """A zbench manifest's entries against the model's `current` (checkpoint_load.param_entries): the entries a
+    non-strict load leaves out; CheckpointError for another model (strict) or a shared entry of another shape or
+    training."""
+    saved = {p["name"]: p for p in manifest["params"]}
+    found = NameMatch([e["name"] for e in current if e["name"] not in saved],
+                      [n for n in saved if n not in {e["name"] for e in current}])
+    if strict and found:
+        raise CheckpointError(
+            f"{folder} is from another model: missing {found.missing[:3]} unexpected {found.unexpected[:3]}; "
+            "load a checkpoint of this model"
+        )
+    trained = NameMatch([e["name"] for e in current if e["trainable"] and e["name"] in found.missing],
+                        [n for n in found.unexpected if saved[n]["trainable"]])
+    refuse_states(folder, trained, weights_only)  # untrained entries hold no optimizer states
+    for e in (e for e in current if e["name"] in saved):
+        if list(saved[e["name"]]["shape"]) != e["shape"] or saved[e["name"]]["trainable"] != e["trainable"]:
+            raise CheckpointError(
+                f"{folder}: {e['name']} is {saved[e['name']]['shape']} in the checkpoint but {e['shape']} "
+                "in the model; load a checkpoint of this model"
+            )
+    return found

@@ -220,13 +220,12 @@ class DeepSpeedEngineAPI(WeightExports, TorchStyleBackward, EngineDataLoader, Co
         then the saved keys.
         `load_optimizer_states=False` keeps this engine's optimizer states but takes the run's step counters, as
         DeepSpeed does; `load_module_only` keeps the counters and the schedule too. The next update takes the lrs
-        the loaded optimizer's groups held."""
+        the loaded optimizer's groups held. `load_module_strict=False` lets the model and the checkpoint differ in
+        entries for a load of the weights alone (checkpoint_non_strict.py)."""
         from .checkpoint_client_state import LoadFlags
         from .checkpoint_load import nothing_to_resume
         from .checkpointing import load
 
-        if not load_module_strict:
-            self._refuse("load_checkpoint(load_module_strict=False)", "load a checkpoint of this model")
         if custom_load_fn is not None:
             self._refuse("load_checkpoint(custom_load_fn=...)", "zbench's reader loads every checkpoint it accepts")
         tag = None if tag is None else str(tag)  # DeepSpeed's tags may be numbers: tag=epoch
@@ -241,7 +240,7 @@ class DeepSpeedEngineAPI(WeightExports, TorchStyleBackward, EngineDataLoader, Co
         schedule = load_lr_scheduler_states and not load_module_only
         applied, lrs = self.applied_steps(), self.get_lr() if isinstance(self.lr_scheduler, EngineScheduler) else None
         flags = LoadFlags(load_optimizer_states, load_lr_scheduler_states, load_module_only,
-                          self.deepspeed_checkpoints)
+                          self.deepspeed_checkpoints, load_module_strict)
         folder, client_state = load(self, load_dir, tag, weights_only=weights_only, schedule=schedule,
                                     counters=not load_module_only, flags=flags)
         # without its states this optimizer's applied count goes on, whatever step the run had reached
