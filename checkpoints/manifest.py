@@ -5,7 +5,8 @@ manifest's bytes, so `sha256sum -c manifest.sha256` works too). The manifest rec
 
     format, version, tag, step, micro_steps, world_size, stage, dtype
     layout      {world_size, align, partition_numel, groups: [[slot, ...], ...]}
-    params      every state-dict entry: {name, shape, dtype, trainable, tied_to, slot}
+    params      every state-dict entry saved: {name, shape, dtype, trainable, tied_to, slot}
+    excluded    (only from a save with exclude_frozen_parameters=True) the frozen parameters left out, by name
     fragments   {rank file: [[slot, param_start, partition_offset, numel], ...]}: where each element lives
     files       {file name: {bytes, hash, digest}} for every rank file and frozen.safetensors (checksums.py)
     optimizer, loss_scaler, rng (per rank, plain data), client_state

@@ -79,6 +79,7 @@ def structure_problem(m: dict[str, Any]) -> str | None:
         return "world_size or stage out of range"
     return (
         _params_problem(m["params"])
+        or _excluded_problem(m)
         or _layout_problem(m)
         or _fragments_problem(m)
         or _files_problem(m)
@@ -126,6 +127,16 @@ def _params_problem(params: list[Any]) -> str | None:
         seen[name] = p
     if sorted(slots) != list(range(len(slots))):
         return "the trainable parameters' slots are not 0..N-1, each once"
+    return None
+
+
+def _excluded_problem(m: dict[str, Any]) -> str | None:
+    """The frozen parameters a save left out: distinct names, none of them among the saved entries."""
+    excluded = m.get("excluded", [])
+    if not isinstance(excluded, list) or not all(isinstance(n, str) and 0 < len(n) <= 4096 for n in excluded):
+        return "'excluded' is not a list of parameter names"
+    if len(set(excluded)) != len(excluded) or set(excluded) & {p["name"] for p in m["params"]}:
+        return "'excluded' names a parameter twice, or one the checkpoint saves"
     return None
 
 

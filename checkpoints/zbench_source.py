@@ -131,7 +131,9 @@ class ZbenchSource:
             sum(dtypes.values()),
             dict(dtypes),
             size,
-            {"tag": m["tag"], "format_version": m["version"]},
+            {"tag": m["tag"], "format_version": m["version"],
+             **({"left out by the save": f"{len(m['excluded'])} frozen parameters (exclude_frozen_parameters)"}
+                if "excluded" in m else {})},
         )
 
     def verify(self) -> list[str]:

@@ -192,6 +192,9 @@ def convert(
         f"wrote {len(infos)} tensors ({tied} tied, stored once) as {to} in {len(files)} file(s), "
         f"{_human(size)}, to {out}" + (f", with {', '.join(copied)}" if copied else "")
     )
+    left_out = source.summary().extra.get("left out by the save")
+    if left_out:  # as DeepSpeed's zero_to_fp32 leaves them out: the base model's own weights come from elsewhere
+        click.echo(f"not written: {left_out}; the checkpoint does not hold them, take them from the base model")
 
 
 def _cannot_write(out: str, e: OSError) -> click.ClickException:

@@ -175,7 +175,8 @@ def zbench_entries(engine: "Engine", manifest: dict[str, Any]) -> dict[str, Any]
 
     e, zero = engine, engine.stage > 0
     params = _Params(e)
-    frozen = params.frozen() if e.stage >= 2 else None  # DeepSpeed records frozen parameters from ZeRO-2 on
+    # DeepSpeed records frozen parameters from ZeRO-2 on, unless the save excluded them
+    frozen = params.frozen() if e.stage >= 2 and "excluded" not in manifest else None
     rank = e.rank if e.world_size > 1 else 0
     shared = None
     if zero:  # DeepSpeed's rank 0 alone records the ties; at ZeRO-3 each rank reads its own file

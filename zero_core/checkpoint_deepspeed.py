@@ -27,7 +27,7 @@ from checkpoints.source import CheckpointError
 from .checkpoint_client_state import LoadFlags, deepspeed_file_entries, returned
 from .checkpoint_load import read_fragments, restore_counters, restore_steps
 from .group_values_record import group_values_record, restore_group_values
-from .checkpoint_model_match import check_trained_have_states, untrained_to_load
+from .checkpoint_model_match import check_trained_have_states, report_kept, untrained_to_load
 from .checkpoint_non_strict import NameMatch, refuse_states, report
 from .optim.client_optimizer import ClientOptimizer
 from .optim.states import NAMES, TensorStates
@@ -115,9 +115,8 @@ def load_foreign(engine: "Engine", folder: Path, source: Any, weights_only: bool
         check_trained_have_states(folder, [slot.name for slot in engine.layout.slots], source.model.trainable)
     source.check_states(keys[1:])  # the moments are all there before anything changes
     frozen_values = {n: source.load(n) for n in frozen}
-    if strict and kept and engine.rank == 0:  # by design in a save that excludes them, but never silent
-        print(f"zero_core: {folder} holds no frozen parameter {', '.join(kept[:3])}{' ...' if len(kept) > 3 else ''}"
-              " (saved without frozen parameters); they keep this model's values", flush=True)
+    if strict:
+        report_kept(folder, kept, engine.rank)
     reader = _Reader(source)
     with torch.no_grad():
         if isinstance(opt.states, TensorStates):

@@ -25,7 +25,7 @@ from checkpoints.verified_read import read_verified
 from checkpoints.zbench_source import FragmentReader, read_frozen
 
 from .checkpoint_client_state import LoadFlags, returned, zbench_entries
-from .checkpoint_model_match import zbench_model_match
+from .checkpoint_model_match import report_kept, zbench_model_match
 from .checkpoint_non_strict import report
 from .group_values_record import restore_group_values
 from .host_schedules import GroupLrs, TorchScheduler
@@ -221,10 +221,11 @@ def _load_zbench(engine: "Engine", folder: Path, weights_only: bool, schedule: b
     """(the folder, its manifest) once loaded."""
     manifest = mf.read(folder)
     current = param_entries(engine)
-    left_out = zbench_model_match(folder, manifest, current, strict, weights_only)
+    left_out, kept = zbench_model_match(folder, manifest, current, strict, weights_only)
+    absent = set(left_out.missing) | set(kept)  # these keep the model's values
     reader = FragmentReader(folder, manifest)  # after the model checks: nothing opened for a refused checkpoint
     mine = engine.layout.fragments(engine.rank if engine.layout.world_size > 1 else 0)
-    mine = [f for f in mine if engine.layout.slots[f.param_index].name not in left_out.missing]
+    mine = [f for f in mine if engine.layout.slots[f.param_index].name not in absent]
     names = [engine.layout.slots[f.param_index].name for f in mine]
     opt = engine.optimizer
     one_pass = isinstance(opt.states, TensorStates)
@@ -237,7 +238,7 @@ def _load_zbench(engine: "Engine", folder: Path, weights_only: bool, schedule: b
     restore = restore_rng(rng, manifest["version"], folder) if rng is not None else None  # checked before any change
     saved_states = [] if weights_only else _check_states(folder, manifest, opt)
     client = isinstance(opt, ClientOptimizer)
-    frozen = [e["name"] for e in current if not (e["trainable"] or e["tied_to"] or e["name"] in left_out.missing)]
+    frozen = [e["name"] for e in current if not (e["trainable"] or e["tied_to"] or e["name"] in absent)]
     frozen_values = read_frozen(folder, manifest, frozen, verify=True)  # small: verified before any change
     with torch.no_grad():
         try:
@@ -266,6 +267,7 @@ def _load_zbench(engine: "Engine", folder: Path, weights_only: bool, schedule: b
             state[name].data.copy_(t)
         engine.refresh_working_weights()
         report(folder, left_out, engine.rank)
+        report_kept(folder, kept, engine.rank)
         if weights_only:
             if counters:
                 restore_steps(engine, folder, manifest["step"], manifest["micro_steps"],

@@ -62,13 +62,26 @@ def check_trained_have_states(folder: Path, names: list[str], trainable: set[str
                               "load_optimizer_states=False to load the weights alone")
 
 
+def report_kept(folder: Path, kept: list[str], rank: int) -> None:
+    """Say on rank 0 which frozen parameters a save left out (they keep the model's values): by design in a save
+    that excludes them, but never silent."""
+    if kept and rank == 0:
+        print(f"zero_core: {folder} holds no frozen parameter {', '.join(kept[:3])}{' ...' if len(kept) > 3 else ''}"
+              " (saved without frozen parameters); they keep this model's values", flush=True)
+
+
 def zbench_model_match(folder: Path, manifest: dict[str, Any], current: list[dict[str, Any]], strict: bool = True,
-                 weights_only: bool = False) -> NameMatch:
-    """A zbench manifest's entries against the model's `current` (checkpoint_load.param_entries): the entries a
-    non-strict load leaves out; CheckpointError for another model (strict) or a shared entry of another shape or
-    training."""
+                       weights_only: bool = False) -> tuple[NameMatch, list[str]]:
+    """A zbench manifest's entries against the model's `current` (checkpoint_load.param_entries): (the entries a
+    non-strict load leaves out, the model's entries the save left out as frozen parameters). CheckpointError for
+    another model (strict), a shared entry of another shape or training, or a left-out one trained now whose optimizer
+    states the load would take."""
     saved = {p["name"]: p for p in manifest["params"]}
-    found = NameMatch([e["name"] for e in current if e["name"] not in saved],
+    excluded = set(manifest.get("excluded", []))
+    kept = [e["name"] for e in current if e["name"] in excluded or e["tied_to"] in excluded]
+    if not weights_only:
+        check_trained_have_states(folder, [e["name"] for e in current if e["trainable"] and e["name"] in kept], set())
+    found = NameMatch([e["name"] for e in current if e["name"] not in saved and e["name"] not in kept],
                       [n for n in saved if n not in {e["name"] for e in current}])
     if strict and found:
         raise CheckpointError(
@@ -84,4 +97,4 @@ def zbench_model_match(folder: Path, manifest: dict[str, Any], current: list[dic
                 f"{folder}: {e['name']} is {saved[e['name']]['shape']} in the checkpoint but {e['shape']} "
                 "in the model; load a checkpoint of this model"
             )
-    return found
+    return found, kept

@@ -104,9 +104,20 @@ class HostBuffers:
 
 
 def frozen_tensors(engine: "Engine", entries: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-    """Frozen parameters and buffers, each stored once (tied names point at their owner)."""
-    return {e["name"]: t.detach() for e, t in zip(entries, engine.module.state_dict(keep_vars=True).values())
-            if not e["trainable"] and not e["tied_to"]}
+    """Frozen parameters and buffers of `entries`, each stored once (tied names point at their owner)."""
+    state = engine.module.state_dict(keep_vars=True)
+    return {e["name"]: state[e["name"]].detach() for e in entries if not e["trainable"] and not e["tied_to"]}
+
+
+def without_frozen_parameters(engine: "Engine",
+                              entries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """(`entries` less the frozen parameters and the names tied to them, those parameters' names), for a save with
+    DeepSpeed's exclude_frozen_parameters=True: buffers stay, as DeepSpeed's module entry keeps them."""
+    state = engine.module.state_dict(keep_vars=True)
+    left = [e["name"] for e in entries if not e["trainable"] and not e["tied_to"]
+            and isinstance(state[e["name"]], torch.nn.Parameter)]
+    gone = set(left)
+    return [e for e in entries if e["name"] not in gone and e["tied_to"] not in gone], left
 
 
 def contents(engine: "Engine", entries: list[dict[str, Any]], buffers: HostBuffers | None) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from checkpoints.tag_folder import TagNotReplaceable, check_replaceable
 from . import checkpoint_markers as markers
 from . import comm, recovery_script
 from .checkpoint_load import load, param_entries  # noqa: F401  (load is re-exported for the engine)
-from .checkpoint_snapshot import NvmeStates, contents
+from .checkpoint_snapshot import NvmeStates, contents, without_frozen_parameters
 from .group_values_record import group_values_record
 from .optim.client_optimizer import ClientOptimizer
 from .optim.facade import EngineScheduler
@@ -174,8 +174,10 @@ def save(
     keep_last: int | None = None,
     move_latest: bool = True,
     async_save: bool = False,
+    exclude_frozen: bool = False,
 ) -> Path:
-    """Collective. Returns the checkpoint folder (committed, or being committed in the background)."""
+    """Collective. Returns the checkpoint folder (committed, or being committed in the background).
+    `exclude_frozen`: the frozen parameters are left out, listed by name in the manifest's `excluded`."""
     from .checkpoint_async import saver_of
 
     saver = saver_of(engine)
@@ -201,6 +203,7 @@ def save(
             f"client_state is not JSON-serialisable ({e}); pass plain data (numbers, text, lists, dicts)"
         ) from None
     entries = param_entries(engine)  # first: a tensor no file can hold is refused before anything is written
+    entries, excluded = without_frozen_parameters(engine, entries) if exclude_frozen else (entries, None)
     staged = _stage(engine, root, tag)
     files = contents(engine, entries, saver.buffers if async_save else None)  # sync: the live tensors, streamed
     rng = comm.all_gather_object(capture_rng(engine.device), what="all-gather of the RNG states")
@@ -209,6 +212,8 @@ def save(
         if engine.rank == 0
         else None
     )
+    if manifest is not None and excluded is not None:
+        manifest["excluded"] = excluded
     saver.recovery_script = engine.deepspeed_checkpoints
     if async_save:
         saver.start(root, tag, staged, files, manifest, move_latest, keep_last)

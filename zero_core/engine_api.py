@@ -190,16 +190,17 @@ class DeepSpeedEngineAPI(WeightExports, TorchStyleBackward, EngineDataLoader, Co
         (unless `save_latest=False`). `client_state` (JSON-serialisable: data position, epoch, ...) comes back
         from `load_checkpoint`. `keep_last=k` deletes this engine's own older checkpoints, never another's.
         `async_save` (default: the config's zero_core.async_checkpoint): return once the state is copied to
-        host buffers; the write and commit go on in the background (`wait_for_checkpoint()`)."""
+        host buffers; the write and commit go on in the background (`wait_for_checkpoint()`).
+        `exclude_frozen_parameters=True` leaves the frozen parameters out, as DeepSpeed's (a LoRA run's base
+        weights): a load keeps the model's own values for them."""
         from .checkpointing import save
 
-        if exclude_frozen_parameters:
-            self._refuse("save_checkpoint(exclude_frozen_parameters=True)", "checkpoints hold every parameter")
         tag = None if tag is None else str(tag)  # as DeepSpeed: save_checkpoint(dir, tag=epoch)
         settled(self)  # the states as of the last step
         if async_save is None:
             async_save = self.config.zero_core.async_checkpoint
-        return save(self, save_dir, tag, client_state, keep_last, move_latest=save_latest, async_save=bool(async_save))
+        return save(self, save_dir, tag, client_state, keep_last, move_latest=save_latest, async_save=bool(async_save),
+                    exclude_frozen=exclude_frozen_parameters)
 
     def wait_for_checkpoint(self) -> Path | None:
         """Collective: wait for the async save in flight to be committed; its folder (None if there was none).
