@@ -19,9 +19,11 @@ if TYPE_CHECKING:
 
 
 def settled(engine: "Engine") -> None:
-    """The states as of the last step: no update in flight, none speculated, every weight gather done."""
+    """The states as of the last step: no update in flight, none speculated, every weight gather done, and weights the
+    script changed since taken where the stage keeps them (stage 0, fp32)."""
     engine._drain_updates()
     engine.wait_for_weights()
+    engine.strategy.take_edited_weights()
 
 
 def gathered_group(engine: "Engine", g: Any, name: str = "master") -> torch.Tensor:

@@ -107,6 +107,9 @@ class Stage:
     def wait_for_weights(self) -> None:
         """Finish weight all-gathers still in flight (stages 1-2 overlap them with the next forward)."""
 
+    def take_edited_weights(self) -> None:
+        """Make weights the script changed in place the masters, where the stage keeps them (stage 0, fp32)."""
+
     def write_partition(self, lo: int, hi: int, values: torch.Tensor) -> None:
         """Write partition elements [lo, hi) of the 16-bit output (after a checkpoint load)."""
         out = self.output

@@ -4,6 +4,10 @@ Gradients accumulate in persistent flat buckets across micro-steps and are all-r
 optimizer step, at the accumulation boundary; every rank then runs the same update over the whole
 partition, writing the 16-bit weights straight into the working buffer.
 
+As DeepSpeed's stage 0, whose torch optimizer steps the model's own fp32 parameters, an fp32 run takes weights the
+script changed in place (`load_state_dict`, `clamp_` under no_grad, ...) as the masters the next update starts
+from; 16-bit runs keep their fp32 masters as the truth, as DeepSpeed's mixed-precision optimizers do.
+
 As DeepSpeed's stage 0, the rank-averaged gradient is left in each parameter's `.grad` after the backward
 that ends an accumulation window (fp32 parameters: views of the optimizer's fp32 gradient, no copy), and
 the step takes `.grad` as the script left it (clipped by `clip_grad_norm_`, say); `.grad` is None after it.
@@ -71,11 +75,21 @@ class ReplicatedStage(Stage):
                 grad = opt.gradient_of(0, opt.states.numel)
                 opt.sumsq.copy_(grad.double().pow(2).sum().reshape(1))
                 opt.nonfinite.copy_((~torch.isfinite(grad).all()).int().reshape(1))
+        self.take_edited_weights()
         super().begin_update()
 
     def finish_update(self) -> None:
         self._release()
         super().finish_update()
+
+    def take_edited_weights(self) -> None:
+        """In fp32 the working weights hold the masters' values but for what the script wrote into them in place,
+        through a parameter or its `.data` (which no version counter of ours sees): copying them is right either
+        way, at one pass over the weights per update."""
+        if self.dtype == torch.float32:
+            with torch.no_grad():
+                for lo, hi, views in self.optimizer.states.stream(("master",)):
+                    views["master"].copy_(self.flat[lo:hi])
 
     def _release(self) -> None:
         for p, _ in self._exposed:
