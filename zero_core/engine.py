@@ -50,6 +50,20 @@ class Engine(EngineModes, BackwardPass, torch.nn.Module, DeepSpeedEngineAPI, Eng
     training_refused: str | None = None  # why backward() is refused (deepspeed.initialize without any optimizer)
     last_step_updated = False  # whether the last step() was a boundary's (was_step_applied)
 
+    def __getattr__(self, name: str) -> Any:
+        """The model's own attributes where the engine has none, as DeepSpeed's engine passes them through:
+        `engine.generate(...)`, `engine.gradient_checkpointing_enable()`, `engine.config` stays the engine's."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            module = self._modules.get("module")
+            if module is None or name.startswith("__"):
+                raise
+            try:
+                return getattr(module, name)
+            except AttributeError:
+                raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'") from None
+
     def __init__(self, model: torch.nn.Module, config: dict | str | ZeroConfig, *, model_parameters: Any = None,
                  optimizer: Any = None, lr_scheduler: Any = None, auto: Any = None) -> None:
         super().__init__()
