@@ -54,6 +54,22 @@ class TrainingArguments(transformers.TrainingArguments):
                 os.environ[LAUNCHED] = use_deepspeed
 
 
+def _knows_engine(accelerator: Any, engine: Engine) -> None:
+    """Teach Trainer's Accelerator the engine, as Accelerate's DeepSpeed path knows DeepSpeed's: fine-tuning scripts
+    save `trainer.accelerator.get_state_dict(trainer.model_wrapped)`, which would otherwise hold the engine's
+    `module.`-prefixed keys (or, at stage 3, refuse)."""
+    unwrap, get_state_dict = accelerator.unwrap_model, accelerator.get_state_dict
+
+    def unwrap_model(model: Any, *args: Any, **kwargs: Any) -> Any:
+        return engine.module if model is engine else unwrap(model, *args, **kwargs)
+
+    def engine_state_dict(model: Any, unwrap: bool = True) -> dict[str, torch.Tensor]:
+        """Collective for the engine or its model: the full fp32 weights on every rank, keyed as the model's."""
+        return engine.full_state_dict() if model is engine or model is engine.module else get_state_dict(model, unwrap)
+
+    accelerator.unwrap_model, accelerator.get_state_dict = unwrap_model, engine_state_dict
+
+
 def _config_source(args: Any) -> Any:
     if getattr(args, "deepspeed", None):
         raise ValueError(
@@ -137,7 +153,8 @@ class ZeroTrainer(transformers.Trainer):
             self.lr_scheduler = held.scheduler
         else:
             self.lr_scheduler = EngineSchedule(self.engine, handle, stepped_by_loop)
-        self.model_wrapped = self.engine
+        self.model_wrapped = self.deepspeed = self.engine  # `trainer.deepspeed`: the engine, as on DeepSpeed
+        _knows_engine(self.accelerator, self.engine)
         if resume_from_checkpoint is not None:
             self.engine.load_checkpoint(resume_from_checkpoint)
             if isinstance(self.lr_scheduler, EngineSchedule):
