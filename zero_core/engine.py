@@ -18,6 +18,7 @@ from .checkpoint_async import saver_of
 from .checkpoint_snapshot import reserve_for
 from .buffer_dtypes import buffer_targets
 from .config import ZeroConfig, describe, load_config
+from .config_passed_objects import passed_objects_win
 from .deferred import built_converted, is_deferred
 from .deferred.shards import materialise_whole, shard_into
 from .engine_api import DeepSpeedEngineAPI
@@ -70,7 +71,8 @@ class Engine(EngineModes, BackwardPass, torch.nn.Module, DeepSpeedEngineAPI, Eng
         self.device = comm.pick_device()
         comm.ensure_process_group(self.device)
         self.world_size, self.rank = comm.world_size(), comm.rank()
-        cfg = with_items(load_config(config, self.world_size, auto=auto), given_dict(config))
+        cfg = passed_objects_win(load_config(config, self.world_size, auto=auto), optimizer, lr_scheduler, self.rank)
+        cfg = with_items(cfg, given_dict(config))
         self.config: ZeroConfig = cfg
         self._announce()
         self.stage, self.dtype = cfg.stage, cfg.dtype

@@ -262,9 +262,7 @@ def make_schedules(
     from .config_host_schedules import config_host_schedule
     from .optim.facade import EngineScheduler
 
-    if lr_scheduler is not None and cfg.scheduler is not None:
-        raise ConfigError("an lr_scheduler was passed to initialize and the config has a 'scheduler' section too; "
-                          "remove one of them")
+    assert lr_scheduler is None or cfg.scheduler is None, "the engine drops the config's scheduler for a passed one"
     if lr_scheduler is None:
         if cfg.scheduler is None:
             return None, None

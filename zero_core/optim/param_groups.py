@@ -156,11 +156,7 @@ def plan_optimizer(
                 f"the optimizer callable returned {type(optimizer).__name__}, not a torch.optim.Optimizer"
             )
     if optimizer is not None:
-        if cfg.optimizer_given:
-            raise ConfigError(
-                "an optimizer was passed to initialize and the config has an 'optimizer' section too; "
-                "remove one of them"
-            )
+        assert not cfg.optimizer_given, "the engine drops the config's optimizer section for a passed optimizer"
         decoupled = _fused_kind(optimizer)
         if decoupled is None and type(optimizer) not in _ELEMENTWISE and not cfg.zero_allow_untested_optimizer:
             raise ConfigError(
