@@ -78,7 +78,8 @@ def test_gathered_parameters_with_a_modifier_rewrites_the_master_weights(stage):
 
 def _saved_16bit(rank: int, world: int, stage: int, out: str) -> dict:
     engine = _trained(stage, world, rank, dtype="bf16")
-    assert engine.save_16bit_model(out) is True
+    assert engine.save_16bit_model(out) is True  # DeepSpeed's default name, pytorch_model.bin
+    assert engine.save_16bit_model(out, "model.safetensors") is True
     return engine.full_state_dict()
 
 
@@ -87,6 +88,9 @@ def test_save_16bit_model_writes_the_current_weights(tmp_path, stage):
     full = run_ranks(_saved_16bit, 2, stage, str(tmp_path))
     saved = load_file(str(tmp_path / "model.safetensors"))
     assert "head.weight" not in saved and "wte.weight" in saved  # tied: stored once, under its first name
+    pickled = torch.load(tmp_path / "pytorch_model.bin", weights_only=True)  # plain tensors, as DeepSpeed's
+    assert pickled.keys() == full.keys() and pickled["head.weight"] is pickled["wte.weight"]  # tied: one tensor
+    assert all(torch.equal(pickled[k], t) for k, t in saved.items())
     for k, t in saved.items():
         assert t.dtype == (torch.bfloat16 if full[k].is_floating_point() else full[k].dtype), k
         assert torch.equal(t, full[k].to(t.dtype)), k

@@ -212,7 +212,7 @@ def _between_backward_and_step(overlap: float, folder) -> tuple[dict, dict, dict
     x, y = batches[2]
     engine.backward(engine(x, y).loss)
     speculated = list(engine.optimizer.speculative.ranges)
-    engine.save_16bit_model(folder / "weights")  # first: each of these must see the pre-step states by itself
+    engine.save_16bit_model(folder / "weights", "model.safetensors")  # first: each must see the pre-step states
     engine.save_checkpoint(folder)
     before = {**engine.full_state_dict(), **{f"16bit.{k}": v for k, v in
                                              load_file(folder / "weights" / "model.safetensors").items()}}

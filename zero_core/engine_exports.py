@@ -19,11 +19,12 @@ class WeightExports:
     rank: int
     full_state_dict: Any
 
-    def save_16bit_model(self, save_dir: str | os.PathLike, save_filename: str = "model.safetensors",
+    def save_16bit_model(self, save_dir: str | os.PathLike, save_filename: str = "pytorch_model.bin",
                          exclude_frozen_parameters: bool = False) -> bool:
-        """Collective: the current weights in the working precision as safetensors in `save_dir`, at every stage
-        (gathered from the fp32 masters), plus `config.json` when the module has a Hugging Face config.
-        Tied weights are stored once, under their first name, as `save_pretrained` does."""
+        """Collective: the current weights in the working precision in `save_dir/save_filename`, at every stage
+        (gathered from the fp32 masters), plus `config.json` when the module has a Hugging Face config. As
+        DeepSpeed's, by default `pytorch_model.bin` (a torch.save of plain tensors); a `*.safetensors` name writes
+        safetensors, tied weights once under their first name, as `save_pretrained` does."""
         save_model_weights(self, Path(save_dir), save_filename, exclude_frozen_parameters)
         return True
 

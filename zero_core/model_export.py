@@ -79,17 +79,33 @@ def _untied(engine: "Engine", state: dict[str, torch.Tensor], exclude_frozen: bo
 
 
 def save_model_weights(engine: "Engine", save_dir: Path, filename: str, exclude_frozen: bool) -> None:
-    """Rank 0 writes `save_dir/filename` (safetensors) and, for a Hugging Face model, its config.json."""
+    """Rank 0 writes `save_dir/filename` and, for a Hugging Face model, its config.json: safetensors for a
+    `*.safetensors` name (tied names after the first left out, as save_pretrained does), else a torch.save of the
+    plain tensors, tied names sharing one tensor, as DeepSpeed writes pytorch_model.bin (torch.load(weights_only=True)
+    reads it)."""
     from safetensors.torch import save_file
 
-    if not filename.endswith(".safetensors"):
-        raise ValueError(f"save_16bit_model writes safetensors: name the file *.safetensors, not {filename!r}")
     state = full_state_dict(engine, engine.dtype, keep=engine.rank == 0)
     if engine.rank == 0:
         save_dir.mkdir(parents=True, exist_ok=True)
-        save_file(_untied(engine, state, exclude_frozen), str(save_dir / filename), metadata={"format": "pt"})
+        if filename.endswith(".safetensors"):
+            save_file(_untied(engine, state, exclude_frozen), str(save_dir / filename), metadata={"format": "pt"})
+        else:
+            torch.save(_tied(engine, state, exclude_frozen), save_dir / filename)
         _write_config(engine.module, save_dir)
     comm.barrier("barrier after save_16bit_model")
+
+
+def _tied(engine: "Engine", state: dict[str, torch.Tensor], exclude_frozen: bool) -> dict[str, torch.Tensor]:
+    """Every name, a tied weight's names one tensor, optionally no frozen ones."""
+    one = _untied(engine, state, exclude_frozen)
+    first: dict[int, str] = {}
+    out = {}
+    for name, t in engine.module.state_dict(keep_vars=True).items():
+        first.setdefault(id(t), name)
+        if first[id(t)] in one:
+            out[name] = one[first[id(t)]]
+    return out
 
 
 def _write_config(module: Any, save_dir: Path) -> None:
