@@ -8,8 +8,8 @@ recorded on the first step. Backward: a pass-through autograd node on the module
 re-gathers the unit before its gradients are computed; the gradient reducer releases it once its
 gradients are reduced. Units under the persistence threshold are never released, and a unit whose backward
 comes soon after its forward (stage3_max_reuse_distance) is kept between the two. A released unit's parameters
-are gathered when a forward or backward reads them outside the unit's own forward, and refuse reads elsewhere
-(released_params.py).
+are gathered when a forward (of the model or of any module in it, called on its own) or a backward reads them
+outside the unit's own forward, and refuse reads elsewhere (released_params.py).
 """
 
 from __future__ import annotations
@@ -96,8 +96,10 @@ class ParamGatherer:
             self._handles.append(module.register_forward_pre_hook(self._pre_hook(needed)))
             self._handles.append(module.register_forward_hook(self._post_hook(needed)))
         owned = [[params[s.index] for s in grp.slots] if params else [] for grp in layout.groups]
+        # every module's forward counts as the model's: a script may call any submodule on its own (generate()
+        # calls the encoder; a loss calls the body, then the head), and what it reads is gathered as it reads it
         self.reads = ReleasedReads(owned, [[s.name for s in grp.slots] for grp in layout.groups],
-                                   ([root] if root is not None else []) + [m for m, _ in units],
+                                   (list(root.modules()) if root is not None else []) + [m for m, _ in units],
                                    self.borrow, self.settle, alone=comm.world_size() == 1)
         for g in range(len(self.full)):
             self._free(g)
@@ -232,7 +234,8 @@ class ParamGatherer:
         """Release units held by a backward whose gradients never arrived (e.g. unused outputs), and those a
         forward or backward read outside their own forward."""
         for g in range(len(self.full)):
-            self.held_for_backward[g] = self.kept_for_reuse[g] = self.reads.borrowed[g] = False
+            self.held_for_backward[g] = self.kept_for_reuse[g] = False
+            self.reads.borrowed[g] = self.reads.until_backward[g] = False
             self._release(g)
 
     def borrow(self, g: int) -> None:
@@ -244,9 +247,10 @@ class ParamGatherer:
         self.reads.borrowed[g] = True
 
     def settle(self) -> None:
-        """A forward without grad returned: the units it borrowed go back."""
+        """A forward without grad returned: the units it borrowed go back (not those a forward with grad borrowed
+        before it: its backward reads them)."""
         for g in range(len(self.full)):
-            if self.reads.borrowed[g]:
+            if self.reads.borrowed[g] and not self.reads.until_backward[g]:
                 self.reads.borrowed[g] = False
                 self._release(g)
 
@@ -261,7 +265,7 @@ class ParamGatherer:
             torch.cuda.current_stream().wait_event(ev)
         self.pending.clear()
         for g in range(len(self.full)):
-            self.fresh[g] = self.kept_for_reuse[g] = self.reads.borrowed[g] = False
+            self.fresh[g] = self.kept_for_reuse[g] = self.reads.borrowed[g] = self.reads.until_backward[g] = False
             if not self.persistent[g]:
                 self._free(g)
             elif update_in_flight:

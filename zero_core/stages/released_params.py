@@ -4,9 +4,10 @@ A released unit keeps its parameters' shapes, but their storage is empty: readin
 memory. So while its unit is released each parameter's class is `ReleasedParameter`, whose `__torch_function__`
 lets through, as before, whatever reads no element (shape, dtype, device, requires_grad, grad, numel, hooks, the
 `*_like` and `new_*` factories, a `.to()` that changes nothing). Any other use of it
-- inside the model's forward (the root's or any unit's) or inside a backward, which every rank runs alike, so that
-  gathering is collective, first gathers the unit, which then stays gathered until the backward is over (until the
-  forward returns, without grad): as DeepSpeed gathers a parameter a forward reads outside its own module;
+- inside a forward of the model or of any of its modules (a submodule called on its own, as `generate()` calls the
+  encoder) or inside a backward, which every rank runs alike, so that gathering is collective, first gathers the
+  unit, which then stays gathered until the backward is over (until the outermost forward returns, without grad):
+  as DeepSpeed gathers a parameter a forward reads outside its own module;
 - anywhere else raises a ValueError naming the parameter, and how to read it (GatheredParameters on every rank).
 """
 
@@ -102,6 +103,7 @@ class ReleasedReads:
         self.unit_params = unit_params
         self.released = [False] * len(unit_params)
         self.borrowed = [False] * len(unit_params)  # gathered for a read outside the unit's forward
+        self.until_backward = [False] * len(unit_params)  # borrowed with autograd on: kept until the backward ends
         # kept whole, but holding the last step's weights while the overlapped host update writes the new ones
         self.stale = [False] * len(unit_params)
         self.alone = alone  # one rank: a gather needs no peer, so a read anywhere may gather
@@ -146,8 +148,10 @@ class ReleasedReads:
 
     def use(self, g: int, name: str, what: str) -> None:
         """Unit g's parameter `name` is about to be read (`what`): gather the unit, or refuse."""
-        if self.depth > 0 or torch._C._current_graph_task_id() != -1 or (self.alone and self.stale[g]):
+        in_backward = torch._C._current_graph_task_id() != -1
+        if self.depth > 0 or in_backward or (self.alone and self.stale[g]):
             self.borrow(g)
+            self.until_backward[g] = self.until_backward[g] or in_backward or torch.is_grad_enabled()
             return
         why = ("while zero_core.overlap_weight_gather's host update still writes its unit's new weights" if
                self.stale[g] else "while its unit's weights are released")
