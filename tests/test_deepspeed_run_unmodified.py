@@ -143,3 +143,7 @@ def test_activation_checkpointing_answers_under_both_of_deepspeeds_paths():
     x = torch.randn(3, requires_grad=True)
     by_path.checkpoint(lambda t: (t * t).sum(), x).backward()
     assert torch.allclose(x.grad, 2 * x)
+    checkpointing.configure(None, partition_activations=True)  # over a model-parallel group of one: nothing to do
+    assert checkpointing.is_configured()
+    with pytest.raises(NotImplementedError, match="checkpoint_in_cpu"):
+        checkpointing.configure(None, checkpoint_in_cpu=True)

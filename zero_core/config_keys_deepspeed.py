@@ -113,8 +113,8 @@ SECTIONS = [
     Key("compile.autoep_non_moe", REFUSED, "AutoEP is not implemented", (False,)),
     Key("compile.passes", REFUSED, "DeepCompile is not implemented", (None,)),
     *ignored("DeepCompile is off", *(f"compile.{k}" for k in _COMPILE)),
-    Key("activation_checkpointing.partition_activations", REFUSED,
-        "activations are recomputed by torch.utils.checkpoint, never partitioned", (False,)),
+    *ignored("no model parallelism: DeepSpeed partitions activations over a model-parallel group, which is one rank "
+             "here, so it changes nothing", "activation_checkpointing.partition_activations"),
     Key("activation_checkpointing.cpu_checkpointing", REFUSED,
         "activations are recomputed by torch.utils.checkpoint, never kept on the CPU", (False,)),
     *ignored(_RECOMPUTE, *(f"activation_checkpointing.{k}" for k in (

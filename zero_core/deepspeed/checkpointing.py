@@ -25,12 +25,13 @@ def configure(
     synchronize: bool | None = None,
     profile: bool | None = None,
 ) -> None:
-    """Accepts DeepSpeed's options; partitioning and CPU checkpointing of activations are refused by name."""
+    """Accepts DeepSpeed's options. Partitioning activations over a model-parallel group changes nothing without
+    model parallelism (one rank); keeping them on the CPU (`checkpoint_in_cpu`) is refused by name."""
     global _configured
-    if partition_activations or checkpoint_in_cpu:
+    if checkpoint_in_cpu:
         raise NotImplementedError(
-            "deepspeed.checkpointing.configure(partition_activations/checkpoint_in_cpu) is not "
-            "supported by zero_core; activations are recomputed, not partitioned or offloaded"
+            "deepspeed.checkpointing.configure(checkpoint_in_cpu=True) is not supported by zero_core; activations "
+            "are recomputed, not offloaded: drop checkpoint_in_cpu"
         )
     _configured = True
 
