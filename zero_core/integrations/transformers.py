@@ -284,3 +284,8 @@ class ZeroTrainer(transformers.Trainer):
 
 
 Trainer = ZeroTrainer
+
+
+from .transformers_seq2seq import Seq2SeqTrainer, Seq2SeqTrainingArguments  # noqa: E402  (built on ZeroTrainer)
+
+__all__ = ["Seq2SeqTrainer", "Seq2SeqTrainingArguments", "Trainer", "TrainingArguments", "ZeroTrainer"]
