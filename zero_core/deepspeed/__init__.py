@@ -9,7 +9,8 @@ Trainer and Lightning call, on zero_core's engine, so an existing DeepSpeed scri
 `deepspeed.zero.Init()`, `deepspeed.zero.GatheredParameters(...)`, `deepspeed.checkpointing.checkpoint(...)`,
 `deepspeed.init_distributed()`, `deepspeed.add_config_arguments(parser)`, `deepspeed.comm`,
 `deepspeed.get_accelerator()` (also under `deepspeed.accelerator`), `deepspeed.ops.adam`, `deepspeed.utils`
-(zero_to_fp32, log_dist, ...) and `deepspeed.runtime.utils.see_memory_usage` are here too. What DeepSpeed has
+(zero_to_fp32, log_dist, the timers of `utils.timer`, ...), `deepspeed.runtime.utils`' helpers, `DeepSpeedConfig`,
+`deepspeed.profiling.flops_profiler` and the version fields are here too. What DeepSpeed has
 and zero_core does not (pipeline and model parallelism, MoE, its own ops) is refused in one line naming the call.
 """
 
@@ -26,16 +27,19 @@ from .. import comm as zero_comm
 from ..config import read_config_file
 from ..deferred.record import mark_full_sizes
 from ..engine import Engine
-from . import accelerator, checkpointing, comm, ops, runtime, utils, zero
+from . import accelerator, checkpointing, comm, ops, profiling, runtime, utils, zero
 from .accelerator import get_accelerator
+from .runtime.config import DeepSpeedConfig
 from .utils import OnDevice
 
 __all__ = ["initialize", "init_distributed", "add_config_arguments", "zero", "checkpointing", "comm", "accelerator",
-           "ops", "runtime", "utils", "DeepSpeedEngine", "get_accelerator", "OnDevice"]
+           "ops", "profiling", "runtime", "utils", "DeepSpeedEngine", "DeepSpeedConfig", "get_accelerator", "OnDevice"]
 DeepSpeedEngine = Engine
 zero.partition_parameters = runtime.zero.partition_parameters  # as DeepSpeed's deepspeed.zero has it
 # the DeepSpeed release whose API this follows (scripts compare against it); the local label says it is zero_core
 __version__ = "0.19.8+zero_core"
+__version_major__, __version_minor__, __version_patch__ = (int(n) for n in __version__.split("+")[0].split("."))
+__git_hash__ = __git_branch__ = "unknown"  # what a pip-installed DeepSpeed reports
 
 
 _ONLY_DATA_PARALLEL = "zero_core trains data-parallel with ZeRO sharding only"
