@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from .deepspeed_pickle import REWRITE, NumpyArray, NumpyDtype, bad_field, checked_number, shown
+from .pickle_plain_types import PickledNamespace
 from .dtypes import name_of
 from .torch_file_reader import TorchFileReader
 from .paths import inside
@@ -96,6 +97,8 @@ def _materialized(files: TorchFileReader, path: Path, obj: Any, done: dict[int, 
         out: Any = files.tensor(path, obj)
     elif isinstance(obj, (NumpyArray, NumpyDtype)):
         out = obj.array if isinstance(obj, NumpyArray) else obj.real()
+    elif isinstance(obj, PickledNamespace):  # a script's args: its values read as any others
+        out = obj.namespace({k: _materialized(files, path, v, done) for k, v in obj.attrs.items()})
     elif isinstance(obj, dict):
         out = type(obj)() if type(obj) in (dict, OrderedDict) else {}
         done[id(obj)] = out

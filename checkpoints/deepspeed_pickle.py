@@ -3,8 +3,9 @@
 DeepSpeed pickles a few of its own classes into checkpoints (the loss scaler, the ZeRO stage enum,
 the fragment addresses of `param_slice_mappings`, ...). We load with torch's weights-only unpickler,
 which refuses every global that is not allowlisted, and allowlist *inert stand-ins* registered
-under those DeepSpeed names: nothing from the file is ever imported or executed. Any other global
-is refused with a CheckpointError naming the file and the global.
+under those DeepSpeed names (and, for a client_state's argparse Namespace and numpy values, those of
+pickle_plain_types.py): nothing from the file is ever imported or executed. Any other global is refused
+with a CheckpointError naming the file and the global.
 
 torch_file_reader.py loads the structure with meta tensors and reads tensor bytes itself; a plain
 load here memory-maps zip-format files, so only the pages a caller touches are read from disk.
@@ -25,6 +26,7 @@ from typing import Any
 
 import torch
 
+from .pickle_plain_types import PLAIN_TYPES, REFUSABLE, NumpyArray, NumpyDtype  # noqa: F401  (re-exported)
 from .source import CheckpointError
 from .zip_crc import first_bad_record
 
@@ -62,57 +64,6 @@ class FragmentAddress:
     start: int = 0
 
 
-class NumpyDtype:
-    """Stand-in for numpy.dtype as pickled (`dtype(name, align, copy)` then its byte order): plain kinds only."""
-
-    def __init__(self, name: Any = None, *_: Any) -> None:
-        self.name, self.order = name, "="
-
-    def __setstate__(self, state: Any) -> None:
-        self.order = state[1] if isinstance(state, tuple) and len(state) > 1 and state[1] in "<>|=" else "?"
-
-    def real(self) -> Any:
-        """The numpy dtype; None for object, structured or unknown ones (never read from a file)."""
-        import numpy as np
-
-        ok = isinstance(self.name, str) and len(self.name) < 8 and (self.name.isalnum() or self.name == "?") \
-            and self.name[:1] in "biufcSU?" and self.order != "?"
-        return np.dtype(self.order + self.name if self.order in "<>" else self.name) if ok else None
-
-
-class NumpyArray:
-    """Stand-in for a pickled numpy array: `array` rebuilt from its bytes for a plain dtype, else `problem` says
-    why not (walk refuses it); numpy's own reconstruction, which can rebuild any object, is never called."""
-
-    def __init__(self, *_: Any) -> None:
-        self.array, self.problem = None, "an array numpy did not pickle"
-
-    def __setstate__(self, state: Any) -> None:
-        import numpy as np
-
-        _, shape, dtype, fortran, raw = (*state, None, None, None, None, None)[:5] if isinstance(state, tuple) \
-            else (None,) * 5
-        real = dtype.real() if isinstance(dtype, NumpyDtype) else None
-        if real is None or not isinstance(raw, bytes):
-            self.problem = f"a numpy array of dtype {getattr(dtype, 'name', '?')!s:.20} (objects or records)"
-            return
-        sizes = shape if isinstance(shape, tuple) and all(type(d) is int and d >= 0 for d in shape) else None
-        if sizes is None or math.prod(sizes) * real.itemsize != len(raw):
-            self.problem = "a numpy array whose bytes do not match its shape"
-            return
-        flat = np.frombuffer(raw, dtype=real).copy()
-        self.array, self.problem = flat.reshape(sizes, order="F" if fortran else "C"), None
-
-
-def _reconstruct(*_: Any) -> NumpyArray:
-    return NumpyArray()
-
-
-# numpy's array pickling (as DeepSpeed client states hold, e.g. np.random.get_state()), read by the stand-ins
-NUMPY: dict[str, Any] = {
-    "numpy._core.multiarray._reconstruct": _reconstruct, "numpy.core.multiarray._reconstruct": _reconstruct,
-    "numpy.ndarray": NumpyArray, "numpy.dtype": NumpyDtype,
-}
 # DeepSpeed names that appear in ZeRO and universal checkpoints, mapped to inert stand-ins.
 STAND_INS: dict[str, type] = {
     "deepspeed.runtime.fp16.loss_scaler.LossScaler": DeepSpeedObject,
@@ -151,9 +102,10 @@ def walk(path: Path, obj: Any) -> list[torch.Tensor]:
         if leaving:
             open_.discard(id(o))
             continue
-        if isinstance(o, NumpyArray) and o.problem:
-            raise CheckpointError(f"{path}: {_where(top)} {o.problem}, which zbench does not read (numpy arrays of "
-                                  "numbers, booleans or text only); save such client_state entries as plain data")
+        if isinstance(o, REFUSABLE) and o.problem:
+            raise CheckpointError(f"{path}: {_where(top)} {o.problem}, which zbench does not read (numpy values of "
+                                  "numbers, booleans or text, Namespaces of names only); save such client_state "
+                                  "entries as plain data")
         if isinstance(o, torch.Tensor):
             if id(o) not in done:
                 done.add(id(o))
@@ -194,8 +146,8 @@ def load_pickle(path: Path, mmap: bool = True, map_location: str = "cpu") -> Any
         )
     use_mmap = mmap and map_location == "cpu" and zipfile.is_zipfile(path)  # mmap needs the zip format
     try:  # torch's warnings about the file (an old pickle protocol, ...) would break the one-line report
-        with torch.serialization.safe_globals([(cls, name) for name, cls in {**STAND_INS, **NUMPY}.items()]), \
-                warnings.catch_warnings():
+        allowed = [(cls, name) for name, cls in {**STAND_INS, **PLAIN_TYPES}.items()]
+        with torch.serialization.safe_globals(allowed), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             loaded = torch.load(path, map_location=map_location, weights_only=True, mmap=use_mmap)
     except pickle.UnpicklingError as e:
@@ -203,8 +155,9 @@ def load_pickle(path: Path, mmap: bool = True, map_location: str = "cpu") -> Any
         if refused:
             name = next(g for g in refused.groups() if g)
             raise CheckpointError(
-                f"{path} references {name}, which zbench refuses to load (only tensors, plain containers and "
-                "DeepSpeed's checkpoint classes are accepted); is this really a checkpoint file?"
+                f"{path} references {name}, which zbench refuses to load (only tensors, plain containers, "
+                "argparse Namespaces, numpy values and DeepSpeed's checkpoint classes are accepted); is this really "
+                "a checkpoint file?"
             ) from None
         raise CheckpointError(
             f"{path} is truncated or corrupt ({_first_line(e)}); copy the file again from where it was saved"

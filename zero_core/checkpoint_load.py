@@ -25,6 +25,8 @@ from checkpoints.verified_read import read_verified
 from checkpoints.zbench_source import FragmentReader, read_frozen
 
 from .checkpoint_client_state import LoadFlags, returned, zbench_entries
+from .client_state_codec import ENCODING_KEY
+from .client_state_codec import decode as decode_client_state
 from .checkpoint_model_match import report_kept, zbench_model_match
 from .checkpoint_non_strict import report
 from .group_values_record import restore_group_values
@@ -220,6 +222,8 @@ def _load_zbench(engine: "Engine", folder: Path, weights_only: bool, schedule: b
                  counters: bool, strict: bool = True) -> tuple[Path, dict[str, Any]]:
     """(the folder, its manifest) once loaded."""
     manifest = mf.read(folder)
+    manifest["client_state"] = decode_client_state(manifest, folder)  # refused before any change
+    manifest.pop(ENCODING_KEY, None)  # decoded once: what the loaders pass on is the saved values
     current = param_entries(engine)
     left_out, kept = zbench_model_match(folder, manifest, current, strict, weights_only)
     absent = set(left_out.missing) | set(kept)  # these keep the model's values

@@ -14,7 +14,6 @@ a background thread (checkpoint_async.py).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +25,7 @@ import torch
 from checkpoints import manifest as mf
 from checkpoints import zbench_format as fmt
 from checkpoints.io_errors import ACCESS, SPACE, write_cause
-from checkpoints.manifest_checks import MAX_CLIENT_STATE_DEPTH, POINTERS, too_deep
+from checkpoints.manifest_checks import POINTERS
 from checkpoints.paths import one_line, plain_name
 from checkpoints.safetensors_stream import StreamingWriter, write_tensors
 from checkpoints.source import CheckpointError
@@ -34,6 +33,8 @@ from checkpoints.tag_folder import TagNotReplaceable, check_replaceable
 
 from . import checkpoint_markers as markers
 from . import comm, recovery_script
+from .client_state_codec import ENCODING, ENCODING_KEY
+from .client_state_codec import encode as encode_client_state
 from .checkpoint_load import load, param_entries  # noqa: F401  (load is re-exported for the engine)
 from .checkpoint_snapshot import NvmeStates, contents, without_frozen_parameters
 from .group_values_record import group_values_record
@@ -189,19 +190,7 @@ def save(
                               "pointer file, zero_to_fp32.py); pass another tag")
     if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
         raise CheckpointError(f"keep_last must be a whole number >= 1 or None, got {keep_last!r}")
-    if client_state is not None and not isinstance(client_state, dict):
-        raise CheckpointError(f"client_state must be a dict (or None), got a {type(client_state).__name__}; "
-                              "pass a dict of plain data, e.g. {'epoch': 3}")
-    deep = too_deep(client_state or {}, MAX_CLIENT_STATE_DEPTH)
-    if deep is not None:
-        raise CheckpointError(f"client_state is nested more than {MAX_CLIENT_STATE_DEPTH} levels deep (at {deep}); "
-                              "pass flatter plain data")
-    try:
-        client_state = json.loads(json.dumps(client_state or {}))  # a copy: the caller may change it while we write
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(
-            f"client_state is not JSON-serialisable ({e}); pass plain data (numbers, text, lists, dicts)"
-        ) from None
+    client_state = encode_client_state(client_state)  # a typed copy, or refused before anything is written
     entries = param_entries(engine)  # first: a tensor no file can hold is refused before anything is written
     entries, excluded = without_frozen_parameters(engine, entries) if exclude_frozen else (entries, None)
     staged = _stage(engine, root, tag)
@@ -279,6 +268,7 @@ def _manifest(
         },
         "rng": rng,
         "client_state": client_state,
+        ENCODING_KEY: ENCODING,  # client_state as client_state_codec.py writes it
         "scheduler": _scheduler_state(engine),
     }
 

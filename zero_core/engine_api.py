@@ -187,8 +187,9 @@ class DeepSpeedEngineAPI(WeightExports, TorchStyleBackward, EngineDataLoader, Co
                         keep_last: int | None = None, async_save: bool | None = None,
                         exclude_frozen_parameters: bool = False) -> Path:
         """Collective: every rank writes its own partition; committed atomically; `latest` moves last
-        (unless `save_latest=False`). `client_state` (JSON-serialisable: data position, epoch, ...) comes back
-        from `load_checkpoint`. `keep_last=k` deletes this engine's own older checkpoints, never another's.
+        (unless `save_latest=False`). `client_state` (plain data, Namespaces, tensors, numpy values, tuples:
+        client_state_codec.py) comes back from `load_checkpoint` with its types. `keep_last=k` deletes this
+        engine's own older checkpoints, never another's.
         `async_save` (default: the config's zero_core.async_checkpoint): return once the state is copied to
         host buffers; the write and commit go on in the background (`wait_for_checkpoint()`).
         `exclude_frozen_parameters=True` leaves the frozen parameters out, as DeepSpeed's (a LoRA run's base

@@ -21,6 +21,8 @@ import torch
 from checkpoints.detect import open_source, resolve
 from checkpoints.source import full_state_dict
 
+from ..client_state_codec import decode as decode_client_state
+
 
 def convert_zero_checkpoint_to_fp32_state_dict(
     checkpoint_dir: str | os.PathLike, output_file: str | os.PathLike, tag: str | None = None
@@ -35,7 +37,7 @@ def convert_zero_checkpoint_to_fp32_state_dict(
         )
     source = open_source(folder)
     if kind == "zbench":
-        extras = dict(source.manifest.get("client_state") or {})
+        extras = dict(decode_client_state(source.manifest, source.folder))
     else:  # DeepSpeed's model-states file: what Lightning passed as client_state
         extras = dict(source.model.client_state)
     weights = full_state_dict(source)
