@@ -117,6 +117,8 @@ def test_deepspeed_config_answers_deepspeeds_values():
 UNMODIFIED = """
 import json, sys, torch
 import deepspeed
+lazy = "torch.utils.flop_counter" not in sys.modules  # the profiler loads on first use, not at import
+by_attribute = deepspeed.profiling.flops_profiler.get_model_profile
 from deepspeed.runtime.utils import move_to_device, clip_grad_norm_, call_to_str, set_random_seed
 from deepspeed.utils.timer import SynchronizedWallClockTimer, ThroughputTimer
 from deepspeed.profiling.flops_profiler import get_model_profile, FlopsProfiler
@@ -125,7 +127,8 @@ model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 8))
 print(json.dumps({"module": deepspeed.__name__, "patch": deepspeed.__version_patch__,
                   "call": call_to_str("f", 1), "profile": get_model_profile(model, input_shape=(4, 16),
                                                                             print_profile=False),
-                  "stage": DeepSpeedConfig({"train_batch_size": 4}).zero_optimization_stage}))
+                  "stage": DeepSpeedConfig({"train_batch_size": 4}).zero_optimization_stage,
+                  "lazy": lazy, "same": by_attribute is get_model_profile}))
 """
 
 
@@ -140,4 +143,4 @@ def test_the_names_import_unmodified_under_the_launcher(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got == {"module": "zero_core.deepspeed", "patch": 8, "call": "f(1)",
-                   "profile": REF["profiles"]["linear_chain"]["strings"], "stage": 0}
+                   "profile": REF["profiles"]["linear_chain"]["strings"], "stage": 0, "lazy": True, "same": True}

@@ -17,6 +17,7 @@ and zero_core does not (pipeline and model parallelism, MoE, its own ops) is ref
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 from typing import Any
 
@@ -27,7 +28,7 @@ from .. import comm as zero_comm
 from ..config import read_config_file
 from ..deferred.record import mark_full_sizes
 from ..engine import Engine
-from . import accelerator, checkpointing, comm, ops, profiling, runtime, utils, zero
+from . import accelerator, checkpointing, comm, ops, runtime, utils, zero
 from .accelerator import get_accelerator
 from .runtime.config import DeepSpeedConfig
 from .utils import OnDevice
@@ -54,6 +55,8 @@ NOT_PROVIDED = {  # DeepSpeed's names for what is out of zero_core's scope, and 
 
 
 def __getattr__(name: str) -> Any:
+    if name == "profiling":  # imported on first use: torch's flop counter would add to every script's start-up
+        return importlib.import_module(f"{__name__}.profiling")
     if name in NOT_PROVIDED:
         raise AttributeError(f"deepspeed.{name} is not provided by zero_core: {NOT_PROVIDED[name]}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
