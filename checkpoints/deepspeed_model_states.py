@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from .deepspeed_pickle import REWRITE, NumpyArray, NumpyDtype, bad_field, checked_number, shown
-from .pickle_plain_types import PickledNamespace
+from .deepspeed_pickle import REWRITE, bad_field, checked_number, shown
+from .pickle_plain_types import NumpyArray, NumpyDtype, PickledNamespace
 from .dtypes import name_of
 from .torch_file_reader import TorchFileReader
 from .paths import inside

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from .pickle_plain_types import PLAIN_TYPES, REFUSABLE, NumpyArray, NumpyDtype  # noqa: F401  (re-exported)
+from .pickle_plain_types import PLAIN_TYPES, REFUSABLE
 from .source import CheckpointError
 from .zip_crc import first_bad_record
 

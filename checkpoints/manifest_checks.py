@@ -41,21 +41,6 @@ _TOP = (
 )
 
 
-def too_deep(value: Any, limit: int) -> str | None:
-    """Where plain data `value` nests more than `limit` lists/dicts deep (a short path), else None. Iterative:
-    data too deep for Python's stack (or holding itself) is told, never a RecursionError."""
-    stack: list[tuple[Any, int, str]] = [(value, 0, "")]
-    while stack:
-        node, depth, where = stack.pop()
-        if isinstance(node, (dict, list, tuple)) and depth >= limit:
-            return (where if len(where) <= 60 else where[:57] + "...") or "the top"
-        if isinstance(node, dict):
-            stack += [(v, depth + 1, f"{where}.{str(k)[:20]}" if where else str(k)[:20]) for k, v in node.items()]
-        elif isinstance(node, (list, tuple)):
-            stack += [(v, depth + 1, f"{where}[{i}]") for i, v in enumerate(node)]
-    return None
-
-
 def _int(x: Any, lo: int = 0, hi: int = MAX_NUMEL) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and lo <= x <= hi
 

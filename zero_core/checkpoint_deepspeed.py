@@ -109,8 +109,7 @@ def load_foreign(engine: "Engine", folder: Path, source: Any, weights_only: bool
     left_out = NameMatch(absent + kept, extra + skipped)
     opt = engine.optimizer
     keys = ("master",) if weights_only or isinstance(opt, ClientOptimizer) else NAMES
-    if not strict:
-        refuse_states(folder, NameMatch(absent, extra), weights_only)  # frozen entries hold no states
+    refuse_states(folder, NameMatch(absent, extra), weights_only)  # frozen entries hold no states; none if strict
     if keys[1:]:
         check_trained_have_states(folder, [slot.name for slot in engine.layout.slots], source.model.trainable)
     source.check_states(keys[1:])  # the moments are all there before anything changes
