@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -85,6 +86,7 @@ def main() -> None:
     with zero_core.init_context({"zero_optimization": {"stage": 3}}):
         model = GPT(preset_config("gpt2-xl"))
     engine = zero_core.initialize(model, cfg)
+    print(f"torch threads after initialize: {torch.get_num_threads()} (os.cpu_count {os.cpu_count()})", flush=True)
     gen = torch.Generator(device="cpu").manual_seed(1)
     batches = [torch.randint(0, 50257, (16, 129), generator=gen) for _ in range(4)]
     if args.host_batches == "device":
