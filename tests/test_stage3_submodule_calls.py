@@ -66,6 +66,11 @@ def _held(engine) -> list[int]:
     return [g for g, b in enumerate(engine.strategy.gatherer.full) if b.untyped_storage().size() > 0]
 
 
+def _hooked(model: nn.Module) -> list[str]:
+    """The model's modules with a forward pre-hook."""
+    return [n or "<root>" for n, m in model.named_modules() if m._forward_pre_hooks]
+
+
 def _evaluate(rank: int, world: int) -> dict:
     """The encoder called directly without grad, then the model's forward on its output: as the plain model."""
     torch.manual_seed(0)
@@ -75,16 +80,24 @@ def _evaluate(rank: int, world: int) -> dict:
     ids, dec = torch.randint(0, 16, (2, 5)), torch.randint(0, 16, (2, 3))
     during: list[list[int]] = []
     model.encoder.blocks[1].register_forward_pre_hook(lambda *_: during.append(_held(engine)))
+    hooked_before = _hooked(model)
     with torch.no_grad():
         memory = model.get_encoder()(ids)
+        after_first = _held(engine)
+        hooked_after = _hooked(model)
+        memory = model.get_encoder()(ids)  # now hooked: this call gives back what it borrowed as it returns
         after_encoder = _held(engine)
         logits = engine(ids, dec, memory=memory)
-        head_only = model.head(memory)
+        head_only = model.head(memory)  # head's first direct call: the root unit it borrows stays for now
+        end = _held(engine)
+        engine(ids, dec, memory=memory)  # the model's forward without grad: a release point
     with torch.no_grad():
         want_memory = plain.get_encoder()(ids)
         want, want_head = plain(ids, dec, memory=want_memory), plain.head(want_memory)
     return {"memory": (memory, want_memory), "logits": (logits, want), "head": (head_only, want_head),
-            "during": during, "after": after_encoder, "end": _held(engine),
+            "during": during, "after_first": after_first, "after": after_encoder, "end": end,
+            "released": _held(engine),
+            "hooked": (hooked_before, hooked_after),
             "blocks": {n: engine.strategy.groups_of(list(m.parameters()))
                        for n, m in model.named_modules() if n.endswith("blocks.1")}}
 
@@ -94,9 +107,16 @@ def test_encoder_called_directly_without_grad_matches_the_plain_model():
     for what in ("memory", "logits", "head"):
         mine, want = got[what]
         assert torch.allclose(mine, want, atol=1e-6), what
-    assert got["after"] == [] and got["end"] == []  # released after each call, as the model's forward releases
-    # inside the encoder's last block: the root unit (the shared embedding) and that block only
-    assert got["during"] == [[0] + got["blocks"]["encoder.blocks.1"]]
+    # the first direct call finds the encoder on the stack and hooks it: what it borrowed (the root unit, the
+    # shared embedding) goes back at the next release point; from then on, as each call returns
+    assert got["after_first"] == [0]
+    assert got["after"] == [] and got["end"] == [0] and got["released"] == []
+    # inside the encoder's last block: the root unit and that block only, in both calls
+    assert got["during"] == [[0] + got["blocks"]["encoder.blocks.1"]] * 2
+    # hooks on the root and the units only (each hooked module costs every forward ~5 us), then on the encoder
+    before, after = got["hooked"]
+    assert before == ["<root>", "encoder.blocks.0", "encoder.blocks.1", "decoder.blocks.0", "decoder.blocks.1"]
+    assert after == before[:1] + ["encoder"] + before[1:]
 
 
 # DeepSpeed 0.19.8's rank-0 loss of each of 3 steps (tests/fixtures/make_stage3_submodule_losses.py: two CPU ranks

@@ -99,8 +99,9 @@ class ParamGatherer:
         # every module's forward counts as the model's: a script may call any submodule on its own (generate()
         # calls the encoder; a loss calls the body, then the head), and what it reads is gathered as it reads it
         self.reads = ReleasedReads(owned, [[s.name for s in grp.slots] for grp in layout.groups],
-                                   (list(root.modules()) if root is not None else []) + [m for m, _ in units],
-                                   self.borrow, self.settle, alone=comm.world_size() == 1)
+                                   ([root] if root is not None else []) + [m for m, _ in units],
+                                   self.borrow, self.settle, alone=comm.world_size() == 1,
+                                   model_modules=list(root.modules()) if root is not None else [])
         for g in range(len(self.full)):
             self._free(g)
 

@@ -13,12 +13,14 @@ lets through, as before, whatever reads no element (shape, dtype, device, requir
 
 from __future__ import annotations
 
+import sys
 import weakref
 from typing import Any, Callable
 
 import torch
 from torch.utils._pytree import tree_leaves
 
+_CALL_IMPL = torch.nn.Module._call_impl.__code__  # the frame of any module's call, hooks or not
 _OWNERS: dict[int, tuple[Callable[[], Any], int, str]] = {}  # id(parameter) -> (its ReleasedReads, unit, name)
 
 _READ_NO_ELEMENT = frozenset({
@@ -99,7 +101,7 @@ class ReleasedReads:
 
     def __init__(self, unit_params: list[list[torch.nn.Parameter]], names: list[list[str]],
                  modules: list[torch.nn.Module], borrow: Callable[[int], None], settle: Callable[[], None], *,
-                 alone: bool = False) -> None:
+                 alone: bool = False, model_modules: list[torch.nn.Module] = ()) -> None:
         self.unit_params = unit_params
         self.released = [False] * len(unit_params)
         self.borrowed = [False] * len(unit_params)  # gathered for a read outside the unit's forward
@@ -115,16 +117,38 @@ class ReleasedReads:
                 _OWNERS[id(p)] = (me, g, n)
         weakref.finalize(self, _forget, [id(p) for ps in unit_params for p in ps], me)
         self._handles = []
-        for m in dict.fromkeys(modules):
+        self._hooked: set[int] = set()
+        for m in modules:
+            self._hook(m)
+        # the model's other modules get the same hooks when first seen running a read of a released unit (the
+        # stack shows it): two hooks on each of a model's hundreds of modules would cost every forward ~5 us each
+        self._model_modules = {id(m): m for m in model_modules}
+
+    def _hook(self, m: torch.nn.Module) -> None:
+        if id(m) not in self._hooked:
+            self._hooked.add(id(m))
             self._handles.append(m.register_forward_pre_hook(self._enter))
             self._handles.append(m.register_forward_hook(self._leave, always_call=True))
+
+    def _running_model_module(self, besides: torch.nn.Module | None = None) -> torch.nn.Module | None:
+        """The outermost module of the model (other than `besides`) whose call is on this thread's stack."""
+        outermost, frame = None, sys._getframe(2)
+        while frame is not None:
+            if frame.f_code is _CALL_IMPL:
+                m = frame.f_locals.get("self")
+                if m is not None and m is not besides and self._model_modules.get(id(m)) is m:
+                    outermost = m
+            frame = frame.f_back
+        return outermost
 
     def _enter(self, module: torch.nn.Module, args: Any) -> None:
         self.depth += 1
 
     def _leave(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         self.depth = max(0, self.depth - 1)
-        if self.depth == 0 and not torch.is_grad_enabled():  # no backward follows: borrowed units go back
+        # no backward follows: borrowed units go back, unless this call runs inside a call of the model's that
+        # began before its module was hooked (it did not count in the depth, and is not over)
+        if self.depth == 0 and not torch.is_grad_enabled() and self._running_model_module(module) is None:
             self.settle()
 
     def mark_released(self, g: int) -> None:
@@ -149,7 +173,10 @@ class ReleasedReads:
     def use(self, g: int, name: str, what: str) -> None:
         """Unit g's parameter `name` is about to be read (`what`): gather the unit, or refuse."""
         in_backward = torch._C._current_graph_task_id() != -1
-        if self.depth > 0 or in_backward or (self.alone and self.stale[g]):
+        running = None if self.depth > 0 or in_backward else self._running_model_module()
+        if running is not None:  # this call of it has no hooks (added now, they count from its next call): the
+            self._hook(running)  # units it borrows go back at the next settle, or after the backward with grad
+        if self.depth > 0 or in_backward or running is not None or (self.alone and self.stale[g]):
             self.borrow(g)
             self.until_backward[g] = self.until_backward[g] or in_backward or torch.is_grad_enabled()
             return
