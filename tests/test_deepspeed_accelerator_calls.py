@@ -28,7 +28,8 @@ def test_cpu_answers_as_deepspeeds_cpu_accelerator():
     # DeepSpeed 0.19.8's CPU accelerator on this machine
     assert acc.is_synchronized_device() and acc.use_host_timers() and acc.resolves_data_dependency()
     assert acc.handles_memory_backpressure() and acc.is_triton_supported() is False and acc.device(0) is None
-    assert acc.supported_dtypes() == [torch.float32, torch.bfloat16]
+    fp16 = [torch.float16] if torch.ops.mkldnn._is_mkldnn_fp16_supported() else []  # as DeepSpeed's: this CPU's
+    assert acc.supported_dtypes() == [torch.float32, torch.bfloat16, *fp16]
     assert acc.FloatTensor is torch.FloatTensor and acc.LongTensor is torch.LongTensor
     assert acc.BFloat16Tensor is torch.BFloat16Tensor
     assert acc.lazy_call(lambda: 5) == 5 and acc.visible_devices_envs() == ["CUDA_VISIBLE_DEVICES"]

@@ -21,7 +21,9 @@ class BackwardPass:
         gas = self.gradient_accumulation_steps() if scale_wrt_gas else 1
         (loss * (self.scaler.scale.squeeze() / gas)).backward(retain_graph=retain_graph)
         self.end_backward(boundary)
-        return wall_clock(self).backward_done(loss)  # as DeepSpeed's, for `loss = engine.backward(loss)`
+        # as DeepSpeed's, for `loss = engine.backward(loss)`: the loss divided by the accumulation steps (the
+        # micro-batch's share of the window's loss), not by the loss scale
+        return wall_clock(self).backward_done(loss if gas == 1 else loss / gas)
 
     def begin_backward(self) -> bool:
         """Ready the gradient reduction for the pass about to run; whether it ends an accumulation window."""

@@ -39,7 +39,14 @@ class Accelerator:
         return torch.cuda.is_bf16_supported() if self._name == "cuda" else True
 
     def is_fp16_supported(self) -> bool:
-        return self._name == "cuda"
+        """A GPU; on the CPU, as DeepSpeed's CPU accelerator asks: whether oneDNN has fp16 kernels for this CPU
+        (zero.Init without a config then builds fp16 or `dtype`, as DeepSpeed's does on it)."""
+        if self._name == "cuda":
+            return True
+        try:
+            return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+        except Exception:  # a torch build without oneDNN: DeepSpeed's answers no too
+            return False
 
     def synchronize(self, device_index: int | None = None) -> None:
         if self._name == "cuda":
@@ -158,6 +165,8 @@ class Accelerator:
         return torch.device("cuda", device_index) if self._name == "cuda" else None  # None on the CPU, as DeepSpeed
 
     def supported_dtypes(self) -> list[torch.dtype]:
+        if self._name != "cuda":  # DeepSpeed's CPU accelerator's order
+            return [torch.float32, torch.bfloat16] + ([torch.float16] if self.is_fp16_supported() else [])
         out = [torch.float32]
         if self.is_fp16_supported():
             out.append(torch.float16)

@@ -33,6 +33,9 @@ WARMUP_DECAY_LR, WARMUP_COSINE_LR = "WarmupDecayLR", "WarmupCosineLR"
 VALID_LR_SCHEDULES = [LR_RANGE_TEST, ONE_CYCLE, WARMUP_LR, WARMUP_DECAY_LR, WARMUP_COSINE_LR]
 _REQUIRED = {WARMUP_DECAY_LR: ("total_num_steps",), WARMUP_COSINE_LR: ("total_num_steps",),
              ONE_CYCLE: ("cycle_min_lr", "cycle_max_lr")}
+# the arguments DeepSpeed also takes as a list or tuple, one value per param group
+_PER_GROUP = {WARMUP_LR: ("warmup_min_lr", "warmup_max_lr"), WARMUP_DECAY_LR: ("warmup_min_lr", "warmup_max_lr"),
+              ONE_CYCLE: ("cycle_min_lr", "cycle_max_lr", "cycle_min_mom", "cycle_max_mom")}
 
 
 def _torch_optimizer(optimizer: Any) -> torch.optim.Optimizer:
@@ -62,16 +65,41 @@ class _Schedule:
         missing = [k for k in _REQUIRED.get(self.kind, ()) if given.get(k) is None]
         if missing:
             raise TypeError(f"{self.kind}() needs {' and '.join(missing)}")
-        try:
-            self.config = SchedulerConfig.model_validate({"type": self.kind, "params": given})
-        except ValidationError as err:
-            problem = str(from_validation_error(err, SchedulerConfig)).removeprefix("params.")  # an argument here
-            raise ConfigError(f"{self.kind}: {problem}") from None
+        # one checked config per group where a per-group argument is a list, else one for every group
+        self.configs = [self._checked(one) for one in self._per_group(given)]
+        self.config = self.configs[0]
         self.start = self.last_batch_iteration = self.config.params.last_batch_iteration
         self.own_lrs = [float(g["lr"]) for g in self.optimizer.param_groups]
         self._last_lr: list[float] | None = None
         self._prepare()
         self._write()  # the values of the first update (the groups' own lr when resuming)
+
+    def _per_group(self, given: dict[str, Any]) -> list[dict[str, Any]]:
+        """`given` once, or once per param group with each list argument's value for that group."""
+        lists = {k: v for k, v in given.items() if k in _PER_GROUP.get(self.kind, ()) and isinstance(v, (list, tuple))}
+        if not lists:
+            return [given]
+        groups = len(self.optimizer.param_groups)
+        for name, values in lists.items():
+            if len(values) != groups:
+                raise ValueError(f"{self.kind}: {name} has {len(values)} values but the optimizer has {groups} param "
+                                 f"groups; pass one value per group or a single number")
+        return [{**given, **{k: v[i] for k, v in lists.items()}} for i in range(groups)]
+
+    def _checked(self, given: dict[str, Any]) -> SchedulerConfig:
+        try:
+            return SchedulerConfig.model_validate({"type": self.kind, "params": given})
+        except ValidationError as err:
+            problem = str(from_validation_error(err, SchedulerConfig)).removeprefix("params.")  # an argument here
+            raise ConfigError(f"{self.kind}: {problem}") from None
+
+    def _diagonal(self, per_config: list[tuple[list[float], Betas | None]]) -> tuple[list[float], Betas | None]:
+        """Group i's values from config i's evaluation (each evaluates every group), or the one config's."""
+        if len(per_config) == 1:
+            return per_config[0]
+        lrs = [values[0][i] for i, values in enumerate(per_config)]
+        betas = None if per_config[0][1] is None else [values[1][i] for i, values in enumerate(per_config)]
+        return lrs, betas
 
     def _prepare(self) -> None:
         """Build the formula from the checked arguments and the groups' own lrs."""
@@ -117,10 +145,11 @@ class _DeviceFormula(_Schedule):
     """WarmupLR, WarmupDecayLR, WarmupCosineLR: the config's device formulas, evaluated on the host."""
 
     def _prepare(self) -> None:
-        self._lr_at = lr_schedule_of(self.config, self.own_lrs, torch.float64)  # Python floats, as DeepSpeed
+        self._lr_at = [lr_schedule_of(c, self.own_lrs, torch.float64) for c in self.configs]  # floats, as DeepSpeed
 
     def _values(self, updates: int) -> tuple[list[float], Betas | None]:
-        return self._lr_at(torch.tensor(float(max(updates, 0)))).tolist(), None
+        at = torch.tensor(float(max(updates, 0)))
+        return self._diagonal([(lr_at(at).tolist(), None) for lr_at in self._lr_at])
 
 
 class WarmupLR(_DeviceFormula):
@@ -134,13 +163,20 @@ class WarmupDecayLR(_DeviceFormula):
 class WarmupCosineLR(_DeviceFormula):
     kind = WARMUP_COSINE_LR
 
+    def get_lr_ratio(self) -> float:
+        """The factor each group's own lr is multiplied by at this iteration (0.0 before the first), as DeepSpeed's."""
+        if self.last_batch_iteration < 0:
+            return 0.0
+        ratio_at = lr_schedule_of(self.config, [1.0], torch.float64)  # the schedule of a group whose lr is 1
+        return ratio_at(torch.tensor(float(max(self.last_batch_iteration - self.start, 0)))).item()
+
 
 class OneCycle(_Schedule):
     kind = ONE_CYCLE
 
     def _prepare(self) -> None:
         own_beta1 = [g["betas"][0] if "betas" in g else g.get("momentum", 0.0) for g in self.optimizer.param_groups]
-        self._host = _HostOneCycle(self.config.params, self.own_lrs, own_beta1)
+        self._hosts = [_HostOneCycle(c.params, self.own_lrs, own_beta1) for c in self.configs]
         # DeepSpeed cycles momentum only for an optimizer with betas: SGD's momentum is left alone, with a warning
         self._cycles_betas = self.config.params.cycle_momentum and "betas" in self.optimizer.defaults
         if self.config.params.cycle_momentum and not self._cycles_betas:
@@ -148,7 +184,7 @@ class OneCycle(_Schedule):
                           "in DeepSpeed); pass cycle_momentum=False to silence this", stacklevel=3)
 
     def _values(self, updates: int) -> tuple[list[float], Betas | None]:
-        return self._host.values(max(updates, 0))
+        return self._diagonal([host.values(max(updates, 0)) for host in self._hosts])
 
 
 class LRRangeTest:

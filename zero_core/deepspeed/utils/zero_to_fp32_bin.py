@@ -1,4 +1,4 @@
-"""The fp32 weights as DeepSpeed's `convert_zero_checkpoint_to_fp32_state_dict` writes them by default
+"""The weights as DeepSpeed's `convert_zero_checkpoint_to_state_dict` writes them by default
 (`safe_serialization=False`): `pytorch_model.bin`, or past `max_shard_size` the shards
 `pytorch_model-00001-of-0000N.bin` with `pytorch_model.bin.index.json` ({"metadata": {"total_size": bytes},
 "weight_map": {name: file}}), each a `torch.save` of plain tensors that `torch.load(weights_only=True)` reads.
@@ -17,8 +17,12 @@ from checkpoints.output_claim import claimed_output
 from checkpoints.source import CheckpointSource, full_state_dict
 
 
-def write_pytorch_bins(source: CheckpointSource, output_dir: Path, max_shard_size: int) -> list[Path]:
-    state = full_state_dict(source)
+def write_pytorch_bins(source: CheckpointSource, output_dir: Path, max_shard_size: int,
+                       dtype: torch.dtype = torch.float32) -> list[Path]:
+    """The files written; floating-point entries in `dtype`, the others (integer buffers) as saved."""
+    converted: dict[int, torch.Tensor] = {}  # by the source tensor: tied names keep sharing one converted tensor
+    state = {n: converted.setdefault(id(t), t.to(dtype) if t.is_floating_point() else t)
+             for n, t in full_state_dict(source).items()}
     owner: dict[int, str] = {}  # a tensor's first name: the one its size is counted and its shard chosen by
     for name, tensor in state.items():
         owner.setdefault(id(tensor), name)
