@@ -111,10 +111,20 @@ class Accelerator(accelerate.Accelerator):
         self.engine: Engine | None = None
         self._told_clipping = False
 
+    def _on_engine(self, obj: Any) -> bool:
+        """The optimizer `prepare` returned, or a scheduler built on it afterwards: as Accelerate's DeepSpeed path
+        returns those from a later prepare(), this one hands them back as they are (the loop steps such a scheduler
+        once per call, and the engine takes the lrs it writes)."""
+        handle = getattr(self, "_zero_optimizer", None)
+        return handle is not None and (obj is handle or getattr(obj, "optimizer", None) is handle)
+
     def prepare(self, *objects: Any, device_placement: list[bool] | None = None) -> Any:
         models = [o for o in objects if isinstance(o, torch.nn.Module)]
         if len(models) > 1 or (self.engine is not None and models):
             raise ValueError("zero_core's Accelerator trains one model, prepared once; pass it to one prepare() call")
+        if not models and any(self._on_engine(o) for o in objects):
+            out = [o if self._on_engine(o) else self.prepare(o) for o in objects]
+            return tuple(out) if len(out) > 1 else out[0]
         optimizers = [o for o in objects if isinstance(o, (torch.optim.Optimizer, DummyOptim))]
         torch_or_dummy = (torch.optim.lr_scheduler.LRScheduler, DummyScheduler)
         schedulers = [o for o in objects if isinstance(o, torch_or_dummy) or is_deepspeed_schedule(o)]

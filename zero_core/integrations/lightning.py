@@ -151,7 +151,9 @@ class ZeroStrategy(DDPStrategy):
         if loop_schedule is not None:
             self.lr_scheduler_configs = [loop_schedule]
         elif schedule is not None or self.engine.lr_scheduler is not None:
-            self.lr_scheduler_configs = [LRSchedulerConfig(EngineSchedule(self.engine, handle), interval="step")]
+            # Lightning hands back the state saved beside the engine's checkpoint, which has restored it already
+            shown = EngineSchedule(self.engine, handle, loads=False)
+            self.lr_scheduler_configs = [LRSchedulerConfig(shown, interval="step")]
         self.model = self.engine
 
     def setup_optimizers(self, trainer: Any) -> None:
@@ -186,6 +188,9 @@ class ZeroStrategy(DDPStrategy):
 
     def lightning_module_state_dict(self) -> dict[str, Any]:
         return {}  # the weights are in the zbench checkpoint
+
+    def optimizer_state(self, optimizer: Any) -> dict[str, Any]:
+        return {}  # in the zbench checkpoint too: no copy of this rank's states for a dict save_checkpoint drops
 
     def save_checkpoint(self, checkpoint: dict, filepath: Any, storage_options: Any = None) -> None:
         if storage_options is not None:
