@@ -33,6 +33,7 @@ from ..model_export import full_state_dict
 from .accelerate_launched import LAUNCHED, launched_config
 from .accelerate_schedules import ScriptSteps
 from .handles import EngineOptimizer, EngineSchedule, hidden_size
+from .transformers_best_model import load_best, refuse_best_without_states
 from .transformers_metric_schedules import held_by_engine
 
 _BATCH_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
@@ -105,6 +106,7 @@ class ZeroTrainer(transformers.Trainer):
             raise ValueError(f"ZeroTrainer needs transformers >= 5 (found {transformers.__version__}); upgrade it")
         super().__init__(*args, **kwargs)
         self.zero_config_source = _config_source(self.args)
+        refuse_best_without_states(self.args)
         self.engine: Engine | None = None
 
     # -- building the engine where Trainer builds DeepSpeed's -------------------------------------
@@ -270,7 +272,7 @@ class ZeroTrainer(transformers.Trainer):
     def _load_best_model(self) -> None:
         if self.engine is None:
             return super()._load_best_model()
-        self.engine.load_checkpoint(self.state.best_model_checkpoint, load_module_only=True)
+        load_best(self.engine, self.state.best_model_checkpoint)  # with its optimizer and schedule, as DeepSpeed's
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """A folder `from_pretrained` opens, at every stage: the fp32 weights gathered from the masters, written
