@@ -56,8 +56,8 @@ def test_a_latest_of_several_lines_or_hidden_characters_is_refused_in_one_line(e
 def test_deepspeed_tags_and_its_latest_with_or_without_a_newline_still_load(engine, tmp_path, pointer):
     engine.save_checkpoint(tmp_path, tag="global_step10")
     (tmp_path / "latest").write_text(pointer, encoding="utf-8")
-    folder, _ = engine.load_checkpoint(tmp_path)
-    assert os.path.basename(folder) == "global_step10"
+    path, _ = engine.load_checkpoint(tmp_path)
+    assert path == os.path.join(tmp_path, "global_step10", "rank_00000.safetensors")
 
 
 def test_tags_listed_from_the_folder_are_shown_on_one_line(engine, tmp_path):

@@ -187,7 +187,7 @@ def test_a_zbench_checkpoint_comes_back_as_deepspeeds(tmp_path, case):
         engine = _made_engine(case)
         try:
             path, client = engine.load_checkpoint(tmp_path, tag="t", **flags)
-            assert path == str(tmp_path / "t") and list(client) == keys, (load, list(client))
+            assert path == str(tmp_path / "t" / "rank_00000.safetensors") and list(client) == keys, (load, list(client))
             assert _described(client, case) == entries, load
             assert _readers(engine) == after, load
         finally:

@@ -225,7 +225,7 @@ def test_a_loop_written_for_deepspeed_gets_its_return_values(tmp_path):
     assert (tmp_path / "ckpt" / "latest").read_text().strip() == "1"
     fresh = _engine(dtype="fp32")
     folder, client_state = fresh.load_checkpoint(tmp_path / "ckpt", tag=1)
-    assert folder == str(tmp_path / "ckpt" / "1")  # the path it loaded, a str as DeepSpeed's
+    assert folder == str(tmp_path / "ckpt" / "1" / "rank_00000.safetensors")  # the file it loaded, a str as DeepSpeed's
     # nothing saved by the loop: DeepSpeed's own entries alone (tests/test_deepspeed_client_state.py checks them)
     assert {"buffer_names", "param_shapes", "ds_config", "ds_version"} <= set(client_state)
     assert "global_steps" not in client_state and fresh.global_steps == engine.global_steps

@@ -1,6 +1,6 @@
 """`zero_to_fp32.py` beside `latest` after engine.save_checkpoint on an engine of `zero_core.deepspeed.initialize`,
-as DeepSpeed leaves one: it converts with `zbench convert --to fp32`; a user's file of that name is never replaced;
-resume, pruning and `zbench inspect` do not take it for a checkpoint."""
+as DeepSpeed leaves one: it writes the weights `zbench convert --to fp32` writes; a user's file of that name is never
+replaced; resume, pruning and `zbench inspect` do not take it for a checkpoint."""
 
 from __future__ import annotations
 
@@ -108,7 +108,7 @@ def test_resume_pruning_and_inspect_pass_over_it(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step3", "latest", NAME]
     fresh = _engine()
     folder, _ = fresh.load_checkpoint(tmp_path)
-    assert folder == str(tmp_path / "global_step3") and fresh.global_steps == 3
+    assert folder == str(tmp_path / "global_step3" / "rank_00000.safetensors") and fresh.global_steps == 3
     shown = CliRunner().invoke(main, ["inspect", str(tmp_path)])
     assert shown.exit_code == 0 and "global_step3" in shown.output, shown.output
 

@@ -129,10 +129,8 @@ def _load_scheduler(engine: "Engine", folder: Path, scheduler: Any) -> None:
     try:
         engine.host_schedule.load_state_dict(scheduler)
     except ValueError as e:
-        raise CheckpointError(
-            f"{folder}: {e}; build the same scheduler as the run that saved it, or pass "
-            "load_lr_scheduler_states=False"
-        ) from None
+        raise CheckpointError(f"{folder}: {e}; build the same scheduler as the run that saved it, or pass "
+                              "load_lr_scheduler_states=False") from None
 
 
 def restore_steps(engine: "Engine", folder: Path, step: int, micro_steps: int, skipped: int, scheduler: Any = None,
@@ -170,19 +168,12 @@ def nothing_to_resume(load_dir: str | os.PathLike) -> bool:
         return False  # load() says what is wrong with it
 
 
-def load(
-    engine: "Engine",
-    load_dir: str | os.PathLike,
-    tag: str | None = None,
-    weights_only: bool = False,
-    schedule: bool = True,
-    counters: bool = False,
-    flags: LoadFlags = LoadFlags(),
-) -> tuple[Path, dict[str, Any]]:
-    """Collective. Loads weights, optimizer state and counters into this engine (`weights_only`: the fp32
-    weights alone, the optimizer untouched, and the step counters too with `counters`); returns (the checkpoint
-    folder, client_state): a zbench or DeepSpeed checkpoint's as DeepSpeed's load given `flags` returns it
-    (checkpoint_client_state.py), a DCP one's as its save recorded it."""
+def load(engine: "Engine", load_dir: str | os.PathLike, tag: str | None = None, weights_only: bool = False,
+         schedule: bool = True, counters: bool = False, flags: LoadFlags = LoadFlags()) -> tuple[str, dict[str, Any]]:
+    """Collective. Loads weights, optimizer state and counters into this engine (`weights_only`: the fp32 weights
+    alone, the optimizer untouched, and the step counters too with `counters`); returns (the file this rank's model
+    states came from, as DeepSpeed's load names its model-states file (a DCP save: its folder), client_state): a
+    zbench or DeepSpeed checkpoint's as DeepSpeed's load given `flags` returns it, a DCP one's as saved."""
     try:
         folder, refusal = fmt.resolve(load_dir, tag), None
     except CheckpointError as e:
@@ -195,11 +186,14 @@ def load(
         if found[1] in ("deepspeed", "deepspeed-universal"):
             from .checkpoint_deepspeed import load_deepspeed
 
-            return load_deepspeed(engine, found[0], found[1], weights_only, schedule, counters, flags)
+            folder, client_state = load_deepspeed(engine, found[0], found[1], weights_only, schedule, counters, flags)
+            rank = engine.rank if engine.layout.world_size > 1 else 0  # the client_state's file, as theirs
+            return as_given(load_dir, folder, deepspeed_model_file(folder, rank, "universal" in found[1])), client_state
         if found[1] == "dcp":
             from .checkpoint_dcp import load_dcp
 
-            return load_dcp(engine, found[0], weights_only, schedule, counters, flags.strict)
+            folder, client_state = load_dcp(engine, found[0], weights_only, schedule, counters, flags.strict)
+            return str(folder), client_state  # no model-states file: each tensor is spread over every rank's
         raise CheckpointError(
             f"{load_dir} holds a {found[1]} checkpoint; load_checkpoint resumes zbench, DeepSpeed and DCP checkpoints: "
             "start from its weights with deepspeed.utils.zero_to_fp32.load_state_dict_from_zero_checkpoint(model, "
@@ -207,20 +201,36 @@ def load(
         )
     identity = fmt.folder_identity(folder)
     try:
-        folder, manifest = _load_zbench(engine, folder, weights_only, schedule, counters, flags.strict)
+        folder, manifest, model_file = _load_zbench(engine, folder, weights_only, schedule, counters, flags.strict)
     except CheckpointError:
         if fmt.folder_identity(folder) == identity:
             raise
-        raise CheckpointError(
-            f"{folder} was replaced while it was read (another process saved that tag again); this engine's "
-            "states may be partly overwritten: load it again"
-        ) from None
-    return folder, returned(zbench_entries(engine, manifest), flags) if flags.deepspeed else manifest["client_state"]
+        raise CheckpointError(f"{folder} was replaced while it was read (another process saved that tag again); "
+                              "this engine's states may be partly overwritten: load it again") from None
+    client_state = returned(zbench_entries(engine, manifest), flags) if flags.deepspeed else manifest["client_state"]
+    return as_given(load_dir, folder, model_file), client_state
+
+
+def as_given(load_dir: str | os.PathLike, folder: Path, name: str) -> str:
+    """`name` in `folder` spelled from `load_dir` as given (relative stays relative), as DeepSpeed's
+    join(load_dir, tag, name)."""
+    try:
+        return os.path.join(load_dir, *Path(folder).resolve().relative_to(Path(load_dir).resolve()).parts, name)
+    except (OSError, ValueError):
+        return str(Path(folder) / name)
+
+
+def deepspeed_model_file(folder: Path, rank: int, universal: bool) -> str:
+    """The DeepSpeed model-states file the client_state comes from (checkpoint_client_state.deepspeed_file_entries):
+    a ZeRO-3 save's file of this rank where it has one, else mp_rank_00's (ZeRO 0-2) or rank 0's."""
+    names = [] if universal else [f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt"]
+    names.append("mp_rank_00_model_states.pt")
+    return next((n for n in names if (folder / n).is_file()), "zero_pp_rank_0_mp_rank_00_model_states.pt")
 
 
 def _load_zbench(engine: "Engine", folder: Path, weights_only: bool, schedule: bool,
-                 counters: bool, strict: bool = True) -> tuple[Path, dict[str, Any]]:
-    """(the folder, its manifest) once loaded."""
+                 counters: bool, strict: bool = True) -> tuple[Path, dict[str, Any], str]:
+    """(the folder, its manifest, the file this rank's weights came from: its own where read, else the first read)."""
     manifest = mf.read(folder)
     manifest["client_state"] = decode_client_state(manifest, folder)  # refused before any change
     manifest.pop(ENCODING_KEY, None)  # decoded once: what the loaders pass on is the saved values
@@ -234,6 +244,7 @@ def _load_zbench(engine: "Engine", folder: Path, weights_only: bool, schedule: b
     opt = engine.optimizer
     one_pass = isinstance(opt.states, TensorStates)
     needed = reader.files_for(names)
+    model_file = next((f for f in (mf.rank_file(engine.rank), *needed) if f in needed), mf.MANIFEST)
     for fname in needed:
         reader.check_header(fname)  # present, and holding what the manifest says, before any change
     if not one_pass:
@@ -276,7 +287,7 @@ def _load_zbench(engine: "Engine", folder: Path, weights_only: bool, schedule: b
             if counters:
                 restore_steps(engine, folder, manifest["step"], manifest["micro_steps"],
                               manifest["optimizer"]["skipped"], manifest.get("scheduler"), schedule)
-            return folder, manifest
+            return folder, manifest, model_file
         o = manifest["optimizer"]
         engine.scaler.load_state_dict(manifest["loss_scaler"])
     # the groups' weight_decay, eps and betas the run saved (checked when the manifest was read), as DeepSpeed's load
@@ -285,4 +296,4 @@ def _load_zbench(engine: "Engine", folder: Path, weights_only: bool, schedule: b
                      manifest.get("scheduler"), schedule, o.get("group_lrs"), saved_betas)
     if restore is not None:
         restore(engine.device)
-    return folder, manifest
+    return folder, manifest, model_file

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from .config_errors import ConfigError
 from .config_optimizer_models import SchedulerConfig, SchedulerParams
 from .host_schedules import Betas, HostSchedule, OneCycle
@@ -47,9 +49,32 @@ class RangeTest(HostSchedule):
                               p.lr_range_test_staircase, it), None
 
 
+class PerGroup(HostSchedule):
+    """A section with per-group lists (DeepSpeed's WarmupLR / WarmupDecayLR / OneCycle take one value per param
+    group): one schedule per group's values, each group's lr (and betas) taken from its own. WarmupLR and
+    WarmupDecayLR are then evaluated on the host, with the device formula in float64 (DeepSpeed's Python floats)."""
+
+    def __init__(self, sections: list[SchedulerConfig], group_lrs: list[float], group_beta1: list[float]) -> None:
+        from .lr_schedules import lr_schedule_of
+
+        if sections[0].type == "OneCycle":
+            self.each = [OneCycle(s.params, group_lrs, group_beta1).values for s in sections]
+        else:
+            formulas = [lr_schedule_of(s, group_lrs, torch.float64) for s in sections]
+            self.each = [lambda applied, f=f: (f(torch.tensor([float(applied)])).tolist(), None) for f in formulas]
+
+    def values(self, applied: int) -> tuple[list[float], Betas | None]:
+        per_section = [values(applied) for values in self.each]
+        lrs = [float(lrs[i]) for i, (lrs, _) in enumerate(per_section)]
+        betas = None if per_section[0][1] is None else [betas[i] for i, (_, betas) in enumerate(per_section)]
+        return lrs, betas
+
+
 def config_host_schedule(sched: SchedulerConfig, group_lrs: list[float], group_beta1: list[float]
                          ) -> HostSchedule | None:
     """The host schedule of the config's scheduler section (None: a device schedule, lr_schedules.py)."""
+    if sched.per_group:
+        return PerGroup(sched.for_groups(len(group_lrs)), group_lrs, group_beta1)
     if sched.type == "OneCycle":
         return OneCycle(sched.params, group_lrs, group_beta1)
     if sched.type == "LRRangeTest":

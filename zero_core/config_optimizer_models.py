@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 from pydantic import PlainValidator, PrivateAttr, model_serializer, model_validator
 
-from .config_errors import leaf_error
+from .config_errors import ConfigError, leaf_error
 from .config_keys import SCHEDULER_KEYS
 from .config_optimizer_types import canonical_type, checked_arguments, other_type
 from .config_types import AS_LIST, Bool, OptionalBool, Section, as_bool, beta_pair, choice, integer, number
@@ -107,7 +107,7 @@ class SchedulerParams(Section):
 
     warmup_min_lr: Annotated[float, number(0.0)] = 0.0
     warmup_max_lr: Annotated[float | None, number(0.0, optional=True)] = None  # WarmupLR: the groups' lrs; DecayLR 1e-3
-    warmup_num_steps: Annotated[int, integer(0, counts=True)] = 1000
+    warmup_num_steps: Annotated[int, integer(1, counts=True)] = 1000  # DeepSpeed refuses 0 (a ValueError)
     warmup_type: Annotated[str, choice({"log": "log", "linear": "linear"})] = "log"
     total_num_steps: Annotated[int | None, integer(1, counts=True, optional=True)] = None
     last_batch_iteration: Annotated[int, integer(-1)] = -1
@@ -132,12 +132,64 @@ class SchedulerParams(Section):
     lr_range_test_staircase: Bool = False
 
 
+# the scheduler parameters DeepSpeed's classes also take as a list, one value per optimizer param group
+PER_GROUP_KEYS = {"WarmupLR": ("warmup_min_lr", "warmup_max_lr"), "WarmupDecayLR": ("warmup_min_lr", "warmup_max_lr"),
+                  "OneCycle": ("cycle_min_lr", "cycle_max_lr", "cycle_min_mom", "cycle_max_mom")}
+
+
 class SchedulerConfig(Section):
+    """`params` holds one value per key; where a PER_GROUP_KEYS parameter was given as a list, its first value, and
+    `per_group` the whole lists (each value checked as a single one would be), which `for_groups` splits."""
+
     type: Annotated[str, choice({k.lower(): k for k in SCHEDULER_KEYS}, note="(the schedulers zero_core implements)")]
     params: SchedulerParams = SchedulerParams()
+    _per_group: dict[str, list[float]] | None = PrivateAttr(default=None)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _lists(cls, data: Any, handler: Any) -> Any:
+        params = data.get("params") if isinstance(data, dict) else None
+        kind = str(data.get("type")).lower() if isinstance(data, dict) else None
+        kind = next((k for k in PER_GROUP_KEYS if k.lower() == kind), None)
+        lists = {k: v for k, v in params.items() if k in PER_GROUP_KEYS.get(kind, ()) and isinstance(v, list) and v} \
+            if isinstance(params, dict) else {}  # an empty list is left to the number check, which refuses it
+        if not lists:
+            return handler(data)
+        firsts = {k: v[0] for k, v in lists.items()}
+        checked: dict[str, list[float]] = {k: [] for k in lists}
+        for key, values in lists.items():  # each value checked where a single number would be
+            for value in values:
+                one = handler({**data, "params": {**params, **firsts, key: value}})
+                checked[key].append(getattr(one.params, key))
+        made = handler({**data, "params": {**params, **firsts}})
+        made._per_group = checked
+        return made
 
     @model_serializer(mode="wrap")
     def _only_this_types_params(self, handler: Any) -> dict[str, Any]:
         data = handler(self)
         data["params"] = {k: v for k, v in data["params"].items() if k in SCHEDULER_KEYS[self.type]}
+        data["params"].update({k: list(v) for k, v in (self._per_group or {}).items()})  # as given: the lists
         return data
+
+    @property
+    def per_group(self) -> dict[str, list[float]]:
+        """The parameters given as lists, one value per param group (empty where none was)."""
+        return {k: list(v) for k, v in (self._per_group or {}).items()}
+
+    def for_groups(self, groups: int) -> list["SchedulerConfig"]:
+        """One section per param group, each holding that group's values of the lists (all equal without lists);
+        a list of another length is a ConfigError naming the fix."""
+        for key, values in self.per_group.items():
+            if len(values) != groups:
+                raise ConfigError(f"scheduler.params.{key} has {len(values)} values but the optimizer has {groups} "
+                                  "param groups; give one value per group, or a single number for all")
+        if not self._per_group:
+            return [self] * groups
+        out = []
+        for i in range(groups):
+            one = self.model_copy(update={"params": self.params.model_copy(
+                update={k: v[i] for k, v in self._per_group.items()})})
+            one._per_group = None
+            out.append(one)
+        return out

@@ -214,9 +214,11 @@ class DeepSpeedEngineAPI(WeightExports, TorchStyleBackward, EngineDataLoader, Co
                         load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
                         load_module_only: bool = False, custom_load_fn: Any = None
                         ) -> tuple[str, dict[str, Any]] | tuple[None, None]:
-        """Collective: load any zbench checkpoint (any world size, any stage) into this engine; returns
-        (the checkpoint folder as a str, client_state), where DeepSpeed returns the model-states file it read in
-        that folder; (None, None) when `load_dir` holds no checkpoint and no tag is given (a first run's resume).
+        """Collective: load any zbench checkpoint (any world size, any stage) into this engine; returns (a str path,
+        client_state), the path as DeepSpeed's names its model-states file (os.path.join(load_dir, tag, file)): for a
+        zbench checkpoint the rank file this rank's weights were read from (its own where the run saved as many),
+        for a DeepSpeed one the model-states file DeepSpeed's load reads; (None, None) when `load_dir` holds no
+        checkpoint and no tag is given (a first run's resume).
         client_state is the saved keys; from deepspeed.initialize's engines it is DeepSpeed's: its own entries the
         load did not take (buffer_names, param_shapes, global_samples, ds_config, ...; checkpoint_client_state.py),
         then the saved keys.
@@ -243,13 +245,13 @@ class DeepSpeedEngineAPI(WeightExports, TorchStyleBackward, EngineDataLoader, Co
         applied, lrs = self.applied_steps(), self.get_lr() if isinstance(self.lr_scheduler, EngineScheduler) else None
         flags = LoadFlags(load_optimizer_states, load_lr_scheduler_states, load_module_only,
                           self.deepspeed_checkpoints, load_module_strict)
-        folder, client_state = load(self, load_dir, tag, weights_only=weights_only, schedule=schedule,
-                                    counters=not load_module_only, flags=flags)
+        path, client_state = load(self, load_dir, tag, weights_only=weights_only, schedule=schedule,
+                                  counters=not load_module_only, flags=flags)
         # without its states this optimizer's applied count goes on, whatever step the run had reached
         self.steps_not_applied = self.global_step - applied if weights_only else 0
         if isinstance(self.lr_scheduler, EngineScheduler):
             self.lr_scheduler.after_load(schedule, not weights_only, applied, lrs)
-        return str(folder), client_state
+        return path, client_state
 
     def _refuse(self, call: str, instead: str) -> None:
         raise NotImplementedError(f"engine.{call} is not supported by zero_core; {instead}")

@@ -1,6 +1,8 @@
 """`zero_to_fp32.py` beside `latest`, as DeepSpeed's save_checkpoint leaves one: users run
 `python zero_to_fp32.py CHECKPOINT_DIR OUTPUT_DIR` to get the fp32 weights. Ours takes DeepSpeed's arguments and writes
-what DeepSpeed's writes: pytorch_model.bin by default, safetensors with --safe_serialization (`zbench convert`).
+what DeepSpeed's writes, through the same call DeepSpeed's script makes (convert_zero_checkpoint_to_fp32_state_dict with
+its flags): pytorch_model.bin by default, safetensors with --safe_serialization, the frozen parameters left out with
+--exclude_frozen_parameters.
 
 Rank 0 writes it after a commit, only where the name is free or holds a script this module wrote (recognised by
 its marker line): a file of the user's, or DeepSpeed's own script, is never replaced. The file appears whole or
@@ -22,8 +24,8 @@ _FOREIGN_NOTED: set[str] = set()  # folders whose file of another's this process
 SCRIPT = f'''#!/usr/bin/env python
 {MARKER}
 """The fp32 weights of the zbench checkpoint in this folder, as DeepSpeed's zero_to_fp32.py writes them:
-python zero_to_fp32.py CHECKPOINT_DIR OUTPUT_DIR [--safe_serialization] [--max_shard_size 5GB] [-t TAG].
-pytorch_model.bin (plain tensors), or model.safetensors with --safe_serialization (`zbench convert --to fp32`)."""
+python zero_to_fp32.py CHECKPOINT_DIR OUTPUT_DIR [--safe_serialization] [--max_shard_size 5GB] [-t TAG]
+[--exclude_frozen_parameters]. pytorch_model.bin (plain tensors), or model.safetensors with --safe_serialization."""
 
 import argparse
 import sys
@@ -34,26 +36,19 @@ parser.add_argument("output_dir", help="a new or empty folder for the weight fil
 parser.add_argument("--max_shard_size", default="5GB", help="largest file before the output is split")
 parser.add_argument("--safe_serialization", action="store_true", help="safetensors instead of pytorch_model.bin")
 parser.add_argument("-t", "--tag", default=None, help="the checkpoint's folder name (default: the one 'latest' names)")
-parser.add_argument("--exclude_frozen_parameters", action="store_true", help="not supported: every weight is written")
+parser.add_argument("--exclude_frozen_parameters", action="store_true", help="leave out the frozen parameters")
 parser.add_argument("-d", "--debug", action="store_true", help="accepted, no effect")
 args = parser.parse_args()
-if args.exclude_frozen_parameters:
-    sys.exit("Error: --exclude_frozen_parameters is not supported; drop it (every weight is written)")
 try:
-    from zbench.cli import main
     from zero_core.deepspeed.utils.zero_to_fp32 import convert_zero_checkpoint_to_fp32_state_dict
 except ImportError:
     sys.exit("Error: zbench is not installed in this Python; run this script with the Python that trained")
-if args.safe_serialization:
-    command = ["convert", args.checkpoint_dir, "--to", "fp32", "--out", args.output_dir,
-               "--max-shard-size", args.max_shard_size]
-    main(command + (["--tag", args.tag] if args.tag is not None else []), prog_name="zbench")  # exits
-else:
-    try:
-        convert_zero_checkpoint_to_fp32_state_dict(args.checkpoint_dir, args.output_dir, args.max_shard_size,
-                                                   tag=args.tag)
-    except (OSError, ValueError) as e:
-        sys.exit(f"Error: {{e}}")
+try:
+    convert_zero_checkpoint_to_fp32_state_dict(args.checkpoint_dir, args.output_dir, max_shard_size=args.max_shard_size,
+                                               safe_serialization=args.safe_serialization, tag=args.tag,
+                                               exclude_frozen_parameters=args.exclude_frozen_parameters)
+except (OSError, ValueError) as e:
+    sys.exit(f"Error: {{e}}")
 '''
 
 

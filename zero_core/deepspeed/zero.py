@@ -6,9 +6,17 @@ from __future__ import annotations
 from typing import Any
 
 from ..deferred import init_context, stage_of
-from ..gathered import GatheredParameters
+from ..gathered import GatheredParameters as _Gathered
 
 __all__ = ["Init", "GatheredParameters", "register_external_parameter", "unregister_external_parameter"]
+
+
+class GatheredParameters(_Gathered):
+    """zero_core's GatheredParameters (zero_core/gathered.py) whose `with ... as x` binds None, as DeepSpeed 0.19.8's
+    `__enter__` returns nothing for any `params` (None, one parameter, a list)."""
+
+    def __enter__(self) -> None:  # type: ignore[override]
+        super().__enter__()
 
 
 class Init:

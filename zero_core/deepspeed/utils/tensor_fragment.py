@@ -119,8 +119,10 @@ def _get_local(param: torch.Tensor, name: str) -> torch.Tensor | None:
 
 def safe_get_full_grad(param: torch.Tensor) -> torch.Tensor | None:
     """The whole fp32 gradient the next step takes (averaged over ranks and accumulation steps, before clipping;
-    under fp16, divided by the loss scale), between the backward that ends an accumulation window and step(). A
-    parameter no engine trains gives its own `.grad`, as DeepSpeed's does."""
+    under fp16, divided by the loss scale), between the backward that ends an accumulation window and step(). Inside
+    a window at stages 0-1 (after a backward that does not end it), this rank's gradients summed so far, each
+    micro-step's divided by the accumulation steps, in the parameter's dtype, without communication: what
+    DeepSpeed's returns there (its parameter's `.grad`). A parameter no engine trains gives its own `.grad`."""
     engine = _OWNER.get(id(param))
     if engine is None:
         return param.grad
@@ -128,11 +130,22 @@ def safe_get_full_grad(param: torch.Tensor) -> torch.Tensor | None:
     if found is None:
         return None
     if not engine.gradients_ready:
-        raise ValueError("safe_get_full_grad: gradients are readable after the backward that ends an accumulation "
-                         "window and before step(); call it there")
+        return _window_sum(engine, found[2], param)
     _, group, slot = found
     full = gathered_group(engine, group, "gradient").to(engine.device)
     return full[slot.offset : slot.offset + slot.numel].view(slot.shape).clone()
+
+
+def _window_sum(engine: Any, slot: Any, param: torch.Tensor) -> torch.Tensor:
+    """Inside an accumulation window at stages 0-1: this rank's sum so far, from the persistent bucket it is added
+    into (grad_buckets.py), where the bucket holds the parameter's dtype (else the sum is not DeepSpeed's `.grad`)."""
+    reducer = engine.reducer
+    if not (reducer.keep_buffers and engine._window_passes > 0 and reducer.bucket_dtype == param.dtype):
+        raise ValueError("safe_get_full_grad: gradients are readable after the backward that ends an accumulation "
+                         "window and before step() (at stages 0-1 in the working precision, also after a backward "
+                         "inside the window); call it there")
+    bucket = reducer.buffers[slot.group]
+    return bucket[slot.offset : slot.offset + slot.numel].view(slot.shape).clone()
 
 
 def safe_get_full_fp32_param(param: torch.Tensor) -> torch.Tensor | None:
