@@ -51,7 +51,9 @@ _UNITS = {
 
 def parse_size(text: str | int) -> int:
     """Bytes in a size such as "5GB" (10**9, as Hugging Face counts), "500MiB" or "1000"."""
-    if isinstance(text, int):
+    if isinstance(text, int) and not isinstance(text, bool):  # a bool is no size: refused below, as text
+        if text < 1:
+            raise ValueError(f"size {text!r} must be at least 1 byte")
         return text
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
     if not m or m.group(2).upper() not in _UNITS:

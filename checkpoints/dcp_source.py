@@ -21,17 +21,16 @@ given only those checked paths, so a crafted `.metadata` cannot make us read a f
 
 from __future__ import annotations
 
-import io
 import math
 import pathlib
 import re
 import warnings
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .dcp_chunk_check import chunk_problems, raw_sizes
 from .dcp_extensions import check_extensions
 from .dcp_metadata import read_metadata
 from .dtypes import name_of
@@ -152,6 +151,7 @@ class DcpSource:
                 "pass --key with the prefix of the model's entries"
             )
         self._tensors = tensors
+        self._raw = raw_sizes(tensors)
         self._infos = [
             ParamInfo(n, tuple(tensors[k].size), name_of(tensors[k].properties.dtype))
             for n, k in self._keys.items()
@@ -184,9 +184,9 @@ class DcpSource:
                 raise stop from None
             key = keys[0] if len(keys) == 1 else f"{len(keys)} tensors"
             wanted = set(keys)
-            items = [i for idx, i in self.metadata.storage_data.items() if idx.fqn in wanted]
-            problems = self._check(items) or [
-                f"a file of {', '.join(sorted({i.relative_path for i in items}))} is unreadable"
+            items = [(idx, i) for idx, i in self.metadata.storage_data.items() if idx.fqn in wanted]
+            problems = chunk_problems(self._paths, items, self._raw) or [
+                f"a file of {', '.join(sorted({i.relative_path for _, i in items}))} is unreadable"
             ]
             lines = [line for line in str(e).splitlines() if line.strip()]
             raise CheckpointError(
@@ -257,21 +257,7 @@ class DcpSource:
 
     def verify(self) -> list[str]:
         """Every chunk's bytes present and, for torch.save'd chunks, their zip CRCs intact; one line per bad file."""
-        return self._check(list(self.metadata.storage_data.values()))
-
-    def _check(self, items: list[Any]) -> list[str]:
-        bad: dict[str, str] = {}
-        for info in items:
-            path = self._paths[info.relative_path]
-            if str(path) in bad:
-                continue
-            if not path.is_file():
-                bad[str(path)] = f"missing file {path}"
-            elif path.stat().st_size < info.offset + info.length:
-                bad[str(path)] = f"{path} is truncated ({path.stat().st_size} bytes, needs {info.offset + info.length})"
-            elif not getattr(info, "transform_descriptors", None) and not _chunk_ok(path, info.offset, info.length):
-                bad[str(path)] = f"{path} is corrupt: a chunk at byte {info.offset} fails its CRC check"
-        return list(bad.values())
+        return chunk_problems(self._paths, list(self.metadata.storage_data.items()), self._raw)
 
 
 def _stop_in(e: BaseException) -> BaseException | None:
@@ -283,17 +269,3 @@ def _stop_in(e: BaseException) -> BaseException | None:
         return None if isinstance(e, Exception) else e
     wrapped = [failure for failure, _trace in e.failures.values()]
     return next((stop for failure in wrapped if (stop := _stop_in(failure)) is not None), None)
-
-
-def _chunk_ok(path: Path, offset: int, length: int) -> bool:
-    """A torch.save'd chunk (a zip) passes its CRCs; raw chunks carry no checksum and pass."""
-    with open(path, "rb") as f:
-        f.seek(offset)
-        blob = f.read(length)
-    if not blob.startswith(b"PK"):
-        return True
-    try:
-        with zipfile.ZipFile(io.BytesIO(blob)) as zf:
-            return zf.testzip() is None
-    except (zipfile.BadZipFile, EOFError, ValueError):
-        return False

@@ -216,9 +216,13 @@ class ModelStates:
 
     def infos(self, trainable_dtype: str = "float32") -> list[ParamInfo]:
         """ParamInfo for every entry: optimizer params (fp32 masters), frozen params, buffers, tied aliases."""
+        # an alias stands for its owner only where the owner has data of its own; one tied to itself, to another
+        # alias or to a name without data keeps its own data (DeepSpeed's zero_to_fp32 keeps it too), never dropped
+        has_data = {*self.trainable, *self.frozen_shapes, *self._module_full}
+        tied = {a: o for a, o in self.shared.items() if a != o and o not in self.shared and o in has_data}
         by_name: dict[str, ParamInfo] = {}
         for name in self.order:
-            if name in self.shared:
+            if name in tied:
                 continue
             if name in self.trainable:
                 by_name[name] = ParamInfo(name, self.trainable[name], trainable_dtype, trainable=True)
@@ -233,7 +237,7 @@ class ModelStates:
                     f"{self.paths[0]}: {name} is in the module but its data is in no file "
                     "(saved with exclude_frozen_parameters?); it cannot be rebuilt"
                 )
-        for alias, owner in self.shared.items():
+        for alias, owner in tied.items():
             if owner in by_name:
                 o = by_name[owner]
                 by_name[alias] = ParamInfo(alias, o.shape, o.dtype, o.trainable, tied_to=owner)

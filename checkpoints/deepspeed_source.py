@@ -62,6 +62,7 @@ class DeepSpeedSource:
         self.optim_files = rank_paths(self.folder, name, self.world_size, follow_symlinks)
         metas = [self._meta(f) for f in self.optim_files]
         self.stage = self._stage(metas)
+        self._check_partition_counts(metas)
         self._group_key = "fp32_flat_groups" if self.stage == 3 else "single_partition_of_fp32_groups"
         sizes = [[int(t.numel()) for t in self._groups(f, m)] for f, m in zip(self.optim_files, metas)]
         shapes = self.model.param_shapes
@@ -110,6 +111,20 @@ class DeepSpeedSource:
             if checked_number(f, "zero_stage", stage, 1, 3) != metas[0]["zero_stage"]:
                 raise layout.bad_field(f, "zero_stage", stage, f"{metas[0]['zero_stage']}, as in the other rank files")
         return metas[0]["zero_stage"]
+
+    def _check_partition_counts(self, metas: list[dict]) -> None:
+        """Each rank file's `partition_count` (ZeRO-1/2: one per group; ZeRO-3: one) names as many ranks as there
+        are rank files, as DeepSpeed's own reader requires: a file from a save on another world size is refused."""
+        for f, m in zip(self.optim_files, metas):
+            counts = m.get("partition_count")
+            if counts is None:  # not recorded: the sizes of the partitions are checked below all the same
+                continue
+            for count in counts if isinstance(counts, (list, tuple)) else [counts]:
+                if checked_number(f, "partition_count", count, 1, 1 << 20) != self.world_size:
+                    raise CheckpointError(
+                        f"{f}: partition_count says the save had {count} ranks, but the checkpoint has "
+                        f"{self.world_size} rank files; {REWRITE}"
+                    )
 
     def _groups(self, path: Path, meta: dict) -> list[torch.Tensor]:
         """Rank file `path`'s fp32 partitions (torch's loader holds each within its record of the file)."""

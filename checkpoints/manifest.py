@@ -136,7 +136,12 @@ def read(folder: Path, follow_symlinks: bool = False) -> dict[str, Any]:
     path = inside(folder, MANIFEST, what="manifest", follow_symlinks=follow_symlinks)
     try:
         raw = _read_bounded(path, MAX_MANIFEST_BYTES)
-        manifest = json.loads(raw.decode("utf-8"))
+        manifest = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
+    except _DuplicateKey as e:
+        raise CheckpointError(
+            f"{path} gives the key {_one_line(reprlib.repr(e.key), 60)} twice in one object, so readers may disagree "
+            "on its value; the manifest was edited or damaged, use an earlier tag"
+        ) from None
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
         raise CheckpointError(
             f"{path} is unreadable ({e.__class__.__name__}); the checkpoint is damaged, use an earlier tag"
@@ -155,6 +160,22 @@ def read(folder: Path, follow_symlinks: bool = False) -> dict[str, Any]:
     if problem:
         raise CheckpointError(f"{path} is damaged ({_one_line(problem)}); use an earlier checkpoint")
     return manifest
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object as a dict; a key given twice is refused (json keeps the last, other readers the first)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
 
 
 def _check_checksum(folder: Path, raw: bytes, follow_symlinks: bool) -> None:

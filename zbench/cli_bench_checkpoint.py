@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 import platform
 from pathlib import Path
 
@@ -30,11 +31,44 @@ def _rows(rows: list, info: dict) -> list[list[str]]:
 
 
 HEADER = ["system", "operation", "GB", "seconds", "GB/s", "of disk floor"]
+TITLE = "# Checkpoint I/O, one rank:"  # how a record starts: only a file that does is replaced by the next one
+STATE_BYTES = 16  # per parameter held at once: fp32 weight, gradient and AdamW's two moments
+
+
+def _checked_record(record: Path) -> Path:
+    """The record's path, checked before the minutes of measuring: its folder exists, and a file already there
+    is an earlier record (replaced), never another file of the user's."""
+    if not record.parent.is_dir():
+        raise click.ClickException(f"--record {record}: folder {record.parent} does not exist; create it or pass "
+                                   "another --record")
+    if record.exists() or record.is_symlink():
+        earlier = False
+        if record.is_file() and not record.is_symlink():  # never opened otherwise: a FIFO would block the read
+            try:
+                with open(record, encoding="utf-8", errors="replace") as f:
+                    earlier = f.read(len(TITLE)) == TITLE
+            except OSError:
+                pass
+        if not earlier:
+            raise click.ClickException(f"--record {record} exists and is not an earlier checkpoint record; pass a "
+                                       "new file name (it is never overwritten)")
+    return record
+
+
+def _checked_params(params: int, device_bytes: int) -> None:
+    """One line when the model's training state cannot fit the memory it is built in (the run would swap or
+    build layers for hours before failing)."""
+    if params * STATE_BYTES > device_bytes:
+        raise click.ClickException(
+            f"--params {params:,} needs {params * STATE_BYTES / 1e9:,.1f} GB for its training state "
+            f"({STATE_BYTES} bytes a parameter), more than the {device_bytes / 1e9:,.1f} GB here; pass a smaller "
+            "--params"
+        )
 
 
 def markdown(rows: list, info: dict, command: str) -> str:
     lines = [
-        f"# Checkpoint I/O, one rank: zero_core beside DCP and DeepSpeed ({datetime.date.today()})",
+        f"{TITLE} zero_core beside DCP and DeepSpeed ({datetime.date.today()})",
         "",
         f"- Command: `{command}`",
         f"- Device: {info['device']}; host {platform.node()}, {platform.processor() or platform.machine()}",
@@ -80,7 +114,11 @@ def bench_checkpoint_cmd(params: int | None, folder: Path | None, record: Path |
 
     if folder is not None and not folder.is_dir():
         raise click.ClickException(f"--dir {folder} is not a folder; create it or pass another")
-    params = params or (770_000_000 if torch.cuda.is_available() else 20_000_000)
+    record = _checked_record(record or Path(f"checkpoint_bench_{datetime.date.today()}.md"))
+    cuda = torch.cuda.is_available()
+    params = params or (770_000_000 if cuda else 20_000_000)
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    _checked_params(params, min(host, torch.cuda.get_device_properties(0).total_memory) if cuda else host)
     rows, info = run(params, folder)
     table = Table(title=f"checkpoint I/O, {info['params']:,} parameters on {info['device']}")
     for h in HEADER:
@@ -92,6 +130,8 @@ def bench_checkpoint_cmd(params: int | None, folder: Path | None, record: Path |
         f"disk floor: write {info['write_gbs']:.2f} GB/s, read {info['read_gbs']:.2f} GB/s "
         f"({'O_DIRECT' if info['o_direct'] else 'buffered'})"
     )
-    record = record or Path(f"checkpoint_bench_{datetime.date.today()}.md")
-    record.write_text(markdown(rows, info, "zbench " + " ".join(sys.argv[1:])), encoding="utf-8")
+    try:
+        record.write_text(markdown(rows, info, "zbench " + " ".join(sys.argv[1:])), encoding="utf-8")
+    except OSError as e:  # a full disk or a folder removed meanwhile: the table above is still printed
+        raise click.ClickException(f"cannot write --record {record}: {e.strerror or e}; pass another --record")
     click.echo(f"record written to {record}")

@@ -26,6 +26,8 @@ from checkpoints.output_claim import check_output
 from checkpoints.read_guard import FolderWatch
 from checkpoints.source import CheckpointError, CheckpointSource, ParamInfo
 
+from .printable import printable
+
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -162,7 +164,7 @@ def convert(
             except ImportError:
                 raise click.ClickException("--to zbench is not available yet in this version; use --to fp32|bf16|fp16")
             written = reshard_to_zbench(source, out, world_size, protect=[src])
-            click.echo(f"wrote a zbench checkpoint for {world_size} ranks to {written}")
+            click.echo(f"wrote a zbench checkpoint for {world_size} ranks to {printable(written)}")
             return
         copied: list[str] = []
 
@@ -190,11 +192,13 @@ def convert(
     size = sum(f.stat().st_size for f in files)
     click.echo(
         f"wrote {len(infos)} tensors ({tied} tied, stored once) as {to} in {len(files)} file(s), "
-        f"{_human(size)}, to {out}" + (f", with {', '.join(copied)}" if copied else "")
+        f"{_human(size)}, to {printable(out)}" + (f", with {', '.join(copied)}" if copied else "")
     )
     left_out = source.summary().extra.get("left out by the save")
     if left_out:  # as DeepSpeed's zero_to_fp32 leaves them out: the base model's own weights come from elsewhere
-        click.echo(f"not written: {left_out}; the checkpoint does not hold them, take them from the base model")
+        click.echo(
+            f"not written: {printable(left_out)}; the checkpoint does not hold them, take them from the base model"
+        )
 
 
 def _cannot_write(out: str, e: OSError) -> click.ClickException:
@@ -263,6 +267,6 @@ def inspect(src: str, tag: str | None, kind: str | None, as_json: bool, key: str
         ]
         width = max(len(k) for k, _ in rows) + 2
         for k, v in rows:
-            click.echo(f"{k:<{width}}{'-' if v is None else v}")
+            click.echo(f"{k:<{width}}{'-' if v is None else printable(v)}")  # a path on its one line
     if problems:
         raise click.ClickException(first_problem(problems))

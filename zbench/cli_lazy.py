@@ -1,4 +1,6 @@
-"""A click group whose commands are imported when they run, so `zbench --help` loads no torch.
+"""A click group whose commands are imported when they run, so `zbench --help` loads no torch, and whose
+commands' errors are each printed on one line (control characters in the paths they name escaped; Ctrl-C
+is one line too).
 
 Each lazy command is (module, attribute, one-line help); the listing of `zbench --help` prints that line
 without importing the module (a test keeps each line equal to the command's own docstring summary).
@@ -7,15 +9,18 @@ without importing the module (a test keeps each line equal to the command's own 
 from __future__ import annotations
 
 import importlib
+import signal
 from typing import Any
 
 import click
+
+from .printable import printable
 
 
 def _one_line(e: click.UsageError) -> click.ClickException:
     """A usage error as one `Error:` line naming the fix (click prints the usage block and a hint above it)."""
     where = " ".join(["zbench", *(e.ctx.command_path.split()[1:] if e.ctx is not None else [])])  # as installed
-    one = click.ClickException(f"{e.format_message().rstrip('.')}; see '{where} --help'")
+    one = click.ClickException(f"{printable(e.format_message()).rstrip('.')}; see '{where} --help'")
     one.exit_code = e.exit_code
     return one
 
@@ -37,6 +42,14 @@ class LazyGroup(click.Group):
             return super().invoke(ctx)
         except click.UsageError as e:
             raise _one_line(e) from None
+        except click.ClickException as e:  # a path or name with a newline or ESC in it stays on the one line
+            e.message = printable(e.message)
+            raise
+        except KeyboardInterrupt:  # Ctrl-C: one line instead of click's "Aborted!" (what was being written is removed)
+            where = " ".join(["zbench", *ctx.command_path.split()[1:], ctx.invoked_subcommand or ""]).strip()
+            stopped = click.ClickException(f"interrupted (Ctrl-C); {where} stopped before it finished; run it again")
+            stopped.exit_code = 128 + signal.SIGINT
+            raise stopped from None
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted([*super().list_commands(ctx), *self.lazy])

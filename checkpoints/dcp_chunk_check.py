@@ -1,0 +1,61 @@
+"""Whether the bytes of a DCP folder's chunks are intact, as far as their format can tell.
+
+DCP's FileSystemWriter stores a tensor chunk either as a `torch.save` record (a zip, starting with `PK`, whose
+CRC-32s are checked here) or as the tensor's raw bytes, which carry no checksum: a raw chunk is exactly its
+elements times their size. A chunk that is neither (not a zip, and not that many bytes) is damaged, so random
+bytes in place of a torch.save'd chunk are reported as such rather than passed as "raw".
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import zipfile
+from pathlib import Path
+from typing import Any
+
+
+def raw_sizes(tensors: dict[str, Any]) -> dict[tuple[str, tuple[int, ...]], int]:
+    """(key, chunk offsets) -> the bytes of that chunk's elements, for DCP's TensorStorageMetadata `tensors`."""
+    return {
+        (key, tuple(chunk.offsets)): math.prod(chunk.sizes) * meta.properties.dtype.itemsize
+        for key, meta in tensors.items()
+        for chunk in meta.chunks
+    }
+
+
+def chunk_problems(paths: dict[str, Path], entries: list[tuple[Any, Any]],
+                   raw: dict[tuple[str, tuple[int, ...]], int]) -> list[str]:
+    """One line per damaged file among the storage `entries` ((MetadataIndex, _StorageInfo) pairs): missing,
+    shorter than its chunks, or holding a chunk that fails its check; `paths` maps relative paths to checked
+    ones, `raw` is raw_sizes() of the folder's tensors."""
+    bad: dict[str, str] = {}
+    for index, info in entries:
+        path = paths[info.relative_path]
+        if str(path) in bad:
+            continue
+        if not path.is_file():
+            bad[str(path)] = f"missing file {path}"
+        elif path.stat().st_size < info.offset + info.length:
+            bad[str(path)] = f"{path} is truncated ({path.stat().st_size} bytes, needs {info.offset + info.length})"
+        elif not getattr(info, "transform_descriptors", None) and not _chunk_ok(
+            path, info.offset, info.length, raw.get((index.fqn, tuple(index.offset or ())))
+        ):
+            bad[str(path)] = (f"{path} is corrupt: the chunk at byte {info.offset} fails its check (a torch.save "
+                              "record's CRC, or a raw chunk's size)")
+    return list(bad.values())
+
+
+def _chunk_ok(path: Path, offset: int, length: int, raw_bytes: int | None) -> bool:
+    """A torch.save'd chunk (a zip) passes its CRCs; a raw one is exactly `raw_bytes` long (None: a non-tensor
+    entry, whose bytes have no size to check)."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        blob = f.read(length)
+    if not blob.startswith(b"PK"):
+        return raw_bytes is None or length == raw_bytes
+    try:
+        with zipfile.ZipFile(io.BytesIO(blob)) as zf:
+            return zf.testzip() is None
+    except (zipfile.BadZipFile, EOFError, ValueError):
+        return False
