@@ -131,6 +131,10 @@ class DeepSpeedSource:
         groups = meta.get(self._group_key)
         if not isinstance(groups, (list, tuple)) or not all(isinstance(t, torch.Tensor) for t in groups):
             raise layout.bad_field(path, self._group_key, groups, "a list of tensors")
+        odd = next((t for t in groups if not t.is_contiguous()), None)
+        if odd is not None:  # DeepSpeed saves flat partitions: a strided one (an expanded view) is no partition
+            raise CheckpointError(f"{path}: a tensor of {self._group_key} is stored with strides {odd.stride()}, not "
+                                  f"as a flat partition; the file is corrupt, {REWRITE}")
         return list(groups)
 
     def _find_optim_files(self) -> dict[int, Path]:
