@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import functools
 import hashlib
+import importlib.util
 import io
 import os
 import stat
@@ -32,6 +33,15 @@ TINY = str(REPO / "zbench" / "model_configs" / "tiny-gpt.json")  # a str: scenar
 
 
 # -- commands that fail ------------------------------------------------------------------------------
+def fixture_script(name: str):
+    """tests/fixtures/<name>.py, the script that recorded a fixture with the real tool, loaded as a module: its cases
+    and trace functions are what a test then runs on zbench."""
+    spec = importlib.util.spec_from_file_location(name, FIXTURES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def one_line_error(result, alone: bool = False) -> str:
     """The `Error:` line of a command that failed as users should see it: a non-zero exit, no traceback
     anywhere, exactly one line starting with `Error:` and nothing printed after it; with `alone`, nothing

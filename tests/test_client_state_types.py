@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import enum
-import importlib.util
 import json
 import pathlib
 import shutil
@@ -27,12 +26,10 @@ from torch import nn
 import zero_core.deepspeed as deepspeed
 from checkpoints import manifest as mf
 from checkpoints.source import CheckpointError
-from helpers import FIXTURES
+from helpers import fixture_script
 
-MAKE = FIXTURES / "make_client_state_types.py"
-_spec = importlib.util.spec_from_file_location("make_client_state_types", MAKE)
-made = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(made)  # its client() and _same(): the values DeepSpeed saved and the type-exact compare
+# its client() and _same(): the values DeepSpeed saved and the type-exact compare
+made = fixture_script("make_client_state_types")
 same = made._same
 
 

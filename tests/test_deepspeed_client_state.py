@@ -5,7 +5,6 @@ entries included, and the lr and step readers after a load are those real DeepSp
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import shutil
@@ -18,7 +17,7 @@ from checkpoint_helpers import flip_element
 from fault_workers import tiny_checkpoint
 from checkpoints.deepspeed_pickle import load_pickle
 from checkpoints.source import CheckpointError
-from helpers import FIXTURES, refused, zbench, one_line_error
+from helpers import FIXTURES, fixture_script, one_line_error, refused, zbench
 
 MODEL = "mp_rank_00_model_states.pt"
 EMA = torch.tensor([0.5, 1.5, 2.5])
@@ -128,9 +127,7 @@ def test_numpy_arrays_of_plain_dtypes_are_read_and_objects_refused(tmp_path):
 
 
 # -- the client_state load_checkpoint returns, against what DeepSpeed 0.19.8's returned (make_client_state.py) --
-_SPEC = importlib.util.spec_from_file_location("make_client_state", FIXTURES / "make_client_state.py")
-made = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(made)
+made = fixture_script("make_client_state")
 RECORDED = json.loads((FIXTURES / "client_state" / "expected.json").read_text(encoding="utf-8"))
 # the readers DeepSpeed's engine and zero_core's agree on right after a load (DeepSpeed's scheduler get_last_lr()
 # still says what it said before the load, until its next step)

@@ -5,21 +5,19 @@ DeepSpeed's numbers: tests/fixtures/make_deepspeed_small_utils.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
+from helpers import fixture_script
 from zero_core.deepspeed.profiling.flops_profiler import (FlopsProfiler, get_model_profile, get_module_flops,
                                                           get_module_macs, number_to_string, params_to_string)
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 REF = json.loads((FIXTURES / "deepspeed_small_utils.json").read_text())["profiles"]
-_spec = importlib.util.spec_from_file_location("make_deepspeed_small_utils", FIXTURES / "make_deepspeed_small_utils.py")
-MAKER = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(MAKER)
+MAKER = fixture_script("make_deepspeed_small_utils")
 
 # flops DeepSpeed adds for elementwise work (none of them MACs): per model, and per child module
 ELEMENTWISE = {"linear_chain": 0, "mlp_relu": 4 * 32,  # ReLU: one per element of its (4, 32) output

@@ -4,18 +4,15 @@ deepspeed_fp16/{2,3}, ZeRO-2 and ZeRO-3 on 2 CPU ranks, recorded by make_deepspe
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 import torch
 from dist_harness import run_ranks
 
-from helpers import FIXTURES
+from helpers import FIXTURES, fixture_script
 
-_spec = importlib.util.spec_from_file_location("fp16_fixtures", FIXTURES / "make_deepspeed_fp16_fixtures.py")
-fp16_fixtures = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fp16_fixtures)
+fp16_fixtures = fixture_script("make_deepspeed_fp16_fixtures")
 
 
 def _resume_and_train(rank: int, world: int, saved: int, stage: int) -> dict:

@@ -6,7 +6,6 @@ zero_core resumes each at any stage and on any number of ranks, and trains on as
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
@@ -15,15 +14,13 @@ from dist_harness import run_ranks
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from helpers import FIXTURES
+from helpers import FIXTURES, fixture_script
 
 UNIVERSAL = FIXTURES / "deepspeed_universal" / "3_2_fp32"
 ZERO = {stage: FIXTURES / "deepspeed" / f"{stage}_2_fp32" for stage in (1, 2, 3)}
 GROUPED = FIXTURES / "deepspeed" / "2_2_fp32_groups"  # two param groups: rank 1's moments carry DeepSpeed's padding
 GLOBAL_BATCH = {UNIVERSAL: 2}  # DeepSpeed's continuation: 1 rank x 2 for the universal one, else 2 ranks x 2
-_spec = importlib.util.spec_from_file_location("ds_fixtures", FIXTURES / "make_deepspeed_fixtures.py")
-ds_fixtures = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ds_fixtures)
+ds_fixtures = fixture_script("make_deepspeed_fixtures")
 
 
 def _engine(stage: int, offload: bool | str = False, micro: int = 2, model=None, bf16: bool = False,

@@ -4,7 +4,6 @@ DeepSpeed 0.19.8's (its answers recorded by tests/fixtures/make_deepspeed_small_
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -18,20 +17,11 @@ import pytest
 import torch
 
 import zero_core.deepspeed as deepspeed
-from helpers import repo_pythonpath
+from helpers import fixture_script, repo_pythonpath
 from zero_core.deepspeed.runtime import utils
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 REF = json.loads((FIXTURES / "deepspeed_small_utils.json").read_text())
-
-
-def load_maker():
-    """The fixture's make script as a module (its config and models; it imports DeepSpeed only when run)."""
-    spec = importlib.util.spec_from_file_location("make_deepspeed_small_utils",
-                                                  FIXTURES / "make_deepspeed_small_utils.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_version_fields_are_deepspeeds_and_agree_with_version():
@@ -100,7 +90,7 @@ def test_small_helpers(tmp_path):
 
 
 def test_deepspeed_config_answers_deepspeeds_values():
-    maker = load_maker()
+    maker = fixture_script("make_deepspeed_small_utils")  # its config and models (DeepSpeed only when run)
     config = deepspeed.DeepSpeedConfig(dict(maker.CONFIG))
     want = REF["config"]
     assert {name: getattr(config, name) for name in maker.CONFIG_READS} == {k: want[k] for k in maker.CONFIG_READS}

@@ -4,7 +4,6 @@ the same readings are fed to zero_core's timers, so nothing depends on real time
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import json
 from pathlib import Path
@@ -14,12 +13,11 @@ import pytest
 
 import zero_core.engine_timers
 from zero_core.deepspeed.utils import timer
+from helpers import fixture_script
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 REF = json.loads((FIXTURES / "deepspeed_small_utils.json").read_text())["timers"]
-_spec = importlib.util.spec_from_file_location("make_deepspeed_small_utils", FIXTURES / "make_deepspeed_small_utils.py")
-MAKER = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(MAKER)
+MAKER = fixture_script("make_deepspeed_small_utils")
 
 
 def _clock(monkeypatch, instants: list[float]) -> None:

@@ -5,7 +5,6 @@ tests/fixtures/make_dropin_backward_return.py with the same model, batches and c
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -13,12 +12,11 @@ import pytest
 import torch
 
 import zero_core.deepspeed as deepspeed
+from helpers import fixture_script
 
 FIXTURES = Path(__file__).parent / "fixtures"
 DEEPSPEED = json.loads((FIXTURES / "deepspeed_backward_return.json").read_text())
-_spec = importlib.util.spec_from_file_location("make_backward", FIXTURES / "make_dropin_backward_return.py")
-make = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(make)
+make = fixture_script("make_dropin_backward_return")
 
 
 @pytest.mark.parametrize("scale_wrt_gas", [True, False])

@@ -6,19 +6,17 @@ the same block and inputs)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
 import zero_core.deepspeed as deepspeed
+from helpers import fixture_script
 
 FIXTURES = Path(__file__).parent / "fixtures"
 DEEPSPEED = json.loads((FIXTURES / "deepspeed_checkpointing_calls.json").read_text())
-_spec = importlib.util.spec_from_file_location("make_checkpointing", FIXTURES / "make_dropin_checkpointing_calls.py")
-make = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(make)
+make = fixture_script("make_dropin_checkpointing_calls")
 
 
 @pytest.mark.parametrize("call", ["checkpoint_kwargs", "non_reentrant_checkpoint"])

@@ -6,7 +6,6 @@ tests/fixtures/make_dropin_config_schedule_lists.py with the same model, groups 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -16,12 +15,11 @@ import torch
 import zero_core.deepspeed as deepspeed
 from zero_core.config_errors import ConfigError
 from zero_core.deepspeed.runtime import lr_schedules
+from helpers import fixture_script
 
 FIXTURES = Path(__file__).parent / "fixtures"
 DEEPSPEED = json.loads((FIXTURES / "deepspeed_config_schedule_lists.json").read_text())
-_spec = importlib.util.spec_from_file_location("make_schedule_lists", FIXTURES / "make_dropin_config_schedule_lists.py")
-make = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(make)
+make = fixture_script("make_dropin_config_schedule_lists")
 
 
 @pytest.mark.parametrize("case", ["warmup_lists", "warmup_one_list", "decay_lists", "onecycle_lists"])

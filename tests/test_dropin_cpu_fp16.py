@@ -6,7 +6,6 @@ answer is set to the recorded one, so the comparison holds on any machine."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -15,12 +14,11 @@ import torch
 
 import zero_core.deepspeed as deepspeed
 from zero_core.deepspeed.accelerator import get_accelerator
+from helpers import fixture_script
 
 FIXTURES = Path(__file__).parent / "fixtures"
 DEEPSPEED = json.loads((FIXTURES / "deepspeed_cpu_fp16.json").read_text())
-_spec = importlib.util.spec_from_file_location("make_cpu_fp16", FIXTURES / "make_dropin_cpu_fp16.py")
-make = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(make)
+make = fixture_script("make_dropin_cpu_fp16")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU accelerator's answers")

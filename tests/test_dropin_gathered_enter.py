@@ -5,19 +5,17 @@ tests/fixtures/make_dropin_gathered_enter.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import torch
 
 import zero_core.deepspeed as deepspeed
+from helpers import fixture_script
 
 FIXTURES = Path(__file__).parent / "fixtures"
 DEEPSPEED = json.loads((FIXTURES / "deepspeed_gathered_enter.json").read_text())
-_spec = importlib.util.spec_from_file_location("make_gathered_enter", FIXTURES / "make_dropin_gathered_enter.py")
-make = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(make)
+make = fixture_script("make_dropin_gathered_enter")
 
 
 def test_enter_and_exit_return_what_deepspeeds_return():

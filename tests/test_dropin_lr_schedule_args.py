@@ -6,19 +6,17 @@ with the same optimizer and loop)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
 from zero_core.deepspeed.runtime import lr_schedules
+from helpers import fixture_script
 
 FIXTURES = Path(__file__).parent / "fixtures"
 DEEPSPEED = json.loads((FIXTURES / "deepspeed_lr_schedule_args.json").read_text())
-_spec = importlib.util.spec_from_file_location("make_lr_args", FIXTURES / "make_dropin_lr_schedule_args.py")
-make = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(make)
+make = fixture_script("make_dropin_lr_schedule_args")
 
 
 @pytest.mark.parametrize("case", ["warmup_lists", "warmup_one_list", "decay_lists", "onecycle_lists"])

@@ -7,7 +7,6 @@ tests/fixtures/make_dropin_mid_window_grads.py with the same model, batches and 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -15,12 +14,11 @@ import pytest
 import torch
 
 from dist_harness import run_ranks
+from helpers import fixture_script
 
 FIXTURES = Path(__file__).parent / "fixtures"
 DEEPSPEED = json.loads((FIXTURES / "deepspeed_mid_window_grads.json").read_text())
-_spec = importlib.util.spec_from_file_location("make_mid_window", FIXTURES / "make_dropin_mid_window_grads.py")
-make = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(make)
+make = fixture_script("make_dropin_mid_window_grads")
 
 
 def _traces(rank: int, world: int) -> dict:
