@@ -3,6 +3,7 @@ y`) get zero_core.deepspeed.
 
     python -m zero_core.deepspeed train.py --deepspeed_config ds_config.json
     torchrun --nproc-per-node 2 -m zero_core.deepspeed train.py --deepspeed_config ds_config.json
+    python -m zero_core.deepspeed --num_gpus 2 train.py --deepspeed_config ds_config.json   # as `deepspeed ...`
 
 The script runs as `python train.py ...` would run it (its own arguments, its folder on sys.path). torchrun sets
 the rank variables `deepspeed.init_distributed()` reads; it does not pass DeepSpeed's launcher's `--local_rank`.
@@ -21,10 +22,14 @@ import runpy
 import sys
 from pathlib import Path
 
+from checkpoints.paths import one_line as printable
+
 from ..comm import free_port
 from .alias import install
+from .launcher import LOCAL_RANK_ARG, MODULE_ARG, LaunchError, launch
 
-USAGE = "usage: python -m zero_core.deepspeed SCRIPT [SCRIPT'S ARGUMENTS...]"
+USAGE = ("usage: python -m zero_core.deepspeed [DEEPSPEED LAUNCHER OPTIONS: --num_gpus N, --include localhost:0,1, "
+         "--exclude, --master_port, --master_addr, --module, --no_local_rank] SCRIPT [SCRIPT'S ARGUMENTS...]")
 
 
 def _world_of_one_unless_launched() -> None:
@@ -41,16 +46,40 @@ def main(argv: list[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help"):
         print(USAGE + "\n" + __doc__.split("\n\n")[0], file=sys.stdout if args else sys.stderr)
         return 0 if args else 2
+    if args[0].startswith("-"):  # DeepSpeed's launcher's options before the script: start its ranks
+        return _launch(args)
+    as_module = os.environ.pop(MODULE_ARG, "0") == "1"  # set by that launcher for its ranks
+    if os.environ.pop(LOCAL_RANK_ARG, "0") == "1":
+        args = [*args, f"--local_rank={os.environ.get('LOCAL_RANK', '0')}"]
     script = Path(args[0])
-    if not script.is_file():
-        print(f"Error: no script at {script}; name the training script to run, then its arguments", file=sys.stderr)
+    if not as_module and not script.is_file():
+        print(f"Error: no script at {printable(script)}; name the training script to run, then its arguments",
+              file=sys.stderr)
         return 2
     install()
     _world_of_one_unless_launched()
+    if as_module:  # DeepSpeed's --module: the script is run as `python -m NAME` runs it
+        sys.argv = [args[0], *args[1:]]
+        sys.path.insert(0, os.getcwd())
+        runpy.run_module(args[0], run_name="__main__", alter_sys=True)
+        return 0
     sys.argv = [str(script), *args[1:]]
     sys.path.insert(0, str(script.resolve().parent))
     runpy.run_path(str(script), run_name="__main__")  # an uncaught refusal: its one line (refusal_hook.py)
     return 0
+
+
+def _launch(args: list[str]) -> int:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    try:
+        return launch(args)
+    except LaunchError as e:
+        print(f"Error: {printable(str(e))}", file=sys.stderr)
+        return 2
+    except (KeyboardInterrupt, SignalException):  # the agent has stopped the ranks
+        print("Error: interrupted; the ranks were stopped", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -119,7 +119,7 @@ def main() -> None:
     torch.cuda.synchronize()
     engine.breakdown.reset()
     torch.cuda.reset_peak_memory_stats()
-    times, phases = [], []
+    times, phases, norms = [], [], []
     for i in range(args.steps):
         t0 = time.perf_counter()
         b = batches[i % len(batches)].to(dev, non_blocking=True)
@@ -133,6 +133,7 @@ def main() -> None:
         engine.wait_for_weights()
         torch.cuda.synchronize()
         t3 = time.perf_counter()
+        norms.append(float(engine.get_global_grad_norm()))  # after the timing: a host sync of its own
         times.append((t3 - t0) * 1e3)
         phases.append(((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3))
     med = [statistics.median(p[k] for p in phases) for k in range(3)]
@@ -152,6 +153,11 @@ def main() -> None:
     print(f"peak GPU GiB: allocated {torch.cuda.max_memory_allocated() / 2**30:.2f}, "
           f"reserved {torch.cuda.max_memory_reserved() / 2**30:.2f}")
     print("skipped steps so far:", getattr(engine, "skipped_steps", "?"))
+    # whether an exact update could start before backward ends: only while clipping leaves the gradients as they are
+    clip = engine.gradient_clipping()
+    print(f"global grad norms of the synced steps (gradient_clipping {clip}): "
+          + " ".join(f"{n:.3g}" for n in norms) + f"; clipping engaged in {sum(n > clip > 0 for n in norms)}"
+          f" of {len(norms)}")
     host = getattr(engine.optimizer, "host_opt", engine.optimizer)  # the host share's HostAdamW, if any
     if getattr(host, "streamed", None) is not None:  # zero_core.offload_stream_balance
         print(f"host chunks the GPU took in the last update: {len(host.taken_by_device)} of "
