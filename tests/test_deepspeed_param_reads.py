@@ -154,5 +154,5 @@ def test_full_gradient_is_the_windows_mean_gradient_before_clipping(stage, offlo
         if name != frozen:
             assert torch.allclose(got["got"][name].cpu(), want, rtol=1e-4, atol=1e-7), name
     assert float(sum(g.norm() ** 2 for g in got["want"].values() if g is not None)) > 1e-6  # clipping would engage
-    for key in ("after_step",) + (("mid_window",) if gas > 1 else ()):
+    for key in ("after_step",) + (("mid_window",) if gas > 1 and stage != 3 else ()):  # stage 3 answers mid-window
         assert "before step()" in got[key] and "\n" not in got[key]

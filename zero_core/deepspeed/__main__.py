@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         args = [*args, f"--local_rank={os.environ.get('LOCAL_RANK', '0')}"]
     script = Path(args[0])
     if not as_module and not script.is_file():
-        print(f"Error: no script at {printable(script)}; name the training script to run, then its arguments",
+        print(f"Error: no script at {printable(str(script))}; name the training script to run, then its arguments",
               file=sys.stderr)
         return 2
     install()

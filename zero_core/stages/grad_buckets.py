@@ -11,6 +11,10 @@ boundary for 0-1) it is reduced on the side stream while backward goes on, by th
 chooses (all-reduce at stage 0, reduce-scatter otherwise), and handed to the optimizer, which folds it into
 its fp32 gradient wherever its states live (zero_core/optim/).
 
+Inside an accumulation window stages 0-1 show each parameter's slice of its bucket as its `.grad` between
+backwards (this rank's sum so far: DeepSpeed accumulates in `.grad` itself there, and scripts read it), views set
+after the backward and cleared before the next, never copies.
+
 Accumulation dtype (`data_types.grad_accum_dtype`, default the working precision, as DeepSpeed's). Stages 0-1
 accumulate in their persistent buffers: in the communication dtype, or in fp32 when fp32 is asked for.
 Stages 2-3 reduce every micro-step: with fp32 asked for, the optimizer folds each pass into its fp32
@@ -82,6 +86,8 @@ class GradReducer:
         self._gaps: list[torch.Tensor | None] = [
             None if self.keep_buffers else _gap_index(g, device) for g in layout.groups
         ]
+        self._window_grads: list[tuple[torch.nn.Parameter, torch.Tensor]] | None = None  # stages 0-1: .grad views
+        self._showing = False  # those views are the parameters' .grad now
         self.reduce_now = False
         self.order = list(range(len(layout.groups) - 1, -1, -1))  # the order every rank reduces the groups in
         self._agreed = False  # the order was learned from rank 0's first reducing backward
@@ -93,6 +99,7 @@ class GradReducer:
     def begin(self, reduce_now: bool, accumulate: bool, scale: torch.Tensor, final: bool = True) -> None:
         """Called before each backward. `scale` multiplies reduced sums (1 / (world * loss scale));
         `accumulate`: reduced shards add to earlier micro-steps'; `final`: the optimizer step follows."""
+        self._hide_window_grads()
         self.reduce_now = reduce_now
         self.arrived = [0] * len(self.layout.groups)
         self.reduced = [False] * len(self.layout.groups)
@@ -122,6 +129,31 @@ class GradReducer:
         self.side.join()
         if self.reduce_now and not self._agreed:
             self._agree_order()
+        if self.keep_buffers and not self.reduce_now:
+            self._show_window_grads()
+
+    def _show_window_grads(self) -> None:
+        """After a backward inside the window (stages 0-1): each parameter's `.grad` is its slice of the bucket, as
+        DeepSpeed's `.grad` reads there (it accumulates in it). Where the bucket holds another dtype than the
+        parameter (fp32 accumulation, another communication dtype) `.grad` stays None."""
+        if self._window_grads is None:  # the buckets are persistent: their views are made once
+            slots = self.layout.slots
+            self._window_grads = [
+                (p, self.buffers[slots[i].group][slots[i].offset : slots[i].offset + slots[i].numel].view(p.shape))
+                for i, p in enumerate(self.params) if p.dtype == self.bucket_dtype]
+        for p, view in self._window_grads:
+            if p.requires_grad:
+                p.grad = view
+        self._showing = True
+
+    def _hide_window_grads(self) -> None:
+        """Before autograd runs: a `.grad` still set would take the next gradient in place, and the hook would
+        then add it into the bucket a second time."""
+        if self._showing:
+            for p, view in self._window_grads or ():
+                if p.requires_grad or p.grad is view:  # a frozen parameter's own .grad is the script's
+                    p.grad = None
+            self._showing = False
 
     def _complete(self, g: int) -> None:
         """Group g has all its gradients: reduce it, and the groups after it in the order that waited for it."""
@@ -225,6 +257,7 @@ class GradReducer:
 
     def remove(self) -> None:
         """Detach the hooks from the parameters."""
+        self._hide_window_grads()
         for h in self._handles:
             h.remove()
 

@@ -31,6 +31,15 @@ class MicroStepSums:
         """A window begins: earlier passes' sums are not part of it."""
         self._sums = {}
 
+    def so_far(self, g: int, scale: torch.Tensor) -> torch.Tensor:
+        """Inside a window, read on request (never on the training path): group g's shard summed over the passes so
+        far, as fp32 times `scale`, as the boundary's total reaches the optimizer."""
+        held = self._sums.get(g)
+        assert held is not None, "every pass reduces every group: a window's first backward leaves a sum for each"
+        if self.on_host and self.device.type == "cuda":  # the copy into the host buffer is asynchronous
+            torch.cuda.current_stream(self.device).synchronize()
+        return held.to(self.device).float() * scale
+
     def add(self, g: int, reduced: torch.Tensor, final: bool) -> torch.Tensor | None:
         """Add group g's reduced shard to its sum; the total at the window's last pass (else None)."""
         earlier = self._sums.pop(g, None)

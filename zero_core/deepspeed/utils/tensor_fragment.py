@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from ... import comm
 from ...gathered import _OWNER
 from ...model_export import gathered_group, settled
 
@@ -91,26 +92,18 @@ def _write(engine: Any, name: str, start: int, flat: torch.Tensor) -> None:
             views[name][s - a : e - a].copy_(flat[s - start : e - start])
 
 
-def _local(param: torch.Tensor, name: str) -> tuple[Any, int, int] | None:
-    """(engine, start, end) of this rank's share of `param` in its partition; None for a parameter no engine trains."""
+def _get_local(param: torch.Tensor, name: str) -> torch.Tensor | None:
     found = _slot_of(param, "master" if name == "gradient" else name)
     if found is None:
         return None
     engine, group, slot = found
     start, end, _ = _share(engine, group, slot)
-    return engine, start, end
-
-
-def _get_local(param: torch.Tensor, name: str) -> torch.Tensor | None:
-    found = _local(param, name)
-    if found is None:
-        return None
-    engine, start, end = found
     if name == "gradient":
-        if not engine.gradients_ready:
-            raise ValueError("safe_get_local_grad: gradients are readable after the backward that ends an "
-                             "accumulation window and before step(); call it there")
-        share = engine.optimizer.gradient_of(start, end) if end > start else torch.empty(0)
+        if engine.gradients_ready:
+            share = engine.optimizer.gradient_of(start, end) if end > start else torch.empty(0)
+        else:  # inside a window: stage 3 only (DeepSpeed's defines this call for ZeRO-3 alone)
+            at = group.partition_offset
+            share = _window_shard(engine, group, "safe_get_local_grad")[start - at : end - at]
     else:
         settled(engine)
         share = engine.optimizer.states.read(name, start, end)
@@ -119,21 +112,53 @@ def _get_local(param: torch.Tensor, name: str) -> torch.Tensor | None:
 
 def safe_get_full_grad(param: torch.Tensor) -> torch.Tensor | None:
     """The whole fp32 gradient the next step takes (averaged over ranks and accumulation steps, before clipping;
-    under fp16, divided by the loss scale), between the backward that ends an accumulation window and step(). Inside
-    a window at stages 0-1 (after a backward that does not end it), this rank's gradients summed so far, each
-    micro-step's divided by the accumulation steps, in the parameter's dtype, without communication: what
-    DeepSpeed's returns there (its parameter's `.grad`). A parameter no engine trains gives its own `.grad`."""
+    under fp16, divided by the loss scale), between the backward that ends an accumulation window and step(); at
+    stage 0 under bf16 in bf16, DeepSpeed's `.grad` there. Inside a window (after a backward that does not end it)
+    at stages 0-1, this rank's gradients summed so far, each micro-step's divided by the accumulation steps, in the
+    parameter's dtype, without communication: what DeepSpeed's returns there (its parameter's `.grad`); at stage 3
+    the rank-averaged sum so far, fp32, gathered, as DeepSpeed's ZeRO-3 keeps it in its gradient partition. A
+    parameter no engine trains gives its own `.grad`."""
     engine = _OWNER.get(id(param))
     if engine is None:
         return param.grad
     found = _slot_of(param, "master")
     if found is None:
         return None
-    if not engine.gradients_ready:
-        return _window_sum(engine, found[2], param)
     _, group, slot = found
-    full = gathered_group(engine, group, "gradient").to(engine.device)
-    return full[slot.offset : slot.offset + slot.numel].view(slot.shape).clone()
+    if engine.gradients_ready:
+        full = gathered_group(engine, group, "gradient").to(engine.device)
+    elif engine.stage == 3:
+        full = _gathered(engine, group, _window_shard(engine, group, "safe_get_full_grad"))
+    else:
+        return _window_sum(engine, slot, param)
+    value = full[slot.offset : slot.offset + slot.numel].view(slot.shape).clone()
+    return value.to(param.dtype) if engine.stage == 0 and param.dtype == torch.bfloat16 else value
+
+
+def _window_shard(engine: Any, group: Any, call: str) -> torch.Tensor:
+    """Inside an accumulation window at stage 3: this rank's shard of the group's reduced gradients summed so far,
+    fp32, scaled as the step will take them. Read on request: the training path keeps the sum where it adds it
+    (the optimizer's fp32 gradient, or the 16-bit sums of grad_sums.py)."""
+    if engine.stage != 3:
+        raise ValueError(f"{call}: inside an accumulation window this rank's share is readable at stage 3 only "
+                         "(DeepSpeed defines the call for ZeRO-3 alone); call it after the backward that ends the "
+                         "window, before step()")
+    if engine._window_passes == 0:
+        raise ValueError(f"{call}: no backward has run in this accumulation window yet; call it after a backward "
+                         "(inside the window, or the one that ends it, before step())")
+    sums, lo = engine.reducer.sums, group.partition_offset
+    if sums is None:  # fp32 accumulation: every pass is folded into the optimizer's gradient as it arrives
+        return engine.optimizer.gradient_of(lo, lo + group.shard_numel).float()
+    return sums.so_far(group.index, engine.scaler.inv_scale / engine.world_size)
+
+
+def _gathered(engine: Any, group: Any, shard: torch.Tensor) -> torch.Tensor:
+    """Every rank's `shard` of the group, concatenated (collective)."""
+    if engine.layout.world_size == 1:
+        return shard
+    full = torch.empty(group.padded_numel, dtype=torch.float32, device=engine.device)
+    comm.all_gather_flat(full, shard.to(engine.device), what=f"all-gather of gradient (group {group.index})")
+    return full
 
 
 def _window_sum(engine: Any, slot: Any, param: torch.Tensor) -> torch.Tensor:
@@ -142,8 +167,8 @@ def _window_sum(engine: Any, slot: Any, param: torch.Tensor) -> torch.Tensor:
     reducer = engine.reducer
     if not (reducer.keep_buffers and engine._window_passes > 0 and reducer.bucket_dtype == param.dtype):
         raise ValueError("safe_get_full_grad: gradients are readable after the backward that ends an accumulation "
-                         "window and before step() (at stages 0-1 in the working precision, also after a backward "
-                         "inside the window); call it there")
+                         "window and before step() (at stages 0-1 in the working precision and at stage 3, also after "
+                         "a backward inside the window); call it there")
     bucket = reducer.buffers[slot.group]
     return bucket[slot.offset : slot.offset + slot.numel].view(slot.shape).clone()
 
@@ -181,7 +206,8 @@ def safe_get_local_optimizer_state(param: torch.Tensor, optim_state_key: str) ->
 
 
 def safe_get_local_grad(param: torch.Tensor) -> torch.Tensor | None:
-    """This rank's share of the gradient the next step takes (as safe_get_full_grad's, read at the same point)."""
+    """This rank's share of the gradient the next step takes (as safe_get_full_grad's, read at the same point);
+    inside an accumulation window at stage 3 only, where DeepSpeed's is defined (its ZeRO-3 gradient partition)."""
     return _get_local(param, "gradient")
 
 
