@@ -90,3 +90,14 @@ def validate_fresh(rank: int, world: int, folder: str, stage: int) -> dict:
     from_folder = trainer(ZeroStrategy(stage=stage, process_group_backend="gloo")).validate(
         module(), batches(), ckpt_path=folder)[0]["val_loss"]
     return {"after_fit": after_fit, "untrained": untrained, "from_folder": from_folder}
+
+
+def cpu_checkpointing_after_fit(rank: int, world: int) -> bool:
+    """Whether deepspeed.checkpointing keeps checkpoint inputs on the host once ZeroStrategy(cpu_checkpointing=True)
+    has set the engine up, as Lightning's DeepSpeedStrategy configures it."""
+    from zero_core.deepspeed import checkpointing
+    from zero_core.integrations.lightning import ZeroStrategy
+
+    checkpointing.configure(None)  # the defaults: off
+    trainer(ZeroStrategy(stage=2, cpu_checkpointing=True, process_group_backend="gloo")).fit(module(), batches())
+    return checkpointing._cpu_checkpoint

@@ -41,7 +41,6 @@ def test_unknown_key_without_close_match_lists_valid_keys():
     [
         ({**MB, "amp": {"enabled": True}}, "use 'fp16' or 'bf16'"),
         ({**MB, "optimizer": {"type": "AdamW", "params": {"max_grad_norm": 1.0}}}, "'gradient_clipping'"),
-        ({**MB, "activation_checkpointing": {"cpu_checkpointing": True}}, "torch.utils.checkpoint"),
     ],
 )
 def test_known_deepspeed_keys_we_lack_say_why(config, needle):

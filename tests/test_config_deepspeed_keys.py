@@ -133,7 +133,6 @@ NON_DEFAULT = {
     "zero_optimization.zero_quantized_nontrainable_weights": True, "zero_optimization.zero_quantized_gradients": True,
     "torch_autocast.enabled": True, "hybrid_engine.enabled": True, "compile.deepcompile": True,
     "compile.autoep_non_moe": True, "compile.passes": ["z3"],
-    "activation_checkpointing.cpu_checkpointing": True,
     "autotuning": {"enabled": True},
     "data_efficiency": {"enabled": True}, "expert_parallel": {"enabled": True}, "tensor_parallel": {"autotp_size": 2},
     "datastates_ckpt": {"path": "/tmp"},

@@ -145,5 +145,5 @@ def test_activation_checkpointing_answers_under_both_of_deepspeeds_paths():
     assert torch.allclose(x.grad, 2 * x)
     checkpointing.configure(None, partition_activations=True)  # over a model-parallel group of one: nothing to do
     assert checkpointing.is_configured()
-    with pytest.raises(NotImplementedError, match="checkpoint_in_cpu"):
-        checkpointing.configure(None, checkpoint_in_cpu=True)
+    checkpointing.configure(None, checkpoint_in_cpu=True)  # taken: tests/test_cpu_checkpointing.py
+    checkpointing.configure(None)  # back to the defaults for the rest of the process

@@ -80,3 +80,7 @@ def test_a_fresh_trainer_validates_a_checkpoint_folder(tmp_path, stage):
 def test_config_optimizer_with_a_module_scheduler_names_the_change():
     message = run_ranks(lzw.refusal_of_config_optimizer_with_module_scheduler, 1)
     assert "return only the optimizer from configure_optimizers" in message and "\n" not in message
+
+
+def test_cpu_checkpointing_reaches_deepspeed_checkpointing_as_with_deepspeed_strategy():
+    assert run_ranks(lzw.cpu_checkpointing_after_fit, 1) is True

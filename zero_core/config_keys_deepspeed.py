@@ -115,8 +115,8 @@ SECTIONS = [
     *ignored("DeepCompile is off", *(f"compile.{k}" for k in _COMPILE)),
     *ignored("no model parallelism: DeepSpeed partitions activations over a model-parallel group, which is one rank "
              "here, so it changes nothing", "activation_checkpointing.partition_activations"),
-    Key("activation_checkpointing.cpu_checkpointing", REFUSED,
-        "activations are recomputed by torch.utils.checkpoint, never kept on the CPU", (False,)),
+    Key("activation_checkpointing.cpu_checkpointing", SUPPORTED, "read by deepspeed.checkpointing.configure("
+        "deepspeed_config=...), as DeepSpeed's: each checkpoint's tensor arguments wait for backward on the host"),
     *ignored(_RECOMPUTE, *(f"activation_checkpointing.{k}" for k in (
         "contiguous_memory_optimization", "number_checkpoints", "synchronize_checkpoint_boundary", "profile"))),
     Key("data_types.grad_accum_dtype", SUPPORTED),  # config_models.grad_accum_dtype; a 16-bit mix is refused

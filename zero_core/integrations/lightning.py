@@ -31,7 +31,7 @@ from ..config_auto import AutoValues
 from ..engine import Engine
 from .handles import EngineOptimizer, EngineSchedule, hidden_size
 from .lightning_convert import convert_zero_checkpoint_to_fp32_state_dict
-from .lightning_kwargs import fill_missing, split_deepspeed_kwargs
+from .lightning_kwargs import configure_activation_checkpointing, fill_missing, split_deepspeed_kwargs
 from .lightning_precision import MODES, ZeroPrecision, format_precision
 
 __all__ = ["ZeroStrategy", "ZeroPrecision", "convert_zero_checkpoint_to_fp32_state_dict", "plain_data"]
@@ -146,6 +146,8 @@ class ZeroStrategy(DDPStrategy):
             lr_scheduler=schedule.scheduler if schedule is not None and loop_schedule is None else None,
             auto=auto,
         )
+        if raw.get("activation_checkpointing"):  # as Lightning's DeepSpeed strategy, for deepspeed.checkpointing
+            configure_activation_checkpointing(raw["activation_checkpointing"])
         handle = EngineOptimizer(self.engine)
         self.optimizers = [handle]
         if loop_schedule is not None:

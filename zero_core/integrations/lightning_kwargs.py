@@ -102,3 +102,14 @@ def fill_missing(config: dict[str, Any], defaults: dict[str, Any]) -> None:
             fill_missing(config[key], value)
         else:
             config.setdefault(key, value)
+
+
+def configure_activation_checkpointing(section: dict[str, Any]) -> None:
+    """The config's activation_checkpointing section handed to deepspeed.checkpointing.configure, as Lightning's
+    DeepSpeed strategy hands it after initialize: a LightningModule calling deepspeed.checkpointing.checkpoint
+    then keeps its inputs on the host with cpu_checkpointing."""
+    from ..deepspeed.checkpointing import configure
+
+    configure(None, partition_activations=section.get("partition_activations"),
+              contiguous_checkpointing=section.get("contiguous_memory_optimization"),
+              checkpoint_in_cpu=section.get("cpu_checkpointing"), profile=section.get("profile"))
