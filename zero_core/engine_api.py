@@ -223,9 +223,10 @@ class DeepSpeedEngineAPI(WeightExports, TorchStyleBackward, EngineDataLoader, Co
         load did not take (buffer_names, param_shapes, global_samples, ds_config, ...; checkpoint_client_state.py),
         then the saved keys.
         `load_optimizer_states=False` keeps this engine's optimizer states but takes the run's step counters, as
-        DeepSpeed does; `load_module_only` keeps the counters and the schedule too. The next update takes the lrs
-        the loaded optimizer's groups held. `load_module_strict=False` lets the model and the checkpoint differ in
-        entries for a load of the weights alone (checkpoint_non_strict.py)."""
+        DeepSpeed does; `load_module_only` keeps the counters and the schedule too. `micro_steps` is never loaded,
+        as in DeepSpeed. The next update takes the lrs the loaded optimizer's groups held. `load_module_strict=False`
+        lets the model and the checkpoint differ in entries for a load of the weights alone
+        (checkpoint_non_strict.py)."""
         from .checkpoint_client_state import LoadFlags
         from .checkpoint_load import nothing_to_resume
         from .checkpointing import load
@@ -245,8 +246,14 @@ class DeepSpeedEngineAPI(WeightExports, TorchStyleBackward, EngineDataLoader, Co
         applied, lrs = self.applied_steps(), self.get_lr() if isinstance(self.lr_scheduler, EngineScheduler) else None
         flags = LoadFlags(load_optimizer_states, load_lr_scheduler_states, load_module_only,
                           self.deepspeed_checkpoints, load_module_strict)
-        path, client_state = load(self, load_dir, tag, weights_only=weights_only, schedule=schedule,
-                                  counters=not load_module_only, flags=flags)
+        # the micro-step count stays this engine's, as DeepSpeed's load leaves it: a checkpoint holds no gradients of
+        # a window left open, so a new engine starts a whole window and a running one goes on with its own
+        micro_steps = self.micro_steps
+        try:
+            path, client_state = load(self, load_dir, tag, weights_only=weights_only, schedule=schedule,
+                                      counters=not load_module_only, flags=flags)
+        finally:
+            self.micro_steps = micro_steps
         # without its states this optimizer's applied count goes on, whatever step the run had reached
         self.steps_not_applied = self.global_step - applied if weights_only else 0
         if isinstance(self.lr_scheduler, EngineScheduler):

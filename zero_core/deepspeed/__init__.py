@@ -26,6 +26,8 @@ import torch.distributed as dist
 
 from .. import comm as zero_comm
 from ..config import read_config_file
+from ..config_auto import is_auto
+from ..config_errors import ConfigError
 from ..deferred.record import mark_full_sizes
 from ..engine import Engine
 from . import accelerator, checkpointing, comm, ops, runtime, utils, zero
@@ -88,6 +90,19 @@ def _unread_scheduler_dropped(config: Any, optimizer: Any) -> Any:
     return {k: v for k, v in data.items() if k != "scheduler"}
 
 
+def _refuse_precision_auto(config: Any) -> None:
+    """DeepSpeed's config models drop an "auto" value, so `"fp16": {"enabled": "auto"}` that no trainer filled
+    trains in fp32 there without a word; here the script is asked which precision it meant."""
+    data = read_config_file(os.fspath(config)) if isinstance(config, (str, os.PathLike)) else config
+    if not isinstance(data, dict):
+        return  # the engine's config check names what is wrong with it
+    for name in ("fp16", "bf16", "bfloat16"):  # "bfloat16": DeepSpeed's older name of bf16
+        section = data.get(name)
+        if isinstance(section, dict) and is_auto(section.get("enabled")):
+            raise ConfigError(f'{name}.enabled is "auto", which only a trainer fills (DeepSpeed 0.19.8 reads it as '
+                              "false and trains in fp32); set it to true or false")
+
+
 def _round_to_16_bits(model: torch.nn.Module, config: Any) -> None:
     """DeepSpeed casts the module to fp16/bf16 before its optimizer copies the fp32 masters from it, so the masters
     start from the rounded weights: round an fp32 model's weights the same way, in place (they stay fp32 tensors;
@@ -118,6 +133,7 @@ def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer
         raise NotImplementedError("deepspeed.initialize(mpu=/mesh_param=) (model parallelism) is not supported by "
                                   "zero_core; it trains data-parallel with ZeRO sharding only")
     config = _unread_scheduler_dropped(_config_from(args, config, config_params), optimizer)
+    _refuse_precision_auto(config)
     _round_to_16_bits(model, config)
     engine = Engine(model, config, model_parameters=model_parameters, optimizer=optimizer, lr_scheduler=lr_scheduler)
     if optimizer is None and not engine.config.optimizer_given:  # DeepSpeed: forward only, backward asserts
