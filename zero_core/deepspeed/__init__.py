@@ -33,6 +33,7 @@ from ..engine import Engine
 from . import accelerator, checkpointing, comm, ops, runtime, utils, zero
 from .accelerator import get_accelerator
 from .runtime.config import DeepSpeedConfig
+from .staged_offload import unread_offload_dropped
 from .utils import OnDevice
 
 __all__ = ["initialize", "init_distributed", "add_config_arguments", "zero", "checkpointing", "comm", "accelerator",
@@ -132,7 +133,7 @@ def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer
     if mpu is not None or mesh_param is not None:
         raise NotImplementedError("deepspeed.initialize(mpu=/mesh_param=) (model parallelism) is not supported by "
                                   "zero_core; it trains data-parallel with ZeRO sharding only")
-    config = _unread_scheduler_dropped(_config_from(args, config, config_params), optimizer)
+    config = unread_offload_dropped(_unread_scheduler_dropped(_config_from(args, config, config_params), optimizer))
     _refuse_precision_auto(config)
     _round_to_16_bits(model, config)
     engine = Engine(model, config, model_parameters=model_parameters, optimizer=optimizer, lr_scheduler=lr_scheduler)

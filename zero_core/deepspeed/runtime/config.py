@@ -20,6 +20,7 @@ from ...engine_config_getters import ConfigGetters
 from ...engine_ds_config import READERS, DeepSpeedConfigView
 from ...engine_monitor import read_monitor_config
 from ...engine_queries import given_dict, with_items
+from ..staged_offload import unread_offload_dropped
 
 
 class _ParsedConfig(ConfigGetters):
@@ -60,7 +61,7 @@ class DeepSpeedConfig(DeepSpeedConfigView):
             raise ValueError(f"DeepSpeedConfig takes a config dict or a path to a config file, got "
                              f"{type(config).__name__}; pass one of those")
         world_size, rank = _world(mpu)
-        resolved = resolve_config(config, world_size)
+        resolved = resolve_config(unread_offload_dropped(config, say=False), world_size)  # as initialize reads it
         parsed = with_items(resolved.config, given_dict(config))  # `_param_dict`: the config as given
         super().__init__(_ParsedConfig(parsed, world_size, rank))
         object.__setattr__(self, "_extra", {"timers_config": _timers(resolved.raw)})
