@@ -25,10 +25,11 @@ def raw_sizes(tensors: dict[str, Any]) -> dict[tuple[str, tuple[int, ...]], int]
 
 
 def chunk_problems(paths: dict[str, Path], entries: list[tuple[Any, Any]],
-                   raw: dict[tuple[str, tuple[int, ...]], int]) -> list[str]:
+                   raw: dict[tuple[str, tuple[int, ...]], int], every_chunk: bool = False) -> list[str]:
     """One line per damaged file among the storage `entries` ((MetadataIndex, _StorageInfo) pairs): missing,
     shorter than its chunks, or holding a chunk that fails its check; `paths` maps relative paths to checked
-    ones, `raw` is raw_sizes() of the folder's tensors."""
+    ones, `raw` is raw_sizes() of the folder's tensors. `every_chunk`: `entries` are all the folder's, so a
+    .distcp file must also be exactly its chunks (extent_problems)."""
     bad: dict[str, str] = {}
     for index, info in entries:
         path = paths[info.relative_path]
@@ -43,7 +44,35 @@ def chunk_problems(paths: dict[str, Path], entries: list[tuple[Any, Any]],
         ):
             bad[str(path)] = (f"{path} is corrupt: the chunk at byte {info.offset} fails its check (a torch.save "
                               "record's CRC, or a raw chunk's size)")
+    for path, problem in (extent_problems(paths, entries) if every_chunk else {}).items():
+        bad.setdefault(path, problem)  # a truncated file is named as that
     return list(bad.values())
+
+
+def extent_problems(paths: dict[str, Path], entries: list[tuple[Any, Any]]) -> dict[str, str]:
+    """DCP's FileSystemWriter writes a .distcp file as its chunks back to back, each where .metadata says: bytes
+    that no chunk covers (a gap, or anything after the last) are read by nothing and covered by no check, so
+    whoever put them there altered the file. path -> the problem, for each such file."""
+    spans: dict[str, list[tuple[int, int]]] = {}
+    for _, info in entries:
+        spans.setdefault(info.relative_path, []).append((info.offset, info.offset + info.length))
+    bad = {}
+    for rel, ranges in spans.items():
+        path = paths[rel]
+        if not rel.endswith(".distcp") or not path.is_file():
+            continue
+        pos = 0
+        for lo, hi in sorted(ranges):
+            if lo > pos:
+                bad[str(path)] = f"{path} holds {lo - pos} bytes at byte {pos} that no chunk covers: it was " \
+                                 "damaged or altered"
+                break
+            pos = max(pos, hi)
+        else:
+            size = path.stat().st_size
+            if size > pos:
+                bad[str(path)] = f"{path} holds {size - pos} bytes after its last chunk: it was damaged or altered"
+    return bad
 
 
 def _chunk_ok(path: Path, offset: int, length: int, raw_bytes: int | None) -> bool:

@@ -11,6 +11,7 @@ its chunks, so an element no chunk covers would be uninitialised memory in the o
 from __future__ import annotations
 
 import math
+import os
 import pickle
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,7 @@ def read_metadata(folder: Path, follow_symlinks: bool = False) -> Any:
     try:
         with open(path, "rb") as f:
             md = _MetadataUnpickler(f).load()
+            extra = os.fstat(f.fileno()).st_size - f.tell()  # dcp.save writes the pickle alone; its reader stops there
     except OSError as e:
         raise CheckpointError(f"cannot read {path}: {e.strerror}; check its permissions") from None
     except Exception as e:  # whatever the allowed constructors raise on crafted arguments
@@ -71,6 +73,9 @@ def read_metadata(folder: Path, follow_symlinks: bool = False) -> Any:
             f"{path} is truncated, corrupt or not DCP metadata ({str(e)[:120]}); "
             "copy the folder again from where it was saved"
         ) from None
+    if extra:
+        raise CheckpointError(f"{path} holds {extra} bytes after its pickle: it was damaged or altered; copy the "
+                              "folder again from where it was saved")
     problem = _field_problem(md)
     if problem:
         raise CheckpointError(

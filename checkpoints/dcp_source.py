@@ -256,8 +256,9 @@ class DcpSource:
         )
 
     def verify(self) -> list[str]:
-        """Every chunk's bytes present and, for torch.save'd chunks, their zip CRCs intact; one line per bad file."""
-        return chunk_problems(self._paths, list(self.metadata.storage_data.items()), self._raw)
+        """Every chunk's bytes present and, for torch.save'd chunks, their zip CRCs intact, and no .distcp file
+        holding bytes outside its chunks; one line per bad file."""
+        return chunk_problems(self._paths, list(self.metadata.storage_data.items()), self._raw, every_chunk=True)
 
 
 def _stop_in(e: BaseException) -> BaseException | None:

@@ -39,6 +39,7 @@ ITEM_BYTES: dict[str, int] = {code: dtype.itemsize for code, dtype in SAFETENSOR
 NAMES: dict[str, int] = {name_of(dtype): dtype.itemsize for dtype in SAFETENSORS.values()}  # manifest name -> bytes
 NAME_OF_CODE: dict[str, str] = {code: name_of(dtype) for code, dtype in SAFETENSORS.items()}
 FLOAT_NAMES = {name_of(d) for d in SAFETENSORS.values() if d.is_floating_point and d.itemsize >= 2}  # trainable
+TRAINING_NAMES = ("float32", "bfloat16", "float16")  # the precisions a run trains in (a manifest's `dtype`)
 
 
 def code_of(dtype: torch.dtype, name: str = "") -> str:

@@ -194,6 +194,11 @@ def _check_checksum(folder: Path, raw: bytes, follow_symlinks: bool) -> None:
             f"{folder / MANIFEST} does not match its checksum in {CHECKSUM}: it was edited or damaged "
             "after the save; restore it or use an earlier checkpoint"
         )
+    if text[1:] not in ([MANIFEST], ["*" + MANIFEST]):  # sha256sum's one line: text or binary mode
+        raise CheckpointError(
+            f"{path} holds more than the sha256sum line of {MANIFEST}: it was edited or damaged after the save; "
+            "restore it or use an earlier checkpoint"
+        )
 
 
 # -- checking the files it lists ---------------------------------------------------------------------

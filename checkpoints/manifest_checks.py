@@ -10,12 +10,13 @@ a tensor of 10**24 elements. Each check returns a short problem text (None when 
 from __future__ import annotations
 
 import math
+import reprlib
 from pathlib import Path
 from typing import Any
 
 from .checksums import entry_problem
 from .manifest_state_checks import state_problem
-from .dtypes import FLOAT_NAMES, NAME_OF_CODE, NAMES
+from .dtypes import FLOAT_NAMES, NAME_OF_CODE, NAMES, TRAINING_NAMES
 from .paths import plain_name
 from .source import CheckpointError
 
@@ -62,6 +63,8 @@ def structure_problem(m: dict[str, Any]) -> str | None:
         return f"tag {m['tag']!r} is the name of a pointer file, not of a checkpoint folder"
     if not _int(m["world_size"], 1, 1 << 20) or not _int(m["stage"], 0, 3):
         return "world_size or stage out of range"
+    if m.get("dtype") not in TRAINING_NAMES:  # what the run trained in: any other name is no save of zbench
+        return f"'dtype' is {reprlib.repr(m.get('dtype'))}, not one of {', '.join(TRAINING_NAMES)}"
     return (
         _params_problem(m["params"])
         or _excluded_problem(m)
@@ -86,13 +89,14 @@ def _params_problem(params: list[Any]) -> str | None:
             and all(_int(d) for d in p["shape"])
             and numel(p["shape"]) <= MAX_NUMEL
             and isinstance(p.get("dtype"), str)
-            and p["dtype"] in NAMES
             and isinstance(p.get("trainable"), bool)
             and (p.get("slot") is None or _int(p["slot"]))
             and (p.get("tied_to") is None or isinstance(p["tied_to"], str))
         ):
             return f"bad params entry {str(p)[:60]}"
         name = p["name"]
+        if p["dtype"] not in NAMES:
+            return f"bad params entry {name[:60]!r}: dtype {p['dtype'][:40]!r} is not one of {', '.join(NAMES)}"
         if name in seen:
             return f"parameter {name!r} is listed twice"
         owner = seen.get(p["tied_to"]) if p.get("tied_to") is not None else None

@@ -12,6 +12,7 @@ from typing import Any
 
 MAX_COUNT = 1 << 53  # optimizer update counts: whole numbers a float64 holds exactly
 _STATE_KEY = re.compile(r"state\.[A-Za-z_][A-Za-z0-9_]{0,63}")
+_CLASS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
 
 def _number(x: Any) -> bool:
@@ -39,9 +40,12 @@ def state_problem(m: dict[str, Any]) -> str | None:
         isinstance(lrs, list) and 0 < len(lrs) <= 1 << 16 and all(_number(v) and v >= 0 for v in lrs)
     ):
         return "optimizer.group_lrs is not a list of non-negative numbers"
-    problem = group_values_problem(opt.get("group_values"))
+    problem = group_values_problem(opt.get("group_values")) or _run_settings_problem(opt)
     if problem:
         return problem
+    if lrs is not None and opt.get("group_values") is not None and len(lrs) != len(opt["group_values"]):
+        return (f"optimizer.group_lrs has {len(lrs)} entries but optimizer.group_values {len(opt['group_values'])}; "
+                "a save records one of each per optimizer group")
     for key in ("lr", "eps", "weight_decay"):
         if opt.get(key) is not None and not _number(opt[key]):
             return f"optimizer.{key} is not a finite number"
@@ -73,6 +77,21 @@ def group_values_problem(record: Any) -> str | None:
         betas = entry.get("betas", [0.0, 0.0])
         if not (isinstance(betas, list) and len(betas) == 2 and all(_number(b) and 0 <= b < 1 for b in betas)):
             return f"optimizer.group_values[{i}].betas is not a pair of numbers in [0, 1)"
+    return None
+
+
+def _run_settings_problem(opt: dict[str, Any]) -> str | None:
+    """The run's optimizer settings as recorded: the config's type name, decoupled weight decay, gradient clipping,
+    and a client optimizer's class name, which a refusal quotes (no line break, no page of text)."""
+    if opt.get("type") is not None and not (isinstance(opt["type"], str) and 0 < len(opt["type"]) <= 64):
+        return "optimizer.type is not an optimizer's name"
+    if opt.get("client") is not None and not (isinstance(opt["client"], str) and _CLASS_NAME.fullmatch(opt["client"])):
+        return "optimizer.client is not an optimizer's class name"
+    if opt.get("decoupled") is not None and not isinstance(opt["decoupled"], bool):
+        return "optimizer.decoupled is not true or false"
+    clip = opt.get("gradient_clipping")
+    if clip is not None and not (_number(clip) and clip >= 0):
+        return "optimizer.gradient_clipping is not a finite number >= 0"
     return None
 
 

@@ -25,8 +25,8 @@ MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit
 
 def header_problem(header: object, data_bytes: int) -> str | None:
     """What is wrong with a parsed safetensors header for a data section of `data_bytes`, or None: every
-    entry a known dtype, a shape of non-negative ints, offsets that match dtype x shape, inside the data,
-    not overlapping; `__metadata__` text to text."""
+    entry a known dtype, a shape of non-negative ints, offsets that match dtype x shape and fill the data section
+    exactly (no overlap, gap or trailing byte); `__metadata__` text to text."""
     if not isinstance(header, dict):
         return "its header is not a JSON object"
     meta = header.get("__metadata__", {})
@@ -57,9 +57,22 @@ def header_problem(header: object, data_bytes: int) -> str | None:
         if not 0 <= a <= b <= data_bytes or b - a != n * ITEM_BYTES[t["dtype"]]:
             return f"tensor {str(name)[:60]!r} has offsets {a}..{b} that do not fit its shape or the file"
         spans.append((a, b))
-    spans.sort()
-    if any(x[1] > y[0] for x, y in zip(spans, spans[1:])):
-        return "two tensors overlap in the file"
+    return _extent_problem(sorted(spans), data_bytes)
+
+
+def _extent_problem(spans: list[tuple[int, int]], data_bytes: int) -> str | None:
+    """safetensors' data section is exactly its tensors, back to back (its own reader refuses anything else): a
+    gap between them or bytes after the last are no part of the format, so whoever put them there changed the
+    file after it was written."""
+    pos = 0
+    for a, b in spans:
+        if a < pos:
+            return "two tensors overlap in the file"
+        if a > pos:
+            return f"{a - pos} bytes at data offset {pos} belong to no tensor: the file was damaged or altered"
+        pos = b
+    if pos != data_bytes:
+        return f"{data_bytes - pos} bytes follow the last tensor's data: the file was damaged or altered"
     return None
 
 

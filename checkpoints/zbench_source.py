@@ -95,6 +95,7 @@ class ZbenchSource:
         self.identity = fmt.folder_identity(self.folder)  # before the manifest: a re-save after it is seen (read_guard)
         self.manifest = mf.read(self.folder, follow_symlinks)
         self.reader = FragmentReader(self.folder, self.manifest, follow_symlinks)
+        self.buffer_names = buffer_names(self.manifest)
 
     def params(self) -> list[ParamInfo]:
         return [
@@ -138,6 +139,21 @@ class ZbenchSource:
 
     def verify(self) -> list[str]:
         return mf.verify_files(self.folder, self.manifest, follow_symlinks=self.follow_symlinks)
+
+
+def buffer_names(manifest: dict[str, Any]) -> set[str] | None:
+    """The saved entries that are buffers, not frozen parameters (the manifest's `buffers`), or None for a
+    checkpoint of an older zbench, which did not record them. A list that is not distinct names of saved
+    untrained entries is one CheckpointError line."""
+    if "buffers" not in manifest:
+        return None
+    names = manifest["buffers"]
+    untrained = {p["name"] for p in manifest["params"] if not p["trainable"]}
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names) or len(set(names)) != len(names) \
+            or not set(names) <= untrained:
+        raise CheckpointError("the manifest's 'buffers' is not a list of distinct names of saved untrained entries; "
+                              "the manifest is damaged: restore it or use an earlier checkpoint")
+    return set(names)
 
 
 def read_frozen(

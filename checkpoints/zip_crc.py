@@ -20,6 +20,8 @@ from . import direct_io
 
 PIECE = 8 << 20
 _LOCAL_HEADER = 30  # fixed part of a zip local file header; the name and extra field follow
+_END = b"PK\x05\x06"  # the end-of-central-directory record: 22 bytes and a comment of up to 64 KiB, last in the file
+_END_BYTES = 22
 
 
 class ZipCorrupt(ValueError):
@@ -44,6 +46,21 @@ def _folder_problem(infos: list[zipfile.ZipInfo]) -> str | None:
     return None if stray is None else f"record {stray!r} lies outside the archive's folder {folder!r}"
 
 
+def _extent_problem(raw: int, size: int, infos: list[zipfile.ZipInfo]) -> str | None:
+    """A torch.save file is its zip archive and nothing else: the first record at byte 0, the end record (and its
+    comment) last. torch and zipfile read past bytes after it, which no CRC covers and nothing reads, so they were
+    put there after the file was written (as were bytes before it, which torch cannot read past)."""
+    first = min((i.header_offset for i in infos), default=0)
+    if first:
+        return f"{first} bytes precede its first zip record: the file was damaged or altered"
+    tail = os.pread(raw, min(size, _END_BYTES + 0xFFFF), max(0, size - _END_BYTES - 0xFFFF))
+    at = tail.rfind(_END)  # where zipfile finds the end record, as torch's reader does
+    end = at + _END_BYTES + int.from_bytes(tail[at + 20 : at + 22], "little") if at >= 0 else len(tail)
+    if end < len(tail):
+        return f"{len(tail) - end} bytes follow its zip archive's end: the file was damaged or altered"
+    return None
+
+
 def _local_name(raw: int, info: zipfile.ZipInfo, header: bytes) -> str:
     """The record name its local header gives, decoded as zipfile decodes the directory's."""
     length = int.from_bytes(header[26:28], "little")
@@ -60,7 +77,7 @@ def stored_records(path: Path) -> tuple[list[Record], list[zipfile.ZipInfo]]:
     stored: list[Record] = []
     with zipfile.ZipFile(path) as zf, open(path, "rb", buffering=0) as raw:
         infos = zf.infolist()
-        problem = _folder_problem(infos)
+        problem = _folder_problem(infos) or _extent_problem(raw.fileno(), size, infos)
         if problem:
             raise ZipCorrupt(problem)
         for info in infos:

@@ -29,7 +29,7 @@ from .client_state_codec import ENCODING_KEY
 from .client_state_codec import decode as decode_client_state
 from .checkpoint_model_match import report_kept, zbench_model_match
 from .checkpoint_non_strict import report
-from .group_values_record import restore_group_values
+from .group_values_record import check_group_count, restore_group_values
 from .host_schedules import GroupLrs, TorchScheduler
 from .optim.client_optimizer import ClientOptimizer
 from .optim.facade import EngineScheduler
@@ -45,8 +45,10 @@ def param_entries(engine: "Engine") -> list[dict[str, Any]]:
     return mf.param_entries(engine.module.state_dict(keep_vars=True).items(), slot_of)
 
 
-def _check_states(folder: Path, manifest: dict[str, Any], opt: Any) -> list[str]:
-    """The optimizer state arrays to read; CheckpointError when they belong to another kind of optimizer."""
+def _check_states(folder: Path, manifest: dict[str, Any], opt: Any, groups: list[dict]) -> list[str]:
+    """The optimizer state arrays to read; CheckpointError when they belong to another kind of optimizer, or to
+    another number of parameter groups than `groups` (the optimizer's)."""
+    check_group_count(folder, manifest["optimizer"], groups)
     saved = mf.partition_keys(manifest)[1:]
     client = isinstance(opt, ClientOptimizer)
     if client != all(k.startswith("state.") for k in saved) or (not client and tuple(saved) != NAMES[1:]):
@@ -251,7 +253,7 @@ def _load_zbench(engine: "Engine", folder: Path, weights_only: bool, schedule: b
         mf.check_files(folder, manifest, needed)
     rng = manifest["rng"].get(str(engine.rank)) if manifest["world_size"] == engine.world_size else None
     restore = restore_rng(rng, manifest["version"], folder) if rng is not None else None  # checked before any change
-    saved_states = [] if weights_only else _check_states(folder, manifest, opt)
+    saved_states = [] if weights_only else _check_states(folder, manifest, opt, engine.client_optimizer.param_groups)
     client = isinstance(opt, ClientOptimizer)
     frozen = [e["name"] for e in current if not (e["trainable"] or e["tied_to"] or e["name"] in absent)]
     frozen_values = read_frozen(folder, manifest, frozen, verify=True)  # small: verified before any change
@@ -260,14 +262,8 @@ def _load_zbench(engine: "Engine", folder: Path, weights_only: bool, schedule: b
             into_states = ("master",) if weights_only or client else NAMES
             arrays = {k: torch.zeros(opt.states.numel, dtype=torch.float32) for k in saved_states} if client else {}
             if one_pass:
-                _read_in_one_pass(
-                    folder,
-                    manifest,
-                    reader,
-                    mine,
-                    names,
-                    {**{k: getattr(opt.states, k) for k in into_states}, **arrays},
-                )
+                _read_in_one_pass(folder, manifest, reader, mine, names,
+                                  {**{k: getattr(opt.states, k) for k in into_states}, **arrays})
             else:
                 for lo, hi, views in opt.states.stream():  # NVMe chunk by chunk (written back)
                     read_fragments(reader, mine, names, lo, {k: views[k] for k in into_states})

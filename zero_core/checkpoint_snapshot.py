@@ -120,6 +120,13 @@ def without_frozen_parameters(engine: "Engine",
     return [e for e in entries if e["name"] not in gone and e["tied_to"] not in gone], left
 
 
+def buffer_names(engine: "Engine", entries: list[dict[str, Any]]) -> list[str]:
+    """The names of `entries` that are buffers (tied names of one too), for the manifest's `buffers`: a
+    consolidation that leaves out frozen parameters keeps these, as DeepSpeed's keeps its `buffer_names`."""
+    state = engine.module.state_dict(keep_vars=True)
+    return [e["name"] for e in entries if not isinstance(state[e["name"]], torch.nn.Parameter)]
+
+
 def contents(engine: "Engine", entries: list[dict[str, Any]], buffers: HostBuffers | None) -> dict[str, Any]:
     """file name -> what goes in it: {tensor name: CPU tensor}, or NvmeStates for a synchronous save."""
     out: dict[str, Any] = {}

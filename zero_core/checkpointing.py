@@ -33,10 +33,11 @@ from checkpoints.tag_folder import TagNotReplaceable, check_replaceable
 
 from . import checkpoint_markers as markers
 from . import comm, recovery_script
+from .checkpoint_async import Staging, leaves_no_staging, saver_of
 from .client_state_codec import ENCODING, ENCODING_KEY
 from .client_state_codec import encode as encode_client_state
 from .checkpoint_load import load, param_entries  # noqa: F401  (load is re-exported for the engine)
-from .checkpoint_snapshot import NvmeStates, contents, without_frozen_parameters
+from .checkpoint_snapshot import NvmeStates, buffer_names, contents, without_frozen_parameters
 from .group_values_record import group_values_record
 from .optim.client_optimizer import ClientOptimizer
 from .optim.facade import EngineScheduler
@@ -118,12 +119,13 @@ def _prepare(root: Path, tag: str) -> tuple[Path, list[Path]]:
     return staged, fmt.leftovers(root)
 
 
-def _stage(engine: "Engine", root: Path, tag: str) -> Path:
+def _stage(engine: "Engine", root: Path, tag: str, staging: Staging) -> Path:
     """Collective: rank 0 makes the staging folder; every rank gets its path (or the same error)."""
     staged, problem = root, None
     if engine.rank == 0:
         try:
             staged, stale = _prepare(root, tag)
+            staging.made(staged)  # from here an exception removes it (leaves_no_staging)
             if stale:
                 print(
                     f"zero_core: {len(stale)} folder(s) left in {root} by saves that died "
@@ -139,7 +141,7 @@ def _stage(engine: "Engine", root: Path, tag: str) -> Path:
     staged, problem = comm.broadcast_object((str(staged), problem), what="broadcast of the checkpoint folder's status")
     if problem:
         raise save_failed(root, tag, problem)
-    return Path(staged)
+    return staging.made(Path(staged))
 
 
 def publish(
@@ -167,6 +169,7 @@ def publish(
     return None
 
 
+@leaves_no_staging
 def save(
     engine: "Engine",
     save_dir: str | os.PathLike,
@@ -179,10 +182,9 @@ def save(
 ) -> Path:
     """Collective. Returns the checkpoint folder (committed, or being committed in the background).
     `exclude_frozen`: the frozen parameters are left out, listed by name in the manifest's `excluded`."""
-    from .checkpoint_async import saver_of
-
     saver = saver_of(engine)
     saver.wait()  # the previous save first: its buffers are reused, its failure is reported here
+    staging = saver.staging = Staging(engine.rank, engine.world_size)  # what an exception leaves to remove
     root = Path(save_dir)
     tag = plain_name(tag or f"global_step{engine.global_step}", "checkpoint tag", "pass a plain folder name as tag")
     if tag in POINTERS or tag == recovery_script.NAME:
@@ -193,26 +195,32 @@ def save(
     client_state = encode_client_state(client_state)  # a typed copy, or refused before anything is written
     entries = param_entries(engine)  # first: a tensor no file can hold is refused before anything is written
     entries, excluded = without_frozen_parameters(engine, entries) if exclude_frozen else (entries, None)
-    staged = _stage(engine, root, tag)
+    staged = _stage(engine, root, tag, staging)
     files = contents(engine, entries, saver.buffers if async_save else None)  # sync: the live tensors, streamed
+    staging.files = list(files)
     rng = comm.all_gather_object(capture_rng(engine.device), what="all-gather of the RNG states")
     manifest = (
         _manifest(engine, tag, entries, {}, {str(r): s for r, s in enumerate(rng)}, client_state)
         if engine.rank == 0
         else None
     )
-    if manifest is not None and excluded is not None:
-        manifest["excluded"] = excluded
+    if manifest is not None:
+        manifest["buffers"] = buffer_names(engine, entries)  # a consolidation without frozen parameters keeps these
+        if excluded is not None:
+            manifest["excluded"] = excluded
     saver.recovery_script = engine.deepspeed_checkpoints
     if async_save:
+        staging.phase = "background"  # its thread cleans up after itself from here
         saver.start(root, tag, staged, files, manifest, move_latest, keep_last)
         return root / tag
     if engine.device.type == "cuda":
         torch.cuda.synchronize(engine.device)  # the writer threads copy from the live states on streams of their own
     records, problem = write_files(engine.rank, files, staged)
+    staging.phase = "exchanging"  # rank 0 may commit this rank's files from here
     gathered = comm.all_gather_object(
         {"files": records, "problem": problem}, what="all-gather of the checkpoint's file list"
     )
+    staging.phase = "exchanged"  # no rank writes into the folder any more
     problem = next((g["problem"] for g in gathered if g["problem"]), None)
     if engine.rank == 0:
         if problem is None:

@@ -92,15 +92,17 @@ def output_dtype(dtype: Any) -> torch.dtype:
 @dataclass
 class _WithoutFrozen:
     """A checkpoint source without its frozen parameters (`exclude_frozen_parameters`): its trainable parameters
-    and, where it names them (a DeepSpeed checkpoint's `buffer_names`), its buffers, as DeepSpeed keeps those. A
-    zbench checkpoint does not tell buffers from frozen parameters, so both are left out of it. Everything else
-    is the source's own."""
+    and the buffers it names (a zbench manifest's `buffers`, a DeepSpeed checkpoint's `buffer_names`), as
+    DeepSpeed keeps those. Where the format does not tell buffers from frozen parameters (a zbench checkpoint of
+    an older version, DCP), both are left out. Everything else is the source's own."""
 
     source: Any
 
     def params(self) -> list[ParamInfo]:
-        buffers = getattr(getattr(self.source, "model", None), "buffers", None) or set()
-        return [info for info in self.source.params() if info.trainable or info.name in buffers]
+        buffers = getattr(self.source, "buffer_names", None)
+        if buffers is None:
+            buffers = getattr(getattr(self.source, "model", None), "buffers", None)
+        return [info for info in self.source.params() if info.trainable or info.name in (buffers or ())]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.source, name)
