@@ -2,18 +2,18 @@
 
 Stages 0-1 copy each gradient, as soon as autograd has accumulated it, into its group's persistent flat
 buffer (they accumulate micro-steps there). Stages 2-3 keep the gradients autograd made until their group
-has all of them, then copy them into a fresh flat buffer at once: the bucket's memory is taken when the
-bucket is complete, not at its first gradient. A large bucket (DeepSpeed's default 5e8 elements) would
-otherwise be allocated whole as backward starts, on top of every activation (0.7 GiB at DeBERTa-v2-xlarge
-on 2 ranks); its gradients instead grow layer by layer while backward frees the activations.
+has all of them, then copy them into a fresh flat buffer at once: a large bucket (DeepSpeed's default 5e8
+elements) allocated whole as backward starts would sit on top of every activation (0.7 GiB at
+DeBERTa-v2-xlarge on 2 ranks); the gradients instead grow layer by layer while backward frees activations.
 When a group is complete and this pass reduces (every micro-step for stages 2-3, only at the accumulation
 boundary for 0-1) it is reduced on the side stream while backward goes on, by the collective its stage
 chooses (all-reduce at stage 0, reduce-scatter otherwise), and handed to the optimizer, which folds it into
 its fp32 gradient wherever its states live (zero_core/optim/).
 
 Inside an accumulation window stages 0-1 show each parameter's slice of its bucket as its `.grad` between
-backwards (this rank's sum so far: DeepSpeed accumulates in `.grad` itself there, and scripts read it), views set
-after the backward and cleared before the next, never copies.
+backwards (this rank's sum so far: DeepSpeed accumulates in `.grad` there), views set after the backward and
+cleared before the next, never copies. Stage 0 under bf16 shows the boundary's reduced bucket so too, averaged
+where it would be zeroed (DeepSpeed's `.grad`); the next window's first gradients are copied over it, not added.
 
 Accumulation dtype (`data_types.grad_accum_dtype`, default the working precision, as DeepSpeed's). Stages 0-1
 accumulate in their persistent buffers: in the communication dtype, or in fp32 when fp32 is asked for.
@@ -88,6 +88,11 @@ class GradReducer:
         ]
         self._window_grads: list[tuple[torch.nn.Parameter, torch.Tensor]] | None = None  # stages 0-1: .grad views
         self._showing = False  # those views are the parameters' .grad now
+        # stage 0 under bf16, buckets reduced in place in the parameters' dtype: the boundary's average is shown
+        self.keep_reduced = (getattr(stage, "shows_reduced_buckets", False) and stage.cfg.dtype == torch.bfloat16
+                             and self.bucket_dtype == comm_dtype == torch.bfloat16)
+        # per group: it holds the last window's average, not zeros; this pass's gradients copied over that
+        self._stale, self._copied = [False] * len(layout.groups), [0] * len(layout.groups)
         self.reduce_now = False
         self.order = list(range(len(layout.groups) - 1, -1, -1))  # the order every rank reduces the groups in
         self._agreed = False  # the order was learned from rank 0's first reducing backward
@@ -107,6 +112,7 @@ class GradReducer:
         self._next = 0
         self._completed = []
         self._seen = set()
+        self._copied = [0] * len(self.layout.groups)
         self._pending = {}
         self._final = final
         if self.sums is not None:
@@ -130,12 +136,16 @@ class GradReducer:
         if self.reduce_now and not self._agreed:
             self._agree_order()
         if self.keep_buffers and not self.reduce_now:
+            for g in range(len(self.layout.groups)):
+                self._zero_missing(g)  # (a reducing pass does it as it reduces each group)
+        if self.keep_buffers and (self.keep_reduced or not self.reduce_now):
             self._show_window_grads()
 
     def _show_window_grads(self) -> None:
-        """After a backward inside the window (stages 0-1): each parameter's `.grad` is its slice of the bucket, as
-        DeepSpeed's `.grad` reads there (it accumulates in it). Where the bucket holds another dtype than the
-        parameter (fp32 accumulation, another communication dtype) `.grad` stays None."""
+        """After a backward inside the window (stages 0-1; at stage 0 under bf16 also the boundary's): each
+        parameter's `.grad` is its slice of the bucket, as DeepSpeed's `.grad` reads there (it accumulates in it).
+        Where the bucket holds another dtype than the parameter (fp32 accumulation, another communication dtype)
+        `.grad` stays None."""
         if self._window_grads is None:  # the buckets are persistent: their views are made once
             slots = self.layout.slots
             self._window_grads = [
@@ -147,11 +157,10 @@ class GradReducer:
         self._showing = True
 
     def _hide_window_grads(self) -> None:
-        """Before autograd runs: a `.grad` still set would take the next gradient in place, and the hook would
-        then add it into the bucket a second time."""
+        """Before autograd runs: a `.grad` still set would take the next gradient in place (the hook adds it)."""
         if self._showing:
             for p, view in self._window_grads or ():
-                if p.requires_grad or p.grad is view:  # a frozen parameter's own .grad is the script's
+                if p.grad is not None and (p.requires_grad or p.grad is view):  # a frozen one's own is the script's
                     p.grad = None
             self._showing = False
 
@@ -211,9 +220,12 @@ class GradReducer:
         return buf
 
     def _zero_missing(self, g: int) -> None:
-        """Zero the slots of parameters that got no gradient in this pass (their memory is uninitialised)."""
+        """Zero the slots of parameters that got no gradient in this pass where the bucket holds something else:
+        uninitialised memory (stages 2-3), the last window's average (stage 0 under bf16)."""
         if self.keep_buffers:
-            return
+            stale, self._stale[g] = self._stale[g], False
+            if not stale or self._copied[g] == len(self.layout.groups[g].slots):
+                return
         buf = self._assemble(g)
         for s in self.layout.groups[g].slots:
             if s.index not in self._seen:
@@ -227,7 +239,13 @@ class GradReducer:
             if grad is None:
                 return
             if self.keep_buffers:  # stages 0-1 accumulate micro-steps in the persistent buffer
-                self._buffer(slot.group)[slot.offset : slot.offset + slot.numel].view_as(grad).add_(grad)
+                view = self._buffer(slot.group)[slot.offset : slot.offset + slot.numel].view_as(grad)
+                if self._stale[slot.group] and slot.index not in self._seen:  # over the last window's average
+                    view.copy_(grad)
+                    self._seen.add(slot.index)
+                    self._copied[slot.group] += 1
+                else:
+                    view.add_(grad)
             else:  # held until the group is complete (_assemble)
                 self._pending.setdefault(slot.group, []).append((slot, grad))
             p.grad = None
@@ -239,6 +257,8 @@ class GradReducer:
 
     def _reduce(self, g: int) -> None:
         group = self.layout.groups[g]
+        if self.keep_buffers:
+            self._zero_missing(g)
         buf = self._assemble(g)  # stages 0-1 hold nothing pending: their persistent buffer as it is
         with self.side.after_current():
             # an fp32-accumulated bucket is reduced in the communication dtype, as DeepSpeed reduces its sums
@@ -247,7 +267,12 @@ class GradReducer:
                 reduced = self.sums.add(g, reduced, self._final)
             if reduced is not None:
                 self.opt.receive(reduced, group.partition_offset)
-            if self.keep_buffers:
+            if self.keep_reduced:  # averaged in place, as DeepSpeed's `.grad`; the next window writes over it
+                assert reduced is buf, "stage 0 reduces its bucket in place"
+                if comm.world_size() > 1:
+                    buf.mul_(1.0 / comm.world_size())
+                self._stale[g] = True
+            elif self.keep_buffers:
                 buf.zero_()
             else:
                 self.side.keep_alive(buf)

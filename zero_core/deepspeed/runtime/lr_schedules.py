@@ -9,6 +9,9 @@ Each takes DeepSpeed's arguments (positional in DeepSpeed's order, or by name), 
 host_schedules.py): `step()` writes the lr of the next update (and OneCycle's betas) into the optimizer's groups,
 `state_dict()` is `{"last_batch_iteration": ...}`. Passed to `initialize`, the engine steps it after each applied
 update, as DeepSpeed does. LRRangeTest too, with the formula of the config's LRRangeTest (config_host_schedules.py).
+`get_last_lr()` before the first `step()` answers as DeepSpeed's: the lrs written at construction where one starts
+afresh, else (OneCycle always, any of them resumed at a `last_batch_iteration`) DeepSpeed's AssertionError, which
+scripts may catch, as one line.
 """
 
 from __future__ import annotations
@@ -46,9 +49,15 @@ def _torch_optimizer(optimizer: Any) -> torch.optim.Optimizer:
     raise TypeError(f"{type(optimizer).__name__} is not a torch.optim.Optimizer; build the scheduler on one")
 
 
+def _not_stepped(kind: str) -> AssertionError:
+    # DeepSpeed's exception type (an assert there), raised explicitly so that `python -O` keeps it
+    return AssertionError(f"{kind}.get_last_lr(): need to call step() first")
+
+
 class _Schedule:
     kind = ""
     _cycles_betas = False  # OneCycle's momentum cycling, where the optimizer has betas
+    _reports_before_step = True  # get_last_lr() answers the lrs written at a fresh construction (not OneCycle's)
 
     def __init__(self, optimizer: Any, *args: Any, **kwargs: Any) -> None:
         self.optimizer = _torch_optimizer(optimizer)
@@ -73,6 +82,8 @@ class _Schedule:
         self._last_lr: list[float] | None = None
         self._prepare()
         self._write()  # the values of the first update (the groups' own lr when resuming)
+        if self.start != -1 or not self._reports_before_step:
+            self._last_lr = None  # as DeepSpeed's: nothing to report until step()
 
     def _per_group(self, given: dict[str, Any]) -> list[dict[str, Any]]:
         """`given` once, or once per param group with each list argument's value for that group."""
@@ -129,7 +140,7 @@ class _Schedule:
 
     def get_last_lr(self) -> list[float]:
         if self._last_lr is None:
-            raise RuntimeError(f"{self.kind}.get_last_lr(): call step() first")
+            raise _not_stepped(self.kind)
         return self._last_lr
 
     def state_dict(self) -> dict[str, int]:
@@ -173,6 +184,7 @@ class WarmupCosineLR(_DeviceFormula):
 
 class OneCycle(_Schedule):
     kind = ONE_CYCLE
+    _reports_before_step = False
 
     def _prepare(self) -> None:
         own_beta1 = [g["betas"][0] if "betas" in g else g.get("momentum", 0.0) for g in self.optimizer.param_groups]
@@ -226,7 +238,7 @@ class LRRangeTest:
 
     def get_last_lr(self) -> list[float]:
         if self._last_lr is None:
-            raise RuntimeError("LRRangeTest.get_last_lr(): call step() first")
+            raise _not_stepped("LRRangeTest")
         return self._last_lr
 
     def step(self, batch_iteration: int | None = None) -> None:
