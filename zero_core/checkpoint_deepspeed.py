@@ -26,7 +26,7 @@ from checkpoints.source import CheckpointError
 
 from .checkpoint_client_state import LoadFlags, deepspeed_file_entries, returned
 from .checkpoint_load import read_fragments, restore_counters, restore_steps
-from .group_values_record import group_values_record, restore_group_values
+from .group_values_record import check_group_count, group_values_record, restore_group_values
 from .checkpoint_model_match import check_trained_have_states, report_kept, untrained_to_load
 from .checkpoint_non_strict import NameMatch, refuse_states, report
 from .optim.client_optimizer import ClientOptimizer
@@ -59,6 +59,8 @@ def load_deepspeed(engine: "Engine", folder: Path, kind: str, weights_only: bool
     if source.model is None:
         raise CheckpointError(f"{folder} has no model-states files beside zero/; copy them from the run that saved it")
     groups = saved_groups(source) if isinstance(source, DeepSpeedSource) else None
+    if groups is not None and not weights_only:  # before anything changes: the saved groups go back one for one
+        check_group_count(folder, {"group_lrs": groups[0]}, engine.client_optimizer.param_groups)
     _, saved = load_foreign(engine, folder, source, weights_only, schedule, counters, groups, flags.strict)
     if groups is not None and not weights_only:  # as DeepSpeed's load puts its saved groups back (a loop may have
         record = group_values_record(source.saved_param_groups() or [])  # set them): numbers in range only

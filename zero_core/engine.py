@@ -180,6 +180,10 @@ class Engine(EngineModes, BackwardPass, torch.nn.Module, DeepSpeedEngineAPI, Eng
             raise NotImplementedError("engine.step(lr_kwargs=...) is not supported by zero_core; its schedules take no "
                                       "arguments at the step (set the lr in the scheduler or the optimizer's groups)")
         boundary = self.is_gradient_accumulation_boundary()
+        if boundary and not self.gradients_ready:  # DeepSpeed's fails inside; an update from no gradients would
+            raise ValueError(  # still decay the weights and move the moments
+                "engine.step() ends an accumulation window whose last backward did not run; call "
+                "engine.backward(loss) before each engine.step()")
         wall_clock(self).step_started(boundary)
         self.micro_steps += 1
         self.last_step_updated = boundary  # was_step_applied(): only a boundary's step updates
