@@ -1,6 +1,6 @@
-"""`zero_to_fp32.py` beside `latest` after engine.save_checkpoint on an engine of `zero_core.deepspeed.initialize`,
-as DeepSpeed leaves one: it writes the weights `zbench convert --to fp32` writes; a user's file of that name is never
-replaced; resume, pruning and `zbench inspect` do not take it for a checkpoint."""
+"""`zero_to_fp32.py` (and `zero_to_torch.py`) beside `latest` after engine.save_checkpoint on an engine of
+`zero_core.deepspeed.initialize`, as DeepSpeed leaves them: it writes the weights `zbench convert --to fp32` writes;
+a user's file of that name is never replaced; resume, pruning and `zbench inspect` do not take it for a checkpoint."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 import zero_core
 import zero_core.deepspeed as deepspeed
-from zero_core.recovery_script import MARKER, NAME, SCRIPT
+from zero_core.recovery_script import MARKER, NAME, SCRIPT, TORCH_NAME, TORCH_SCRIPT
 
 
 def _engine(through_deepspeed: bool = True):
@@ -62,6 +62,26 @@ def test_the_script_converts_as_zbench_convert(tmp_path):
     assert sorted(p.name for p in (tmp_path / "taken").iterdir()) == ["notes.txt"]
 
 
+@pytest.mark.slow  # a fresh Python imports torch and zbench to run the script
+def test_zero_to_torch_writes_the_dtype_asked_for(tmp_path):
+    """DeepSpeed 0.19.8 leaves zero_to_torch.py beside zero_to_fp32.py: the same conversion into --dtype (required)."""
+    engine = _engine()
+    _step(engine, make_batches(1, 2)[0])
+    engine.save_checkpoint(tmp_path / "ck")
+    script = tmp_path / "ck" / TORCH_NAME
+    assert script.read_text() == TORCH_SCRIPT and os.stat(script).st_mode & 0o100
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "ck"), str(tmp_path / "bf16"), "--dtype", "bf16",
+                           "--safe_serialization"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    written = {k: v for f in (tmp_path / "bf16").glob("*.safetensors") for k, v in load_file(f).items()}
+    full = engine.full_state_dict()
+    assert written and all(v.dtype == torch.bfloat16 and torch.equal(v, full[k].to(torch.bfloat16))
+                           for k, v in written.items())
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "ck"), str(tmp_path / "none")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--dtype" in done.stderr and not (tmp_path / "none").exists()
+
+
 def test_a_users_file_is_kept_and_an_older_one_of_ours_updated(tmp_path):
     engine = _engine()
     batches = make_batches(2, 2)
@@ -105,7 +125,7 @@ def test_resume_pruning_and_inspect_pass_over_it(tmp_path):
     for i, batch in enumerate(make_batches(3, 2)):
         _step(engine, batch)
         engine.save_checkpoint(tmp_path, keep_last=1)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step3", "latest", NAME]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step3", "latest", NAME, TORCH_NAME]
     fresh = _engine()
     folder, _ = fresh.load_checkpoint(tmp_path)
     assert folder == str(tmp_path / "global_step3" / "rank_00000.safetensors") and fresh.global_steps == 3

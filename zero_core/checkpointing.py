@@ -187,9 +187,9 @@ def save(
     staging = saver.staging = Staging(engine.rank, engine.world_size)  # what an exception leaves to remove
     root = Path(save_dir)
     tag = plain_name(tag or f"global_step{engine.global_step}", "checkpoint tag", "pass a plain folder name as tag")
-    if tag in POINTERS or tag == recovery_script.NAME:
+    if tag in POINTERS or tag in recovery_script.SCRIPTS:
         raise CheckpointError(f"checkpoint tag {tag!r} is the name of a file written beside the checkpoints (the "
-                              "pointer file, zero_to_fp32.py); pass another tag")
+                              "pointer file, zero_to_fp32.py, zero_to_torch.py); pass another tag")
     if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
         raise CheckpointError(f"keep_last must be a whole number >= 1 or None, got {keep_last!r}")
     client_state = encode_client_state(client_state)  # a typed copy, or refused before anything is written

@@ -1,13 +1,14 @@
-"""`zero_to_fp32.py` beside `latest`, as DeepSpeed's save_checkpoint leaves one: users run
-`python zero_to_fp32.py CHECKPOINT_DIR OUTPUT_DIR` to get the fp32 weights. Ours takes DeepSpeed's arguments and writes
-what DeepSpeed's writes, through the same call DeepSpeed's script makes (convert_zero_checkpoint_to_fp32_state_dict with
-its flags): pytorch_model.bin by default, safetensors with --safe_serialization, the frozen parameters left out with
---exclude_frozen_parameters.
+"""`zero_to_fp32.py` and `zero_to_torch.py` beside `latest`, as DeepSpeed 0.19.8's save_checkpoint leaves them: users
+run `python zero_to_fp32.py CHECKPOINT_DIR OUTPUT_DIR` for the fp32 weights, or `python zero_to_torch.py CHECKPOINT_DIR
+OUTPUT_DIR --dtype bf16` for another dtype. Ours take DeepSpeed's arguments and write what DeepSpeed's write, through
+the calls DeepSpeed's scripts make (convert_zero_checkpoint_to_fp32_state_dict, convert_zero_checkpoint_to_state_dict,
+with their flags): pytorch_model.bin by default, safetensors with --safe_serialization, the frozen parameters left out
+with --exclude_frozen_parameters.
 
-Rank 0 writes it after a commit, only where the name is free or holds a script this module wrote (recognised by
-its marker line): a file of the user's, or DeepSpeed's own script, is never replaced. The file appears whole or
+Rank 0 writes each after a commit, only where the name is free or holds a script this module wrote (recognised by
+its marker line): a file of the user's, or DeepSpeed's own script, is never replaced. A file appears whole or
 not at all (written aside, then linked or renamed into place). Checkpoint listings look at folders only, so the
-file is never taken for a checkpoint, and pruning never touches it."""
+files are never taken for a checkpoint, and pruning never touches them."""
 
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ import tempfile
 from pathlib import Path
 
 NAME = "zero_to_fp32.py"
+TORCH_NAME = "zero_to_torch.py"
 MARKER = "# zero_core recovery script: engine.save_checkpoint writes and updates this file"
 _LARGEST_OURS = 64 * 1024  # ours is far smaller: a larger file is not read, and not ours
-_FOREIGN_NOTED: set[str] = set()  # folders whose file of another's this process has named: each save would repeat it
+_FOREIGN_NOTED: set[tuple[str, str]] = set()  # (folder, name) of another's files this process named: not again
 
 SCRIPT = f'''#!/usr/bin/env python
 {MARKER}
@@ -51,8 +53,42 @@ except (OSError, ValueError) as e:
     sys.exit(f"Error: {{e}}")
 '''
 
+TORCH_SCRIPT = f'''#!/usr/bin/env python
+{MARKER}
+"""The weights of the zbench checkpoint in this folder in the dtype asked for, as DeepSpeed's zero_to_torch.py writes
+them: python zero_to_torch.py CHECKPOINT_DIR OUTPUT_DIR --dtype {{fp32,bf16,fp16,...}} [--safe_serialization]
+[--max_shard_size 5GB] [-t TAG] [--exclude_frozen_parameters]. Floating-point entries take the dtype."""
 
-def _current(path: Path) -> str | None:
+import argparse
+import sys
+
+DTYPES = ("bf16", "bfloat16", "float16", "float32", "fp16", "fp32")
+parser = argparse.ArgumentParser(description=__doc__)
+parser.add_argument("checkpoint_dir", help="this folder (the one holding 'latest'), or one checkpoint in it")
+parser.add_argument("output_dir", help="a new or empty folder for the weight files")
+parser.add_argument("--dtype", choices=DTYPES, required=True, help="the output tensors' dtype")
+parser.add_argument("--max_shard_size", default="5GB", help="largest file before the output is split")
+parser.add_argument("--safe_serialization", action="store_true", help="safetensors instead of pytorch_model.bin")
+parser.add_argument("-t", "--tag", default=None, help="the checkpoint's folder name (default: the one 'latest' names)")
+parser.add_argument("--exclude_frozen_parameters", action="store_true", help="leave out the frozen parameters")
+parser.add_argument("-d", "--debug", action="store_true", help="accepted, no effect")
+args = parser.parse_args()
+try:
+    from zero_core.deepspeed.utils.zero_to_fp32 import convert_zero_checkpoint_to_state_dict
+except ImportError:
+    sys.exit("Error: zbench is not installed in this Python; run this script with the Python that trained")
+try:
+    convert_zero_checkpoint_to_state_dict(args.checkpoint_dir, args.output_dir, dtype=args.dtype,
+                                          max_shard_size=args.max_shard_size,
+                                          safe_serialization=args.safe_serialization, tag=args.tag,
+                                          exclude_frozen_parameters=args.exclude_frozen_parameters)
+except (OSError, ValueError) as e:
+    sys.exit(f"Error: {{e}}")
+'''
+SCRIPTS = {NAME: SCRIPT, TORCH_NAME: TORCH_SCRIPT}
+
+
+def _current(path: Path, script: str) -> str | None:
     """What `path` holds now: 'absent', 'same' (ours, up to date), 'ours' (an older one of ours) or None (another's:
     a user's file, a symlink, a folder, one unreadable)."""
     try:
@@ -67,7 +103,7 @@ def _current(path: Path) -> str | None:
         text = path.read_bytes().decode("utf-8")
     except (OSError, UnicodeDecodeError):
         return None
-    if text == SCRIPT:
+    if text == script:
         return "same"
     return "ours" if MARKER in text.splitlines()[:3] else None
 
@@ -86,25 +122,30 @@ def _link(aside: str, target: Path) -> None:
 
 
 def place(root: Path) -> str | None:
-    """Rank 0, after a commit: put the script in `root`; a note when it could not (the checkpoint stands). A file
-    of another's there is named once per folder, not at every save."""
-    target = root / NAME
-    state = _current(target)
+    """Rank 0, after a commit: put the scripts in `root`; a note when one could not be (the checkpoint stands)."""
+    notes = [note for name, script in SCRIPTS.items() if (note := _place(root, name, script)) is not None]
+    return "; ".join(notes) or None
+
+
+def _place(root: Path, name: str, script: str) -> str | None:
+    """One script into `root`. A file of another's there is named once per folder, not at every save."""
+    target = root / name
+    state = _current(target, script)
     if state == "same":
         return None
     if state is None:
-        folder = os.path.realpath(root)
-        if folder in _FOREIGN_NOTED:
+        seen = (os.path.realpath(root), name)
+        if seen in _FOREIGN_NOTED:
             return None
-        _FOREIGN_NOTED.add(folder)
-        return f"{NAME} there is not zero_core's and was left as it is; convert with `zbench convert DIR --to fp32`"
+        _FOREIGN_NOTED.add(seen)
+        return f"{name} there is not zero_core's and was left as it is; convert with `zbench convert DIR --to fp32`"
     try:
-        fd, aside = tempfile.mkstemp(dir=root, prefix=f".{NAME}.", suffix=".tmp")
+        fd, aside = tempfile.mkstemp(dir=root, prefix=f".{name}.", suffix=".tmp")
     except OSError as e:
-        return f"{NAME} was not written ({e.strerror})"
+        return f"{name} was not written ({e.strerror})"
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(SCRIPT)
+            f.write(script)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(aside, 0o755)  # runnable as ./zero_to_fp32.py, as DeepSpeed makes its own
@@ -115,7 +156,7 @@ def place(root: Path) -> str | None:
     except FileExistsError:
         pass
     except OSError as e:
-        return f"{NAME} was not written ({e.strerror})"
+        return f"{name} was not written ({e.strerror})"
     finally:
         if os.path.lexists(aside):
             os.unlink(aside)
