@@ -23,18 +23,19 @@ MARKER = "# zero_core recovery script: engine.save_checkpoint writes and updates
 _LARGEST_OURS = 64 * 1024  # ours is far smaller: a larger file is not read, and not ours
 _FOREIGN_NOTED: set[tuple[str, str]] = set()  # (folder, name) of another's files this process named: not again
 
-SCRIPT = f'''#!/usr/bin/env python
+
+def _script(doc: str, dtype_argument: str, convert: str, dtype_keyword: str) -> str:
+    """A standalone converter script (it imports zbench at run time): DeepSpeed's arguments, then `convert`."""
+    return f'''#!/usr/bin/env python
 {MARKER}
-"""The fp32 weights of the zbench checkpoint in this folder, as DeepSpeed's zero_to_fp32.py writes them:
-python zero_to_fp32.py CHECKPOINT_DIR OUTPUT_DIR [--safe_serialization] [--max_shard_size 5GB] [-t TAG]
-[--exclude_frozen_parameters]. pytorch_model.bin (plain tensors), or model.safetensors with --safe_serialization."""
+"""{doc}"""
 
 import argparse
 import sys
 
 parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("checkpoint_dir", help="this folder (the one holding 'latest'), or one checkpoint in it")
-parser.add_argument("output_dir", help="a new or empty folder for the weight files")
+parser.add_argument("output_dir", help="a new or empty folder for the weight files"){dtype_argument}
 parser.add_argument("--max_shard_size", default="5GB", help="largest file before the output is split")
 parser.add_argument("--safe_serialization", action="store_true", help="safetensors instead of pytorch_model.bin")
 parser.add_argument("-t", "--tag", default=None, help="the checkpoint's folder name (default: the one 'latest' names)")
@@ -42,49 +43,29 @@ parser.add_argument("--exclude_frozen_parameters", action="store_true", help="le
 parser.add_argument("-d", "--debug", action="store_true", help="accepted, no effect")
 args = parser.parse_args()
 try:
-    from zero_core.deepspeed.utils.zero_to_fp32 import convert_zero_checkpoint_to_fp32_state_dict
+    from zero_core.deepspeed.utils.zero_to_fp32 import {convert}
 except ImportError:
     sys.exit("Error: zbench is not installed in this Python; run this script with the Python that trained")
 try:
-    convert_zero_checkpoint_to_fp32_state_dict(args.checkpoint_dir, args.output_dir, max_shard_size=args.max_shard_size,
-                                               safe_serialization=args.safe_serialization, tag=args.tag,
-                                               exclude_frozen_parameters=args.exclude_frozen_parameters)
+    {convert}(
+        args.checkpoint_dir, args.output_dir,{dtype_keyword} max_shard_size=args.max_shard_size,
+        safe_serialization=args.safe_serialization, tag=args.tag,
+        exclude_frozen_parameters=args.exclude_frozen_parameters)
 except (OSError, ValueError) as e:
     sys.exit(f"Error: {{e}}")
 '''
 
-TORCH_SCRIPT = f'''#!/usr/bin/env python
-{MARKER}
-"""The weights of the zbench checkpoint in this folder in the dtype asked for, as DeepSpeed's zero_to_torch.py writes
-them: python zero_to_torch.py CHECKPOINT_DIR OUTPUT_DIR --dtype {{fp32,bf16,fp16,...}} [--safe_serialization]
-[--max_shard_size 5GB] [-t TAG] [--exclude_frozen_parameters]. Floating-point entries take the dtype."""
 
-import argparse
-import sys
-
-DTYPES = ("bf16", "bfloat16", "float16", "float32", "fp16", "fp32")
-parser = argparse.ArgumentParser(description=__doc__)
-parser.add_argument("checkpoint_dir", help="this folder (the one holding 'latest'), or one checkpoint in it")
-parser.add_argument("output_dir", help="a new or empty folder for the weight files")
-parser.add_argument("--dtype", choices=DTYPES, required=True, help="the output tensors' dtype")
-parser.add_argument("--max_shard_size", default="5GB", help="largest file before the output is split")
-parser.add_argument("--safe_serialization", action="store_true", help="safetensors instead of pytorch_model.bin")
-parser.add_argument("-t", "--tag", default=None, help="the checkpoint's folder name (default: the one 'latest' names)")
-parser.add_argument("--exclude_frozen_parameters", action="store_true", help="leave out the frozen parameters")
-parser.add_argument("-d", "--debug", action="store_true", help="accepted, no effect")
-args = parser.parse_args()
-try:
-    from zero_core.deepspeed.utils.zero_to_fp32 import convert_zero_checkpoint_to_state_dict
-except ImportError:
-    sys.exit("Error: zbench is not installed in this Python; run this script with the Python that trained")
-try:
-    convert_zero_checkpoint_to_state_dict(args.checkpoint_dir, args.output_dir, dtype=args.dtype,
-                                          max_shard_size=args.max_shard_size,
-                                          safe_serialization=args.safe_serialization, tag=args.tag,
-                                          exclude_frozen_parameters=args.exclude_frozen_parameters)
-except (OSError, ValueError) as e:
-    sys.exit(f"Error: {{e}}")
-'''
+SCRIPT = _script("""The fp32 weights of the zbench checkpoint in this folder, as DeepSpeed's zero_to_fp32.py writes
+them: python zero_to_fp32.py CHECKPOINT_DIR OUTPUT_DIR [--safe_serialization] [--max_shard_size 5GB] [-t TAG]
+[--exclude_frozen_parameters]. pytorch_model.bin (plain tensors), or model.safetensors with --safe_serialization.""",
+                 "", "convert_zero_checkpoint_to_fp32_state_dict", "")
+TORCH_SCRIPT = _script("""The weights of the zbench checkpoint in this folder in the dtype asked for, as DeepSpeed's
+zero_to_torch.py writes them: python zero_to_torch.py CHECKPOINT_DIR OUTPUT_DIR --dtype {fp32,bf16,fp16,...}
+[--safe_serialization] [--max_shard_size 5GB] [-t TAG] [--exclude_frozen_parameters]. Floating-point entries take
+the dtype.""", """
+parser.add_argument("--dtype", choices=("bf16", "bfloat16", "float16", "float32", "fp16", "fp32"), required=True,
+                    help="the output tensors' dtype")""", "convert_zero_checkpoint_to_state_dict", " dtype=args.dtype,")
 SCRIPTS = {NAME: SCRIPT, TORCH_NAME: TORCH_SCRIPT}
 
 
