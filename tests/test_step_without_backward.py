@@ -24,7 +24,7 @@ def test_a_step_with_no_backward_is_refused_and_changes_nothing(stage):
     assert "\n" not in str(refused.value)
     assert engine.global_steps == steps and engine.micro_steps == 0
     assert all(torch.equal(a, b) for a, b in zip(before, _weights(engine)))
-    (x, y), = make_batches(1, 2)
+    x, y = (t.to(engine.device) for t in make_batches(1, 2)[0])
     engine.backward(engine(x, y).loss)
     engine.step()  # the same engine trains on as usual
     assert engine.global_steps == steps + 1
@@ -34,7 +34,7 @@ def test_a_step_with_no_backward_is_refused_and_changes_nothing(stage):
 
 def test_inside_a_window_a_step_counts_but_the_boundary_needs_its_backward():
     engine = zero_core.initialize(make_model(), ds_config(2, "fp32", 2, gas=2))
-    (x, y), = make_batches(1, 2)
+    x, y = (t.to(engine.device) for t in make_batches(1, 2)[0])
     engine.backward(engine(x, y).loss)
     engine.step()  # micro-step 1 of 2: counted, no update
     assert engine.micro_steps == 1 and engine.global_steps == 0

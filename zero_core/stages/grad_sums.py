@@ -38,7 +38,8 @@ class MicroStepSums:
         assert held is not None, "every pass reduces every group: a window's first backward leaves a sum for each"
         if self.on_host and self.device.type == "cuda":  # the copy into the host buffer is asynchronous
             torch.cuda.current_stream(self.device).synchronize()
-        return held.to(self.device).float() * scale
+        # one fp32 multiply, rounded alike on either side; the scale may live on the host (offload's scaler)
+        return held.to(self.device).float() * scale.to(self.device)
 
     def add(self, g: int, reduced: torch.Tensor, final: bool) -> torch.Tensor | None:
         """Add group g's reduced shard to its sum; the total at the window's last pass (else None)."""
