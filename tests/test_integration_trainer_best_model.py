@@ -20,7 +20,7 @@ from dist_harness import run_ranks  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures"
 sys.path.insert(0, str(FIXTURES))
-from make_trainer_best_model_fixtures import best_run, ds_config  # noqa: E402
+from make_trainer_best_model_fixtures import best_run  # noqa: E402
 
 RECORDED = json.loads((FIXTURES / "trainer_best_model.json").read_text())
 
@@ -47,8 +47,8 @@ def test_the_best_checkpoint_comes_back_with_its_optimizer_and_schedule(tmp_path
 def test_save_only_model_with_load_best_model_at_end_is_refused(tmp_path):
     from zero_core.integrations.transformers import Trainer, TrainingArguments
 
-    args = TrainingArguments(output_dir=str(tmp_path), deepspeed=ds_config("config"), use_cpu=True, report_to=[],
-                             save_strategy="steps", save_steps=2, eval_strategy="steps", eval_steps=2,
+    args = TrainingArguments(output_dir=str(tmp_path), deepspeed=tw.zero3_auto_config("config"), use_cpu=True,
+                             report_to=[], save_strategy="steps", save_steps=2, eval_strategy="steps", eval_steps=2,
                              save_only_model=True, load_best_model_at_end=True)
     with pytest.raises(ValueError, match="drop save_only_model or load_best_model_at_end"):
         Trainer(model=tw.tiny_model("gpt2"), args=args, train_dataset=tw.Samples("gpt2", 4, 1),

@@ -63,6 +63,19 @@ class Samples(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": self.labels[i]}
 
 
+def zero3_auto_config(schedule: str) -> dict:
+    """Stage 3 with every value "auto", for Trainer to fill, and torch's Adam (DeepSpeed on the CPU); with schedule
+    "config" the config's WarmupDecayLR too, else Trainer's own schedule."""
+    cfg: dict = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+                 "gradient_clipping": "auto", "zero_optimization": {"stage": 3},
+                 "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
+                                                           "weight_decay": "auto", "torch_adam": True}}}
+    if schedule == "config":
+        cfg["scheduler"] = {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                                                                "warmup_num_steps": "auto", "total_num_steps": "auto"}}
+    return cfg
+
+
 def recording(base: type, config_schedule: bool = False, config_optimizer: bool = False) -> type:
     """`base` with a sequential data order and recorded losses; with `config_schedule` (the DDP reference of a
     config with a "scheduler" section) the seed configs' WarmupLR as its torch schedule; with `config_optimizer`
