@@ -34,18 +34,28 @@ def _step(engine, batch):
     engine.step()
 
 
-@pytest.mark.slow  # a fresh Python imports torch and zbench to run the script
-def test_the_script_converts_as_zbench_convert(tmp_path):
+def _saved(tmp_path, name: str, text: str):
+    """One step and a save into tmp_path/ck; the engine and its script `name`, checked to be `text` and runnable."""
     engine = _engine()
     _step(engine, make_batches(1, 2)[0])
     engine.save_checkpoint(tmp_path / "ck")
-    script = tmp_path / "ck" / NAME
-    assert script.read_text() == SCRIPT and os.stat(script).st_mode & 0o100
+    script = tmp_path / "ck" / name
+    assert script.read_text() == text and os.stat(script).st_mode & 0o100
+    return engine, script
+
+
+def _run(script, *args) -> subprocess.CompletedProcess:
+    """The script in a fresh Python, as a user runs it."""
+    return subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.slow  # a fresh Python imports torch and zbench to run the script
+def test_the_script_converts_as_zbench_convert(tmp_path):
+    engine, script = _saved(tmp_path, NAME, SCRIPT)
     full = engine.full_state_dict()
     # as DeepSpeed's script: pytorch_model.bin by default, safetensors with --safe_serialization
     for flags, out in (([], "bin"), (["--safe_serialization"], "st")):
-        done = subprocess.run([sys.executable, str(script), str(tmp_path / "ck"), str(tmp_path / out), *flags],
-                              capture_output=True, text=True, timeout=120)
+        done = _run(script, tmp_path / "ck", tmp_path / out, *flags)
         assert done.returncode == 0, done.stderr
         if out == "bin":
             written = torch.load(tmp_path / out / "pytorch_model.bin", weights_only=True)
@@ -55,8 +65,7 @@ def test_the_script_converts_as_zbench_convert(tmp_path):
     # an output folder that already holds something is refused in one line, nothing written or removed
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "notes.txt").write_text("mine")
-    done = subprocess.run([sys.executable, str(script), str(tmp_path / "ck"), str(tmp_path / "taken")],
-                          capture_output=True, text=True, timeout=120)
+    done = _run(script, tmp_path / "ck", tmp_path / "taken")
     lines = done.stderr.strip().splitlines()
     assert done.returncode != 0 and len(lines) == 1 and lines[0].startswith("Error: "), done.stderr
     assert sorted(p.name for p in (tmp_path / "taken").iterdir()) == ["notes.txt"]
@@ -65,20 +74,14 @@ def test_the_script_converts_as_zbench_convert(tmp_path):
 @pytest.mark.slow  # a fresh Python imports torch and zbench to run the script
 def test_zero_to_torch_writes_the_dtype_asked_for(tmp_path):
     """DeepSpeed 0.19.8 leaves zero_to_torch.py beside zero_to_fp32.py: the same conversion into --dtype (required)."""
-    engine = _engine()
-    _step(engine, make_batches(1, 2)[0])
-    engine.save_checkpoint(tmp_path / "ck")
-    script = tmp_path / "ck" / TORCH_NAME
-    assert script.read_text() == TORCH_SCRIPT and os.stat(script).st_mode & 0o100
-    done = subprocess.run([sys.executable, str(script), str(tmp_path / "ck"), str(tmp_path / "bf16"), "--dtype", "bf16",
-                           "--safe_serialization"], capture_output=True, text=True, timeout=120)
+    engine, script = _saved(tmp_path, TORCH_NAME, TORCH_SCRIPT)
+    done = _run(script, tmp_path / "ck", tmp_path / "bf16", "--dtype", "bf16", "--safe_serialization")
     assert done.returncode == 0, done.stderr
     written = {k: v for f in (tmp_path / "bf16").glob("*.safetensors") for k, v in load_file(f).items()}
     full = engine.full_state_dict()
     assert written and all(v.dtype == torch.bfloat16 and torch.equal(v, full[k].to(torch.bfloat16))
                            for k, v in written.items())
-    done = subprocess.run([sys.executable, str(script), str(tmp_path / "ck"), str(tmp_path / "none")],
-                          capture_output=True, text=True, timeout=120)
+    done = _run(script, tmp_path / "ck", tmp_path / "none")
     assert done.returncode == 2 and "--dtype" in done.stderr and not (tmp_path / "none").exists()
 
 
