@@ -11,8 +11,12 @@ backend) is refused in one line: run torchrun on each node instead, with `-m zer
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import socket
+import sys
+
+import torch
 
 LOCAL_RANK_ARG = "ZERO_CORE_DS_LOCAL_RANK_ARG"  # set for the ranks: append --local_rank=N to the script's arguments
 MODULE_ARG = "ZERO_CORE_DS_MODULE"  # set for the ranks: the script is a module name (DeepSpeed's --module)
@@ -107,7 +111,7 @@ def devices(args: argparse.Namespace, available: int) -> list[int]:
         raise LaunchError(f"--num_gpus {args.num_gpus}: pass a count of at least 1")
     if args.num_gpus > 0:
         if not args.include and not args.exclude and args.num_gpus > available:
-            if available > 1 or _has_cuda():  # a CPU host: as many CPU ranks as asked
+            if available > 1 or torch.cuda.is_available():  # a CPU host: as many CPU ranks as asked
                 raise LaunchError(f"--num_gpus {args.num_gpus}: this host has {available} device(s); pass at most "
                                   f"{available}")
             ids = list(range(args.num_gpus))
@@ -117,12 +121,6 @@ def devices(args: argparse.Namespace, available: int) -> list[int]:
     return ids
 
 
-def _has_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def launch(argv: list[str]) -> int:
     """Parse DeepSpeed's launcher options, start the ranks, wait; the worst rank's exit status."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -130,20 +128,17 @@ def launch(argv: list[str]) -> int:
 
     args = launcher_parser().parse_args(argv)
     _refuse_unsupported(args)
-    cuda = _has_cuda()
-    ids = devices(args, _device_count() if cuda else 1)
+    cuda = torch.cuda.is_available()
+    ids = devices(args, torch.cuda.device_count() if cuda else 1)
     env_updates = {LOCAL_RANK_ARG: "0" if args.no_local_rank else "1", MODULE_ARG: "1" if args.module else "0"}
     if cuda:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        names = visible.split(",") if visible else [str(i) for i in range(_device_count())]
+        names = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
         env_updates["CUDA_VISIBLE_DEVICES"] = ",".join(names[i] for i in ids)
     os.environ.update(env_updates)  # the ranks inherit this process's environment
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=len(ids), run_id="zero_core_deepspeed",
                           rdzv_backend="static", rdzv_endpoint=f"{args.master_addr or '127.0.0.1'}:{args.master_port}",
                           rdzv_configs={"rank": 0}, max_restarts=0, monitor_interval=0.1)
-    import logging
-    import sys
-
     # the agent's own log lines (a rank's exit code, the signals it sends) would follow each rank's one-line error
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     try:
@@ -151,9 +146,3 @@ def launch(argv: list[str]) -> int:
     except ChildFailedError as failed:  # each rank printed its own error; the launcher adds no traceback
         return max((f.exitcode for f in failed.failures.values()), default=1) or 1
     return 0
-
-
-def _device_count() -> int:
-    import torch
-
-    return torch.cuda.device_count()
