@@ -32,10 +32,14 @@ def gathered_group(engine: "Engine", g: Any, name: str = "master") -> torch.Tens
     lo, hi = g.partition_offset, g.partition_offset + g.shard_numel
     opt = engine.optimizer
     shard = opt.gradient_of(lo, hi) if name == "gradient" else opt.states.read(name, lo, hi)
+    return gathered_shard(engine, g, shard, "fp32 weights" if name == "master" else name)
+
+
+def gathered_shard(engine: "Engine", g: Any, shard: torch.Tensor, label: str) -> torch.Tensor:
+    """Every rank's fp32 `shard` of layout group `g`, concatenated (collective); `label` names it in errors."""
     if engine.layout.world_size == 1:
         return shard
     full = torch.empty(g.padded_numel, dtype=torch.float32, device=engine.device)
-    label = "fp32 weights" if name == "master" else name
     comm.all_gather_flat(full, shard.to(engine.device), what=f"all-gather of {label} (group {g.index})")
     return full
 

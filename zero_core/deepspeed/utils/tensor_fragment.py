@@ -23,9 +23,8 @@ from typing import Any
 
 import torch
 
-from ... import comm
 from ...gathered import _OWNER
-from ...model_export import gathered_group, settled
+from ...model_export import gathered_group, gathered_shard, settled
 
 
 def _slot_of(param: torch.Tensor, name: str) -> tuple[Any, Any, Any] | None:
@@ -128,7 +127,7 @@ def safe_get_full_grad(param: torch.Tensor) -> torch.Tensor | None:
     if engine.gradients_ready:
         full = gathered_group(engine, group, "gradient").to(engine.device)
     elif engine.stage == 3:
-        full = _gathered(engine, group, _window_shard(engine, group, "safe_get_full_grad"))
+        full = gathered_shard(engine, group, _window_shard(engine, group, "safe_get_full_grad"), "gradient")
     else:
         return _window_sum(engine, slot, param)
     value = full[slot.offset : slot.offset + slot.numel].view(slot.shape).clone()
@@ -150,15 +149,6 @@ def _window_shard(engine: Any, group: Any, call: str) -> torch.Tensor:
     if sums is None:  # fp32 accumulation: every pass is folded into the optimizer's gradient as it arrives
         return engine.optimizer.gradient_of(lo, lo + group.shard_numel).float()
     return sums.so_far(group.index, engine.scaler.inv_scale / engine.world_size)
-
-
-def _gathered(engine: Any, group: Any, shard: torch.Tensor) -> torch.Tensor:
-    """Every rank's `shard` of the group, concatenated (collective)."""
-    if engine.layout.world_size == 1:
-        return shard
-    full = torch.empty(group.padded_numel, dtype=torch.float32, device=engine.device)
-    comm.all_gather_flat(full, shard.to(engine.device), what=f"all-gather of gradient (group {group.index})")
-    return full
 
 
 def _window_sum(engine: Any, slot: Any, param: torch.Tensor) -> torch.Tensor:
