@@ -5,6 +5,7 @@ refuse (duplicate keys) or what is no config at all (a FIFO, an oversized file, 
 from __future__ import annotations
 
 import json
+import os
 import re
 from typing import Any, Callable
 
@@ -21,6 +22,11 @@ def read_config_file(path: str) -> Any:
     """Parse a DeepSpeed-style config file as DeepSpeed does (hjson: JSON with comments and trailing commas, among
     others), refusing duplicate keys as DeepSpeed's reader does."""
     return _read(path, lambda text, hook: hjson.loads(text, object_pairs_hook=hook))
+
+
+def config_data(config: Any) -> Any:
+    """A config given as data or as the path of a file: the data (a path is read as read_config_file reads it)."""
+    return read_config_file(os.fspath(config)) if isinstance(config, (str, os.PathLike)) else config
 
 
 def read_json_file(path: str) -> Any:

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from .. import comm as zero_comm
-from ..config import read_config_file
+from ..config_file import config_data
 from ..config_auto import is_auto
 from ..config_errors import ConfigError
 from ..deferred.record import mark_full_sizes
@@ -83,22 +83,18 @@ def _config_from(args: Any, config: Any, config_params: Any) -> Any:
 def _unread_scheduler_dropped(config: Any, optimizer: Any) -> Any:
     """DeepSpeed builds the config's scheduler only with an optimizer: without one (an evaluation engine, as
     transformers' inference setup makes, whose "auto" total_num_steps became 0) it never reads that section."""
-    if optimizer is not None:
+    if optimizer is not None or not isinstance(config, dict) or "optimizer" in config or "scheduler" not in config:
         return config
-    data = read_config_file(os.fspath(config)) if isinstance(config, (str, os.PathLike)) else config
-    if not isinstance(data, dict) or "optimizer" in data or "scheduler" not in data:
-        return config
-    return {k: v for k, v in data.items() if k != "scheduler"}
+    return {k: v for k, v in config.items() if k != "scheduler"}
 
 
 def _refuse_precision_auto(config: Any) -> None:
     """DeepSpeed's config models drop an "auto" value, so `"fp16": {"enabled": "auto"}` that no trainer filled
     trains in fp32 there without a word; here the script is asked which precision it meant."""
-    data = read_config_file(os.fspath(config)) if isinstance(config, (str, os.PathLike)) else config
-    if not isinstance(data, dict):
+    if not isinstance(config, dict):
         return  # the engine's config check names what is wrong with it
     for name in ("fp16", "bf16", "bfloat16"):  # "bfloat16": DeepSpeed's older name of bf16
-        section = data.get(name)
+        section = config.get(name)
         if isinstance(section, dict) and is_auto(section.get("enabled")):
             raise ConfigError(f'{name}.enabled is "auto", which only a trainer fills (DeepSpeed 0.19.8 reads it as '
                               "false and trains in fp32); set it to true or false")
@@ -133,9 +129,12 @@ def initialize(args: Any = None, model: torch.nn.Module | None = None, optimizer
     if mpu is not None or mesh_param is not None:
         raise NotImplementedError("deepspeed.initialize(mpu=/mesh_param=) (model parallelism) is not supported by "
                                   "zero_core; it trains data-parallel with ZeRO sharding only")
-    config = unread_offload_dropped(_unread_scheduler_dropped(_config_from(args, config, config_params), optimizer))
-    _refuse_precision_auto(config)
-    _round_to_16_bits(model, config)
+    given = _config_from(args, config, config_params)
+    data = config_data(given)  # a file read once, for the readings below
+    _refuse_precision_auto(data)
+    kept = unread_offload_dropped(_unread_scheduler_dropped(data, optimizer))
+    config = given if kept is data else kept  # the config as given where nothing was left out
+    _round_to_16_bits(model, data)
     engine = Engine(model, config, model_parameters=model_parameters, optimizer=optimizer, lr_scheduler=lr_scheduler)
     if optimizer is None and not engine.config.optimizer_given:  # DeepSpeed: forward only, backward asserts
         engine.training_refused = ("no optimizer: the config has no 'optimizer' section and initialize got no "

@@ -6,13 +6,12 @@ floating-point tensor arguments, is kept as host copies, brought back to their d
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable
 
 import torch
 import torch.utils.checkpoint
 
-from ..config_file import read_config_file
+from ..config_file import config_data
 
 __all__ = ["checkpoint", "non_reentrant_checkpoint", "configure", "is_configured", "reset", "set_num_layers",
            "partition_activations_in_checkpoint"]
@@ -109,7 +108,7 @@ def configure(
 
 def _config_cpu_checkpointing(config: Any) -> bool:
     """The config's `activation_checkpointing.cpu_checkpointing` (a dict or the path of one); False if unset."""
-    data = read_config_file(os.fspath(config)) if isinstance(config, (str, os.PathLike)) else config
+    data = config_data(config)
     if not isinstance(data, dict):
         raise ValueError(f"deepspeed_config must be a config dict or the path of one, got {type(data).__name__}; "
                          "pass the dict or path given to deepspeed.initialize")

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ..config import read_config_file
+from ..config_file import config_data
 
 # (section, DeepSpeed's deprecated boolean for it, the lowest ZeRO stage DeepSpeed reads it at)
 _STAGED_OFFLOAD = (("offload_param", "cpu_offload_param", 3), ("offload_optimizer", "cpu_offload", 1))
@@ -24,7 +24,7 @@ def _offloads(value: Any) -> bool:
 def unread_offload_dropped(config: Any, say: bool = True) -> Any:
     """`config` (a dict or a path) as a dict without the offload sections DeepSpeed would not read, or `config`
     itself where there are none; with `say`, rank 0 names what was left out in one line."""
-    data = read_config_file(os.fspath(config)) if isinstance(config, (str, os.PathLike)) else config
+    data = config_data(config)
     zero = data.get("zero_optimization") if isinstance(data, dict) else None
     stage = zero.get("stage", 0) if isinstance(zero, dict) else None
     if type(stage) is not int:

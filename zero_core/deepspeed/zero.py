@@ -89,16 +89,14 @@ def initial_dtype(config: Any, dtype: Any) -> Any:
 
 def _enabled(config: Any, precision: str) -> bool:
     """Whether `config` (a dict, a JSON path or a ZeroConfig) enables `precision` ("bf16" or "fp16")."""
-    import os
-
     import torch
 
-    from ..config import ZeroConfig, read_config_file
+    from ..config import ZeroConfig
+    from ..config_file import config_data
 
     if isinstance(config, ZeroConfig):
         return config.dtype == {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
-    if isinstance(config, (str, os.PathLike)):
-        config = read_config_file(os.fspath(config))
+    config = config_data(config)
     if not isinstance(config, dict):
         return False  # init_context refuses it in one line
     names = ("bf16", "bfloat16") if precision == "bf16" else ("fp16",)  # "bfloat16": DeepSpeed's older name

@@ -9,7 +9,6 @@ factory_dtype.py, construction_end.py  deepspeed.zero.Init's dtype in the record
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import Any, Iterator
 
 from .materialise import is_deferred, materialiser, placeholder, remember
@@ -21,12 +20,12 @@ __all__ = ["built_converted", "init_context", "is_deferred", "materialiser", "pl
 
 def stage_of(config: Any) -> int:
     """The ZeRO stage `config` asks for (a dict, a JSON path or a ZeroConfig), without resolving batch sizes."""
-    from ..config import ZeroConfig, load_config, read_config_file
+    from ..config import ZeroConfig, load_config
+    from ..config_file import config_data
 
     if isinstance(config, ZeroConfig):
         return config.stage
-    if isinstance(config, (str, os.PathLike)):
-        config = read_config_file(os.fspath(config))  # initialize's reader: no FIFO wait, no duplicate keys
+    config = config_data(config)  # initialize's reader: no FIFO wait, no duplicate keys
     if not isinstance(config, dict):
         raise ValueError(
             f"the config must be a DeepSpeed config (a dict, a JSON path or a ZeroConfig), not "

@@ -25,7 +25,7 @@ import torch
 import transformers
 
 from ..checkpoint_load import nothing_to_resume
-from ..config import read_config_file
+from ..config_file import config_data
 from ..config_auto import AutoValues
 from ..config_errors import ConfigError
 from ..engine import Engine
@@ -120,7 +120,7 @@ class ZeroTrainer(transformers.Trainer):
             # the engine would start from the current weights while Trainer's state skips the saved steps
             raise ValueError(_not_resumable(os.fspath(resume_from_checkpoint)))
         raw = self.zero_config_source
-        raw = dict(read_config_file(os.fspath(raw)) if isinstance(raw, (str, os.PathLike)) else raw)
+        raw = dict(config_data(raw))
         for key in _BATCH_KEYS:  # a config without batch sizes takes Trainer's, as Accelerate fills them
             raw.setdefault(key, "auto")
         passed = self.optimizer  # Trainer(optimizers=...); create_optimizer() below sets self.optimizer too
