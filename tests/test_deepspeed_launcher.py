@@ -113,3 +113,23 @@ def test_a_failing_rank_gives_its_exit_status_and_no_launcher_traceback(tmp_path
     done = _run(tmp_path, "--num_gpus", "2", "--master_port", str(free_port()), "train.py")
     assert done.returncode == 3, done.stderr[-3000:]
     assert "Traceback" not in done.stderr and "exitcode" not in done.stderr, done.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_ranks_with_one_error_line(tmp_path):
+    import signal
+    import time
+
+    (tmp_path / "train.py").write_text("import os, time\nopen(f\"started.{os.environ['RANK']}\", 'w').close()\n"
+                                       "time.sleep(120)\nopen('finished', 'w').close()\n")
+    launcher = subprocess.Popen([sys.executable, "-m", "zero_core.deepspeed", "--num_gpus", "2", "--master_port",
+                                 str(free_port()), "train.py"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=_env(), cwd=tmp_path)
+    deadline = time.monotonic() + 120
+    while not all((tmp_path / f"started.{r}").exists() for r in (0, 1)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    launcher.send_signal(signal.SIGINT)
+    _, err = launcher.communicate(timeout=120)
+    assert launcher.returncode == 130, err[-3000:]
+    assert err.strip().splitlines() == ["Error: interrupted; the ranks were stopped"], err[-3000:]
+    assert not (tmp_path / "finished").exists()

@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if args else 2
     if args[0].startswith("-"):  # DeepSpeed's launcher's options before the script: start its ranks
         return _launch(args)
+    launched = LOCAL_RANK_ARG in os.environ  # a rank of that launcher, which reports an interrupt itself
     as_module = os.environ.pop(MODULE_ARG, "0") == "1"  # set by that launcher for its ranks
     if os.environ.pop(LOCAL_RANK_ARG, "0") == "1":
         args = [*args, f"--local_rank={os.environ.get('LOCAL_RANK', '0')}"]
@@ -58,15 +59,24 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     install()
     _world_of_one_unless_launched()
+    try:
+        _run_script(args, script, as_module)
+    except KeyboardInterrupt:
+        if not launched:
+            raise  # alone, Ctrl-C ends the script as it would end `python train.py`
+        return 130  # quietly: the launcher prints the one line for every rank it stopped
+    return 0
+
+
+def _run_script(args: list[str], script: Path, as_module: bool) -> None:
     if as_module:  # DeepSpeed's --module: the script is run as `python -m NAME` runs it
         sys.argv = [args[0], *args[1:]]
         sys.path.insert(0, os.getcwd())
         runpy.run_module(args[0], run_name="__main__", alter_sys=True)
-        return 0
+        return
     sys.argv = [str(script), *args[1:]]
     sys.path.insert(0, str(script.resolve().parent))
     runpy.run_path(str(script), run_name="__main__")  # an uncaught refusal: its one line (refusal_hook.py)
-    return 0
 
 
 def _launch(args: list[str]) -> int:

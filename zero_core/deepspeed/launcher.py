@@ -140,7 +140,9 @@ def launch(argv: list[str]) -> int:
                           rdzv_backend="static", rdzv_endpoint=f"{args.master_addr or '127.0.0.1'}:{args.master_port}",
                           rdzv_configs={"rank": 0}, max_restarts=0, monitor_interval=0.1)
     # the agent's own log lines (a rank's exit code, the signals it sends) would follow each rank's one-line error
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    # (torch gives some of its loggers a level of their own, so each is set, not only the parent)
+    for name in [n for n in logging.root.manager.loggerDict if n.startswith("torch.distributed.elastic")]:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
         elastic_launch(config, sys.executable)("-m", "zero_core.deepspeed", args.user_script, *args.user_args)
     except ChildFailedError as failed:  # each rank printed its own error; the launcher adds no traceback
