@@ -8,11 +8,8 @@ first streamed chunks' states are copied up on the streamed update's upload stre
 on them instead of uploading them again. Backward's own copies are few by then, and the host's memory is idle.
 
 Device memory: a chunk is fetched only while the allocated memory, plus its 12 bytes per element, plus the held
-gradients still to come (held_grads.py), stays under the allocated peak of the steps before any fetch (taken once,
-at the first backward that may fetch: a ceiling that moved with each step's fetches would let them grow step after
-step), so it uses memory backward freed. Its buffers come from the compute stream's pool, where those activations
-were. At most `ZERO_CORE_STREAM_PREFETCH_CHUNKS` chunks are fetched per backward (tuning): each also takes the
-host-to-device engine from backward's own gathers, and a launch from its host thread.
+gradients still to come (held_grads.py), stays under the allocated peak seen so far, so it uses memory backward
+freed and never raises that peak. Its buffers come from the compute stream's pool, where those activations were.
 Anything that reads or replaces the states between backward and the step (a checkpoint, a state read: model_export
 .settled) drops what was fetched, and the step uploads those chunks as before. The update is the same kernel on the
 same inputs whichever way the states came up: the result is bitwise the same.
@@ -20,15 +17,12 @@ same inputs whichever way the states came up: the result is bitwise the same.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from .states import NAMES
 
 BYTES_PER_ELEMENT = 12  # fp32 master and both moments
 PER_CALL = 4  # chunks fetched per reduced shard at most: spreads the launches over backward's host thread
-MAX_CHUNKS = 1 << 30
 
 
 class StatePrefetch:
@@ -42,8 +36,6 @@ class StatePrefetch:
         self._next = 0
         self._active = False
         self._compute: torch.cuda.Stream | None = None
-        self._ceiling: int | None = None  # the allocated peak before any fetch (CUDA)
-        self.limit = int(os.environ.get("ZERO_CORE_STREAM_PREFETCH_CHUNKS", MAX_CHUNKS))
 
     def begin(self, final: bool, ready: bool) -> None:
         """A new backward: fetch in it when it ends at the step and the states can be copied (`ready`: page-locked
@@ -51,8 +43,6 @@ class StatePrefetch:
         self.drop()
         self._active = self.enabled and final and ready
         self._compute = torch.cuda.current_stream(self.device) if self.cuda and self._active else None
-        if self._compute is not None and self._ceiling is None:
-            self._ceiling = torch.cuda.max_memory_allocated(self.device)
 
     def drop(self) -> None:
         """Forget what was fetched (the states may change, or the step is skipped); fetch nothing more."""
@@ -61,11 +51,11 @@ class StatePrefetch:
     def more(self, states, to_come: int) -> None:
         """Fetch the next chunks that fit beside `to_come` bytes still to be allocated in this backward."""
         for _ in range(PER_CALL):
-            if not self._active or self._next == min(len(self.ranges), self.limit):
+            if not self._active or self._next == len(self.ranges):
                 return
             a, b = self.ranges[self._next]
             if self.cuda and (torch.cuda.memory_allocated(self.device) + BYTES_PER_ELEMENT * (b - a) + to_come
-                              > self._ceiling):
+                              > torch.cuda.max_memory_allocated(self.device)):
                 return
             self.fetched[a] = self._fetch(states, a, b)
             self._next += 1

@@ -4,7 +4,6 @@ GPU, from the repo root:
 
     python3 docs/benchmarks/scripts/balance_toggle.py 0.6            # the streamed fraction S; toggles balance
     python3 docs/benchmarks/scripts/balance_toggle.py 0.6 prefetch   # toggles the states fetched in backward
-    python3 docs/benchmarks/scripts/balance_toggle.py 0.6 prefetch 32   # ... at most 32 chunks of them
 
 Model, batch and config as offload_timeline.py builds them (the scenario's zero_core variant at S). After 6
 warm-up steps, 12 blocks alternate the setting off and on: one step after each switch, then 4 steps timed back to
@@ -27,7 +26,7 @@ from zbench.models.gpt import GPT  # noqa: E402
 from zbench.train_demo import preset_config  # noqa: E402
 
 
-def main(fraction: str, toggled: str, limit: str | None) -> None:
+def main(fraction: str, toggled: str) -> None:
     cfg = config([f"zero_core.offload_stream_fraction={fraction}"], [])
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(min(1.0, 24 * 2**30 / total))
@@ -56,7 +55,6 @@ def main(fraction: str, toggled: str, limit: str | None) -> None:
         on = block % 2 == 1
         if toggled == "prefetch":
             host.prefetch.enabled = on
-            host.prefetch.limit = int(limit) if limit else host.prefetch.limit
         else:
             host.balance = on
         run(1)
@@ -73,4 +71,4 @@ def main(fraction: str, toggled: str, limit: str | None) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "balance", sys.argv[3] if len(sys.argv) > 3 else None)
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "balance")
