@@ -56,12 +56,11 @@ def test_device_adamw_equals_the_host_bitwise(decoupled, weight_decay, coef, bet
         assert torch.equal(out.cpu(), host[0].to(torch.float16))
 
 
-def _offload_steps(fraction: float, clip: float, steps: int = 3, slow_host: bool = False,
-                   prefetch: bool = False) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int]]:
+def _offload_steps(fraction: float, clip: float, steps: int = 3,
+                   slow_host: bool = False) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int]]:
     """`steps` updates of a HostAdamW whose gradient shards come from the GPU, `fraction` of its chunks streamed
     through the GPU's kernel; the states, each step's 16-bit output and the host chunks the GPU took in the last
-    step (`slow_host`: each host chunk first waits, 10 s at most, until the GPU has taken one; `prefetch`: the
-    streamed states copied up during backward, into memory below a peak raised first)."""
+    step (`slow_host`: each host chunk first waits, 10 s at most, until the GPU has taken one)."""
     import time
     from zero_core.optim import HostAdamW, Hyper
     from zero_core.optim.states import TensorStates
@@ -69,10 +68,7 @@ def _offload_steps(fraction: float, clip: float, steps: int = 3, slow_host: bool
     numel, cuda = 5000, torch.device("cuda")
     states = TensorStates(numel, torch.device("cpu"))
     states.master.copy_(torch.randn(numel, generator=torch.Generator().manual_seed(3)))
-    if prefetch:  # the peak that fetching may not raise: room for every chunk
-        torch.empty(16 << 20, dtype=torch.uint8, device=cuda)  # freed at once
     opt = HostAdamW(states, comm_dtype=torch.bfloat16, clip=clip, stream_fraction=fraction, hold_grads=True,
-                    prefetch=prefetch,
                     groups=[Hyper(0.9, 0.95, 1e-8, 0.1), Hyper(0.8, 0.99, 1e-6, 0.0)], decoupled=True,
                     lr_at=lambda a: torch.tensor([1e-2, 3e-3]), shard_stats=False, comm_device=cuda,
                     runs=[[(0, 1536, 0), (1536, 2560, 1)], [(2560, 5000, 0)]])
@@ -102,17 +98,11 @@ def _offload_steps(fraction: float, clip: float, steps: int = 3, slow_host: bool
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the streamed update runs on a GPU")
 @pytest.mark.parametrize("clip", [0.0, 1e-3])
 @pytest.mark.parametrize("slow_host", [False, True])  # True: the GPU takes host chunks (offload_stream_balance)
-@pytest.mark.parametrize("prefetch", [False, True])  # the streamed states copied up during backward
-def test_streamed_chunks_on_the_gpu_equal_the_host_step_bitwise(monkeypatch, clip, slow_host, prefetch):
-    from zero_core.optim.stream_prefetch import StatePrefetch
-
+def test_streamed_chunks_on_the_gpu_equal_the_host_step_bitwise(monkeypatch, clip, slow_host):
     monkeypatch.setenv("ZERO_CORE_HOST_CHUNK_NUMEL", "1024")
     plain, plain_outs, _ = _offload_steps(0.0, clip)
-    fetched, take = [], StatePrefetch.take
-    monkeypatch.setattr(StatePrefetch, "take", lambda self, a: fetched.append(take(self, a)) or fetched[-1])
-    streamed, outs, taken = _offload_steps(0.5, clip, slow_host=slow_host, prefetch=prefetch)
+    streamed, outs, taken = _offload_steps(0.5, clip, slow_host=slow_host)
     assert taken or not slow_host
-    assert sum(f is not None for f in fetched) == (4 if prefetch else 0)  # steps 2-3 (the first pins the states)
     for name, a, b in zip(("master", "exp_avg", "exp_avg_sq"), plain, streamed):
         assert torch.equal(a, b), f"{name}: {int((a != b).sum())} elements differ"
     assert all(torch.equal(a, b) for a, b in zip(plain_outs, outs))

@@ -41,21 +41,19 @@ def test_streamed_chunks_are_spread_evenly(numel, fraction, expect):
 
 def _run(fraction: float, overlap: float, clip: float, lazy: bool, monkeypatch, steps: int = 3,
          shards=((2560, 5000), (0, 2560)), inf_at: int | None = None, grads_seen: list | None = None,
-         hold: bool = False, balance: bool = False, host_delay: float = 0.0, host_waits_for: int = 0,
-         prefetch: bool = False, between=None):
+         hold: bool = False, balance: bool = False, host_delay: float = 0.0, host_waits_for: int = 0):
     """`steps` steps of a HostAdamW over 5,000 elements, each backward sending `shards` (the last first); the
     states, the outputs, what the host loop updated itself and the publications. `inf_at`: the step whose
     gradient is not finite (skipped); `grads_seen` collects each step's gradient as `gradient_of` reads it;
     `balance`: the GPU may take the host's chunks (tests/test_stream_balance.py; off here, so that what the host
     updates is fixed); `host_delay` seconds are added to each of the host's chunks, and each waits until the GPU
-    has taken `host_waits_for` of them (10 s at most): a slow host, whose chunks the GPU takes from the back;
-    `prefetch`: the streamed chunks' states copied during backward; `between(opt, step)` runs before each step."""
+    has taken `host_waits_for` of them (10 s at most): a slow host, whose chunks the GPU takes from the back."""
     monkeypatch.setenv("ZERO_CORE_HOST_CHUNK_NUMEL", str(CHUNK))
     numel = 5000
     states = TensorStates(numel, torch.device("cpu"))
     states.master.copy_(torch.randn(numel, generator=torch.Generator().manual_seed(3)))
     opt = HostAdamW(states, comm_dtype=torch.bfloat16, clip=clip, overlap_fraction=overlap, stream_fraction=fraction,
-                    hold_grads=hold, balance=balance, prefetch=prefetch,
+                    hold_grads=hold, balance=balance,
                     groups=[Hyper(0.9, 0.95, 1e-8, 0.1), Hyper(0.8, 0.99, 1e-6, 0.0)], decoupled=True,
                     lr_at=lambda a: torch.tensor([1e-2, 3e-3]), shard_stats=False, comm_device=torch.device("cpu"),
                     runs=[[(0, 1536, 0), (1536, 2560, 1)], [(2560, 5000, 0)]])
@@ -81,8 +79,6 @@ def _run(fraction: float, overlap: float, clip: float, lazy: bool, monkeypatch, 
             opt.end_pass()
         if grads_seen is not None:
             grads_seen.append(opt.gradient_of(0, numel))
-        if between is not None:
-            between(opt, step)
         out = torch.zeros(numel, dtype=torch.bfloat16)
         opt.step(out, publish=lambda a, b: published.append((a, b)))
         outs.append(out)

@@ -150,7 +150,6 @@ KEYS: list[Key] = [
         "zero_core.offload_stream_fraction",
         "zero_core.offload_stream_hold_grads",
         "zero_core.offload_stream_balance",
-        "zero_core.offload_stream_prefetch",
     ),
     Key("csv_monitor", SUPPORTED, "rank 0 writes engine.monitor's events, and the lr (fp16: also the loss scale) "
         "after every update, to `<output_path>/<job_name>/<tag>.csv`, as DeepSpeed lays them out"),

@@ -112,9 +112,6 @@ class ZeroCoreConfig(Section):
     # two sides meet, so neither waits for the other at the end (optim/chunk_claims.py); the device kernel rounds
     # as the host's, so the result is the same bits whoever updates a chunk
     offload_stream_balance: Bool = True
-    # ... and the first streamed chunks' states copied up during the backward before the step, into memory backward
-    # freed (never above the allocated peak so far), so the update window uploads less (optim/stream_prefetch.py)
-    offload_stream_prefetch: Bool = True
 
 
 

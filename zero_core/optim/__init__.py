@@ -120,8 +120,7 @@ def _host_overlap(cfg: ZeroConfig) -> dict[str, float | bool]:
     (their gradients perhaps held there, the rest shared out as each side is free)."""
     return dict(overlap_fraction=cfg.zero_core.overlap_host_update,
                 stream_fraction=cfg.zero_core.offload_stream_fraction,
-                hold_grads=cfg.zero_core.offload_stream_hold_grads, balance=cfg.zero_core.offload_stream_balance,
-                prefetch=cfg.zero_core.offload_stream_prefetch)
+                hold_grads=cfg.zero_core.offload_stream_hold_grads, balance=cfg.zero_core.offload_stream_balance)
 
 
 def offload_ratio(cfg: ZeroConfig) -> float:

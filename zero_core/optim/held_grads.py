@@ -36,18 +36,13 @@ class HeldGrads:
         self._held: dict[int, torch.Tensor] = {}
         self._filled: dict[int, list[tuple[int, int]]] = {}
         self.ready: torch.cuda.Event | None = None  # the last copy into a held buffer, on the reducing stream
-        self._total, self._allocated, self._itemsize = sum(b - a for a, b in ranges), 0, 2
 
     def begin(self, lazy: bool) -> None:
         self.clear()
         self.active = self.enabled and lazy
 
     def clear(self) -> None:
-        self._held, self._filled, self.ready, self._allocated = {}, {}, None, 0
-
-    def to_come(self) -> int:
-        """Bytes of held buffers this pass has yet to allocate (stream_prefetch.py leaves room for them)."""
-        return (self._total - self._allocated) * self._itemsize if self.active else 0
+        self._held, self._filled, self.ready = {}, {}, None
 
     def take(self, reduced: torch.Tensor, offset: int) -> list[tuple[int, int]]:
         """Hold the streamed parts of the shard [offset, offset + numel); the parts for host staging."""
@@ -66,7 +61,6 @@ class HeldGrads:
             if a not in self._held:
                 self._held[a] = torch.empty(b - a, dtype=reduced.dtype, device=reduced.device)
                 self._filled[a] = []
-                self._allocated, self._itemsize = self._allocated + b - a, reduced.element_size()
             self._held[a][lo - a : hi - a].copy_(reduced[lo - offset : hi - offset])
             self._filled[a].append((lo, hi))
         if reduced.is_cuda:

@@ -36,7 +36,6 @@ from .nvme_states import ALIGN, chunk_numel_from_env
 from .chunk_claims import ChunkClaims, host_chunks
 from .speculative import SpeculativeUpdates, without
 from .states import TensorStates
-from .stream_prefetch import StatePrefetch
 from .streamed_update import InOrder, StreamedUpdate, streamed_chunks
 
 # 4 Mi elements (16 MiB per fp32 state): with 8-16 threads per rank each thread's slice (256-512 Ki elements) is far
@@ -57,11 +56,12 @@ class HostAdamW(PartitionOptimizer):
 
     def __init__(self, states, *, comm_dtype: torch.dtype, breakdown: StepBreakdown | None = None,
                  overlap_fraction: float = 0.0, stream_fraction: float = 0.0, hold_grads: bool = False,
-                 balance: bool = True, prefetch: bool = False, staging: torch.Tensor | None = None, **kw) -> None:
+                 balance: bool = True, staging: torch.Tensor | None = None, **kw) -> None:
         super().__init__(states, **kw)
         if not host_kernels.available():
-            raise ValueError("optimizer offload needs torch's fused CPU Adam (torch._fused_adamw_, torch >= 2.4); "
-                             "upgrade torch")
+            raise ValueError(
+                "optimizer offload needs torch's fused CPU Adam (torch._fused_adamw_, torch >= 2.4); upgrade torch"
+            )
         self.chunk = chunk_numel_from_env(HOST_CHUNK_NUMEL, "ZERO_CORE_HOST_CHUNK_NUMEL")
         assert self.chunk % ALIGN == 0
         n = states.numel
@@ -79,21 +79,20 @@ class HostAdamW(PartitionOptimizer):
         # updates started during backward (speculative.py); states on NVMe are streamed, never updated in place
         budget = int(overlap_fraction * n) if isinstance(states, TensorStates) else 0
         self.speculative = SpeculativeUpdates(states, budget)
-        # speculating in this pass; the last applied step's clipping engaged (the next guess would fail too)
-        self._speculating = self._last_clipped = False
+        self._speculating = False
+        self._last_clipped = False  # the last applied step's clipping engaged: the next guess would fail too
         self.backward_end = BackwardEnd(self.comm_device)
         self.counts: Callable[[], torch.Tensor] = lambda: self.applied  # the updates applied so far (a composite's)
         self.run_update: Callable[[Callable[[], None]], None] = lambda update: update()  # here, by default
+        self._spec_hyper: list[dict] | None = None
         # chunks updated on the GPU, their states streamed (streamed_update.py); never speculated. A streamed chunk
         # is a whole number of host chunks (ZERO_CORE_STREAM_CHUNK_NUMEL, rounded up to one: tuning)
         step = -(-chunk_numel_from_env(self.chunk, "ZERO_CORE_STREAM_CHUNK_NUMEL") // self.chunk) * self.chunk
         ranges = streamed_chunks(n, stream_fraction, step) if isinstance(states, TensorStates) else []
-        self.streamed = StreamedUpdate(ranges, self.comm_device, balance, prefetch) if ranges else None
+        self.streamed = StreamedUpdate(ranges, self.comm_device, balance) if ranges else None
         self.streamed_ranges = ranges
         self._streamed_starts = {c for a, b in ranges for c in range(a, b, self.chunk)}  # host chunks it takes
         self.held = HeldGrads(ranges, hold_grads)  # their gradients kept on the device from backward to the update
-        # ... and their states copied up during backward (stream_prefetch.py; nothing streamed: nothing to fetch)
-        self.prefetch = self.streamed.prefetch if self.streamed else StatePrefetch([], self.comm_device, None, False)
         self.balance, self.taken_by_device = balance, []  # GPU takes the host's last chunks: which (chunk_claims.py)
         self._coef = 1.0
 
@@ -105,12 +104,12 @@ class HostAdamW(PartitionOptimizer):
         self.lazy = final and not accumulate
         self._lazy_scale = float(scale[0])
         self.held.begin(self.lazy)
-        self.prefetch.begin(final, self.streamed is not None and self.streamed.ready)
         self._norms.begin(self._lazy_scale)
         # a host schedule (lr_at None) writes the lr only at the step: nothing can start before it. After a
         # clipped step the norm is most likely above the threshold again, and an update started as unclipped
         # would only be undone and redone (its cost twice over): the host update then waits for the step.
         self._speculating = final and self.speculative.budget > 0 and self.lr_at is not None and not self._last_clipped
+        self._spec_hyper = None
         self.backward_end.reset()
         if self._speculating:
             self.speculative.begin()
@@ -125,7 +124,6 @@ class HostAdamW(PartitionOptimizer):
         start = self.breakdown.event()
         for lo, hi in self.held.take(reduced, offset):  # the streamed chunks' parts may stay on the device
             self.staging[lo:hi].copy_(reduced[lo - offset : hi - offset], non_blocking=True)
-        self.prefetch.more(self.states, self.held.to_come())  # streamed chunks' states, as backward frees memory
         landed = None
         if reduced.is_cuda:
             landed = torch.cuda.Event(enable_timing=self.breakdown.cuda)
@@ -154,14 +152,13 @@ class HostAdamW(PartitionOptimizer):
 
     def _speculative_adam(self, lo: int, hi: int) -> None:
         """AdamW over [lo, hi) as the step would apply it unclipped (on the folding thread)."""
-        spec = self.speculative
-        if spec.hyper is None:
+        if self._spec_hyper is None:
             applied = self.counts()
             lr = self.lr_at(applied)  # this step's lr: the schedule at the updates applied so far
-            spec.step = (applied + 1).cpu()  # the step count the update will have
-            spec.hyper = self._hyper(lr.cpu())
+            self._spec_step = (applied + 1).cpu()  # the step count the update will have
+            self._spec_hyper = self._hyper(lr.cpu())
         v = {n: getattr(self.states, n) for n in ("master", "exp_avg", "exp_avg_sq")}
-        self._adam_pieces(v, 0, self._runs_between(lo, hi), spec.hyper, spec.step)
+        self._adam_pieces(v, 0, self._runs_between(lo, hi), self._spec_hyper, self._spec_step)
 
     def end_pass(self) -> None:
         self.backward_end.mark()  # jobs still queued once it has run fold only: nothing hides their updates
@@ -239,15 +236,19 @@ class HostAdamW(PartitionOptimizer):
         hyper = None if skip else self._hyper(self.lr)
         # what backward already updated for good: unclipped, and at this step's values (a training loop may set them
         # between backward and step)
-        keep = hyper is not None and c == 1.0 and self.speculative.used(hyper)
+        keep = hyper is not None and c == 1.0 and self._speculated_at(hyper)
         done = self.speculative.settle(keep=keep)
         if hyper is None:
             self.held.clear()
-            self.prefetch.drop()
             return  # skipped: nothing changes, nothing to send (and says nothing of the next norm)
         self._last_clipped, self._coef = c < 1.0, c
         assert out is None or isinstance(out, torch.Tensor), "the host update writes one flat 16-bit partition"
         self.run_update(lambda: self._chunks(out, publish, done, hyper))
+
+    def _speculated_at(self, hyper: list[dict]) -> bool:
+        """Whether this pass's speculated updates (if any) used `hyper`'s values (a loop may write its groups')."""
+        values = lambda hs: [[h[k] for k in ("lr", "beta1", "beta2", "eps", "weight_decay")] for h in hs]  # noqa: E731
+        return self._spec_hyper is None or values(self._spec_hyper) == values(hyper)
 
     def _chunks(self, out: Output, publish: Publish | None, done: list[tuple[int, int]], hyper: list[dict]) -> None:
         """The chunked update, in partition order (on the training thread, or the stage's update thread)."""
@@ -280,7 +281,6 @@ class HostAdamW(PartitionOptimizer):
     def undo_speculation(self) -> None:
         self._folder.wait()  # a shard still being updated (end_pass has normally waited already)
         self.speculative.settle(keep=False)
-        self.prefetch.drop()  # the states may be replaced before the step: the step uploads them then
 
     def run_host_update_with(self, launch: Callable[[Callable[[], None]], None]) -> bool:
         """Let the stage run the chunked update (e.g. on its own thread, stages/host_step_overlap.py)."""

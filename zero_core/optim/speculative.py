@@ -64,8 +64,6 @@ class SpeculativeUpdates:
         self._backup: dict[str, torch.Tensor] = {}
         self.ranges: list[tuple[int, int, int]] = []  # (lo, hi, position in the backup)
         self._used = self._reserved = 0
-        self.hyper: list[dict] | None = None  # the fused kernel's arguments the speculated updates used
-        self.step: torch.Tensor | None = None  # ... and their step count
 
     def begin(self) -> None:
         """A new final pass: nothing speculated yet (the last step settled what was)."""
@@ -112,15 +110,10 @@ class SpeculativeUpdates:
             self._used += end - lo
             self.ranges.append((lo, end, pos))
 
-    def used(self, hyper: list[dict]) -> bool:
-        """Whether this pass's speculated updates (if any) used `hyper`'s values (a loop may write its groups')."""
-        values = lambda hs: [[h[k] for k in ("lr", "beta1", "beta2", "eps", "weight_decay")] for h in hs]  # noqa: E731
-        return self.hyper is None or values(self.hyper) == values(hyper)
-
     def settle(self, keep: bool) -> list[Range]:
         """The step's verdict: `keep` the speculated updates (returned, so the step skips them) or put the
         states back as they were (the step then redoes or skips everything)."""
-        ranges, self.ranges, self.hyper = self.ranges, [], None
+        ranges, self.ranges = self.ranges, []
         if keep:
             return [(lo, hi) for lo, hi, _ in ranges]
         for lo, hi, pos in ranges:

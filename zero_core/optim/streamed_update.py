@@ -38,7 +38,6 @@ from ..pinned import lock_all, unlock
 from .chunk_claims import ChunkClaims
 from .nvme_states import ALIGN
 from .states import NAMES
-from .stream_prefetch import StatePrefetch
 
 SLOTS = 3  # up, update and down in flight at once
 Publish = Callable[[int, int], None]
@@ -77,8 +76,7 @@ class InOrder:
 class StreamedUpdate:
     """AdamW over some chunks of the host share (`ranges`, in partition order) on `device`."""
 
-    def __init__(self, ranges: list[tuple[int, int]], device: torch.device, takes_host_chunks: bool = False,
-                 prefetch: bool = False) -> None:
+    def __init__(self, ranges: list[tuple[int, int]], device: torch.device, takes_host_chunks: bool = False) -> None:
         self.ranges, self.device = ranges, device
         self.takes_host_chunks = takes_host_chunks  # may be given `claims` (then it locks the whole partition)
         self.chunk = max(b - a for a, b in ranges)
@@ -86,12 +84,6 @@ class StreamedUpdate:
         self._slots: list[dict[str, torch.Tensor]] | None = None  # allocated at the first step
         self._pinned: list[torch.Tensor] = []
         self.streams = [torch.cuda.Stream(device) for _ in range(3)] if self.cuda else [None] * 3
-        self.prefetch = StatePrefetch(ranges, device, self.streams[0], prefetch)  # states fetched in backward
-
-    @property
-    def ready(self) -> bool:
-        """Whether states can be copied asynchronously (on CUDA: page-locked by the first update)."""
-        return not self.cuda or bool(self._pinned)
 
     def _buffers(self, grad_dtype: torch.dtype, out_dtype: torch.dtype | None) -> list[dict[str, torch.Tensor]]:
         if self._slots is None:
@@ -190,12 +182,10 @@ class Running:
         up, work, down = self.owner.streams
         m = b - a
         src, scale = grad(a, b)
-        fetched = self.owner.prefetch.take(a)  # its states, if copied up during backward (stream_prefetch.py)
-        st = s if fetched is None else fetched
         with torch.cuda.stream(up):
             if freed is not None:
                 up.wait_event(freed)
-            for n in NAMES if fetched is None else ():
+            for n in NAMES:
                 s[n][:m].copy_(getattr(states, n)[a:b], non_blocking=True)
             if on_device is None:  # the fp32 gradient, or the 16-bit one rebuilt below
                 s["grad" if scale is None else "grad16"][:m].copy_(src, non_blocking=True)
@@ -205,12 +195,11 @@ class Running:
             if scale is not None:  # the host's lazy gradient, rebuilt the same way (kernels/cpu.scaled_copy)
                 s["grad"][:m].copy_(s["grad16"][:m] if on_device is None else on_device)
                 s["grad"][:m].mul_(scale)
-            for t in ([] if on_device is None else [on_device]) + list((fetched or {}).values()):
-                if work is not None:
-                    t.record_stream(work)  # its memory is not reused before this stream has read it
+            if on_device is not None and work is not None:
+                on_device.record_stream(work)  # its memory is not reused before this stream has read it
             for lo, hi, g in pieces(a, b):
                 h, sl = hyper[g], slice(lo - a, hi - a)
-                adamw_step(st["master"][sl], s["grad"][sl], st["exp_avg"][sl], st["exp_avg_sq"][sl],
+                adamw_step(s["master"][sl], s["grad"][sl], s["exp_avg"][sl], s["exp_avg_sq"][sl],
                            s["out"][sl] if out is not None else None, lr=args["lrs"][g : g + 1],
                            step=args["step"], coef=args["coef"], skip=args["skip"], beta1=h["beta1"],
                            beta2=h["beta2"], eps=h["eps"], weight_decay=h["weight_decay"],
@@ -219,9 +208,7 @@ class Running:
             down.wait_stream(work)
         with torch.cuda.stream(down):
             for n in NAMES:
-                getattr(states, n)[a:b].copy_(st[n][:m], non_blocking=True)
-                if fetched is not None and down is not None:
-                    fetched[n].record_stream(down)
+                getattr(states, n)[a:b].copy_(s[n][:m], non_blocking=True)
             if out is not None:
                 out[a:b].copy_(s["out"][:m], non_blocking=True)
             # blocking: a thread that waits for it (the claims above) sleeps instead of spinning on a core
