@@ -35,6 +35,7 @@ from .accelerate_schedules import ScriptSteps
 from .handles import EngineOptimizer, EngineSchedule, hidden_size
 from .transformers_best_model import load_best, refuse_best_without_states
 from .transformers_metric_schedules import held_by_engine
+from .transformers_processes import refuse_unsplit_launch
 
 _BATCH_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
@@ -119,6 +120,7 @@ class ZeroTrainer(transformers.Trainer):
         if resume_from_checkpoint is not None and nothing_to_resume(resume_from_checkpoint):
             # the engine would start from the current weights while Trainer's state skips the saved steps
             raise ValueError(_not_resumable(os.fspath(resume_from_checkpoint)))
+        refuse_unsplit_launch(self.args)
         raw = self.zero_config_source
         raw = dict(config_data(raw))
         for key in _BATCH_KEYS:  # a config without batch sizes takes Trainer's, as Accelerate fills them
