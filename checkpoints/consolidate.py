@@ -30,7 +30,7 @@ from typing import Callable, Iterable, Iterator
 import torch
 
 from .output_claim import claimed_output
-from .read_guard import FolderWatch
+from .read_guard import MIXED, FolderWatch
 from .safetensors_stream import StreamingWriter
 from .source import CheckpointError, CheckpointSource, ParamInfo
 
@@ -146,8 +146,6 @@ def write_consolidated(
             raise
     return files
 
-
-MIXED = "the output could mix two checkpoints; nothing was written: convert again"
 
 
 def _unless_replaced(watch: FolderWatch, check: Callable[[], list[str]] | None) -> Callable[[], list[str]]:

@@ -14,6 +14,8 @@ from typing import Any
 from .source import CheckpointError
 from .zbench_format import folder_identity
 
+MIXED = "the output could mix two checkpoints; nothing was written: convert again"  # a convert's consequence
+
 
 class FolderWatch:
     """The identity (device, inode) of the source's folder when it was opened, to compare with the folder now."""

@@ -19,6 +19,7 @@ from . import zbench_format as fmt
 from .layout import build_layout
 from .output_claim import claimed_output
 from .paths import inside
+from .read_guard import MIXED, FolderWatch
 from .safetensors_stream import StreamingWriter
 from .source import CheckpointError
 from .zbench_source import FragmentReader, ZbenchSource
@@ -61,10 +62,16 @@ def reshard_to_zbench(source: object, out: str | Path, world_size: int, protect:
         [(p["name"], p["shape"]) for p in trainable], new_world, group_bounds=bounds, align=m["layout"]["align"]
     )
     tag = m["tag"]
+    watch = FolderWatch(source)  # a save of the same tag may rename a new folder in while this reads
     with claimed_output(out, protect) as root:  # a full disk or a refused write leaves nothing behind
         staged = fmt.staging_dir(root, tag, fmt.new_token())
         staged.mkdir()
-        _write(source, layout, world_size, new_world, staged, root, tag)
+        try:
+            _write(source, layout, world_size, new_world, staged, root, tag)
+        except (CheckpointError, OSError):  # a file of the replaced folder may be gone: say so, not "damaged"
+            watch.check(MIXED)
+            raise
+        watch.check(MIXED)  # before the output is published: its pieces may come from two checkpoints
     return out / tag
 
 

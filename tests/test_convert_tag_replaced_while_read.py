@@ -49,3 +49,26 @@ def test_a_tag_saved_again_mid_convert_publishes_nothing(tmp_path, verify):
     assert len(loads) > 1 and "blocks.0.ln1.bias" in loads  # the frozen tensor was read after the save
     for engine in (first, second):
         engine.close()
+
+
+def test_a_tag_saved_again_mid_reshard_publishes_nothing(tmp_path, monkeypatch):
+    """`--to zbench`: the manifest read from the first save, the rank files from the second, would publish a
+    checkpoint whose step and tensors disagree."""
+    import checkpoints.reshard as reshard
+
+    first, second = _engine(0.25), _engine(0.75)
+    first.save_checkpoint(tmp_path / "ckpt", tag="best")
+    source = ZbenchSource(tmp_path / "ckpt")  # its manifest is read here
+    real_write = reshard._write
+
+    def resave_then_write(*args):
+        second.save_checkpoint(tmp_path / "ckpt", tag="best")  # another process saves the tag once it is open
+        return real_write(*args)
+
+    monkeypatch.setattr(reshard, "_write", resave_then_write)
+    out = tmp_path / "out"
+    with pytest.raises(CheckpointError, match="was replaced or removed while it was read .* convert again"):
+        reshard.reshard_to_zbench(source, out, 2)
+    assert not os.path.lexists(out)
+    for engine in (first, second):
+        engine.close()
