@@ -13,6 +13,7 @@ what the same process did not create (parents included, which are only rmdir'ed,
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -117,6 +118,9 @@ def claimed_output(
         yield staging
         _commit(out, staging, name)
     except BaseException:
+        with contextlib.suppress(OSError):  # it may have OUT's bits by now (_keep_attributes): 0o555 bars deleting
+            if not os.path.islink(staging):
+                os.chmod(staging, stat.S_IRWXU)
         shutil.rmtree(staging, ignore_errors=True)  # ours: made by the exclusive mkdir above
         _remove_if_empty(made)
         raise

@@ -1,4 +1,5 @@
-"""What one rank's save writes, file by file, and the reusable host buffers an async save copies it into.
+"""What one rank's save writes, file by file, and the reusable host buffers an async save copies it into; which
+files of a checkpoint folder no save wrote (a re-save of its tag and keep_last leave such a folder alone).
 
 A synchronous save writes straight from the live tensors (training waits anyway). An async save first
 copies every tensor it will write into host buffers kept across saves (pinned on CUDA, copied on a side
@@ -12,12 +13,18 @@ Pinning gigabytes of host memory takes seconds (8.58 GiB: 7.8 s on an H100 host)
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import threading
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from checkpoints import manifest as mf
+from checkpoints.paths import one_line
+from checkpoints.tag_folder import TagNotReplaceable
 
 from . import worker_threads
 from .optim.client_optimizer import ClientOptimizer
@@ -101,6 +108,48 @@ class HostBuffers:
             for n in names:
                 out[n][lo:hi].copy_(views[n])
         return out
+
+
+_SAVES_OWN = re.compile(r"manifest\.json|manifest\.sha256|frozen\.safetensors|rank_\d{5,}\.safetensors")
+
+
+def foreign_entries(folder: Path) -> list[str]:
+    """Names in a checkpoint folder that no save wrote (someone's notes, an eval folder): a re-save of its tag or
+    keep_last would delete them with the folder. A save's own: the files its manifest lists and the names a save gives
+    its files (all a save leaves, should the manifest not read)."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    try:
+        files = json.loads((folder / mf.MANIFEST).read_text(encoding="utf-8"))["files"]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        files = {}
+    listed = set(files) if isinstance(files, dict) else set()
+    return sorted(n for n in names if n not in listed and not _SAVES_OWN.fullmatch(n))
+
+
+def keeps_others_files(root: Path, tag: str) -> None:
+    """TagNotReplaceable if ROOT/<tag> holds files no save wrote: a re-save replaces the folder, deleting them."""
+    extra = foreign_entries(root / tag) if (root / tag).is_dir() and not (root / tag).is_symlink() else []
+    if extra:
+        raise TagNotReplaceable(f"{one_line(str(root / tag))} holds {_names(extra)}, which no save wrote",
+                                "a re-save replaces the whole folder: move them out of it or pass another tag")
+
+
+def unprunable(root: Path, keep_last: int, saved: list[tuple[str, tuple[int, int] | None]]) -> list[str]:
+    """Take out of `saved` (all keep_last may delete) those it would delete that hold files no save wrote."""
+    notes = []
+    for entry in saved[: max(0, len(saved) - keep_last)]:
+        if extra := foreign_entries(root / entry[0]):
+            saved.remove(entry)
+            notes.append(f"the older checkpoint {entry[0]} was not pruned (keep_last): it holds {_names(extra)}, which "
+                         "no save wrote; delete it once they are moved out")
+    return notes
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(one_line(n) for n in names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 def frozen_tensors(engine: "Engine", entries: list[dict[str, Any]]) -> dict[str, torch.Tensor]:

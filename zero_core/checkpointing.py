@@ -37,7 +37,8 @@ from .checkpoint_async import Staging, leaves_no_staging, saver_of
 from .client_state_codec import ENCODING, ENCODING_KEY
 from .client_state_codec import encode as encode_client_state
 from .checkpoint_load import load, param_entries  # noqa: F401  (load is re-exported for the engine)
-from .checkpoint_snapshot import NvmeStates, buffer_names, contents, without_frozen_parameters
+from .checkpoint_snapshot import NvmeStates, buffer_names, contents, keeps_others_files, unprunable
+from .checkpoint_snapshot import without_frozen_parameters
 from .group_values_record import group_values_record
 from .optim.client_optimizer import ClientOptimizer
 from .optim.facade import EngineScheduler
@@ -75,8 +76,7 @@ def save_failed(root: Path, tag: str, problem: tuple[str, str]) -> CheckpointErr
 
 
 def _write_synced(tensors: dict[str, torch.Tensor], path: Path) -> dict[str, Any]:
-    """One file of whole tensors, hashed while written, fsynced; its manifest record. Tensors on a GPU are
-    streamed to the file a buffer at a time (never copied to the host whole)."""
+    """One file of whole tensors, hashed while written, fsynced (from a GPU a buffer at a time); its record."""
     return write_tensors(path, {k: v.detach() for k, v in tensors.items()})
 
 
@@ -112,6 +112,7 @@ def _prepare(root: Path, tag: str) -> tuple[Path, list[Path]]:
     also the staging folders that dead saves left (reported, never removed: they are not ours)."""
     root.mkdir(parents=True, exist_ok=True)
     check_replaceable(root, tag)  # before anything moves: a link or file named like the tag is left alone
+    keeps_others_files(root, tag)
     fmt.recover(root)
     markers.sweep(root)  # this process's abandoned async saves, once no rank writes there any more
     staged = fmt.staging_dir(root, tag, fmt.new_token())
@@ -152,6 +153,7 @@ def publish(
     engine's committed checkpoints, oldest first: the only ones keep_last may delete. Once committed, the save
     stands: what its clean-up could not delete is printed, not raised, and every rank hears of success."""
     try:
+        keeps_others_files(root, tag)  # again: a user may have put files there while this save wrote
         mf.write(staged, manifest)
         note = fmt.commit(root, tag, staged, move_latest)
     except OSError as e:
@@ -161,7 +163,8 @@ def publish(
         what, fix = _cause(e)
         return (f"rank 0 could not write the manifest or commit {tag} ({what})", fix)
     saved[:] = [s for s in saved if s[0] != tag] + [(tag, fmt.folder_identity(root / tag))]
-    notes = ([note] if note else []) + (fmt.prune(root, keep_last, saved) if keep_last else [])
+    notes = ([note] if note else []) + (unprunable(root, keep_last, saved) + fmt.prune(root, keep_last, saved)
+                                        if keep_last else [])
     script_note = recovery_script.place(root) if script else None  # zero_to_fp32.py, as DeepSpeed's save leaves
     notes += [script_note] if script_note else []
     for note in notes:
@@ -235,14 +238,8 @@ def save(
     return root / tag
 
 
-def _manifest(
-    engine: "Engine",
-    tag: str,
-    entries: list[dict[str, Any]],
-    files: dict[str, Any],
-    rng: dict[str, Any],
-    client_state: dict[str, Any],
-) -> dict[str, Any]:
+def _manifest(engine: "Engine", tag: str, entries: list[dict[str, Any]], files: dict[str, Any], rng: dict[str, Any],
+              client_state: dict[str, Any]) -> dict[str, Any]:
     c, opt = engine.config, engine.optimizer
     return {
         "format": mf.FORMAT,
