@@ -91,7 +91,7 @@ def test_num_gpus_starts_that_many_ranks_each_given_its_local_rank(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     got = [json.loads((tmp_path / f"r.{rank}").read_text()) for rank in (0, 1)]
     assert [g["world"] for g in got] == [2, 2]
-    assert [g["argv"] for g in got] == [["--out", "r", "--local_rank=0"], ["--out", "r", "--local_rank=1"]]
+    assert [g["argv"] for g in got] == [["--local_rank=0", "--out", "r"], ["--local_rank=1", "--out", "r"]]
     assert got[0]["module"] == "zero_core.deepspeed"  # `import deepspeed` answered by the shim in each rank
 
 

@@ -156,7 +156,9 @@ KEYS: list[Key] = [
     Key("tensorboard", SUPPORTED, "rank 0 writes the same scalars to `<output_path>/<job_name>` with torch's "
         "SummaryWriter (needs the tensorboard package)"),
     *(Key(section, IGNORED, _SERVICES) for section in ("wandb", "comet")),
-    *(Key(section, IGNORED, _LOGGING) for section in ("flops_profiler", "comms_logger")),
+    Key("flops_profiler", IGNORED, "turns wall_clock_breakdown on, as DeepSpeed's config does; no profile is printed "
+        "and no output_file written"),
+    Key("comms_logger", IGNORED, _LOGGING),
     *ds.SECTIONS,
     # DeepSpeed keys that the models lack on purpose: refused whenever present, with the fix
     Key("amp", REFUSED, "use 'fp16' or 'bf16' instead"),

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import torch
 
 from . import comm
-from .engine_config_getters import ConfigGetters
+from .engine_config_getters import ConfigGetters, wall_clock_on
 from .engine_dataloader import EngineDataLoader
 from .engine_exports import WeightExports
 from .engine_queries import global_grad_norm
@@ -86,7 +86,7 @@ class DeepSpeedEngineAPI(WeightExports, TorchStyleBackward, EngineDataLoader, Co
         return self.config.steps_per_print
 
     def wall_clock_breakdown(self) -> bool:
-        return bool(self.config.wall_clock_breakdown)
+        return wall_clock_on(self.config)  # also on with flops_profiler, as DeepSpeed's
 
     def get_batch_info(self) -> tuple[int, int, int]:
         """(train batch size, micro batch per GPU, accumulation steps), as DeepSpeed returns them."""
@@ -185,7 +185,7 @@ class DeepSpeedEngineAPI(WeightExports, TorchStyleBackward, EngineDataLoader, Co
     def save_checkpoint(self, save_dir: str | os.PathLike, tag: str | None = None,
                         client_state: dict[str, Any] | None = None, save_latest: bool = True,
                         keep_last: int | None = None, async_save: bool | None = None,
-                        exclude_frozen_parameters: bool = False) -> Path:
+                        exclude_frozen_parameters: bool = False) -> Path | bool:
         """Collective: every rank writes its own partition; committed atomically; `latest` moves last
         (unless `save_latest=False`). `client_state` (plain data, Namespaces, tensors, numpy values, tuples:
         client_state_codec.py) comes back from `load_checkpoint` with its types. `keep_last=k` deletes this
@@ -193,15 +193,17 @@ class DeepSpeedEngineAPI(WeightExports, TorchStyleBackward, EngineDataLoader, Co
         `async_save` (default: the config's zero_core.async_checkpoint): return once the state is copied to
         host buffers; the write and commit go on in the background (`wait_for_checkpoint()`).
         `exclude_frozen_parameters=True` leaves the frozen parameters out, as DeepSpeed's (a LoRA run's base
-        weights): a load keeps the model's own values for them."""
+        weights): a load keeps the model's own values for them. Returns the checkpoint's folder; True on engines
+        of `deepspeed.initialize`, as DeepSpeed's."""
         from .checkpointing import save
 
         tag = None if tag is None else str(tag)  # as DeepSpeed: save_checkpoint(dir, tag=epoch)
         settled(self)  # the states as of the last step
         if async_save is None:
             async_save = self.config.zero_core.async_checkpoint
-        return save(self, save_dir, tag, client_state, keep_last, move_latest=save_latest, async_save=bool(async_save),
-                    exclude_frozen=exclude_frozen_parameters)
+        folder = save(self, save_dir, tag, client_state, keep_last, move_latest=save_latest,
+                      async_save=bool(async_save), exclude_frozen=exclude_frozen_parameters)
+        return True if self.deepspeed_checkpoints else folder  # DeepSpeed's save_checkpoint returns True
 
     def wait_for_checkpoint(self) -> Path | None:
         """Collective: wait for the async save in flight to be committed; its folder (None if there was none).

@@ -16,6 +16,12 @@ def _enabled(section: Any) -> bool:
     return bool(section.get("enabled", False)) if isinstance(section, dict) else False
 
 
+def wall_clock_on(config: Any) -> bool:
+    """DeepSpeed's wall_clock_breakdown: the config's flag, or its flops_profiler section enabled (DeepSpeed's config
+    turns the timers on for its profiler, so its engine times, prints and monitors the phases then too)."""
+    return bool(config.wall_clock_breakdown) or _enabled(config.flops_profiler)
+
+
 class ConfigGetters:
     """Mixed into the engine."""
 

@@ -10,6 +10,7 @@ import torch
 
 from .config_models import TORCH_DTYPES
 from .config_optimizer_types import reported_name
+from .engine_config_getters import wall_clock_on
 
 _DTYPE_NAMES = {"fp32", "fp16", "bf16"}
 
@@ -46,7 +47,7 @@ def _getter(name: str) -> Callable[[Any], Any]:
 
 
 _PLAIN = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "steps_per_print",
-          "dump_state", "wall_clock_breakdown", "memory_breakdown", "prescale_gradients", "gradient_predivide_factor",
+          "dump_state", "memory_breakdown", "prescale_gradients", "gradient_predivide_factor",
           "gradient_clipping", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "disable_allgather",
           "disable_python_gc", "managed_gradient_accumulation", "dataloader_drop_last", "log_level",
           "gradient_allreduce_op")
@@ -54,6 +55,7 @@ _PLAIN = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumu
 READERS: dict[str, Callable[[Any], Any]] = {
     **{key: _plain(key) for key in _PLAIN},
     "communication_data_type": _comm_dtype,
+    "wall_clock_breakdown": lambda e: wall_clock_on(e.config),
     "grad_accum_dtype": lambda e: e.config.data_types.grad_accum_dtype if e.config.data_types else None,
     "zero_config": lambda e: e.config.zero_optimization,
     "zero_optimization_stage": lambda e: e.config.stage,

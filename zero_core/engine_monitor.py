@@ -8,7 +8,9 @@ dropped, and said so once.
 
 The engine's own events, as DeepSpeed's engine writes them after every accumulation boundary's step (not only at
 steps_per_print), x-axis the samples trained so far: `Train/Samples/lr` (the first group's lr for the next
-update) and, under fp16, `Train/Samples/loss_scale` (`write_update_events`).
+update) and, under fp16, `Train/Samples/loss_scale` (`write_update_events`); with `wall_clock_breakdown` on, also
+the window's phase times, `Train/Samples/elapsed_time_ms_forward`, `_backward`,
+`_backward_inner`, `_backward_allreduce` and `_step` (`write_phase_events`).
 """
 
 from __future__ import annotations
@@ -162,3 +164,19 @@ def write_update_events(engine: Any) -> None:
     if engine.fp16_enabled():
         events.append(("Train/Samples/loss_scale", float(engine.scaler.scale.item()), samples))
     monitor.write_events(events)
+
+
+# engine_wall_clock's phases and the names DeepSpeed's engine gives their events, in the order it writes them
+PHASE_EVENTS = {"fwd": "forward", "bwd": "backward", "bwd_inner": "backward_inner",
+                "bwd_allreduce": "backward_allreduce", "step": "step"}
+
+
+def write_phase_events(engine: Any, ms: dict[str, float]) -> None:
+    """After a boundary's step, with wall_clock_breakdown on: the accumulation window's milliseconds per phase (0.0
+    for a phase not timed yet), on rank 0, as DeepSpeed's engine writes them."""
+    monitor = engine.monitor
+    if not monitor.writers:
+        return
+    samples = engine.global_samples
+    monitor.write_events([(f"Train/Samples/elapsed_time_ms_{tag}", float(ms.get(phase, 0.0)), samples)
+                          for phase, tag in PHASE_EVENTS.items()])

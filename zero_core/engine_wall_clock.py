@@ -16,11 +16,16 @@ stages 1-2 sends the updated weights to every rank and ends with the step (at st
 they run, and the update's hand-over is counted in optimizer_step). DeepSpeed's optimizer_gradients, a separate
 pass over the gradients before its update, has no counterpart: zero_core does that work inside optimizer_step.
 A phase that never ran yet (a step before any forward) is left out, as DeepSpeed leaves out timers never started.
+With a monitor on, each update's window sums also go to it as DeepSpeed's `Train/Samples/elapsed_time_ms_*` events
+(engine_monitor.py). An enabled `flops_profiler` section turns all this on too, as DeepSpeed's config does.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, TypeVar
+
+from .engine_monitor import write_phase_events
 
 PHASES = ("fwd", "bwd", "bwd_inner", "bwd_allreduce", "step")
 MICRO = tuple(f"{p}_microstep" for p in PHASES)
@@ -39,9 +44,10 @@ class WallClockBreakdown:
     """The engine's phase timers; every call does nothing when the config's wall_clock_breakdown is off."""
 
     def __init__(self, engine: Any) -> None:
-        self.on = bool(engine.config.wall_clock_breakdown)
+        self.on = engine.wall_clock_breakdown()
         self.timers = engine.timers if self.on else None
         self.stage = engine.stage
+        self.engine = weakref.ref(engine)  # for its monitor; the engine holds this object
 
     def _start(self, *phases: str) -> None:
         for phase in phases:
@@ -115,5 +121,7 @@ class WallClockBreakdown:
         if boundary and self.stage > 0:
             self.timers.log(["optimizer_allgather", "optimizer_step"])
         self.timers.log(MICRO)
-        if boundary:
+        if boundary:  # the window's sums, to the monitor and then printed (which resets them), as DeepSpeed's
+            timers = self.timers.timers
+            write_phase_events(self.engine(), {p: timers[p].elapsed(reset=False) for p in PHASES if p in timers})
             self.timers.log(PHASES)

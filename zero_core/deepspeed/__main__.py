@@ -51,7 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     launched = LOCAL_RANK_ARG in os.environ  # a rank of that launcher, which reports an interrupt itself
     as_module = os.environ.pop(MODULE_ARG, "0") == "1"  # set by that launcher for its ranks
     if os.environ.pop(LOCAL_RANK_ARG, "0") == "1":
-        args = [*args, f"--local_rank={os.environ.get('LOCAL_RANK', '0')}"]
+        # right after the script, before its own arguments, where DeepSpeed's launcher puts it (a script that reads
+        # sys.argv[1] sees it there)
+        args = [args[0], f"--local_rank={os.environ.get('LOCAL_RANK', '0')}", *args[1:]]
     script = Path(args[0])
     if not as_module and not script.is_file():
         print(f"Error: no script at {printable(str(script))}; name the training script to run, then its arguments",

@@ -1,8 +1,8 @@
 """DeepSpeed's launcher options on one node: `python -m zero_core.deepspeed --num_gpus 2 train.py ARGS` starts the
 script on 2 local ranks, as `deepspeed --num_gpus 2 train.py ARGS` does.
 
-Each rank is `python -m zero_core.deepspeed train.py ARGS --local_rank=N` (the argument DeepSpeed's launcher adds,
-unless `--no_local_rank`), started by torch's elastic launcher (what torchrun runs), which also sets the rank
+Each rank is `python -m zero_core.deepspeed train.py --local_rank=N ARGS` (the argument DeepSpeed's launcher adds,
+there, unless `--no_local_rank`), started by torch's elastic launcher (what torchrun runs), which also sets the rank
 variables. `--include` / `--exclude` pick this host's devices (`localhost:0,2`) and become CUDA_VISIBLE_DEVICES,
 as DeepSpeed's do. A launch across nodes (a hostfile, `--num_nodes` above 1, a node rank, ssh or a multi-node
 backend) is refused in one line: run torchrun on each node instead, with `-m zero_core.deepspeed` and the script.
