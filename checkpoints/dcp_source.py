@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from .dcp_chunk_check import chunk_problems, raw_sizes
+from .dcp_chunk_check import chunk_problems, held, raw_sizes
 from .dcp_extensions import check_extensions
 from .dcp_metadata import read_metadata
 from .dtypes import name_of
@@ -151,7 +151,7 @@ class DcpSource:
                 "pass --key with the prefix of the model's entries"
             )
         self._tensors = tensors
-        self._raw = raw_sizes(tensors)
+        self._raw, self._holds = raw_sizes(tensors), held(tensors)
         self._infos = [
             ParamInfo(n, tuple(tensors[k].size), name_of(tensors[k].properties.dtype))
             for n, k in self._keys.items()
@@ -185,7 +185,7 @@ class DcpSource:
             key = keys[0] if len(keys) == 1 else f"{len(keys)} tensors"
             wanted = set(keys)
             items = [(idx, i) for idx, i in self.metadata.storage_data.items() if idx.fqn in wanted]
-            problems = chunk_problems(self._paths, items, self._raw) or [
+            problems = chunk_problems(self._paths, items, self._raw, holds=self._holds) or [
                 f"a file of {', '.join(sorted({i.relative_path for _, i in items}))} is unreadable"
             ]
             lines = [line for line in str(e).splitlines() if line.strip()]
@@ -258,7 +258,8 @@ class DcpSource:
     def verify(self) -> list[str]:
         """Every chunk's bytes present and, for torch.save'd chunks, their zip CRCs intact, and no .distcp file
         holding bytes outside its chunks; one line per bad file."""
-        return chunk_problems(self._paths, list(self.metadata.storage_data.items()), self._raw, every_chunk=True)
+        return chunk_problems(self._paths, list(self.metadata.storage_data.items()), self._raw, every_chunk=True,
+                              holds=self._holds)
 
 
 def _stop_in(e: BaseException) -> BaseException | None:

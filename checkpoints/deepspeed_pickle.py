@@ -28,6 +28,7 @@ import torch
 
 from .pickle_plain_types import PLAIN_TYPES, REFUSABLE
 from .source import CheckpointError
+from .torch_storage_ids import storage_problem
 from .zip_crc import first_bad_record
 
 
@@ -145,6 +146,10 @@ def load_pickle(path: Path, mmap: bool = True, map_location: str = "cpu") -> Any
             f"missing file {path}; the checkpoint is incomplete: copy it again from where it was saved"
         )
     use_mmap = mmap and map_location == "cpu" and zipfile.is_zipfile(path)  # mmap needs the zip format
+    problem = _storages_problem(path)
+    if problem:
+        raise CheckpointError(f"{path} is truncated or corrupt ({problem}); copy the file again from where it was "
+                              "saved")
     try:  # torch's warnings about the file (an old pickle protocol, ...) would break the one-line report
         allowed = [(cls, name) for name, cls in {**STAND_INS, **PLAIN_TYPES}.items()]
         with torch.serialization.safe_globals(allowed), warnings.catch_warnings():
@@ -177,6 +182,15 @@ def load_pickle(path: Path, mmap: bool = True, map_location: str = "cpu") -> Any
         ) from None
     walk(path, loaded)  # refuses a structure that contains itself before anything walks or prints it
     return loaded
+
+
+def _storages_problem(path: Path) -> str | None:
+    """Before torch reads a zip: a storage claiming more bytes than its record (torch would read past it)."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            return storage_problem(zf)
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+        return None  # not a zip (a legacy pickle), or one torch's reader names better
 
 
 REWRITE = "the file is damaged or was not written by DeepSpeed: copy it again from the run that saved it"
@@ -232,8 +246,11 @@ def check_zip_file(path: Path) -> str | None:
         return None if _legacy_pickle_ok(path) else f"{path} is truncated or corrupt (not a readable torch.save file)"
     try:
         bad = first_bad_record(path)
+        storages = None if bad is not None else _storages_problem(path)  # what no CRC tells: sizes in the pickle
     except (zipfile.BadZipFile, OSError, EOFError, ValueError, RuntimeError) as e:
         return f"{path} is truncated or corrupt ({str(e)[:120]})"
+    if storages is not None:
+        return f"{path} is corrupt ({storages})"
     return None if bad is None else f"{path} is corrupt: record {bad} fails its CRC check"
 
 

@@ -22,6 +22,10 @@ from .source import CheckpointError, ParamInfo, SourceSummary, step_count
 from .torch_file_reader import TorchFileReader
 
 
+_NO_STATES = ("{} has no model-states files beside zero/ (ds_to_universal.py copies them there, with the frozen "
+              "parameters, buffers and ties)")
+
+
 def is_universal_folder(folder: Path) -> bool:
     """A universal checkpoint has a `zero/` folder of per-parameter folders with `fp32.pt`."""
     return (folder / "zero").is_dir() and any((folder / "zero").glob("*/fp32.pt"))
@@ -76,6 +80,9 @@ class UniversalSource:
         return list(self._infos)
 
     def load(self, name: str) -> torch.Tensor:
+        if self.model is None:  # its frozen parameters, buffers and ties would be missing without a word
+            raise CheckpointError(f"{_NO_STATES.format(self.folder)}; copy them from the checkpoint it was converted "
+                                  "from")
         """The full tensor `name` on the CPU (fp32 for floating tensors)."""
         info = self._by_name[name]
         if info.tied_to:
@@ -138,8 +145,8 @@ class UniversalSource:
         )
 
     def verify(self) -> list[str]:
-        """CRC-check every .pt file of the folder (torch.save's zip records carry CRCs)."""
-        return check_zip_files(list(self._pt_files))
+        """CRC-check every .pt file of the folder (torch.save's zip records carry CRCs); model-states files there."""
+        return ([] if self.model else [_NO_STATES.format(self.folder)]) + check_zip_files(list(self._pt_files))
 
     def read_problems(self) -> list[str]:
         """CRC failures in the records read so far (checked as they were read), their unread ends finished."""

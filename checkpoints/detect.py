@@ -19,7 +19,9 @@ file and the tag folder must be plain names inside SRC and, unless `follow_symli
 from __future__ import annotations
 
 import errno
+import itertools
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -129,6 +131,26 @@ def locate(path: str | os.PathLike, tag: str | None = None) -> tuple[Path, str] 
         return _resolve(Path(path), tag, None, False)
     except (CheckpointError, OSError):
         return None
+
+
+_LOOKED_AT = 4096  # entries of a folder looked into for checkpoint folders
+
+
+def holds_checkpoint_folder(root: Path) -> bool:
+    """Whether a (non-hidden) folder in `root` is a checkpoint of a kind detected here: a tag folder whose
+    `latest` is gone."""
+    folders = (p for p in itertools.islice(root.iterdir(), _LOOKED_AT) if not p.name.startswith("."))
+    return any(p.is_dir() and not p.is_symlink() and locate(p, None) is not None for p in folders)
+
+
+def lost_dcp_metadata(root: Path) -> bool:
+    """DCP chunk files with no `.metadata` file beside them (none, or a folder, FIFO or link there): a damaged DCP
+    save, not an empty folder."""
+    try:
+        regular = stat.S_ISREG(os.lstat(root / ".metadata").st_mode)
+    except OSError:
+        regular = False
+    return not regular and any(itertools.islice(root.glob("*.distcp"), 1))
 
 
 # the model's folder inside a save that also holds optimizer and RNG files: HF Trainer / Accelerate FSDP

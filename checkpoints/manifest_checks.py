@@ -70,8 +70,8 @@ def structure_problem(m: dict[str, Any]) -> str | None:
         or _excluded_problem(m)
         or _layout_problem(m)
         or _fragments_problem(m)
+        or state_problem(m)  # before the files: their expected sizes count optimizer.state_keys
         or _files_problem(m)
-        or state_problem(m)
     )
 
 

@@ -25,8 +25,8 @@ def state_problem(m: dict[str, Any]) -> str | None:
     if not (
         isinstance(keys, list)
         and len(keys) <= 32
-        and len(set(keys)) == len(keys)
         and all(isinstance(k, str) and (k in ("exp_avg", "exp_avg_sq") or _STATE_KEY.fullmatch(k)) for k in keys)
+        and len(set(keys)) == len(keys)  # once every key is a str (a list among them is unhashable)
     ):
         return "optimizer.state_keys is not a list of state names"
     scalars = opt.get("client_scalars", {})

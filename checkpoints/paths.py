@@ -82,11 +82,18 @@ def inside(folder: str | os.PathLike, rel: str | os.PathLike, *, what: str, foll
                               "from inside their folder: the checkpoint is damaged or crafted, use one written by its "
                               "tool")
     normal = os.path.normpath(text)
+    if any(len(os.fsencode(part)) > NAME_MAX_BYTES for part in Path(normal).parts):  # the OS refuses to look it up
+        raise CheckpointError(f"{what} {one_line(text[:80])}... in {folder} has a name longer than {NAME_MAX_BYTES} "
+                              "bytes: the checkpoint is damaged or crafted, use one written by its tool")
     if normal == os.pardir or normal.startswith(os.pardir + os.sep):
         raise CheckpointError(f"{what} {one_line(text)} points outside {folder}; files are read only from inside their "
                               "folder: the checkpoint is damaged or crafted, use one written by its tool")
     if not follow_symlinks:
-        link = _symlink_on_the_way(folder, Path(normal))
+        try:
+            link = _symlink_on_the_way(folder, Path(normal))
+        except OSError as e:  # a loop of links, a folder we may not enter, ...
+            raise CheckpointError(f"cannot look up {what} {one_line(normal[:200])} in {folder}: {e.strerror}; check "
+                                  "the path and its permissions") from None
         if link is not None:
             target = one_line(os.readlink(link))
             raise CheckpointError(f"{what} {one_line(str(link))} is a symbolic link (to {target}), inside {folder}; "

@@ -159,8 +159,14 @@ class _MappedFile:
         self.structure = load_pickle(path, mmap=self._mapped)
 
     def read(self, t: torch.Tensor, first: int, dst: torch.Tensor) -> None:
-        src = t.as_strided((dst.numel(),), (1,), first)
-        dst.copy_(src)
+        # copied as bytes: a record another writer left unaligned for its dtype (a complex128 storage at an odd
+        # offset) crashes torch's typed copy kernels, which assume aligned elements
+        storage, size = t.untyped_storage(), t.element_size()
+        lo, hi = first * size, (first + dst.numel()) * size
+        if first < 0 or hi > storage.nbytes():
+            raise CheckpointError(f"{self.path}: a tensor runs past its storage; the file is corrupt")
+        src = torch.empty(0, dtype=torch.uint8).set_(storage)[lo:hi]
+        dst.view(-1).view(torch.uint8).copy_(src)
         if self._mapped:
             drop_file_pages(src)  # keep RSS at the caller's tensor, not the file
 
@@ -244,6 +250,10 @@ class TorchFileReader:
     def tensor(self, path: Path, t: torch.Tensor) -> torch.Tensor:
         """The whole tensor `t` of `path` as a new CPU tensor of its own."""
         span = _span(t)
+        stored = t.untyped_storage().nbytes() // t.element_size()  # bounded by its record when the file was opened
+        if min(t.stride(), default=0) < 0 or t.storage_offset() + span > stored:
+            raise CheckpointError(f"{path}: a tensor of shape {tuple(t.shape)} (strides {t.stride()}) reaches past its "
+                                  "storage; the file is corrupt or was not written by torch.save")
         if t.numel() > max(EXPAND_LIMIT * span, EXPAND_FLOOR // t.element_size()):
             raise CheckpointError(
                 f"{path}: a tensor of shape {tuple(t.shape)} is an expanded view of {span} stored elements (strides "

@@ -5,7 +5,9 @@ lie in the file. `zipfile.ZipFile.testzip` checks them through 1 MiB reads of a 
 here a stored record is read in 8 MiB pieces into one reused buffer and hashed with zlib (which releases the
 GIL: several files check in parallel threads). A compressed record, which torch never writes, goes through
 zipfile's own check. Offsets and sizes come from the central directory and are bounds-checked against the
-file, so a crafted directory is reported, never followed outside the file or into an endless read.
+file, so a crafted directory is reported, never followed outside the file or into an endless read. The bytes
+no CRC covers must agree with the directory too: each local header's version, flags, method, time, date, CRC and
+sizes (those after the bytes, in a data descriptor, where torch puts them), and the end record's comment length.
 """
 
 from __future__ import annotations
@@ -58,6 +60,36 @@ def _extent_problem(raw: int, size: int, infos: list[zipfile.ZipInfo]) -> str | 
     end = at + _END_BYTES + int.from_bytes(tail[at + 20 : at + 22], "little") if at >= 0 else len(tail)
     if end < len(tail):
         return f"{len(tail) - end} bytes follow its zip archive's end: the file was damaged or altered"
+    if end > len(tail):
+        return "its zip end record gives a comment longer than the file: the file was damaged or altered"
+    return None
+
+
+def _dos_time(info: zipfile.ZipInfo) -> bytes:
+    """The time and date fields a header holds for `info` (as zipfile decodes them into `date_time`)."""
+    y, mo, d, h, mi, sec = info.date_time
+    return ((h << 11) | (mi << 5) | (sec // 2)).to_bytes(2, "little") + (((y - 1980) << 9) | (mo << 5) | d).to_bytes(
+        2, "little")
+
+
+def _header_problem(raw: int, info: zipfile.ZipInfo, header: bytes, end: int) -> str | None:
+    """Where record `info`'s local header, or its data descriptor (at byte `end`, where its bytes end), disagrees
+    with the central directory: bytes no CRC covers, so changed after the save."""
+    fields = (info.extract_version.to_bytes(2, "little") + info.flag_bits.to_bytes(2, "little")
+              + info.compress_type.to_bytes(2, "little") + _dos_time(info))
+    if header[4:14] != fields:
+        return f"record {info.filename}'s local header disagrees with the zip directory"
+    sums = info.CRC.to_bytes(4, "little")
+    small = info.compress_size.to_bytes(8, "little")[:4] + info.file_size.to_bytes(8, "little")[:4]
+    if not info.flag_bits & 0x8:  # CRC and sizes in the local header (0xFFFFFFFF: in its zip64 extra field)
+        if header[14:18] != sums or header[18:26] not in (small, b"\xff" * 8):
+            return f"record {info.filename}'s local header disagrees with the zip directory"
+        return None
+    large = info.compress_size.to_bytes(8, "little") + info.file_size.to_bytes(8, "little")
+    after = os.pread(raw, 24, end)
+    forms = (b"PK\x07\x08" + sums + small, sums + small, b"PK\x07\x08" + sums + large, sums + large)
+    if not any(after.startswith(form) for form in forms):
+        return f"record {info.filename}'s data descriptor disagrees with the zip directory"
     return None
 
 
@@ -93,6 +125,9 @@ def stored_records(path: Path) -> tuple[list[Record], list[zipfile.ZipInfo]]:
                 header[28:30], "little")
             if start + info.compress_size > size:
                 raise ZipCorrupt(f"record {info.filename} runs past the end of the file")
+            problem = _header_problem(raw.fileno(), info, header, start + info.compress_size)
+            if problem:
+                raise ZipCorrupt(problem)
             stored.append(Record(info.filename, start, info.compress_size, info.CRC))
     return stored, [i for i in infos if i.compress_type != zipfile.ZIP_STORED]
 

@@ -19,7 +19,8 @@ import torch
 
 from checkpoints import manifest as mf
 from checkpoints import zbench_format as fmt
-from checkpoints.detect import locate
+from checkpoints.detect import holds_checkpoint_folder, locate, lost_dcp_metadata
+from checkpoints.manifest_checks import POINTERS
 from checkpoints.source import CheckpointError
 from checkpoints.verified_read import read_verified
 from checkpoints.zbench_source import FragmentReader, read_frozen
@@ -156,16 +157,17 @@ def restore_steps(engine: "Engine", folder: Path, step: int, micro_steps: int, s
 
 
 def nothing_to_resume(load_dir: str | os.PathLike) -> bool:
-    """A first run's resume: no such folder, or one holding no `latest`, no checkpoint of any format and no
-    complete zbench tag (where DeepSpeed's load_checkpoint warns and returns (None, None)). A folder with
-    checkpoints but no `latest` is not this: load() names the tags present."""
+    """A first run's resume: no such folder, or one holding no `latest` and no checkpoint of any format (where
+    DeepSpeed's load warns and returns (None, None)). Tag folders without `latest`: load() names them."""
     root = Path(load_dir)
     try:
         if not root.exists():
             return True
-        if not root.is_dir() or os.path.lexists(root / fmt.LATEST) or (root / mf.MANIFEST).is_file():
+        if not root.is_dir() or any(os.path.lexists(root / n) for n in POINTERS) or (root / mf.MANIFEST).is_file():
             return False
-        return locate(load_dir, None) is None and not fmt.complete_tags(root)
+        if locate(load_dir, None) is not None or fmt.complete_tags(root) or lost_dcp_metadata(root):
+            return False
+        return not holds_checkpoint_folder(root)  # a DeepSpeed tag folder without `latest` is no first run
     except (OSError, CheckpointError):
         return False  # load() says what is wrong with it
 
@@ -182,6 +184,8 @@ def load(engine: "Engine", load_dir: str | os.PathLike, tag: str | None = None, 
         folder, refusal = None, e
     if folder is None:  # outside the except block: another format's own errors are not shown chained to this one
         found = locate(load_dir, tag)
+        if found is None and lost_dcp_metadata(Path(load_dir)):
+            raise CheckpointError(f"{load_dir} holds DCP chunk files but no .metadata file; copy it from the save")
         if found is None or found[1] == "zbench":
             assert refusal is not None
             raise refusal

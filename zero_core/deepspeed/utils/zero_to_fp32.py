@@ -1,6 +1,8 @@
 """`deepspeed.utils.zero_to_fp32`'s functions, reading any checkpoint `zbench convert` reads (zbench's own,
 DeepSpeed ZeRO 1-3 and universal, DCP) with its readers (checkpoints/): nothing in the files is unpickled
-beyond plain data, and every problem is one CheckpointError line.
+beyond plain data, and every problem is one CheckpointError line. Each file's checksum (zbench) or zip CRCs
+(DeepSpeed, DCP) are checked before a weight is returned or written, as `zbench convert` checks them: a damaged
+file is named, never converted into wrong weights (DeepSpeed's own verifies nothing).
 
     state = get_fp32_state_dict_from_zero_checkpoint("ckpt")                  # {name: fp32 tensor}
     model = load_state_dict_from_zero_checkpoint(model, "ckpt")               # into the model, on the CPU
@@ -19,7 +21,7 @@ from typing import Any
 
 import torch
 
-from checkpoints.consolidate import parse_size, write_consolidated
+from checkpoints.consolidate import first_problem, parse_size, write_consolidated
 from checkpoints.detect import open_source
 from checkpoints.source import CheckpointError, CheckpointSource, ParamInfo, full_state_dict
 
@@ -38,7 +40,7 @@ def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir: str | os.PathLike, 
     if lazy_mode:
         raise CheckpointError("lazy_mode=True is not supported by zero_core; read the whole state dict (or use "
                               "`zbench convert`, which streams it to safetensors with bounded memory)")
-    source = open_source(checkpoint_dir, tag)
+    source = _verified(open_source(checkpoint_dir, tag))
     return full_state_dict(_WithoutFrozen(source) if exclude_frozen_parameters else source)
 
 
@@ -65,9 +67,9 @@ def convert_zero_checkpoint_to_state_dict(checkpoint_dir: str | os.PathLike, out
     source: CheckpointSource = open_source(checkpoint_dir, tag)
     if exclude_frozen_parameters:
         source = _WithoutFrozen(source)
-    if safe_serialization:
-        return write_consolidated(source, output_dir, dtype, limit, progress=False, out_name="output_dir")
-    return write_pytorch_bins(source, Path(output_dir), limit, dtype)
+    if safe_serialization:  # checked in the same pass as the conversion, as `zbench convert` does
+        return write_consolidated(source, output_dir, dtype, limit, progress=False, out_name="output_dir", verify=True)
+    return write_pytorch_bins(_verified(source), Path(output_dir), limit, dtype)
 
 
 def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir: str | os.PathLike, output_dir: str | os.PathLike,
@@ -77,6 +79,14 @@ def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir: str | os.PathLike
     """`convert_zero_checkpoint_to_state_dict` in fp32 (DeepSpeed's older name and argument order)."""
     return convert_zero_checkpoint_to_state_dict(checkpoint_dir, output_dir, torch.float32, max_shard_size,
                                                  safe_serialization, tag, exclude_frozen_parameters)
+
+
+def _verified(source: CheckpointSource) -> CheckpointSource:
+    """`source`, once every file it reads matched its checksum or CRCs; else one CheckpointError naming the file."""
+    problems = source.verify()
+    if problems:
+        raise CheckpointError(first_problem(problems))
+    return source
 
 
 def output_dtype(dtype: Any) -> torch.dtype:
