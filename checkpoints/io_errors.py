@@ -8,11 +8,13 @@ from __future__ import annotations
 import errno
 import os
 
-SPACE, ACCESS = "space", "access"  # what kind of fix the cause needs
+SPACE, ACCESS, PATH = "space", "access", "path"  # what kind of fix the cause needs
 _CAUSES = {errno.ENOSPC: ("no space left on the device", SPACE), errno.EDQUOT: ("disk quota exceeded", SPACE),
            errno.EFBIG: ("file too large for the file system or the process's file-size limit", SPACE),
            errno.EACCES: ("permission denied", ACCESS), errno.EPERM: ("operation not permitted", ACCESS),
-           errno.EROFS: ("read-only file system", ACCESS)}
+           errno.EROFS: ("read-only file system", ACCESS),
+           errno.EEXIST: ("the path exists and is not a folder", PATH),
+           errno.ENOTDIR: ("a part of the path is a file, not a folder", PATH)}
 
 
 def write_cause(e: BaseException) -> tuple[str, str | None]:

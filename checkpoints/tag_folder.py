@@ -1,6 +1,7 @@
 """What a save may replace under its tag: nothing, an empty folder, or a zbench checkpoint (a save of the same tag
 replaces it, as DeepSpeed's does). A link, a file, or a folder of other files under that name is refused before
-anything moves: the commit would move it aside and then delete it as the replaced copy (zbench_format.py)."""
+anything moves: the commit would move it aside and then delete it as the replaced copy (zbench_format.py). So is a
+folder named `latest`, which the commit would fail to replace after the tag is in place."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 from .manifest import MANIFEST
 from .paths import one_line
+from .save_names import LATEST
 
 
 class TagNotReplaceable(OSError):
@@ -36,3 +38,7 @@ def check_replaceable(root: Path, tag: str) -> None:
         raise TagNotReplaceable(f"{one_line(str(final))} holds files but no zbench checkpoint (no {MANIFEST})",
                                 "a save replaces only a checkpoint of its own format: move that folder away or "
                                 "pass another tag")
+    latest = root / LATEST  # the file a save rewrites last: as a folder the commit would fail past the point of return
+    if latest.is_dir() and not latest.is_symlink():
+        raise TagNotReplaceable(f"{one_line(str(latest))} is a folder, where a save writes the name of the newest tag",
+                                "move that folder away")

@@ -107,6 +107,15 @@ def test_saving_over_a_tag_that_is_a_file_is_refused(engine, tmp_path):
     assert (tmp_path / "notes").read_text() == "mine"
 
 
+def test_a_folder_named_latest_is_refused_before_anything_is_written(engine, tmp_path):
+    (tmp_path / "latest").mkdir()
+    (tmp_path / "latest" / "notes").write_text("mine")
+    with pytest.raises(CheckpointError) as e:
+        engine.save_checkpoint(tmp_path, tag="t1")
+    assert "latest is a folder, where a save writes the name of the newest tag; move that folder away" in _one_line(e)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["latest", "notes"]  # no tag, no staging, nothing moved
+
+
 def test_a_save_over_a_folder_that_is_not_a_checkpoint_is_refused_and_keeps_it(engine, tmp_path):
     (tmp_path / "global_step0").mkdir()
     (tmp_path / "global_step0" / "mp_rank_00_model_states.pt").write_bytes(b"a DeepSpeed run's file")
@@ -143,3 +152,13 @@ def test_latest_holds_the_tag_alone_as_deepspeed_writes_it(engine, tmp_path):
     engine.save_checkpoint(tmp_path, tag="global_step7")
     assert (tmp_path / "latest").read_bytes() == b"global_step7"
     assert os.path.isdir(os.path.join(tmp_path, (tmp_path / "latest").read_text()))
+
+
+@pytest.mark.parametrize("sub, cause", [("", "the path exists and is not a folder"),
+                                        ("inner", "a part of the path is a file, not a folder")])
+def test_a_save_dir_that_is_a_file_is_named_with_the_fix(engine, tmp_path, sub, cause):
+    (tmp_path / "notes").write_text("mine")
+    with pytest.raises(CheckpointError) as e:
+        engine.save_checkpoint(tmp_path / "notes" / sub if sub else tmp_path / "notes")
+    assert f"({cause}); move that file away or pass another save_dir" in _one_line(e)
+    assert (tmp_path / "notes").read_text() == "mine"

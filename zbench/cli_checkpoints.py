@@ -21,7 +21,7 @@ import torch
 from checkpoints.consolidate import first_problem, parse_size, write_consolidated
 from checkpoints.detect import kinds, open_source
 from checkpoints.hf_folder import check_hf_config, copy_hf_files, hf_files, tie_index
-from checkpoints.io_errors import ACCESS, SPACE, write_cause
+from checkpoints.io_errors import ACCESS, PATH, SPACE, write_cause
 from checkpoints.output_claim import check_output
 from checkpoints.read_guard import FolderWatch
 from checkpoints.source import CheckpointError, CheckpointSource, ParamInfo
@@ -203,9 +203,8 @@ def convert(
 
 def _cannot_write(out: str, e: OSError) -> click.ClickException:
     what, kind = write_cause(e)
-    fix = {SPACE: "free space there or pass --out on another disk", ACCESS: "pass a writable --out"}.get(
-        kind, "fix that"
-    )
+    fix = {SPACE: "free space there or pass --out on another disk", ACCESS: "pass a writable --out",
+           PATH: "move that file away or pass another --out"}.get(kind, "fix that")
     return click.ClickException(f"cannot write {out}: {what}; {fix}; nothing was written")
 
 

@@ -24,7 +24,7 @@ import torch
 
 from checkpoints import manifest as mf
 from checkpoints import zbench_format as fmt
-from checkpoints.io_errors import ACCESS, SPACE, write_cause
+from checkpoints.io_errors import ACCESS, PATH, SPACE, write_cause
 from checkpoints.manifest_checks import POINTERS
 from checkpoints.paths import one_line, plain_name
 from checkpoints.safetensors_stream import StreamingWriter, write_tensors
@@ -52,6 +52,7 @@ _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.floa
 _FIXES = {
     SPACE: "free space on that disk or pass another save_dir, then save again",
     ACCESS: "make the folder writable or pass another save_dir, then save again",
+    PATH: "move that file away or pass another save_dir, then save again",
     None: "fix that and save again",
 }
 
