@@ -161,3 +161,22 @@ def test_option_errors(ckpt, tmp_path):
         tmp_path, "convert", ckpt, "--to", "zbench", "--out", tmp_path / "o", "--world-size", "2"
     )
     assert "not dcp" in refused(tmp_path, "inspect", ckpt, "--from", "dcp")
+
+
+@pytest.mark.parametrize("to", ["fp32", "zbench"])
+def test_ctrl_c_after_the_output_is_published_says_it_is_complete(tmp_path, monkeypatch, to):
+    from fault_workers import tiny_checkpoint
+
+    src = tiny_checkpoint(tmp_path / "ck")
+
+    def interrupted(*args, **kwargs):  # Ctrl-C as the summary line is printed, the output in place
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("click.echo", interrupted)
+    ranks = ["--world-size", 1] if to == "zbench" else []
+    result = cli("convert", src, "--to", to, "--out", tmp_path / "out", *ranks)
+    assert result.exit_code == 130
+    assert result.output.strip().splitlines() == [f"Error: interrupted (Ctrl-C) after zbench convert finished: "
+                                                  f"{tmp_path / 'out'}{'/global_step1' if to == 'zbench' else ''} "
+                                                  "is complete; nothing to redo"]
+    assert (tmp_path / "out").is_dir()

@@ -26,6 +26,7 @@ from checkpoints.output_claim import check_output
 from checkpoints.read_guard import FolderWatch
 from checkpoints.source import CheckpointError, CheckpointSource, ParamInfo
 
+from .cli_lazy import FINISHED
 from .printable import printable
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -164,6 +165,7 @@ def convert(
             except ImportError:
                 raise click.ClickException("--to zbench is not available yet in this version; use --to fp32|bf16|fp16")
             written = reshard_to_zbench(source, out, world_size, protect=[src])
+            _finished(f"{printable(written)} is complete")
             click.echo(f"wrote a zbench checkpoint for {world_size} ranks to {printable(written)}")
             return
         copied: list[str] = []
@@ -183,6 +185,7 @@ def convert(
             verify=not no_verify,
             add_files=add_hf_files,
         )  # checked in the same pass
+        _finished(f"{printable(out)} is complete")
     except CheckpointError as e:
         raise click.ClickException(str(e))
     except OSError as e:  # a full disk, a quota, a folder we may not write: the output was removed again
@@ -206,6 +209,11 @@ def _cannot_write(out: str, e: OSError) -> click.ClickException:
     fix = {SPACE: "free space there or pass --out on another disk", ACCESS: "pass a writable --out",
            PATH: "move that file away or pass another --out"}.get(kind, "fix that")
     return click.ClickException(f"cannot write {out}: {what}; {fix}; nothing was written")
+
+
+def _finished(what: str) -> None:
+    """Mark the output as published: a Ctrl-C from here on says so instead of "run it again" (cli_lazy.py)."""
+    click.get_current_context().meta[FINISHED] = what
 
 
 def _unless_replaced(watch: FolderWatch) -> None:

@@ -25,6 +25,9 @@ def _one_line(e: click.UsageError) -> click.ClickException:
     return one
 
 
+FINISHED = "zbench.finished"  # ctx.meta key: what a command has published in full (a Ctrl-C after it loses nothing)
+
+
 class LazyGroup(click.Group):
     def __init__(self, *args: Any, lazy: dict[str, tuple[str, str, str]] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -47,7 +50,10 @@ class LazyGroup(click.Group):
             raise
         except KeyboardInterrupt:  # Ctrl-C: one line instead of click's "Aborted!" (what was being written is removed)
             where = " ".join(["zbench", *ctx.command_path.split()[1:], ctx.invoked_subcommand or ""]).strip()
-            stopped = click.ClickException(f"interrupted (Ctrl-C); {where} stopped before it finished; run it again")
+            done = ctx.meta.get(FINISHED)  # what the command had published before the interrupt came
+            stopped = click.ClickException(f"interrupted (Ctrl-C) after {where} finished: {done}; nothing to redo"
+                                           if done else f"interrupted (Ctrl-C); {where} stopped before it finished; "
+                                           "run it again")
             stopped.exit_code = 128 + signal.SIGINT
             raise stopped from None
 
