@@ -248,6 +248,7 @@ class Accelerator:
 
 
 _ACCELERATOR: Accelerator | None = None
+__path__: list[str] = []  # a package to the import system, as DeepSpeed's is: `deepspeed.accelerator.real_accelerator`
 
 
 def get_accelerator() -> Accelerator:

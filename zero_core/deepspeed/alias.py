@@ -11,7 +11,38 @@ import sys
 from types import ModuleType
 
 from . import NOT_PROVIDED
+from .checkpoint import CONVERTERS
 from .package_metadata import ShimDistributionFinder
+
+SERVED_AS = {"accelerator.real_accelerator": "accelerator"}  # DeepSpeed's path -> zero_core's module holding it
+_OWN_KERNELS = "zero_core runs its own kernels and builds none of DeepSpeed's ops"
+REFUSED_MODULES = {  # DeepSpeed's modules (and all under them) zero_core lacks on purpose, and what to do instead
+    "ops.op_builder": f"{_OWN_KERNELS}; use deepspeed.ops.adam's optimizers or the config's optimizer section",
+    "ops.lamb": "Lamb's per-parameter trust ratio needs norms across shards, which zero_core's sharded update does "
+                "not take; use AdamW or Lion (the config's optimizer.type)",
+    "ops.lion": 'set the config\'s optimizer.type to "Lion" (zero_core\'s Lion, DeepSpeed\'s update rule)',
+    "ops.adagrad": 'pass torch.optim.Adagrad to initialize, or set the config\'s optimizer.type to "Adagrad"',
+    "ops": f"{_OWN_KERNELS} (fused layers, attention, quantizers); use the model's own layers",
+    "runtime.pipe": NOT_PROVIDED["pipe"],
+    "runtime.fp16": "zero_core's engine keeps the fp32 master weights and the loss scale itself (engine.optimizer, "
+                    "engine.loss_scale), not through DeepSpeed's fp16 optimizers and loss scalers",
+    "runtime.bf16_optimizer": "zero_core's engine keeps the fp32 master weights itself (engine.optimizer)",
+    "runtime.zero.utils": "zero_core's ZeRO refusals are ValueErrors of one line (ConfigError), not "
+                          "ZeRORuntimeException; catch ValueError",
+    "checkpoint": CONVERTERS,
+    "inference": NOT_PROVIDED["init_inference"],
+    "compression": "DeepSpeed's model-compression library is not part of zero_core",
+}
+
+
+def refusal(name: str) -> str | None:
+    """What to do instead of DeepSpeed's module `name`, where zero_core lacks it on purpose (None: no such entry).
+    The longest entry that is `name` or a package above it answers."""
+    parts = name.split(".")[1:]
+    for end in range(len(parts), 0, -1):
+        if ".".join(parts[:end]) in REFUSED_MODULES:
+            return REFUSED_MODULES[".".join(parts[:end])]
+    return None
 
 
 class _DeepSpeedAlias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -24,13 +55,15 @@ class _DeepSpeedAlias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         top = spec.name.split(".")[1] if "." in spec.name else None
         if top in NOT_PROVIDED:
             raise ModuleNotFoundError(f"{spec.name} is not provided by zero_core: {NOT_PROVIDED[top]}", name=spec.name)
+        ours = SERVED_AS.get(spec.name.removeprefix("deepspeed."))
         try:
-            return importlib.import_module(f"zero_core.{spec.name}")
+            return importlib.import_module(f"zero_core.deepspeed.{ours}" if ours else f"zero_core.{spec.name}")
         except ModuleNotFoundError as e:
             if not (e.name or "").startswith("zero_core.deepspeed"):
                 raise  # something the module itself imports
-            raise ModuleNotFoundError(f"{spec.name} is not provided by zero_core; what it provides of DeepSpeed's API "
-                                      "is listed in docs/deepspeed.md", name=spec.name) from None
+            why = refusal(spec.name)
+            why = f": {why}" if why else "; what it provides of DeepSpeed's API is listed in docs/deepspeed.md"
+            raise ModuleNotFoundError(f"{spec.name} is not provided by zero_core{why}", name=spec.name) from None
 
     def exec_module(self, module: ModuleType) -> None:
         """Already run: it is zero_core's own module."""

@@ -12,6 +12,7 @@ import torch
 import torch.utils.checkpoint
 
 from ..config_file import config_data
+from .refused import refusing_getattr
 
 __all__ = ["checkpoint", "non_reentrant_checkpoint", "configure", "is_configured", "reset", "set_num_layers",
            "partition_activations_in_checkpoint"]
@@ -122,3 +123,10 @@ def _config_cpu_checkpointing(config: Any) -> bool:
 
 def is_configured() -> bool:
     return _configured
+
+
+_MODEL_PARALLEL_RNG = ("it keeps the random states of tensor-parallel regions, and zero_core has no model "
+                       "parallelism; seed with torch.manual_seed (every rank holds whole layers)")
+__getattr__ = refusing_getattr(__name__, dict.fromkeys(
+    ("get_cuda_rng_tracker", "model_parallel_cuda_manual_seed", "model_parallel_reconfigure_tp_seed",
+     "CudaRNGStatesTracker"), _MODEL_PARALLEL_RNG))

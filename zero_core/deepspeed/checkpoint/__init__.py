@@ -1,14 +1,11 @@
-"""`deepspeed.checkpoint`: of DeepSpeed's checkpoint tools, the one training scripts and Accelerate call
-(`utils.clone_tensors_for_torch_save`). Its converters (DeepSpeedCheckpoint, ds_to_universal) are zbench's
-`zbench inspect` and `zbench convert`, which read DeepSpeed's checkpoints as they are."""
+"""`deepspeed.checkpoint`: of DeepSpeed's checkpoint tools, the ones training scripts and Accelerate call
+(`utils.clone_tensors_for_torch_save`, the file and key names of `constants`). Its converters (DeepSpeedCheckpoint,
+ds_to_universal) are zbench's `zbench inspect` and `zbench convert`, which read DeepSpeed's checkpoints as they are."""
 
 from __future__ import annotations
 
-from typing import Any
+from ..refused import refusing_getattr
+from . import constants, utils  # noqa: F401
 
-from . import utils  # noqa: F401
-
-
-def __getattr__(name: str) -> Any:
-    raise AttributeError(f"deepspeed.checkpoint.{name} is not provided by zero_core; inspect or convert DeepSpeed "
-                         "checkpoints with `zbench inspect DIR` and `zbench convert DIR --to fp32`")
+CONVERTERS = "inspect or convert DeepSpeed checkpoints with `zbench inspect DIR` and `zbench convert DIR --to fp32`"
+__getattr__ = refusing_getattr(__name__, {"DeepSpeedCheckpoint": CONVERTERS})

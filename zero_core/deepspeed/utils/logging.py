@@ -5,8 +5,11 @@ Without a process group every call logs; with one, only ranks listed in `ranks` 
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import sys
+from typing import Any
 
 import torch.distributed as dist
 
@@ -38,3 +41,16 @@ def print_dist(message: str, ranks: list[int] | None = None) -> None:
     text = dist_message(message, ranks)
     if text is not None:
         print(text, flush=True)
+
+
+def print_json_dist(message: dict[str, Any], ranks: list[int] | None = None, path: str | None = None) -> None:
+    """Where `log_dist` would log: `message`, with this rank added under "rank" (-1 without a process group), written
+    as JSON to `path` and synced to disk."""
+    if dist_message("", ranks) is None:
+        return
+    message["rank"] = dist.get_rank() if dist.is_initialized() else -1
+    assert path is not None, "print_json_dist needs the path of the file to write"
+    with open(path, "w") as out:
+        json.dump(message, out)
+        out.flush()
+        os.fsync(out.fileno())

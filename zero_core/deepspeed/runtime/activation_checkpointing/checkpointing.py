@@ -1,6 +1,8 @@
 """`deepspeed.runtime.activation_checkpointing.checkpointing`: the module `deepspeed.checkpointing` names, under
-the path DeepSpeed defines it at (scripts import either)."""
+the path DeepSpeed defines it at (scripts import either); it is that same module."""
 
-from ...checkpointing import checkpoint, configure, is_configured
+import sys
 
-__all__ = ["checkpoint", "configure", "is_configured"]
+from ... import checkpointing
+
+sys.modules[__name__] = checkpointing

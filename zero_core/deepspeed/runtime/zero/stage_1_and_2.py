@@ -6,7 +6,11 @@ from __future__ import annotations
 import torch
 
 from .... import memory_estimate as est
+from ...refused import refusing_getattr
 from .estimators import model_counts, print_table
+
+_OWN_OPTIMIZER = "zero_core's engine shards the optimizer itself; ask engine.zero_optimization_stage() instead"
+__getattr__ = refusing_getattr(__name__, {"DeepSpeedZeroOptimizer": _OWN_OPTIMIZER})
 
 
 def estimate_zero2_model_states_mem_needs(total_params: int, num_gpus_per_node: int = 1, num_nodes: int = 1,
