@@ -32,7 +32,7 @@ class GatheredParameters:
     ) -> None:
         if isinstance(params, torch.Tensor):
             params = [params]
-        self.params = list(params) if enabled and params is not None else []
+        self.params = [p for p in params if p is not None] if enabled and params is not None else []
         self.modifier_rank = modifier_rank
         self._held: list[tuple[Any, list[int]]] = []
         self._early: list[torch.Tensor] = []  # parameters of a model made whole before initialize

@@ -31,6 +31,20 @@ CONVERTED = {torch.tensor, torch.empty, torch.zeros, torch.ones, torch.full, tor
 _SAME_IN_ANY_DTYPE = {torch.empty, torch.zeros, torch.ones, torch.eye}
 
 
+# The module whose `zero_wrapper_for_fp_tensor_constructor` attribute wraps the CONVERTED factories: DeepSpeed's
+# `partition_parameters` registers itself, so a caller that replaces that attribute (transformers'
+# `prevent_arange_dtype_change`, which keeps `torch.arange`'s asked dtype) is honoured as on DeepSpeed.
+wrapper_source: Any = None
+
+
+def converted_factory(func: Any, dtype: torch.dtype, device: Any) -> Callable[..., Any]:
+    """`func` as zero.Init makes it: through the registered wrapper where one is set, else `make_in_dtype`."""
+    wrap = getattr(wrapper_source, "zero_wrapper_for_fp_tensor_constructor", None)
+    if wrap is None:
+        return lambda *args, **kwargs: make_in_dtype(func, args, kwargs, dtype)
+    return wrap(func, dtype, target_device=device)
+
+
 def make_in_dtype(func: Any, args: tuple, kwargs: dict, dtype: torch.dtype) -> Any:
     """`func(*args, **kwargs)` (one of CONVERTED), floating results converted to `dtype` as zero.Init does."""
     asked = kwargs.get("dtype")

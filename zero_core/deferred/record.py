@@ -29,7 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from .construction_end import ConstructionEnds
-from .factory_dtype import CONVERTED, convert_parameters, legacy_new, make_in_dtype
+from .factory_dtype import CONVERTED, convert_parameters, converted_factory, legacy_new
 
 _KEEP_ON_CPU = {torch.tensor, torch.as_tensor, torch.asarray}  # data given by the caller: keep it real
 
@@ -100,7 +100,7 @@ class _MetaFactories(TorchFunctionMode):
         if func in _device_constructors() and func not in _KEEP_ON_CPU and kwargs.get("device") is None:
             kwargs["device"] = "meta"
         if self.dtype is not None and func in CONVERTED:
-            return make_in_dtype(func, args, kwargs, self.dtype)
+            return converted_factory(func, self.dtype, kwargs.get("device"))(*args, **kwargs)
         return func(*args, **kwargs)
 
 

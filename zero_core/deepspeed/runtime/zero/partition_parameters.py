@@ -9,11 +9,14 @@ whole because it is small). zero_core gathers synchronously, so `INFLIGHT` is ne
 from __future__ import annotations
 
 import itertools
+import sys
 from enum import Enum
 from typing import Any, Iterable
 
 import torch
 
+from ....deferred import factory_dtype
+from ....deferred.factory_dtype import make_in_dtype
 from ....stages.released_params import ReleasedParameter
 from ...zero import GatheredParameters, Init, register_external_parameter, unregister_external_parameter
 
@@ -34,6 +37,15 @@ class ZeroParamStatus(Enum):
 
 
 _NEXT_ID = itertools.count()
+_orig_torch_arange = torch.arange  # the names transformers' prevent_arange_dtype_change reads and replaces
+
+
+def zero_wrapper_for_fp_tensor_constructor(fn: Any, target_fp_dtype: torch.dtype, target_device: Any = None) -> Any:
+    """`fn` (a torch factory) making its floating tensors in `target_fp_dtype`, as zero.Init makes them."""
+    return lambda *args, **kwargs: make_in_dtype(fn, args, kwargs, target_fp_dtype)
+
+
+factory_dtype.wrapper_source = sys.modules[__name__]
 
 
 def _released_status(self: Any) -> ZeroParamStatus:
