@@ -13,6 +13,7 @@ from types import ModuleType
 from . import NOT_PROVIDED
 from .checkpoint import CONVERTERS
 from .package_metadata import ShimDistributionFinder
+from .refused import not_provided
 
 SERVED_AS = {"accelerator.real_accelerator": "accelerator"}  # DeepSpeed's path -> zero_core's module holding it
 _OWN_KERNELS = "zero_core runs its own kernels and builds none of DeepSpeed's ops"
@@ -54,7 +55,7 @@ class _DeepSpeedAlias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         top = spec.name.split(".")[1] if "." in spec.name else None
         if top in NOT_PROVIDED:
-            raise ModuleNotFoundError(f"{spec.name} is not provided by zero_core: {NOT_PROVIDED[top]}", name=spec.name)
+            raise not_provided(spec.name, NOT_PROVIDED[top])
         ours = SERVED_AS.get(spec.name.removeprefix("deepspeed."))
         try:
             return importlib.import_module(f"zero_core.deepspeed.{ours}" if ours else f"zero_core.{spec.name}")
@@ -62,8 +63,10 @@ class _DeepSpeedAlias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             if not (e.name or "").startswith("zero_core.deepspeed"):
                 raise  # something the module itself imports
             why = refusal(spec.name)
-            why = f": {why}" if why else "; what it provides of DeepSpeed's API is listed in docs/deepspeed.md"
-            raise ModuleNotFoundError(f"{spec.name} is not provided by zero_core{why}", name=spec.name) from None
+            if why:
+                raise not_provided(spec.name, why) from None
+            raise ModuleNotFoundError(f"{spec.name} is not provided by zero_core; what it provides of DeepSpeed's API "
+                                      "is listed in docs/deepspeed.md", name=spec.name) from None
 
     def exec_module(self, module: ModuleType) -> None:
         """Already run: it is zero_core's own module."""
