@@ -57,6 +57,7 @@ def test_a_feature_zero_core_lacks_is_one_line_naming_it(shim, line):
     assert text.split(" is not provided")[0].startswith("deepspeed.") and is_refusal(refused.value, refused.tb)
 
 
+@pytest.mark.slow  # a subprocess under the shim
 def test_an_uncaught_refusal_ends_an_unmodified_script_with_its_error_line(tmp_path):
     script = tmp_path / "train.py"
     script.write_text("from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3\n")

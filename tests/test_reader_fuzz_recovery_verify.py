@@ -51,6 +51,7 @@ def test_a_damaged_file_is_named_and_nothing_written(damaged, tmp_path, call):
     assert "\n" not in str(e.value) and not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
 
 
+@pytest.mark.slow  # the saved script in a subprocess
 def test_the_saved_script_says_so_in_one_line(damaged, tmp_path):
     script = tmp_path / recovery_script.NAME  # the script a DeepSpeed-API engine's save writes beside `latest`
     script.write_text(recovery_script.SCRIPT)

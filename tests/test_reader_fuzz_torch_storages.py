@@ -70,6 +70,7 @@ assert torch.equal(dst, torch.tensor([k * (1 + 2j) for k in range(7)], dtype=tor
 """
 
 
+@pytest.mark.slow  # a few seconds
 def test_a_record_another_writer_left_unaligned_is_read_as_bytes(tmp_path):
     """Python's zipfile writes records back to back: a complex128 storage lands at an odd offset of the mapping."""
     for pad in range(1, 17):

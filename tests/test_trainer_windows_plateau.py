@@ -66,6 +66,7 @@ def test_a_short_last_window_of_an_epoch_updates_as_on_deepspeed(tmp_path):
         assert got[1:] == pytest.approx(want[1:], rel=1e-5, abs=1e-7)
 
 
+@pytest.mark.slow  # two trainers, a few seconds
 def test_plateau_over_trainers_optimizer_steps_on_the_eval_loss_and_resumes(tmp_path):
     rows = _train(str(tmp_path / "run"), BATCHES, 8, {**PLATEAU, "save_strategy": "steps", "save_steps": 3})
     assert [r[2] for r in rows] == pytest.approx(TRAINERS_OPTIMIZER_LRS, rel=1e-9)
